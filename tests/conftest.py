@@ -1,0 +1,33 @@
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+if not torch.cuda.is_available():
+    # Triton kernels run in the interpreter on the CPU; it must be set before any kernel is defined.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory):
+    """checkpoint(name) -> path of a tiny random checkpoint (built once per session)."""
+    from tests.fixtures.checkpoints import write_checkpoint
+
+    built = {}
+
+    def get(name: str = "base"):
+        if name not in built:
+            built[name] = write_checkpoint(tmp_path_factory.mktemp(name) / name, name)
+        return built[name]
+
+    return get
