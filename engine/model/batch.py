@@ -1,0 +1,70 @@
+"""ForwardBatch: everything one forward pass needs besides token ids and weights.
+
+Sequences are packed back to back (varlen): token rows [T], sequence i owns rows
+cu_seqlens[i]:cu_seqlens[i+1]. The same layout serves prefill chunks, decode (one row per
+sequence) and speculative verify (k+1 rows per sequence).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MAX_DECODE_LEN = 8   # rows per sequence the decode kernels take (1, or k+1 for speculative verify)
+
+
+@dataclass
+class ForwardBatch:
+    positions: torch.Tensor      # [3, T] int64: t/h/w rotary positions (equal rows for text)
+    cu_seqlens: torch.Tensor     # [N+1] int32: query rows of each sequence
+    seq_lens: torch.Tensor       # [N] int32: tokens of each sequence after this step (cached + new)
+    has_state: torch.Tensor      # [N] bool: the sequence has earlier tokens (GDN state is live)
+    state_slots: torch.Tensor    # [N] int64: GDN conv/recurrent state slot of each sequence
+    block_tables: torch.Tensor   # [N, max_pages] int32: KV pages of each sequence
+    slot_mapping: torch.Tensor   # [T] int64: flat KV slot (page * page_size + offset) of each row
+    logits_rows: torch.Tensor | None = None  # rows whose logits are wanted (None: every row)
+    decode_len: int = 0          # L when every sequence has exactly L rows (decode / verify), else 0
+    max_seq_len: int = 0         # upper bound of seq_lens (sizes the decode attention grid)
+
+    @property
+    def num_seqs(self) -> int:
+        return self.seq_lens.shape[0]
+
+
+def build_batch(
+    query_lens: list[int],
+    cached_lens: list[int],
+    state_slots: list[int],
+    page_tables: list[list[int]],
+    page_size: int,
+    device: torch.device | str,
+    last_only: bool = True,
+    positions: torch.Tensor | None = None,
+) -> ForwardBatch:
+    """Build a ForwardBatch from per-sequence host lists (text positions unless given)."""
+    cu = [0]
+    for n in query_lens:
+        cu.append(cu[-1] + n)
+    slot_map, pos = [], []
+    for n, c, table in zip(query_lens, cached_lens, page_tables):
+        for t in range(c, c + n):
+            slot_map.append(table[t // page_size] * page_size + t % page_size)
+            pos.append(t)
+    width = max((len(t) for t in page_tables), default=0) or 1
+    tables = [t + [0] * (width - len(t)) for t in page_tables]
+    if positions is None:
+        positions = torch.tensor(pos, dtype=torch.int64).unsqueeze(0).expand(3, -1)
+    dev = torch.device(device)
+    return ForwardBatch(
+        positions=positions.to(dev),
+        cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=dev),
+        seq_lens=torch.tensor([c + n for n, c in zip(query_lens, cached_lens)], dtype=torch.int32, device=dev),
+        has_state=torch.tensor([c > 0 for c in cached_lens], dtype=torch.bool, device=dev),
+        state_slots=torch.tensor(state_slots, dtype=torch.int64, device=dev),
+        block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
+        slot_mapping=torch.tensor(slot_map, dtype=torch.int64, device=dev),
+        logits_rows=torch.tensor(cu[1:], dtype=torch.int64, device=dev) - 1 if last_only else None,
+        decode_len=query_lens[0] if len(set(query_lens)) == 1 and query_lens[0] <= MAX_DECODE_LEN else 0,
+        max_seq_len=max(c + n for n, c in zip(query_lens, cached_lens)),
+    )
