@@ -1,0 +1,5 @@
+"""Chat formatting: the checkpoint's own chat template."""
+
+from engine.chat.template import ChatTemplate, ChatTemplateError
+
+__all__ = ["ChatTemplate", "ChatTemplateError"]
