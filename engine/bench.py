@@ -1,0 +1,242 @@
+"""qwendesk-bench: the engine at real model shapes with random weights, against HF transformers.
+
+    qwendesk-bench [--shape 27b] [--weights bf16|int4] [--no-hf] [--json out.json]
+
+Measures, in one run on one GPU: the copy-bandwidth ceiling; prefill tok/s at 512 / 8K / 32K;
+TTFT at 512; decode tok/s per stream and aggregate at C1 / C2 / C4 / C8; the second-turn TTFT
+of a 4K-token conversation; then the same workloads through transformers' Qwen3_5ForCausalLM
+(with flash-linear-attention when importable). Prints ratios and the roofline fraction: the
+bytes a decode step must read (weights + KV + GDN state) over the measured copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+import torch
+
+SHAPES = {
+    # Qwen3.6-27B (published config)
+    "27b": dict(hidden_size=5120, num_hidden_layers=64, intermediate_size=17408, num_attention_heads=24,
+                num_key_value_heads=4, linear_num_value_heads=48),
+    # transformers' Qwen3_5TextConfig defaults ("Qwen3.5-9B style")
+    "9b": dict(hidden_size=4096, num_hidden_layers=32, intermediate_size=12288, num_attention_heads=16,
+               num_key_value_heads=4, linear_num_value_heads=32),
+}
+
+
+def text_config(shape: str) -> dict:
+    return {"model_type": "qwen3_5_text", "vocab_size": 248320, "head_dim": 256, "linear_num_key_heads": 16,
+            "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+            "full_attention_interval": 4, "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
+            "tie_word_embeddings": False, "mtp_num_hidden_layers": 0, "eos_token_id": 248046,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                "mrope_section": [11, 11, 10]}, **SHAPES[shape]}
+
+
+@torch.no_grad()
+def randomize_(model, seed: int = 0) -> None:
+    """Fill every parameter with random values of a realistic scale (never time on zeros)."""
+    gen = torch.Generator(device=model.embed.device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("A_log"):
+            p.copy_(torch.empty_like(p).uniform_(1, 16, generator=gen).log())
+        elif p.dim() == 1:
+            p.normal_(0, 0.1, generator=gen)
+            if name.endswith("norm_weight"):
+                p.add_(1)
+        else:
+            p.normal_(0, 1 / math.sqrt(p.shape[-1]), generator=gen)
+
+
+def bench_tokenizer():
+    """A stand-in tokenizer: the benchmark feeds token ids; text only needs to decode."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import WordLevel
+
+    from engine.tokenizer import Tokenizer
+    return Tokenizer(HFTokenizer(WordLevel({f"t{i}": i for i in range(1024)}, unk_token="t0")))
+
+
+def copy_bandwidth() -> float:
+    n = 1 << 30
+    src = torch.randn(n // 2, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(20):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    return 20 * 2 * n / (time.perf_counter() - t)
+
+
+def weight_bytes(model) -> int:
+    """Bytes a decode step reads from the weights: everything but the embedding table (rows gathered)."""
+    return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if n != "embed")
+
+
+def run(engine, prompts, max_tokens):
+    """Submit all prompts at once; -> list of finish events."""
+    from engine.api import SamplingParams
+    handles = [engine.submit(p, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+               for p in prompts]
+    return [[ev for ev in h][-1] for h in handles]
+
+
+def rand_ids(n, seed):
+    return torch.randint(0, 248000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def bench_ours(model, args, bw) -> dict:
+    from engine.api import Engine, EngineConfig
+    tok = bench_tokenizer()
+    res = {}
+
+    def engine(profile, ctx):
+        return Engine.from_model(EngineConfig(model="", device="cuda", profile=profile, max_context=ctx,
+                                              prefill_chunk=args.prefill_chunk, max_queue=16), model, tok)
+
+    eng = engine("C1", max(args.contexts) + 1024)
+    run(eng, [rand_ids(600, 1)], 4)  # warm up: compile kernels, capture graphs
+    for n in args.contexts:
+        fin = run(eng, [rand_ids(n, n)], 1)[0]
+        res[f"prefill_{n}_tok_s"] = n / (fin.timings.ttft_ms / 1e3)
+        res[f"ttft_{n}_ms"] = fin.timings.ttft_ms
+    first = run(eng, [rand_ids(4096, 7)], 64)[0]
+    second = run(eng, [rand_ids(4096, 7) + list(range(1000, 1064)) + rand_ids(64, 8)], 1)[0]
+    res["turn1_ttft_ms"], res["turn2_ttft_ms"] = first.timings.ttft_ms, second.timings.ttft_ms
+    res["turn2_cached_tokens"] = second.usage.cached_tokens
+    eng.close()
+    for profile in args.profiles:
+        c = int(profile[1:])
+        eng = engine(profile, args.decode_prompt + args.decode_tokens + 64)
+        run(eng, [rand_ids(args.decode_prompt, 100 + i) for i in range(c)], 8)  # warm-up at this batch size
+        fins = run(eng, [rand_ids(args.decode_prompt, 200 + i) for i in range(c)], args.decode_tokens)
+        eng.close()
+        span = max(f.timings.total_ms for f in fins) - min(f.timings.ttft_ms for f in fins)
+        agg = c * (args.decode_tokens - 1) / (span / 1e3)
+        res[f"decode_{profile}_per_stream_tok_s"] = sum(f.timings.decode_tok_s for f in fins) / c
+        res[f"decode_{profile}_aggregate_tok_s"] = agg
+        res[f"decode_{profile}_roofline_tok_s"] = c / (decode_bytes(model, c, args) / bw)
+    return res
+
+
+def decode_bytes(model, c, args) -> float:
+    from engine.memory import kv_bytes_per_token, state_bytes_per_slot
+    cfg = model.cfg
+    ctx = args.decode_prompt + args.decode_tokens // 2
+    return (weight_bytes(model) + c * ctx * kv_bytes_per_token(cfg, torch.bfloat16, False)
+            + 2 * c * state_bytes_per_slot(cfg, torch.bfloat16))
+
+
+def bench_hf(raw_cfg, args) -> dict:
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    try:
+        import fla  # noqa: F401
+        kernels = "fla"
+    except ImportError:
+        kernels = "torch fallback"
+    cfg = Qwen3_5TextConfig(**{k: v for k, v in raw_cfg.items() if k != "model_type"})
+    with torch.device("cuda"):
+        hf = Qwen3_5ForCausalLM(cfg).to(torch.bfloat16).eval()
+    res = {"hf_kernels": kernels}
+
+    def timed(fn):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    with torch.no_grad():
+        ids = torch.tensor([rand_ids(512, 1)], device="cuda")
+        timed(lambda: hf.generate(ids, max_new_tokens=2, do_sample=False))  # warm-up
+        for n in args.hf_contexts:
+            ids = torch.tensor([rand_ids(n, n)], device="cuda")
+            t = timed(lambda: hf(ids, use_cache=True, logits_to_keep=1))
+            res[f"prefill_{n}_tok_s"] = n / t
+        res["ttft_512_ms"] = 1e3 * 512 / res["prefill_512_tok_s"]
+        for profile in args.profiles:
+            c = int(profile[1:])
+            ids = torch.tensor([rand_ids(args.decode_prompt, 300 + i) for i in range(c)], device="cuda")
+            mask = torch.ones_like(ids)
+            t1 = timed(lambda: hf.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False))
+            n = args.hf_decode_tokens
+            t2 = timed(lambda: hf.generate(ids, attention_mask=mask, max_new_tokens=n + 1, min_new_tokens=n + 1,
+                                           do_sample=False))
+            res[f"decode_{profile}_aggregate_tok_s"] = c * n / (t2 - t1)
+            res[f"decode_{profile}_per_stream_tok_s"] = n / (t2 - t1)
+    del hf
+    torch.cuda.empty_cache()
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="qwendesk-bench")
+    ap.add_argument("--shape", default="27b", choices=sorted(SHAPES))
+    ap.add_argument("--contexts", default="512,8192,32768")
+    ap.add_argument("--profiles", default="C1,C2,C4,C8")
+    ap.add_argument("--decode-prompt", type=int, default=512)
+    ap.add_argument("--decode-tokens", type=int, default=128)
+    ap.add_argument("--prefill-chunk", type=int, default=8192)
+    ap.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--hf-contexts", default="512,8192")
+    ap.add_argument("--hf-decode-tokens", type=int, default=16)
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+    args.contexts = [int(x) for x in args.contexts.split(",")]
+    args.hf_contexts = [int(x) for x in args.hf_contexts.split(",")]
+    args.profiles = args.profiles.split(",")
+    if not torch.cuda.is_available():
+        print("qwendesk-bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+
+    from engine.config import parse_model_config
+    from engine.model.qwen3_5 import Qwen3_5Model
+
+    raw = text_config(args.shape)
+    bw = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e12:.2f} TB/s; shape {args.shape}", flush=True)
+    results = {"shape": args.shape, "copy_tbps": bw / 1e12}
+    model = Qwen3_5Model(parse_model_config(raw), torch.bfloat16, "cuda")
+    randomize_(model)
+    results["weight_gb"] = weight_bytes(model) / 1e9
+    results["ours"] = bench_ours(model, args, bw)
+    del model
+    torch.cuda.empty_cache()
+    if args.hf:
+        results["hf"] = bench_hf(raw, args)
+    report(results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+def report(r: dict) -> None:
+    ours, hf = r["ours"], r.get("hf", {})
+    print(f"\nweights read per decode step: {r['weight_gb']:.2f} GB; copy bandwidth {r['copy_tbps']:.2f} TB/s")
+    print(f"{'metric':40s} {'ours':>10s} {'HF':>10s} {'ours/HF':>8s} {'roofline':>9s}")
+    for key, val in ours.items():
+        if key.endswith("roofline_tok_s") or not isinstance(val, float):
+            continue
+        other = hf.get(key)
+        ratio = f"{val / other:7.1f}x" if other and "ms" not in key else "        "
+        if other and "ms" in key:
+            ratio = f"{other / val:7.1f}x"
+        roof = ""
+        if key.startswith("decode_") and key.endswith("aggregate_tok_s"):
+            roof = f"{100 * val / ours[key.replace('aggregate', 'roofline')]:7.1f}%"
+        print(f"{key:40s} {val:10.1f} {other if other else float('nan'):10.1f} {ratio} {roof:>9s}")
+    print(f"turn-2 TTFT / turn-1 TTFT: {ours['turn2_ttft_ms'] / ours['turn1_ttft_ms']:.2f} "
+          f"({ours['turn2_cached_tokens']} tokens reused); HF kernels: {hf.get('hf_kernels', '-')}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

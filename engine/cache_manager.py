@@ -1,0 +1,201 @@
+"""CacheManager: which KV pages and GDN state slots each sequence holds, and prefix reuse.
+
+Pages. A live sequence owns a page table; pages are reference-counted so that sequences with
+a common prefix share its full pages (read only: a sequence writes only pages past its shared
+prefix, which is always page aligned). A full page is indexed by a chained hash of every token
+up to its end; when the last sequence using it finishes, it stays in the index as *cached*
+(evictable, least recently used first) until its memory is needed.
+
+Snapshots. Gated DeltaNet state is cumulative, so reusing a prefix of length b also needs the
+GDN state exactly after b tokens. Snapshots are copies of a sequence's state slot taken at page
+boundaries, kept in extra slots under the same chained hash, least recently used evicted first:
+  - at the boundary just before the prompt's last `<|im_start|>` (where the next turn of a chat
+    diverges: the template re-renders the assistant turn), the prefill is split there;
+  - during decode, the latest boundary passed (one rolling snapshot per sequence) becomes the
+    end-of-turn snapshot when the sequence finishes.
+A prefix hit needs both the pages and a snapshot at the same boundary.
+
+Memory is promised up front: admission reserves every page a sequence can still need
+(prompt + max new tokens), so a running sequence never runs out of pages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from engine.kv_cache import CacheTensors, IdPool
+
+
+def chain_hashes(tokens: list[int], page_size: int, prev: bytes = b"") -> list[bytes]:
+    """Hash of every full page, each covering all tokens up to that page's end."""
+    out = []
+    for i in range(len(tokens) // page_size):
+        page = array("q", tokens[i * page_size:(i + 1) * page_size]).tobytes()
+        prev = hashlib.blake2b(prev + page, digest_size=16).digest()
+        out.append(prev)
+    return out
+
+
+@dataclass
+class PrefixHit:
+    pages: list[int]
+    tokens: int          # prefix length reused (a multiple of the page size)
+    snapshot: int        # slot holding the GDN state after `tokens` tokens (-1: none)
+
+
+class CacheManager:
+    def __init__(self, cache: CacheTensors, num_seq_slots: int):
+        self.cache = cache
+        self.page_size = cache.page_size
+        n = cache.num_pages
+        self.free_pages = list(range(n - 1, -1, -1))
+        self.refs = [0] * n
+        self.page_key: dict[int, bytes] = {}                      # page -> hash it is indexed under
+        self.index: dict[bytes, int] = {}                          # hash -> page
+        self.cached: OrderedDict[int, None] = OrderedDict()        # indexed pages nobody uses (LRU)
+        self.reserved = 0                                          # promised, not yet taken
+        self.seq_slots = IdPool(num_seq_slots)
+        self.scratch_slot = cache.num_slots - 1                    # padding rows of graph batches write here
+        self.snap_free = list(range(cache.num_slots - 2, num_seq_slots - 1, -1))
+        self.snapshots: OrderedDict[bytes, int] = OrderedDict()    # hash -> slot (LRU)
+        self.hits = 0                                              # prefix tokens reused so far
+
+    # ---- accounting ----------------------------------------------------------------------
+    @property
+    def num_pages(self) -> int:
+        return self.cache.num_pages
+
+    def available_pages(self) -> int:
+        return len(self.free_pages) + len(self.cached) - self.reserved
+
+    def stats(self) -> dict:
+        return {"kv_pages_total": self.num_pages,
+                "kv_pages_used": self.num_pages - len(self.free_pages) - len(self.cached),
+                "kv_pages_cached": len(self.cached),
+                "state_slots_used": self.seq_slots.used,
+                "snapshots_cached": len(self.snapshots),
+                "prefix_hit_tokens": self.hits}
+
+    # ---- prefix lookup ---------------------------------------------------------------------
+    def match_prefix(self, tokens: list[int]) -> PrefixHit:
+        """Longest cached prefix (pages + snapshot), leaving at least one token to compute."""
+        best = PrefixHit([], 0, -1)
+        pages = []
+        for i, h in enumerate(chain_hashes(tokens[:len(tokens) - 1], self.page_size)):
+            page = self.index.get(h)
+            if page is None:
+                break
+            pages.append(page)
+            slot = self.snapshots.get(h)
+            if slot is not None:
+                best = PrefixHit(list(pages), (i + 1) * self.page_size, slot)
+        return best
+
+    # ---- admission and growth ------------------------------------------------------------------
+    def can_admit(self, hit: PrefixHit, total_tokens: int) -> bool:
+        need = -(-total_tokens // self.page_size) - len(hit.pages)
+        reusable = sum(1 for p in hit.pages if self.refs[p] == 0)  # cached pages we would revive
+        return self.seq_slots.free > 0 and need <= self.available_pages() - reusable
+
+    def admit(self, hit: PrefixHit, total_tokens: int) -> tuple[list[int], int]:
+        """Take the hit's pages and a state slot (with the snapshot copied in); reserve the
+        pages for the rest of the sequence. Returns (pages, slot)."""
+        for p in hit.pages:
+            self._ref(p)
+        if hit.snapshot >= 0:
+            self.snapshots.move_to_end(self.page_key[hit.pages[-1]])
+            self.hits += hit.tokens
+        slot = self.seq_slots.take()[0]
+        if hit.snapshot >= 0:
+            self.cache.copy_state(hit.snapshot, slot)
+        self.reserved += -(-total_tokens // self.page_size) - len(hit.pages)
+        return list(hit.pages), slot
+
+    def grow(self, pages: list[int], n_tokens: int) -> None:
+        """Extend a page table (in place) to hold n_tokens, from the sequence's reservation."""
+        while len(pages) * self.page_size < n_tokens:
+            pages.append(self._take_page())
+            self.reserved -= 1
+
+    def _take_page(self) -> int:
+        if not self.free_pages:
+            page, _ = self.cached.popitem(last=False)      # evict the least recently used
+            self._unindex(page)
+            return page
+        page = self.free_pages.pop()
+        self.refs[page] = 1
+        return page
+
+    def _ref(self, page: int) -> None:
+        if self.refs[page] == 0:
+            self.cached.pop(page, None)
+        self.refs[page] += 1
+
+    def _unindex(self, page: int) -> None:
+        key = self.page_key.pop(page, None)
+        if key is not None and self.index.get(key) == page:
+            del self.index[key]
+            slot = self.snapshots.pop(key, None)
+            if slot is not None:
+                self.snap_free.append(slot)
+        self.refs[page] = 1
+
+    # ---- snapshots ------------------------------------------------------------------------------
+    def take_snapshot_slot(self) -> int:
+        """A free snapshot slot, evicting the least recently used snapshot if needed (-1: none)."""
+        if self.snap_free:
+            return self.snap_free.pop()
+        if self.snapshots:
+            _, slot = self.snapshots.popitem(last=False)
+            return slot
+        return -1
+
+    def save_snapshot(self, src_slot: int, dst_slot: int, key: bytes) -> None:
+        self.cache.copy_state(src_slot, dst_slot)
+        self.keep_snapshot(dst_slot, key)
+
+    def keep_snapshot(self, slot: int, key: bytes) -> None:
+        old = self.snapshots.pop(key, None)
+        if old is not None and old != slot:
+            self.snap_free.append(old)
+        self.snapshots[key] = slot
+
+    def drop_snapshot_slot(self, slot: int) -> None:
+        self.snap_free.append(slot)
+
+    # ---- indexing and release ----------------------------------------------------------------
+    def index_pages(self, hashes: list[bytes], tokens: list[int], num_computed: int, pages: list[int]) -> None:
+        """Extend `hashes` (in place) over the full pages computed so far and index those pages,
+        so that other requests can share them even while this one runs."""
+        page = self.page_size
+        full = num_computed // page
+        if len(hashes) < full:
+            start = len(hashes) * page
+            hashes += chain_hashes(tokens[start:full * page], page, prev=hashes[-1] if hashes else b"")
+        for i in range(full):
+            p = pages[i]
+            if p not in self.page_key and hashes[i] not in self.index:
+                self.index[hashes[i]] = p
+                self.page_key[p] = hashes[i]
+
+    def release(self, hashes: list[bytes], tokens: list[int], num_computed: int, pages: list[int], slot: int,
+                unused_reservation: int) -> None:
+        """A sequence is done (finished or cancelled): index its full computed pages for reuse,
+        drop its references, free its slot and its unused reservation."""
+        self.index_pages(hashes, tokens, num_computed, pages)
+        newly_cached = []
+        for page in pages:
+            self.refs[page] -= 1
+            if self.refs[page] == 0:
+                if page in self.page_key:
+                    newly_cached.append(page)
+                else:
+                    self.free_pages.append(page)
+        for page in reversed(newly_cached):  # a prefix's last pages are evicted before its first
+            self.cached[page] = None
+        self.reserved -= unused_reservation
+        if slot >= 0:
+            self.seq_slots.give([slot])

@@ -1,0 +1,372 @@
+"""Engine: loads a checkpoint and serves requests from one background loop thread.
+
+Other threads talk to the loop only through queues: submit() puts a request in the inbox and
+returns a handle whose events arrive on the request's own queue; cancel() and score() travel the
+same way. Only the loop thread touches the model, the cache and the scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from concurrent.futures import Future
+
+import torch
+
+from engine.cache_manager import CacheManager
+from engine.chat.template import ChatTemplate
+from engine.config import load_model_config
+from engine.kv_cache import CacheTensors
+from engine.memory import MemoryPlan, free_memory, plan_for, plan_memory
+from engine.model import load_model
+from engine.params import (ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, SamplingParams,
+                           StreamEvent, Timings, Usage)
+from engine.runner import ModelRunner
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+from engine.streaming import OutputStream, starts_in_reasoning
+from engine.tokenizer import Tokenizer
+
+log = logging.getLogger("qwendesk.engine")
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' was asked for but no CUDA GPU is available")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, not {name!r}")
+    return DTYPES[name]
+
+
+class RequestHandle:
+    """Iterate to receive a request's StreamEvents; the last one has kind "finish"."""
+
+    def __init__(self, engine: "Engine", seq: Sequence):
+        self.id = seq.id
+        self.prompt_tokens = len(seq.prompt)
+        self._engine = engine
+        self._events = seq.events
+
+    def __iter__(self):
+        while True:
+            event = self._events.get()
+            yield event
+            if event.kind == "finish":
+                return
+
+    def cancel(self) -> None:
+        self._engine.cancel(self.id)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, _parts=None):
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        if _parts is None:
+            self.model_config = load_model_config(config.model)
+            early = plan_for(config, self.device, self.dtype)        # refuse before loading gigabytes
+            if not early.fits:
+                raise MemoryError(early.message)
+            self.tokenizer = Tokenizer.from_checkpoint(config.model)
+            self.template = ChatTemplate.from_checkpoint(config.model)
+            self.model, self.vision_weights = load_model(config.model, self.device, self.dtype, mtp=config.mtp,
+                                                         vision=config.vision)
+        else:
+            self.model, self.tokenizer, self.template = _parts
+            self.model_config, self.vision_weights = self.model.cfg, {}
+        # the weights are in memory now: plan the cache from what is actually free
+        self._plan = plan_memory(self.model_config, config, self.dtype, weights_bytes=0,
+                                 budget_bytes=free_memory(self.device), mtp=self.model.mtp is not None,
+                                 on_gpu=self.device.type == "cuda")
+        if not self._plan.fits:
+            raise MemoryError(self._plan.message)
+        self._plan.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.max_context = self._plan.max_context
+        self.cache = CacheTensors.allocate(self.model_config, self._plan.num_pages, config.page_size,
+                                           self._plan.num_slots, self.dtype, self.device,
+                                           mtp_layers=1 if self.model.mtp is not None else 0,
+                                           kv_int8=config.kv_dtype == "int8")
+        self.cache_manager = CacheManager(self.cache, num_seq_slots=config.max_running)
+        self.scheduler = Scheduler(self.cache_manager, config.max_running, config.prefill_chunk,
+                                   im_start_id=self.tokenizer.token_to_id("<|im_start|>"))
+        self.runner = ModelRunner(self.model, self.cache, self.device, max_batch=config.max_running,
+                                  max_context=self.max_context, scratch_slot=self.cache_manager.scratch_slot,
+                                  cuda_graphs=config.cuda_graphs)
+        self._inbox: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._active = 0                       # submitted and not finished
+        self._next_id = 0
+        self._seqs: dict[int, Sequence] = {}   # loop thread only
+        self._stats = self._collect_stats()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="qwendesk-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_model(cls, config: EngineConfig, model, tokenizer, template=None) -> "Engine":
+        """An engine around an already built model (benchmarks with random weights)."""
+        return cls(config, _parts=(model, tokenizer, template))
+
+    # ---- public API (any thread) ---------------------------------------------------------
+    def encode_prompt(self, prompt, tools=None, **template_kwargs) -> list[int]:
+        """Token ids as given, or chat messages rendered with the checkpoint's template."""
+        if isinstance(prompt, str):
+            raise TypeError("give token ids or chat messages (a list of {'role', 'content'} dicts), not a str")
+        if prompt and isinstance(prompt[0], dict):
+            text = self.template.render(prompt, tools=tools, add_generation_prompt=True, **template_kwargs)
+            return self.tokenizer.encode(text)
+        ids = [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        return ids
+
+    def submit(self, prompt, params: SamplingParams | None = None, tools=None, **template_kwargs) -> RequestHandle:
+        """Queue a request (token ids or chat messages); returns at once. Raises ValueError for bad
+        parameters, ContextLengthError when the prompt does not fit, QueueFullError when busy."""
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+        params = params or SamplingParams()
+        params.validate()
+        ids = self.encode_prompt(prompt, tools=tools, **template_kwargs)
+        if len(ids) >= self.max_context:
+            raise ContextLengthError(f"the prompt has {len(ids)} tokens; the context holds {self.max_context} "
+                                     f"(prompt plus at least one new token)")
+        with self._lock:
+            if self._active >= self.config.max_running + self.config.max_queue:
+                raise QueueFullError(f"the engine is busy: {self._active} requests in flight (profile "
+                                     f"{self.config.profile} runs {self.config.max_running}, the queue holds "
+                                     f"{self.config.max_queue} more); try again later")
+            self._active += 1
+            seq_id = self._next_id
+            self._next_id += 1
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        seq = Sequence(id=seq_id, prompt=ids, params=params, seed=seed,
+                       max_total=min(len(ids) + params.max_tokens, self.max_context))
+        tok = self.tokenizer
+        seq.stream = OutputStream(tok, params, starts_in_reasoning(ids, tok.think_start_id, tok.think_end_id))
+        if params.thinking_budget == 0 and seq.stream.in_reasoning and tok.think_end_id is not None:
+            seq.forced.extend([tok.think_end_id] + tok.encode("\n\n"))
+        self._inbox.put(("submit", seq))
+        return RequestHandle(self, seq)
+
+    def cancel(self, request_id: int) -> None:
+        self._inbox.put(("cancel", request_id))
+
+    def plan(self) -> MemoryPlan:
+        """The memory plan the engine runs with (weights, KV, state, workspace, margin)."""
+        return self._plan
+
+    def stats(self) -> dict:
+        with self._lock:
+            return dict(self._stats)
+
+    def generate(self, prompt, params: SamplingParams | None = None, tools=None, **template_kwargs) -> GenerateOutput:
+        """Submit and wait for the whole result."""
+        params = params or SamplingParams()
+        handle = self.submit(prompt, params, tools=tools, **template_kwargs)
+        text, reasoning, ids, logprobs = [], [], [], []
+        for ev in handle:
+            text.append(ev.text)
+            reasoning.append(ev.reasoning)
+            ids += ev.token_ids
+            logprobs += ev.logprobs or []
+            if ev.kind == "finish":
+                if ev.finish_reason == "error":
+                    raise RuntimeError(f"generation failed: {ev.error}")
+                return GenerateOutput(token_ids=ids, text="".join(text), finish_reason=ev.finish_reason,
+                                      prompt_tokens=handle.prompt_tokens, reasoning="".join(reasoning),
+                                      logprobs=logprobs if params.logprobs is not None else None,
+                                      usage=ev.usage, timings=ev.timings)
+        raise RuntimeError("the request ended without a finish event")
+
+    def score(self, token_ids) -> torch.Tensor:
+        """Logits of every position of one sequence, [len, vocab] float32 on the CPU."""
+        ids = self.encode_prompt(token_ids)
+        if len(ids) > self.max_context:
+            raise ContextLengthError(f"{len(ids)} tokens exceed the context of {self.max_context}")
+        done: Future = Future()
+        self._inbox.put(("score", ids, done))
+        return done.result()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._inbox.put(("stop",))
+        self._thread.join()
+        self.runner = self.model = self.cache = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- the loop (engine thread) ---------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            block = not self.scheduler.has_work()
+            try:
+                msg = self._inbox.get(block=block)
+                while True:
+                    if msg[0] == "stop":
+                        self._fail_all("cancelled", None)
+                        return
+                    self._handle(msg)
+                    msg = self._inbox.get_nowait()
+            except queue.Empty:
+                pass
+            try:
+                self._step()
+            except Exception as e:  # keep serving: fail what was in flight, say why
+                log.exception("engine step failed")
+                self._fail_all("error", f"{type(e).__name__}: {e}")
+            with self._lock:
+                self._stats = self._collect_stats()
+
+    def _handle(self, msg) -> None:
+        kind = msg[0]
+        if kind == "submit":
+            seq = msg[1]
+            self._seqs[seq.id] = seq
+            self.scheduler.add(seq)
+        elif kind == "cancel":
+            seq = self._seqs.get(msg[1])
+            if seq is not None:
+                self._finish(seq, "cancelled")
+        elif kind == "score":
+            _, ids, done = msg
+            try:
+                done.set_result(self._score(ids))
+            except Exception as e:
+                done.set_exception(e)
+
+    def _score(self, ids: list[int]) -> torch.Tensor:
+        seq = Sequence(id=-1, prompt=ids, params=SamplingParams(), seed=0, max_total=len(ids))
+        c = self.cache_manager
+        if not c.can_admit(c.match_prefix([]), len(ids)):
+            raise RuntimeError("the engine is busy; no cache room to score now")
+        seq.pages, seq.state_slot = c.admit(c.match_prefix([]), len(ids))
+        try:
+            c.grow(seq.pages, len(ids))
+            return self.runner.forward([seq], [len(ids)], all_logits=True).cpu()
+        finally:
+            c.release([], [], 0, seq.pages, seq.state_slot, 0)
+
+    def _step(self) -> None:
+        now = time.perf_counter()
+        for seq in self.scheduler.admit():
+            seq.t_admit = now
+        seqs, lens = self.scheduler.prefill_batch()
+        if seqs:
+            logits = self.runner.forward(seqs, lens)
+            done = []
+            for i, seq in enumerate(seqs):
+                self.cache_manager.index_pages(seq.hashes, seq.tokens, seq.num_computed, seq.pages)
+                if seq.num_computed == seq.snapshot_at:
+                    self._snapshot(seq)
+                if not seq.prefilling:
+                    done.append(i)
+            if done:
+                ready = [seqs[i] for i in done]
+                self._accept(ready, self.runner.sample(ready, logits[done]))
+        decode = self.scheduler.decode_batch()
+        if decode:
+            for seq in decode:
+                self.cache_manager.grow(seq.pages, len(seq))
+            logits = self.runner.forward(decode, [1] * len(decode))
+            for seq in decode:
+                if seq.num_computed % self.cache.page_size == 0:
+                    self._rolling_snapshot(seq)
+            self._accept(decode, self.runner.sample(decode, logits))
+
+    def _snapshot(self, seq: Sequence) -> None:
+        c = self.cache_manager
+        slot = c.take_snapshot_slot()
+        if slot >= 0:
+            c.save_snapshot(seq.state_slot, slot, seq.hashes[seq.snapshot_at // c.page_size - 1])
+
+    def _rolling_snapshot(self, seq: Sequence) -> None:
+        c = self.cache_manager
+        c.index_pages(seq.hashes, seq.tokens, seq.num_computed, seq.pages)
+        if seq.rolling_slot < 0:
+            seq.rolling_slot = c.take_snapshot_slot()
+        if seq.rolling_slot >= 0:
+            self.cache.copy_state(seq.state_slot, seq.rolling_slot)
+
+    def _accept(self, seqs: list[Sequence], tokens: list[int]) -> None:
+        """Append each sampled token, stream its text, and finish sequences that are done."""
+        now = time.perf_counter()
+        tok = self.tokenizer
+        for seq, token in zip(seqs, tokens):
+            p = seq.params
+            if not seq.output:
+                seq.t_first = now
+            seq.output.append(token)
+            reason, text, reasoning = None, "", ""
+            if token in p.stop_token_ids or (not p.ignore_eos and token in tok.eos_token_ids):
+                reason = "stop"
+            else:
+                text, reasoning = seq.stream.push(token)
+                if seq.stream.stopped:
+                    reason = "stop"
+                elif len(seq.output) >= p.max_tokens or len(seq) >= seq.max_total:
+                    reason = "length"
+            if (p.thinking_budget is not None and seq.stream.in_reasoning and not seq.forced
+                    and seq.stream.reasoning_tokens >= p.thinking_budget and tok.think_end_id is not None):
+                seq.forced.extend(tok.encode("\n") + [tok.think_end_id] + tok.encode("\n\n"))
+            logprobs = seq.logprobs[-1:] if p.logprobs is not None else None
+            seq.emit(StreamEvent("delta", text=text, reasoning=reasoning, token_ids=[token], logprobs=logprobs))
+            if reason:
+                self._finish(seq, reason)
+
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+        text, reasoning = seq.stream.finish() if reason in ("stop", "length") else ("", "")
+        self.scheduler.remove(seq)
+        self._seqs.pop(seq.id, None)
+        now = time.perf_counter()
+        n_out = len(seq.output)
+        usage = Usage(prompt_tokens=len(seq.prompt), completion_tokens=n_out, cached_tokens=seq.cached_tokens,
+                      reasoning_tokens=seq.stream.reasoning_tokens)
+        t = Timings(total_ms=1e3 * (now - seq.t_submit))
+        if seq.t_admit:
+            t.queue_ms = 1e3 * (seq.t_admit - seq.t_submit)
+        if seq.t_first:
+            t.ttft_ms = 1e3 * (seq.t_first - seq.t_submit)
+            computed = len(seq.prompt) - seq.cached_tokens
+            t.prefill_tok_s = computed / max(seq.t_first - seq.t_admit, 1e-9)
+            if n_out > 1:
+                t.decode_tok_s = (n_out - 1) / max(now - seq.t_first, 1e-9)
+        seq.finish_reason = reason
+        with self._lock:
+            self._active -= 1
+        seq.emit(StreamEvent("finish", text=text, reasoning=reasoning, finish_reason=reason, usage=usage,
+                             timings=t, error=error))
+
+    def _fail_all(self, reason: str, error: str | None) -> None:
+        for seq in list(self._seqs.values()):
+            self._finish(seq, reason, error)
+
+    def _collect_stats(self) -> dict:
+        s = self.scheduler
+        return {"running": len(s.running), "waiting": len(s.waiting), **self.cache_manager.stats()}

@@ -1,0 +1,169 @@
+"""Memory plan: what the weights, the KV pages, the GDN state slots and the working buffers take,
+and whether that fits the device.
+
+The concurrency profile C splits the budget: every running sequence may reach `max_context`
+tokens, so the KV pool holds C * max_context tokens (plus a quarter more, kept for prefix
+reuse), and the state pool holds C live slots, snapshots for prefix reuse and one scratch slot.
+`plan_memory` works from the checkpoint's headers alone (no weights loaded), so the GUI can show
+what a profile means before loading anything.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.config import ModelConfig, load_model_config
+from engine.params import EngineConfig
+
+GIB = 1 << 30
+PREFIX_EXTRA = 1.25          # KV pages beyond C * max_context, for cached prefixes
+MAX_SNAPSHOTS = 16
+
+
+@dataclass
+class MemoryPlan:
+    budget_bytes: int            # what the device offers (free memory, or a simulated budget)
+    weights_bytes: int
+    kv_bytes: int
+    state_bytes: int             # live slots + snapshots + scratch
+    workspace_bytes: int         # activations of a prefill chunk, logits, CUDA graph pools
+    margin_bytes: int            # allocator slack / fragmentation
+    max_context: int
+    num_pages: int
+    num_slots: int
+    snapshots: int
+    kv_bytes_per_token: int
+    state_bytes_per_slot: int
+    fits: bool = True
+    message: str = ""
+    alternatives: list[str] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return (self.weights_bytes + self.kv_bytes + self.state_bytes + self.workspace_bytes
+                + self.margin_bytes)
+
+    def summary(self) -> str:
+        g = lambda b: f"{b / GIB:.2f} GiB"  # noqa: E731
+        return (f"weights {g(self.weights_bytes)}, KV {g(self.kv_bytes)} ({self.max_context} tokens x "
+                f"{self.num_pages} pages), GDN state {g(self.state_bytes)} ({self.num_slots} slots), "
+                f"workspace {g(self.workspace_bytes)}, margin {g(self.margin_bytes)}: "
+                f"{g(self.total_bytes)} of {g(self.budget_bytes)}")
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype, mtp: bool, int8: bool = False) -> int:
+    """K and V of every full-attention layer; int8 adds one fp32 scale per token and head."""
+    layers = len(cfg.full_attention_layers) + (1 if mtp else 0)
+    per_head = cfg.head_dim + 4 if int8 else cfg.head_dim * dtype.itemsize
+    return layers * 2 * cfg.num_kv_heads * per_head
+
+
+def state_bytes_per_slot(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    conv = (cfg.conv_kernel - 1) * cfg.conv_dim * dtype.itemsize
+    ssm = cfg.linear_num_v_heads * cfg.linear_k_head_dim * cfg.linear_v_head_dim * 4
+    return len(cfg.linear_attention_layers) * (conv + ssm)
+
+
+def workspace_bytes(cfg: ModelConfig, dtype: torch.dtype, prefill_chunk: int, max_batch: int) -> int:
+    """Peak activations of one prefill chunk (the MLP's gate|up output dominates), fp32 logits of a
+    decode batch, and the decode graphs' pools."""
+    it = dtype.itemsize
+    chunk = prefill_chunk * (2 * cfg.intermediate_size * it + 6 * cfg.hidden_size * it
+                             + (cfg.conv_dim + cfg.linear_value_dim) * 4)
+    logits = max(max_batch, 1) * cfg.vocab_size * 4 * 3
+    return chunk + logits + 256 * (1 << 20)
+
+
+def free_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):
+        return 8 * GIB
+
+
+def checkpoint_weight_bytes(path, dtype: torch.dtype, mtp: bool, vision: bool) -> int:
+    """Bytes the loaded weights take at `dtype`, from the checkpoint's headers."""
+    from engine.weights.checkpoint import list_tensors
+    from engine.weights.loader import canonical_name
+    total = 0
+    for name, info in list_tensors(path).items():
+        kind, _ = canonical_name(name)
+        if (kind == "mtp" and not mtp) or (kind == "vision" and not vision):
+            continue
+        n = 1
+        for d in info.shape:
+            n *= d
+        total += n * dtype.itemsize
+    return total
+
+
+def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, weights_bytes: int,
+                budget_bytes: int, mtp: bool, on_gpu: bool, explain: bool = True) -> MemoryPlan:
+    """The largest plan for this profile that fits `budget_bytes`, or one marked fits=False with
+    a message saying what would fit."""
+    C, page = config.max_running, config.page_size
+    if config.kv_dtype not in ("bf16", "int8"):
+        raise ValueError(f"kv_dtype must be bf16 or int8, not {config.kv_dtype!r}")
+    int8 = config.kv_dtype == "int8"
+    per_tok = kv_bytes_per_token(cfg, dtype, mtp, int8=int8)
+    per_slot = state_bytes_per_slot(cfg, dtype)
+    work = workspace_bytes(cfg, dtype, config.prefill_chunk, C)
+    margin = max(GIB // 2, budget_bytes // 40) if on_gpu else 0
+    left = budget_bytes - weights_bytes - work - margin - (C + 1) * per_slot
+    snapshots = config.snapshots if config.snapshots is not None else \
+        max(0, min(MAX_SNAPSHOTS, int(left * 0.1) // max(per_slot, 1)))
+    kv_left = left - snapshots * per_slot
+    fits_ctx = max(0, int(kv_left / PREFIX_EXTRA / C / per_tok) // page * page)
+    limit = cfg.max_position_embeddings
+    want = config.max_context if config.max_context is not None else min(limit, fits_ctx)
+    if config.max_context is not None and config.max_context > limit:
+        raise ValueError(f"max_context {config.max_context} exceeds the model's {limit} positions")
+    ctx = max(want, page)
+    pages = int(C * -(-ctx // page) * PREFIX_EXTRA) + 1
+    plan = MemoryPlan(budget_bytes=budget_bytes, weights_bytes=weights_bytes, kv_bytes=pages * page * per_tok,
+                      state_bytes=(C + snapshots + 1) * per_slot, workspace_bytes=work, margin_bytes=margin,
+                      max_context=ctx, num_pages=pages, num_slots=C + snapshots + 1, snapshots=snapshots,
+                      kv_bytes_per_token=per_tok, state_bytes_per_slot=per_slot)
+    if plan.total_bytes > budget_bytes or fits_ctx < page:
+        plan.fits = False
+        if not explain:
+            return plan
+        plan.alternatives = _alternatives(cfg, config, dtype, weights_bytes, budget_bytes, mtp, on_gpu)
+        need = plan.total_bytes / GIB
+        plan.message = (f"profile {config.profile} with {ctx} tokens of context needs {need:.1f} GiB; "
+                        f"{budget_bytes / GIB:.1f} GiB are available. "
+                        + ("What fits: " + "; ".join(plan.alternatives) if plan.alternatives
+                           else "Nothing fits: the weights alone need "
+                                f"{weights_bytes / GIB:.1f} GiB (try int4 weights)"))
+    return plan
+
+
+def _alternatives(cfg, config, dtype, weights_bytes, budget_bytes, mtp, on_gpu) -> list[str]:
+    out = []
+    for profile in ("C1", "C2", "C4", "C8"):
+        for kv in ("bf16", "int8"):
+            alt = EngineConfig(**{**config.__dict__, "profile": profile, "kv_dtype": kv, "max_context": None})
+            p = plan_memory(cfg, alt, dtype, weights_bytes=weights_bytes, budget_bytes=budget_bytes, mtp=mtp,
+                            on_gpu=on_gpu, explain=False)
+            if p.fits and p.max_context >= 1024:
+                out.append(f"{profile} with {kv} KV: up to {p.max_context} tokens")
+    return out
+
+
+def plan_for(config: EngineConfig, device: torch.device | str = "auto", dtype: torch.dtype | None = None,
+             budget_bytes: int | None = None) -> MemoryPlan:
+    """Plan from a checkpoint's config and headers alone (nothing loaded)."""
+    from engine.engine import resolve_device, resolve_dtype
+    dev = resolve_device(device) if isinstance(device, str) else device
+    dtype = dtype or resolve_dtype(config.dtype, dev)
+    cfg = load_model_config(config.model)
+    mtp = config.mtp and cfg.num_mtp_layers > 0
+    weights = checkpoint_weight_bytes(config.model, dtype, mtp, config.vision and cfg.vision is not None)
+    budget = budget_bytes if budget_bytes is not None else free_memory(dev)
+    return plan_memory(cfg, config, dtype, weights_bytes=weights, budget_bytes=budget, mtp=mtp,
+                       on_gpu=dev.type == "cuda")

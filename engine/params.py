@@ -1,0 +1,131 @@
+"""Plain data classes of the public API: engine settings, sampling parameters, results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+PROFILES = {"C1": 1, "C2": 2, "C4": 4, "C8": 8}
+
+
+@dataclass
+class EngineConfig:
+    model: str                      # checkpoint directory
+    device: str = "auto"            # auto | cuda | cpu
+    dtype: str = "auto"             # auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float16 | float32
+    profile: str = "C1"             # concurrency: C1 | C2 | C4 | C8 sequences decoding together
+    kv_dtype: str = "bf16"          # bf16 (the activation dtype) | int8
+    max_context: int | None = None  # tokens per sequence; None: the model's limit, capped by memory
+    prefill_chunk: int = 2048       # prompt tokens per prefill step (long prompts are split)
+    max_queue: int = 64             # requests waiting beyond the profile before submit() refuses
+    page_size: int = 64             # tokens per KV page
+    snapshots: int | None = None    # GDN state snapshots kept for prefix reuse (None: from memory)
+    cuda_graphs: bool = True        # capture decode in CUDA graphs (CUDA only)
+    mtp: bool = True                # load the MTP module when the checkpoint has it
+    vision: bool = True             # keep the vision tower's weights
+
+    @property
+    def max_running(self) -> int:
+        if self.profile not in PROFILES:
+            raise ValueError(f"profile must be one of {', '.join(PROFILES)}, not {self.profile!r}")
+        return PROFILES[self.profile]
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 1.0        # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0                  # 0: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None     # top-n logprobs per generated token (0: only the chosen token's)
+    skip_special_tokens: bool = True
+    thinking_budget: int | None = None  # reasoning tokens after which </think> is forced
+    # callables (output token ids so far, fp32 logits [V]) -> logits, applied before sampling
+    logits_processors: list = field(default_factory=list)
+
+    def validate(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0 (0 disables it)")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError("min_p must be in [0, 1]")
+        if self.repetition_penalty <= 0:
+            raise ValueError("repetition_penalty must be > 0")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError("logprobs must be between 0 and 20")
+        if self.thinking_budget is not None and self.thinking_budget < 0:
+            raise ValueError("thinking_budget must be >= 0")
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]    # (token id, logprob), most likely first
+
+
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0          # prompt tokens reused from the prefix cache
+    reasoning_tokens: int = 0       # completion tokens spent thinking
+
+
+@dataclass
+class Timings:
+    queue_ms: float = 0.0           # submitted -> admitted
+    ttft_ms: float = 0.0            # submitted -> first token
+    prefill_tok_s: float = 0.0
+    decode_tok_s: float = 0.0
+    total_ms: float = 0.0
+
+
+@dataclass
+class StreamEvent:
+    """One item of a request's stream. kind: "delta" (new text / reasoning / tokens) or "finish"
+    (last event: finish_reason, usage, timings; error text when finish_reason is "error")."""
+    kind: str
+    text: str = ""
+    reasoning: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None    # stop | length | cancelled | error
+    usage: Usage | None = None
+    timings: Timings | None = None
+    error: str | None = None
+
+
+class QueueFullError(RuntimeError):
+    """The engine's waiting queue is full; try again later (HTTP 429 / 529)."""
+
+
+class ContextLengthError(ValueError):
+    """The prompt does not fit the context."""
+
+
+@dataclass
+class GenerateOutput:
+    token_ids: list[int]
+    text: str                       # content (reasoning excluded)
+    finish_reason: str              # stop | length | cancelled
+    prompt_tokens: int
+    reasoning: str = ""             # the model's thinking, when the prompt turned it on
+    logprobs: list[TokenLogprob] | None = None
+    usage: Usage | None = None
+    timings: Timings | None = None

@@ -1,0 +1,165 @@
+"""ModelRunner: turns sequences into one packed forward pass and samples their next tokens.
+
+On CUDA, decode steps (one new token per sequence) replay CUDA graphs captured per batch size
+bucket (1, 2, 4, 8): a decode step is ~600 small kernels, which launched one by one from Python
+would cost more than the step itself. Padding rows of a bucket write to a scratch state slot
+and no KV slot, so they never touch a live sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.kv_cache import CacheTensors
+from engine.model.batch import ForwardBatch, build_batch
+from engine.model.qwen3_5 import Qwen3_5Model
+from engine.params import TokenLogprob
+from engine.sequence import Sequence
+from kernels.sampling import apply_penalties_ref, sample_ref, top_logprobs_ref
+
+BUCKETS = (1, 2, 4, 8)
+
+
+class ModelRunner:
+    def __init__(self, model: Qwen3_5Model, cache: CacheTensors, device: torch.device, *, max_batch: int = 1,
+                 max_context: int = 0, scratch_slot: int = -1, cuda_graphs: bool = False):
+        self.model = model
+        self.cache = cache
+        self.device = device
+        self.graphs = None
+        if cuda_graphs and device.type == "cuda":
+            self.graphs = DecodeGraphs(model, cache, device, max_batch, max_context, scratch_slot)
+
+    @torch.inference_mode()
+    def forward(self, seqs: list[Sequence], query_lens: list[int], all_logits: bool = False) -> torch.Tensor:
+        """Run the next query_lens[i] uncomputed tokens of each sequence; advance num_computed.
+        Returns fp32 logits of each sequence's last row [N, V] (or of every row with all_logits)."""
+        if self.graphs is not None and not all_logits and self.graphs.fits(seqs, query_lens):
+            logits = self.graphs.run(seqs)
+        else:
+            ids = [t for s, n in zip(seqs, query_lens) for t in s.tokens[s.num_computed:s.num_computed + n]]
+            batch = build_batch(query_lens, [s.num_computed for s in seqs], [s.state_slot for s in seqs],
+                                [s.pages for s in seqs], self.cache.page_size, self.device,
+                                last_only=not all_logits)
+            hidden = self.model(torch.tensor(ids, dtype=torch.int64, device=self.device), batch, self.cache)
+            if batch.logits_rows is not None:
+                hidden = hidden[batch.logits_rows]
+            logits = self.model.logits(hidden)
+        for s, n in zip(seqs, query_lens):
+            s.num_computed += n
+        return logits
+
+    @torch.inference_mode()
+    def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+        """Pick each sequence's next token from its logits row (fp32 [N, V]); record logprobs if asked."""
+        dev, V = logits.device, logits.shape[-1]
+        ps = [s.params for s in seqs]
+        raw = logits
+        if any(p.logits_processors for p in ps):
+            logits = logits.clone()
+            for i, s in enumerate(seqs):
+                for proc in s.params.logits_processors:
+                    logits[i] = proc(s.output, logits[i])
+        if any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0 for p in ps):
+            counts = torch.zeros_like(logits)
+            in_prompt = torch.zeros_like(logits, dtype=torch.bool)
+            for i, s in enumerate(seqs):
+                if s.output:
+                    counts[i].index_add_(0, torch.tensor(s.output, device=dev),
+                                         torch.ones(len(s.output), device=dev))
+                in_prompt[i, torch.tensor(s.prompt, device=dev)] = True
+            logits = apply_penalties_ref(logits.clone(), counts, in_prompt,
+                                         self._vec(ps, "presence_penalty"), self._vec(ps, "frequency_penalty"),
+                                         self._vec(ps, "repetition_penalty"))
+        ids = sample_ref(logits, self._vec(ps, "temperature"),
+                         torch.tensor([p.top_k for p in ps], device=dev),
+                         self._vec(ps, "top_p"), self._vec(ps, "min_p"),
+                         torch.tensor([s.seed for s in seqs], device=dev),
+                         torch.tensor([len(s.output) for s in seqs], device=dev)).tolist()
+        for i, s in enumerate(seqs):
+            if s.forced:
+                ids[i] = s.forced.popleft()
+        want = [p.logprobs is not None for p in ps]
+        if any(want):
+            n = max(p.logprobs or 0 for p in ps)
+            lp, top_v, top_i = top_logprobs_ref(raw, min(n, V))
+            for i, s in enumerate(seqs):
+                if want[i]:
+                    k = s.params.logprobs
+                    top = list(zip(top_i[i, :k].tolist(), top_v[i, :k].tolist()))
+                    s.logprobs.append(TokenLogprob(ids[i], lp[i, ids[i]].item(), top))
+        return ids
+
+    def _vec(self, ps, name):
+        return torch.tensor([float(getattr(p, name)) for p in ps], device=self.device)
+
+
+class DecodeGraphs:
+    """Decode forward (+ logits) captured once per batch bucket over static input buffers."""
+
+    def __init__(self, model, cache: CacheTensors, device, max_batch: int, max_context: int, scratch_slot: int):
+        self.model, self.cache, self.device = model, cache, device
+        self.page = cache.page_size
+        self.max_pages = -(-max_context // self.page)
+        self.scratch_slot = scratch_slot
+        self.buckets = [b for b in BUCKETS if b <= max(BUCKETS[0], max_batch)]
+        if max_batch > self.buckets[-1]:
+            self.buckets.append(max_batch)
+        B = self.buckets[-1]
+        i64 = dict(dtype=torch.int64, device=device)
+        i32 = dict(dtype=torch.int32, device=device)
+        self.ids = torch.zeros(B, **i64)
+        self.positions = torch.zeros(3, B, **i64)
+        self.cu_seqlens = torch.arange(B + 1, **i32)
+        self.seq_lens = torch.ones(B, **i32)
+        self.has_state = torch.zeros(B, dtype=torch.bool, device=device)
+        self.state_slots = torch.full((B,), scratch_slot, **i64)
+        self.block_tables = torch.zeros(B, self.max_pages, **i32)
+        self.slot_mapping = torch.full((B,), -1, **i64)
+        self.graphs, self.logits = {}, {}
+        self.max_context = max_context
+        pool = None
+        for b in reversed(self.buckets):          # largest first: the others reuse its memory pool
+            batch = self._batch(b)
+            with torch.inference_mode():
+                for _ in range(2):                 # compile kernels, initialise their state
+                    model.logits(model(self.ids[:b], batch, cache))
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    self.logits[b] = model.logits(model(self.ids[:b], batch, cache))
+            pool = g.pool()
+            self.graphs[b] = g
+        torch.cuda.synchronize()
+
+    def _batch(self, b: int) -> ForwardBatch:
+        return ForwardBatch(positions=self.positions[:, :b], cu_seqlens=self.cu_seqlens[:b + 1],
+                            seq_lens=self.seq_lens[:b], has_state=self.has_state[:b],
+                            state_slots=self.state_slots[:b], block_tables=self.block_tables[:b],
+                            slot_mapping=self.slot_mapping[:b], logits_rows=None, decode_len=1,
+                            max_seq_len=self.max_context)
+
+    def fits(self, seqs, query_lens) -> bool:
+        return len(seqs) <= self.buckets[-1] and all(n == 1 for n in query_lens) and \
+            all(s.num_computed < self.max_context for s in seqs)
+
+    def run(self, seqs: list[Sequence]) -> torch.Tensor:
+        n = len(seqs)
+        b = next(x for x in self.buckets if x >= n)
+        pad = b - n
+        pos = [s.num_computed for s in seqs]
+        ids = [s.tokens[p] for s, p in zip(seqs, pos)]
+        slots = [s.pages[p // self.page] * self.page + p % self.page for s, p in zip(seqs, pos)]
+        tables = torch.zeros(b, self.max_pages, dtype=torch.int32)
+        for i, s in enumerate(seqs):
+            tables[i, :len(s.pages)] = torch.tensor(s.pages, dtype=torch.int32)
+        self.ids[:b].copy_(torch.tensor(ids + [0] * pad), non_blocking=True)
+        self.positions[:, :b].copy_(torch.tensor(pos + [0] * pad).expand(3, -1), non_blocking=True)
+        self.seq_lens[:b].copy_(torch.tensor([p + 1 for p in pos] + [1] * pad), non_blocking=True)
+        self.has_state[:b].copy_(torch.tensor([p > 0 for p in pos] + [False] * pad), non_blocking=True)
+        self.state_slots[:b].copy_(torch.tensor([s.state_slot for s in seqs] + [self.scratch_slot] * pad),
+                                   non_blocking=True)
+        self.slot_mapping[:b].copy_(torch.tensor(slots + [-1] * pad), non_blocking=True)
+        self.block_tables[:b].copy_(tables, non_blocking=True)
+        self.graphs[b].replay()
+        return self.logits[b][:n]

@@ -1,0 +1,98 @@
+"""Scheduler: a FIFO of waiting requests and at most C running sequences (the engine bounds the
+queue when requests are submitted).
+
+Each engine step runs at most one prefill batch (up to `prefill_chunk` prompt tokens, possibly
+from several sequences) and one decode round over every running sequence that has finished its
+prompt, so a long prompt arriving never stalls running streams for more than one chunk.
+Admission is first come, first served: the head of the queue waits until a slot and the pages
+for its whole sequence (prompt + max new tokens) are free.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from engine.cache_manager import CacheManager
+from engine.sequence import Sequence
+
+
+class Scheduler:
+    def __init__(self, cache: CacheManager, max_running: int, prefill_chunk: int, im_start_id: int | None = None):
+        self.cache = cache
+        self.max_running = max_running
+        self.prefill_chunk = prefill_chunk
+        self.im_start_id = im_start_id
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def admit(self) -> list[Sequence]:
+        admitted = []
+        while self.waiting and len(self.running) < self.max_running:
+            seq = self.waiting[0]
+            hit = self.cache.match_prefix(seq.prompt)
+            if not self.cache.can_admit(hit, seq.max_total):
+                break
+            self.waiting.popleft()
+            seq.pages, seq.state_slot = self.cache.admit(hit, seq.max_total)
+            seq.num_computed = seq.cached_tokens = hit.tokens
+            seq.snapshot_at = self._snapshot_boundary(seq)
+            self.cache.grow(seq.pages, len(seq.prompt))
+            self.running.append(seq)
+            admitted.append(seq)
+        return admitted
+
+    def _snapshot_boundary(self, seq: Sequence) -> int:
+        """The page boundary at or before the prompt's last <|im_start|> (where the next chat turn
+        diverges), if it is past what the prefix cache already gave (-1: none)."""
+        page = self.cache.page_size
+        end = len(seq.prompt) - 1
+        if self.im_start_id is not None and self.im_start_id in seq.prompt:
+            end = len(seq.prompt) - 1 - seq.prompt[::-1].index(self.im_start_id)
+        boundary = end // page * page
+        return boundary if boundary > seq.num_computed else -1
+
+    def prefill_batch(self) -> tuple[list[Sequence], list[int]]:
+        """Sequences still in their prompt and how many prompt tokens each runs now."""
+        seqs, lens, budget = [], [], self.prefill_chunk
+        for seq in self.running:
+            if budget <= 0:
+                break
+            if not seq.prefilling:
+                continue
+            stop = len(seq.prompt) if seq.snapshot_at <= seq.num_computed else seq.snapshot_at
+            n = min(stop - seq.num_computed, budget)
+            seqs.append(seq)
+            lens.append(n)
+            budget -= n
+        return seqs, lens
+
+    def decode_batch(self) -> list[Sequence]:
+        return [s for s in self.running if not s.prefilling and s.finish_reason is None]
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a finished or cancelled sequence out and give back what it holds."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self._release(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        c = self.cache
+        unused = -(-seq.max_total // c.page_size) - len(seq.pages)
+        c.release(seq.hashes, seq.tokens, seq.num_computed, seq.pages, seq.state_slot, unused)
+        if seq.rolling_slot >= 0:
+            # the rolling snapshot holds the state at the last page boundary decode passed
+            key = seq.hashes[-1] if seq.hashes else None
+            if key is not None and key in c.index:
+                c.keep_snapshot(seq.rolling_slot, key)
+            else:
+                c.drop_snapshot_slot(seq.rolling_slot)
+            seq.rolling_slot = -1
+        seq.pages, seq.state_slot = [], -1

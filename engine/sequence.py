@@ -1,0 +1,49 @@
+"""Sequence: one request's tokens, what it holds in the cache, and its output stream."""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.params import SamplingParams, StreamEvent, TokenLogprob
+
+
+@dataclass
+class Sequence:
+    id: int
+    prompt: list[int]
+    params: SamplingParams
+    seed: int                                   # the request's seed, or one drawn for it
+    max_total: int = 0                          # prompt + new tokens it may reach (capped by the context)
+    output: list[int] = field(default_factory=list)
+    pages: list[int] = field(default_factory=list)
+    hashes: list[bytes] = field(default_factory=list)   # chained hash of each full computed page
+    state_slot: int = -1
+    num_computed: int = 0                       # tokens whose KV and GDN state are in the cache
+    cached_tokens: int = 0                      # prompt tokens taken from the prefix cache
+    snapshot_at: int = -1                       # prompt boundary to snapshot the GDN state at
+    rolling_slot: int = -1                      # end-of-turn snapshot: state at the latest page boundary
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    forced: deque = field(default_factory=deque)  # tokens to emit next instead of sampling
+    events: queue.Queue = field(default_factory=queue.Queue)   # StreamEvents for the consumer
+    stream: object = None                       # engine.streaming.OutputStream
+    t_submit: float = field(default_factory=time.perf_counter)
+    t_admit: float = 0.0
+    t_first: float = 0.0
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    def __len__(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.num_computed < len(self.prompt)
+
+    def emit(self, event: StreamEvent) -> None:
+        self.events.put(event)

@@ -1,0 +1,248 @@
+"""Engine core on the CPU with a tiny checkpoint: batching, prefix reuse, cancel, queue limits,
+seeded sampling, stop strings, streaming events."""
+
+import random
+import threading
+import time
+
+import pytest
+import torch
+
+from engine.api import ContextLengthError, Engine, EngineConfig, QueueFullError, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def ckpt(checkpoint):
+    return str(checkpoint("gqa3_ratio3"))
+
+
+def make(ckpt, **kw):
+    kw.setdefault("device", "cpu")
+    kw.setdefault("dtype", "float32")
+    return Engine(EngineConfig(model=ckpt, **kw))
+
+
+@pytest.fixture(scope="module")
+def eng(ckpt):
+    e = make(ckpt, profile="C4", max_context=1024)
+    yield e
+    e.close()
+
+
+def prompt(n, seed):
+    return torch.randint(0, 600, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+GREEDY = dict(temperature=0.0, ignore_eos=True, logprobs=0)
+
+
+def assert_idle(e):
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        s = e.stats()
+        if s["running"] == 0 and s["waiting"] == 0:
+            break
+        time.sleep(0.01)
+    s = e.stats()
+    assert s["kv_pages_used"] == 0 and s["state_slots_used"] == 0, s
+
+
+def test_batched_equals_alone(ckpt, eng):
+    lens = [5, 70, 33, 130, 1, 64]
+    news = [12, 3, 20, 7, 9, 16]
+    handles = [eng.submit(prompt(n, i), SamplingParams(max_tokens=m, **GREEDY)) for i, (n, m) in enumerate(zip(lens, news))]
+    batched = [[t for ev in h for t in ev.token_ids] for h in handles]
+    alone_engine = make(ckpt, profile="C1", max_context=1024)
+    try:
+        for i, (n, m) in enumerate(zip(lens, news)):
+            alone = alone_engine.generate(prompt(n, i), SamplingParams(max_tokens=m, **GREEDY)).token_ids
+            assert batched[i] == alone, f"request {i}"
+    finally:
+        alone_engine.close()
+    assert_idle(eng)
+
+
+def test_prefix_hit_equals_cold(ckpt, eng):
+    chat = [{"role": "system", "content": "You are terse. " * 40},
+            {"role": "user", "content": "First question, a long one: " + "words " * 60}]
+    params = SamplingParams(max_tokens=10, **GREEDY)
+    first = eng.generate(chat, params, enable_thinking=False)
+    assert first.usage.cached_tokens == 0
+    turn2 = chat + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And then?"}]
+    warm = eng.generate(turn2, params, enable_thinking=False)
+    assert warm.usage.cached_tokens >= 64, "the second turn must reuse the first turn's prompt"
+    cold_engine = make(ckpt, profile="C1", max_context=1024)
+    try:
+        cold = cold_engine.generate(turn2, params, enable_thinking=False)
+    finally:
+        cold_engine.close()
+    assert cold.usage.cached_tokens == 0
+    assert warm.token_ids == cold.token_ids
+    diff = max(abs(a.logprob - b.logprob) for a, b in zip(warm.logprobs, cold.logprobs))
+    assert diff < 1e-4
+    assert eng.stats()["prefix_hit_tokens"] >= warm.usage.cached_tokens
+    assert_idle(eng)
+
+
+def test_identical_prompt_reuses_end_of_turn_snapshot(eng):
+    p = prompt(200, 99)
+    a = eng.generate(p, SamplingParams(max_tokens=70, **GREEDY))
+    b = eng.generate(p + a.token_ids + prompt(5, 98), SamplingParams(max_tokens=4, **GREEDY))
+    assert b.usage.cached_tokens >= 256  # decode passed the 256 boundary: its rolling snapshot serves
+    assert_idle(eng)
+
+
+def test_cancel_mid_stream_frees_everything(eng):
+    h = eng.submit(prompt(90, 3), SamplingParams(max_tokens=500, **GREEDY))
+    events = iter(h)
+    next(events)
+    h.cancel()
+    rest = list(events)
+    assert rest[-1].kind == "finish" and rest[-1].finish_reason == "cancelled"
+    assert_idle(eng)
+
+
+def test_random_requests_and_cancels_leave_nothing_held(ckpt):
+    e = make(ckpt, profile="C4", max_context=512, max_queue=256)
+    rng = random.Random(0)
+    try:
+        handles = []
+        for i in range(200):
+            p = [rng.randrange(600) for _ in range(rng.randint(1, 150))]
+            sp = SamplingParams(max_tokens=rng.randint(1, 12), temperature=rng.choice([0.0, 0.8]), seed=i)
+            handles.append(e.submit(p, sp))
+        for h in rng.sample(handles, 60):
+            h.cancel()
+        reasons = [[ev for ev in h][-1].finish_reason for h in handles]
+        assert set(reasons) <= {"stop", "length", "cancelled"} and len(reasons) == 200
+        assert_idle(e)
+    finally:
+        e.close()
+
+
+def test_queue_overflow_is_refused_and_nothing_is_dropped(ckpt):
+    e = make(ckpt, profile="C1", max_context=256, max_queue=3)
+    try:
+        handles = [e.submit(prompt(20, i), SamplingParams(max_tokens=30, **GREEDY)) for i in range(4)]
+        with pytest.raises(QueueFullError, match="busy"):
+            for i in range(10):
+                handles.append(e.submit(prompt(20, 50 + i), SamplingParams(max_tokens=30, **GREEDY)))
+        finals = [[ev for ev in h][-1] for h in handles]
+        assert all(f.finish_reason == "length" and f.usage.completion_tokens == 30 for f in finals)
+    finally:
+        e.close()
+
+
+def test_context_limits(ckpt):
+    e = make(ckpt, profile="C1", max_context=128)
+    try:
+        with pytest.raises(ContextLengthError, match="128"):
+            e.submit(prompt(128, 1), SamplingParams(max_tokens=1))
+        out = e.generate(prompt(120, 1), SamplingParams(max_tokens=50, **GREEDY))
+        assert out.finish_reason == "length" and len(out.token_ids) == 8
+    finally:
+        e.close()
+
+
+def test_pages_scarce_requests_wait_and_all_finish(ckpt):
+    """Four long requests on C2: the second pair waits for pages/slots, nothing is dropped."""
+    e = make(ckpt, profile="C2", max_context=256, snapshots=0)
+    try:
+        hs = [e.submit(prompt(200, i), SamplingParams(max_tokens=56, **GREEDY)) for i in range(4)]
+        finals = [[ev for ev in h][-1] for h in hs]
+        assert [f.usage.completion_tokens for f in finals] == [56] * 4
+        assert_idle(e)
+    finally:
+        e.close()
+
+
+def test_seeded_sampling_reproduces_whatever_the_batch(eng):
+    sp = SamplingParams(max_tokens=20, temperature=0.9, top_p=0.9, top_k=50, seed=1234)
+    alone = eng.generate(prompt(30, 7), sp).token_ids
+    others = [eng.submit(prompt(40, 8 + i), SamplingParams(max_tokens=20, temperature=1.0)) for i in range(3)]
+    again = eng.generate(prompt(30, 7), sp).token_ids
+    for h in others:
+        list(h)
+    assert alone == again
+    assert eng.generate(prompt(30, 7), SamplingParams(max_tokens=20, temperature=0.9, seed=4321)).token_ids != alone
+
+
+def test_stop_strings_cut_exactly(eng):
+    full = eng.generate(prompt(25, 11), SamplingParams(max_tokens=40, **GREEDY, skip_special_tokens=False))
+    text = full.text
+    assert len(text) > 12
+    stop = text[8:12]
+    cut = eng.generate(prompt(25, 11), SamplingParams(max_tokens=40, stop=[stop], **GREEDY, skip_special_tokens=False))
+    assert cut.finish_reason == "stop"
+    assert cut.text == text[:text.index(stop)]
+
+
+def test_stream_events_and_stats(eng):
+    h = eng.submit(prompt(50, 21), SamplingParams(max_tokens=6, **GREEDY))
+    events = list(h)
+    assert [e.kind for e in events] == ["delta"] * 6 + ["finish"]
+    fin = events[-1]
+    assert fin.usage.prompt_tokens == 50 and fin.usage.completion_tokens == 6
+    assert fin.timings.ttft_ms > 0 and fin.timings.total_ms >= fin.timings.ttft_ms
+    stats = eng.stats()
+    for key in ("running", "waiting", "kv_pages_total", "kv_pages_used", "kv_pages_cached", "prefix_hit_tokens",
+                "state_slots_used", "snapshots_cached"):
+        assert key in stats
+
+
+def test_submit_from_many_threads(eng):
+    results = {}
+
+    def worker(i):
+        results[i] = eng.generate(prompt(10 + i, 200 + i), SamplingParams(max_tokens=5, **GREEDY)).token_ids
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(results) == 8 and all(len(v) == 5 for v in results.values())
+
+
+def test_bad_parameters_are_refused(eng):
+    with pytest.raises(ValueError, match="top_p"):
+        eng.submit(prompt(5, 1), SamplingParams(top_p=0.0))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        eng.submit([10 ** 9], SamplingParams())
+    with pytest.raises(ValueError, match="empty"):
+        eng.submit([], SamplingParams())
+
+
+def ban(*token_ids):
+    def proc(output, logits):
+        logits[list(token_ids)] = float("-inf")
+        return logits
+    return proc
+
+
+def test_reasoning_is_split_and_the_thinking_budget_closes_it(eng):
+    tok = eng.tokenizer
+    chat = [{"role": "user", "content": "Think about it."}]
+    no_end = ban(tok.think_end_id, *tok.eos_token_ids)
+    free = eng.generate(chat, SamplingParams(max_tokens=30, temperature=0.0, logits_processors=[no_end]))
+    assert free.usage.reasoning_tokens == 30 and free.text == "" and free.reasoning
+    capped = eng.generate(chat, SamplingParams(max_tokens=30, temperature=0.0, thinking_budget=6,
+                                               logits_processors=[no_end]))
+    assert 6 <= capped.usage.reasoning_tokens <= 8
+    assert tok.think_end_id in capped.token_ids and capped.text  # content after the forced </think>
+    assert "</think>" not in capped.text and "</think>" not in capped.reasoning
+    off = eng.generate(chat, SamplingParams(max_tokens=10, temperature=0.0, logits_processors=[no_end]),
+                       enable_thinking=False)
+    assert off.usage.reasoning_tokens == 0 and off.reasoning == ""
+
+
+def test_logits_processor_scripts_the_output(eng):
+    script = eng.tokenizer.encode("hello world")
+
+    def force(output, logits):
+        forced = torch.full_like(logits, float("-inf"))
+        forced[script[len(output)] if len(output) < len(script) else eng.tokenizer.eos_token_ids[0]] = 0
+        return forced
+
+    out = eng.generate(prompt(10, 5), SamplingParams(max_tokens=20, temperature=0.7, logits_processors=[force]))
+    assert out.text == "hello world" and out.finish_reason == "stop"
