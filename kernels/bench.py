@@ -1,0 +1,109 @@
+"""Kernel benchmark harness (GPU): `python -m kernels.bench [family ...]`.
+
+Measures the ceilings of the card in the same run (device-to-device copy, bf16 matmul), then
+every benchmark case of the kernel families (kernels/bench_*.py, each exposing `cases()`), and
+prints one table: median time, achieved bandwidth / FLOP rate, fraction of the ceiling, and the
+speed-up over the torch reference or torch's own op where the case has one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+FAMILIES = ("misc", "attention", "gdn", "sampling")
+
+
+@dataclass
+class Case:
+    family: str
+    name: str
+    fn: Callable[[], object]           # the kernel call, inputs bound
+    bytes: float = 0.0                 # fewest bytes it must move
+    flops: float = 0.0
+    baseline: Callable[[], object] | None = None   # torch reference / torch op on the same inputs
+    target: str = ""                   # the issue's target, in words (e.g. ">= 70% of copy bw")
+    target_frac: float | None = None   # fraction of the relevant ceiling to meet
+    target_us: float | None = None     # or an absolute time budget
+
+
+@dataclass
+class Result:
+    family: str
+    name: str
+    us: float
+    tbps: float
+    tflops: float
+    frac: float
+    speedup: float | None
+    target: str
+    met: bool | None
+
+
+def time_us(fn, warmup_ms=25, rep_ms=200) -> float:
+    from triton.testing import do_bench
+    return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3
+
+
+def ceilings() -> dict:
+    n = 1 << 30
+    src = torch.randn(n // 2, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    copy_us = time_us(lambda: dst.copy_(src))
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    mm_us = time_us(lambda: a @ b)
+    del src, dst, a, b
+    return {"copy_tbps": 2 * n / copy_us / 1e6, "matmul_tflops": 2 * 8192 ** 3 / mm_us / 1e6}
+
+
+def run_case(c: Case, ceil: dict) -> Result:
+    us = time_us(c.fn)
+    tbps = c.bytes / us / 1e6 if c.bytes else 0.0
+    tflops = c.flops / us / 1e6 if c.flops else 0.0
+    frac = max(tbps / ceil["copy_tbps"], tflops / ceil["matmul_tflops"])
+    speedup = time_us(c.baseline) / us if c.baseline else None
+    met = None
+    if c.target_frac is not None:
+        met = frac >= c.target_frac
+    elif c.target_us is not None:
+        met = us <= c.target_us
+    return Result(c.family, c.name, us, tbps, tflops, frac, speedup, c.target, met)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("families", nargs="*", default=list(FAMILIES))
+    ap.add_argument("--json", help="write results here")
+    args = ap.parse_args(argv)
+    ceil = ceilings()
+    print(f"ceilings: copy {ceil['copy_tbps']:.2f} TB/s, bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s")
+    results = []
+    for fam in args.families:
+        mod = importlib.import_module(f"kernels.bench_{fam}")
+        for case in mod.cases():
+            try:
+                results.append(run_case(case, ceil))
+            except Exception as e:  # one broken case must not hide the others
+                print(f"{case.family}/{case.name}: FAILED {type(e).__name__}: {e}", file=sys.stderr)
+            torch.cuda.empty_cache()
+    print(f"\n{'case':58s} {'us':>9s} {'TB/s':>6s} {'TFLOP/s':>8s} {'ceil%':>6s} {'vs ref':>7s}  target")
+    for r in results:
+        sp = f"{r.speedup:6.2f}x" if r.speedup else "      -"
+        met = "" if r.met is None else (" MET" if r.met else " MISSED")
+        print(f"{r.family + '/' + r.name:58s} {r.us:9.1f} {r.tbps:6.2f} {r.tflops:8.1f} {100 * r.frac:5.1f}% {sp}  "
+              f"{r.target}{met}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ceilings": ceil, "results": [asdict(r) for r in results]}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

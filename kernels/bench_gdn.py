@@ -1,0 +1,142 @@
+"""Gated DeltaNet benchmarks at the 27B shapes (`python -m kernels.bench gdn`).
+
+Decode is counted by the recurrent state it must read and write (48 v heads x 128 x 128 fp32 = 3 MiB per
+sequence and layer); the `x48_graph` cases replay one CUDA graph of 48 layers (48 separate state pools), so
+their time is per token, not per layer. `split` cases run conv update + a recurrent kernel (two launches)
+instead of the fused kernel, to show what fusing the conv saves.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.bench import Case
+from kernels.conv1d import causal_conv1d, causal_conv1d_ref, causal_conv1d_update
+from kernels.gdn import (_fla_chunk, gated_delta_rule, gated_delta_rule_ref, gdn_decode, gdn_decode_ref,
+                         gdn_gating_ref, recurrent_gated_delta_rule_triton)
+
+HK, HV, K, V, W = 16, 48, 128, 128, 4
+CONV_DIM = 2 * HK * K + HV * V                   # q | k | v channels: 10240
+PROJ = CONV_DIM + HV * V + 2 * HV                # in_proj rows: qkv | z | b | a
+STATE_BYTES = HV * K * V * 4                     # one sequence, one layer
+LAYERS = 48
+DEV = "cuda"
+
+
+def _decode_inputs(B, L):
+    """gdn_decode keyword arguments: raw projection rows as strided slices, slots out of order."""
+    proj = torch.randn(B * L, PROJ, dtype=torch.bfloat16, device=DEV)
+    num_slots = B + 2
+    return dict(qkv=proj[:, :CONV_DIM], a=proj[:, -HV:], b=proj[:, -2 * HV:-HV],
+                conv_weight=0.5 * torch.randn(CONV_DIM, W, dtype=torch.bfloat16, device=DEV),
+                conv_state=torch.randn(num_slots, W - 1, CONV_DIM, dtype=torch.bfloat16, device=DEV),
+                A_log=torch.empty(HV, device=DEV).uniform_(0.05, 4).log(), dt_bias=torch.zeros(HV, device=DEV),
+                ssm_state=0.1 * torch.randn(num_slots, HV, K, V, device=DEV),
+                slots=torch.randperm(num_slots, device=DEV)[:B], has_state=torch.ones(B, dtype=torch.bool, device=DEV))
+
+
+def _split_decode(x, L):
+    """The unfused alternative: conv update kernel, then the recurrent kernel with the gating inside."""
+    B = x["slots"].shape[0]
+    cu = torch.arange(B + 1, dtype=torch.int32, device=DEV) * L
+
+    def run():
+        y = causal_conv1d_update(x["qkv"], x["conv_weight"], x["conv_state"], x["slots"], x["has_state"])
+        q, k, v = y.split([HK * K, HK * K, HV * V], dim=-1)
+        return recurrent_gated_delta_rule_triton(q.view(-1, HK, K), k.view(-1, HK, K), v.view(-1, HV, V), x["a"],
+                                                 x["b"], x["ssm_state"], x["slots"], cu, x["has_state"],
+                                                 x["A_log"], x["dt_bias"])
+    return run
+
+
+def _fla_recurrent_baseline(B, L):
+    """fla's fused_recurrent_gated_delta_rule on already convolved q/k/v (the FACTS.md decode number), or None."""
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+    except ImportError:
+        return None
+    q, k = (torch.randn(B, L, HK, K, dtype=torch.bfloat16, device=DEV) for _ in range(2))
+    v = torch.randn(B, L, HV, V, dtype=torch.bfloat16, device=DEV)
+    g, beta = gdn_gating_ref(torch.randn(B, L, HV, device=DEV), torch.randn(B, L, HV, device=DEV),
+                             torch.zeros(HV, device=DEV), torch.zeros(HV, device=DEV))
+    init = 0.1 * torch.randn(B, HV, K, V, device=DEV)
+    return lambda: fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=init, output_final_state=True,
+                                                    use_qk_l2norm_in_kernel=True)
+
+
+def _graph(fn):
+    """Capture fn (already compiled) into a CUDA graph; returns its replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def _decode_cases():
+    cases = []
+    target = ">= 50% of copy bw (state read + write)"
+    for B in (1, 2, 4, 8):
+        x = _decode_inputs(B, 1)
+        fla = _fla_recurrent_baseline(B, 1)
+        cases.append(Case("gdn", f"decode_b{B}", lambda x=x: gdn_decode(**x), bytes=2 * B * STATE_BYTES,
+                          baseline=fla or (lambda x=x: gdn_decode_ref(**x)), target=target + (
+                              ", vs fla fused_recurrent" if fla else ", vs composed torch refs"), target_frac=0.5))
+    for B in (1, 8):
+        cases.append(Case("gdn", f"decode_b{B}_split_conv", _split_decode(_decode_inputs(B, 1), 1),
+                          bytes=2 * B * STATE_BYTES, target=target + " (unfused variant, for comparison)",
+                          target_frac=0.5))
+    for B in (1, 8):
+        layers = [_decode_inputs(B, 1) for _ in range(LAYERS)]
+        replay = _graph(lambda layers=layers: [gdn_decode(**x) for x in layers])
+        cases.append(Case("gdn", f"decode_b{B}_x48_graph (us per token)", replay,
+                          bytes=LAYERS * 2 * B * STATE_BYTES, target=target + ", 48 layers in one graph",
+                          target_frac=0.5))
+    L = 4
+    x = _decode_inputs(1, L)
+    cases.append(Case("gdn", "verify_b1_L4", lambda: gdn_decode(**x), bytes=2 * STATE_BYTES, target=target,
+                      target_frac=0.5))
+    steps = dict(step_ssm=torch.empty(1, L, HV, K, V, device=DEV),
+                 step_conv=torch.empty(1, L, W - 1, CONV_DIM, dtype=torch.bfloat16, device=DEV))
+    cases.append(Case("gdn", "verify_b1_L4_step_states", lambda: gdn_decode(**x, **steps),
+                      bytes=(2 + L) * STATE_BYTES, baseline=lambda: gdn_decode_ref(**x, **steps),
+                      target=target + " + L step writes", target_frac=0.5))
+    return cases
+
+
+def _conv_prefill_case(T=8192):
+    proj = torch.randn(T, PROJ, dtype=torch.bfloat16, device=DEV)
+    weight = 0.5 * torch.randn(CONV_DIM, W, dtype=torch.bfloat16, device=DEV)
+    state = torch.randn(2, W - 1, CONV_DIM, dtype=torch.bfloat16, device=DEV)
+    ref_state = state.clone()
+    args = (torch.tensor([1], device=DEV), torch.tensor([0, T], dtype=torch.int32, device=DEV),
+            torch.ones(1, dtype=torch.bool, device=DEV))
+    x = proj[:, :CONV_DIM]
+    return Case("gdn", f"conv_prefill_{T // 1024}k", lambda: causal_conv1d(x, weight, state, *args),
+                bytes=2 * T * CONV_DIM * 2, baseline=lambda: causal_conv1d_ref(x, weight, ref_state, *args),
+                target=">= 70% of copy bw", target_frac=0.7)
+
+
+def _prefill_case(T, facts_ms):
+    qkv = torch.randn(T, CONV_DIM, dtype=torch.bfloat16, device=DEV)
+    q, k, v = qkv.split([HK * K, HK * K, HV * V], dim=-1)
+    q, k, v = q.view(T, HK, K), k.view(T, HK, K), v.view(T, HV, V)
+    g, beta = gdn_gating_ref(torch.randn(T, HV, device=DEV), torch.randn(T, HV, device=DEV),
+                             torch.empty(HV, device=DEV).uniform_(0.05, 4).log(), torch.zeros(HV, device=DEV))
+    state = 0.1 * torch.randn(2, HV, K, V, device=DEV)
+    ref_state = state.clone()
+    meta = (torch.tensor([1], device=DEV), torch.tensor([0, T], dtype=torch.int32, device=DEV),
+            torch.ones(1, dtype=torch.bool, device=DEV))
+    path = "fla" if _fla_chunk() is not None else "triton_recurrent_fallback"
+    return Case("gdn", f"prefill_{T // 1024}k_{path}", lambda: gated_delta_rule(q, k, v, g, beta, state, *meta),
+                bytes=T * (2 * HK * K + 2 * HV * V) * 2 + 2 * STATE_BYTES,
+                baseline=lambda: gated_delta_rule_ref(q, k, v, g, beta, ref_state, *meta),
+                target=f"<= {facts_ms} ms (FACTS.md: fla alone, one layer)", target_us=facts_ms * 1e3)
+
+
+def cases() -> list[Case]:
+    return [*_decode_cases(), _conv_prefill_case(), _prefill_case(1024, 0.54), _prefill_case(8192, 0.70)]

@@ -1,0 +1,377 @@
+"""Gated DeltaNet: gating, and the gated delta rule over packed sequences with slot-indexed state.
+
+Per v-head h and token t (q, k L2-normalised, q scaled by 1/sqrt(K)):
+    S = S * exp(g_t);  S += k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T q_t
+S is [K, V] in fp32. q/k heads are shared by Hv / Hk consecutive v heads.
+State pool [num_slots, Hv, K, V] fp32; a sequence with has_state False starts from zeros.
+Slots of one batch must be distinct.
+
+GPU paths:
+- prefill, `gated_delta_rule`: fla-core's chunked kernel with states gathered from / scattered to the
+  pool; when fla is not importable, a Triton kernel that walks the tokens one by one (correct, slow on
+  long prompts).
+- decode / speculative verify, `gdn_decode`: one fused kernel from the raw projection rows (conv update
+  + SiLU, q/k L2 norm, gating, L delta-rule steps), CUDA-graph capturable, optionally keeping the state
+  after every token so that the engine can roll back to any accepted draft position.
+"""
+
+import functools
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernels.conv1d import causal_conv1d_ref, conv_token, store_conv_window
+
+
+def gdn_gating_ref(a, b, A_log, dt_bias):
+    """g = -exp(A_log) * softplus(a + dt_bias) (fp32, log-decay <= 0), beta = sigmoid(b) (fp32)."""
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    return g, b.float().sigmoid()
+
+
+def l2norm(x, eps=1e-6):
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def _prepare(q, k, v, g, beta):
+    """[L, H*, D] inputs -> fp32 [H, L, D] with q/k normalised, q scaled and expanded to Hv heads."""
+    rep = v.shape[1] // q.shape[1]
+    q = l2norm(q.float()).repeat_interleave(rep, dim=1) * q.shape[-1] ** -0.5
+    k = l2norm(k.float()).repeat_interleave(rep, dim=1)
+    return q.transpose(0, 1), k.transpose(0, 1), v.float().transpose(0, 1), g.T, beta.T
+
+
+def recurrent_gated_delta_rule_ref(q, k, v, g, beta, state):
+    """One sequence, token by token. q,k [L, Hk, K]; v [L, Hv, V]; g, beta [L, Hv]; state [Hv, K, V] fp32.
+    Returns (o [L, Hv, V] fp32, final state)."""
+    q, k, v, g, beta = _prepare(q, k, v, g, beta)
+    S = state.clone()
+    out = torch.empty_like(v)
+    for t in range(v.shape[1]):
+        S = S * g[:, t].exp()[:, None, None]
+        kv = (S * k[:, t, :, None]).sum(1)                                  # [H, V]
+        delta = (v[:, t] - kv) * beta[:, t, None]
+        S = S + k[:, t, :, None] * delta[:, None, :]
+        out[:, t] = (S * q[:, t, :, None]).sum(1)
+    return out.transpose(0, 1), S
+
+
+def chunk_gated_delta_rule_ref(q, k, v, g, beta, state, chunk=64):
+    """Same function as the recurrent form, computed chunk by chunk with the WY/UT transform."""
+    q, k, v, g, beta = _prepare(q, k, v, g, beta)
+    H, L, Dk = k.shape
+    pad = (-L) % chunk
+    if pad:
+        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        g, beta = (F.pad(x, (0, pad)) for x in (g, beta))
+    n = (L + pad) // chunk
+    q, k, v = (x.reshape(H, n, chunk, -1) for x in (q, k, v))
+    g, beta = g.reshape(H, n, chunk), beta.reshape(H, n, chunk)
+    gc = g.cumsum(-1)                                                       # cumulative log decay
+    upper = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
+    decay = (gc[..., :, None] - gc[..., None, :]).masked_fill(upper, float("-inf")).exp()
+    kb = k * beta[..., None]
+    A = (kb @ k.transpose(-1, -2)) * decay
+    A = A.masked_fill(~torch.ones_like(upper).tril(-1), 0)                  # strictly lower part
+    M = torch.eye(chunk, device=q.device) + A
+    u = torch.linalg.solve_triangular(M, v * beta[..., None], upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(M, kb * gc.exp()[..., None], upper=False, unitriangular=True)
+    attn = (q @ k.transpose(-1, -2)) * decay
+    S = state.clone()
+    out = torch.empty_like(v)
+    for c in range(n):
+        v_new = u[:, c] - w[:, c] @ S
+        out[:, c] = (q[:, c] * gc[:, c, :, None].exp()) @ S + attn[:, c] @ v_new
+        k_dec = k[:, c] * (gc[:, c, -1:, None] - gc[:, c, :, None]).exp()
+        S = S * gc[:, c, -1].exp()[:, None, None] + k_dec.transpose(-1, -2) @ v_new
+    out = out.reshape(H, n * chunk, -1)[:, :L]
+    return out.transpose(0, 1), S
+
+
+def gated_delta_rule_ref(q, k, v, g, beta, state, slots, cu_seqlens, has_state):
+    """Packed sequences: q,k [T, Hk, K]; v [T, Hv, V]; g, beta [T, Hv]. Returns o [T, Hv, V] in v's dtype
+    and writes each sequence's final state into state[slots[i]]."""
+    out = torch.empty_like(v)
+    bounds = cu_seqlens.tolist()
+    for i, slot in enumerate(slots.tolist()):
+        s, e = bounds[i], bounds[i + 1]
+        init = state[slot] if bool(has_state[i]) else torch.zeros_like(state[slot])
+        fn = recurrent_gated_delta_rule_ref if e - s <= 16 else chunk_gated_delta_rule_ref
+        o, final = fn(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], init)
+        out[s:e] = o.to(v.dtype)
+        state[slot] = final
+    return out
+
+
+def gdn_decode_ref(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state,
+                   step_ssm=None, step_conv=None):
+    """The fused decode step composed from the references (arguments: see gdn_decode)."""
+    B, (T, C) = slots.shape[0], qkv.shape
+    L = T // B
+    _, Hv, K, V = ssm_state.shape
+    Hk = (C - Hv * V) // (2 * K)
+    if step_ssm is None:
+        cu = torch.arange(B + 1, dtype=torch.int32, device=qkv.device) * L
+        x = causal_conv1d_ref(qkv, conv_weight, conv_state, slots, cu, has_state)
+        q, k, v = x.split([Hk * K, Hk * K, Hv * V], dim=-1)
+        g, beta = gdn_gating_ref(a, b, A_log, dt_bias)
+        return gated_delta_rule_ref(q.reshape(T, Hk, K), k.reshape(T, Hk, K), v.reshape(T, Hv, V), g, beta,
+                                    ssm_state, slots, cu, has_state)
+    out = qkv.new_empty(T, Hv, V)
+    for t in range(L):                       # token by token, keeping the states after each
+        rows = torch.arange(B, device=qkv.device) * L + t
+        live = has_state if t == 0 else torch.ones_like(has_state)
+        out[rows] = gdn_decode_ref(qkv[rows], a[rows], b[rows], conv_weight, conv_state, A_log, dt_bias, ssm_state,
+                                   slots, live)
+        step_ssm[:, t] = ssm_state[slots]
+        step_conv[:, t] = conv_state[slots]
+    return out
+
+
+# ---------------------------------------------------------------- Triton building blocks
+
+@triton.jit
+def _softplus(x):
+    return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
+
+
+@triton.jit
+def _l2norm(x):
+    return x * tl.rsqrt(tl.sum(x * x, axis=0) + 1e-6)
+
+
+@triton.jit
+def _delta_rule_step(S, q, k, v, g, beta):
+    """One token on a [K, BV] fp32 state tile (q, k [K]; v [BV]); returns (new tile, o [BV])."""
+    S = S * tl.exp(g)
+    delta = (v - tl.sum(S * k[:, None], axis=0)) * beta
+    S = S + k[:, None] * delta[None, :]
+    return S, tl.sum(S * q[:, None], axis=0)
+
+
+# ---------------------------------------------------------------- gating (prefill)
+
+@triton.jit
+def _gating_kernel(a, a_row_stride, b, b_row_stride, A_log, dt_bias, g, beta, T, H,
+                   BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, BLOCK_H)
+    mask = (rows < T)[:, None] & (cols < H)[None, :]
+    av = tl.load(a + rows[:, None] * a_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    bv = tl.load(b + rows[:, None] * b_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    neg_A = -tl.exp(tl.load(A_log + cols, mask=cols < H, other=0.0).to(tl.float32))
+    dtb = tl.load(dt_bias + cols, mask=cols < H, other=0.0).to(tl.float32)
+    out = rows[:, None] * H + cols[None, :]
+    tl.store(g + out, neg_A[None, :] * _softplus(av + dtb[None, :]), mask=mask)
+    tl.store(beta + out, tl.sigmoid(bv), mask=mask)
+
+
+def gdn_gating_triton(a, b, A_log, dt_bias):
+    """Triton version of gdn_gating_ref; a, b [T, Hv] (rows may be strided) -> g, beta [T, Hv] fp32."""
+    T, H = a.shape
+    assert a.stride(1) == 1 and b.stride(1) == 1
+    g = torch.empty((T, H), dtype=torch.float32, device=a.device)
+    beta = torch.empty_like(g)
+    block_t = 32
+    _gating_kernel[(triton.cdiv(T, block_t),)](a, a.stride(0), b, b.stride(0), A_log, dt_bias, g, beta, T, H,
+                                               BLOCK_T=block_t, BLOCK_H=triton.next_power_of_2(H), num_warps=4)
+    return g, beta
+
+
+def gdn_gating(a, b, A_log, dt_bias):
+    if a.is_cuda:
+        return gdn_gating_triton(a, b, A_log, dt_bias)
+    return gdn_gating_ref(a, b, A_log, dt_bias)
+
+
+# ---------------------------------------------------------------- prefill
+
+@triton.jit
+def _recurrent_kernel(q, k, v, q_row_stride, k_row_stride, v_row_stride, g, beta, g_row_stride, beta_row_stride,
+                      A_log, dt_bias, state, slots, has_state, cu_seqlens, out, scale,
+                      HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                      RAW_GATES: tl.constexpr):
+    """Program per (sequence, v head, V block): walks the sequence's tokens with a [K, BV] state tile."""
+    n, hv, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    h = hv // (HV // HK)
+    bos = tl.load(cu_seqlens + n).to(tl.int64)
+    eos = tl.load(cu_seqlens + n + 1).to(tl.int64)
+    live = tl.load(has_state + n) != 0
+    ok = tl.arange(0, K)
+    ov = i_v * BV + tl.arange(0, BV)
+    p_S = state + (tl.load(slots + n).to(tl.int64) * HV + hv) * K * V + ok[:, None] * V + ov[None, :]
+    S = tl.where(live, tl.load(p_S), 0.0)
+    for t in range(bos, eos):
+        qt = _l2norm(tl.load(q + t * q_row_stride + h * K + ok).to(tl.float32)) * scale
+        kt = _l2norm(tl.load(k + t * k_row_stride + h * K + ok).to(tl.float32))
+        vt = tl.load(v + t * v_row_stride + hv * V + ov).to(tl.float32)
+        gt = tl.load(g + t * g_row_stride + hv).to(tl.float32)
+        bt = tl.load(beta + t * beta_row_stride + hv).to(tl.float32)
+        if RAW_GATES:
+            gt = -tl.exp(tl.load(A_log + hv)) * _softplus(gt + tl.load(dt_bias + hv))
+            bt = tl.sigmoid(bt)
+        S, o = _delta_rule_step(S, qt, kt, vt, gt, bt)
+        tl.store(out + (t * HV + hv) * V + ov, o.to(out.dtype.element_ty))
+    tl.store(p_S, S)
+
+
+def recurrent_gated_delta_rule_triton(q, k, v, g, beta, state, slots, cu_seqlens, has_state, A_log=None,
+                                      dt_bias=None):
+    """Triton version of gated_delta_rule_ref (same arguments and effects), token by token. Given A_log and
+    dt_bias, g and beta are the raw a and b projections and the gating is applied in the kernel."""
+    T, HK, K = q.shape
+    _, HV, V = v.shape
+    N = slots.shape[0]
+    assert q.stride(1) == k.stride(1) == K and v.stride(1) == V and q.stride(2) == k.stride(2) == v.stride(2) == 1
+    assert g.stride(1) == 1 and beta.stride(1) == 1 and state.is_contiguous()
+    out = torch.empty((T, HV, V), dtype=v.dtype, device=v.device)
+    raw_gates = A_log is not None
+    block_v = min(V, 32)
+    _recurrent_kernel[(N, HV, V // block_v)](
+        q, k, v, q.stride(0), k.stride(0), v.stride(0), g, beta, g.stride(0), beta.stride(0),
+        A_log if raw_gates else g, dt_bias if raw_gates else g, state, slots, has_state.view(torch.uint8),
+        cu_seqlens, out, K ** -0.5, HK=HK, HV=HV, K=K, V=V, BV=block_v, RAW_GATES=raw_gates, num_warps=4)
+    return out
+
+
+@functools.cache
+def _fla_chunk():
+    """fla-core's chunked gated delta rule, or None when fla (or its dependency einops) is not importable."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except ImportError:
+        return None
+    return chunk_gated_delta_rule
+
+
+def gated_delta_rule_fla(q, k, v, g, beta, state, slots, cu_seqlens, has_state):
+    """gated_delta_rule_ref's contract on fla's varlen chunked kernel (GVA native: Hv > Hk needs no repeat).
+    Not graph capturable (fla sizes its chunk index on the host)."""
+    init = torch.where(has_state[:, None, None, None], state[slots], 0.0)
+    o, final = _fla_chunk()(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0),
+                            scale=q.shape[-1] ** -0.5, initial_state=init, output_final_state=True,
+                            use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens.long())
+    state[slots] = final
+    return o[0]
+
+
+def gated_delta_rule(q, k, v, g, beta, state, slots, cu_seqlens, has_state):
+    """Prefill: fla on CUDA (the Triton recurrent kernel when fla is missing), the torch reference elsewhere."""
+    if not q.is_cuda:
+        return gated_delta_rule_ref(q, k, v, g, beta, state, slots, cu_seqlens, has_state)
+    if _fla_chunk() is not None:
+        return gated_delta_rule_fla(q, k, v, g, beta, state, slots, cu_seqlens, has_state)
+    return recurrent_gated_delta_rule_triton(q, k, v, g, beta, state, slots, cu_seqlens, has_state)
+
+
+# ---------------------------------------------------------------- fused decode / verify
+
+@triton.jit
+def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, conv_w, conv_state, conv_slot_stride,
+                   conv_row_stride, A_log, dt_bias, ssm, slots, has_state, counters, out, step_ssm, step_conv, scale,
+                   HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
+                   W: tl.constexpr, BV: tl.constexpr, STORE_STEPS: tl.constexpr):
+    """Program per (sequence, v head, V block) holding a [K, BV] fp32 state tile. Each program convolves the
+    q/k channels of its qk head and its own v channels itself (a few KB, L2-resident) rather than reading
+    them from a separate conv kernel."""
+    i_b, i_hv, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h = i_hv // (HV // HK)
+    C = 2 * HK * K + HV * V
+    slot = tl.load(slots + i_b).to(tl.int64)
+    live = tl.load(has_state + i_b) != 0
+    ok = tl.arange(0, K)
+    ov = i_v * BV + tl.arange(0, BV)
+    p_S = ssm + (slot * HV + i_hv) * K * V + ok[:, None] * V + ov[None, :]
+    S = tl.where(live, tl.load(p_S), 0.0)          # issued first: its latency overlaps the conv below
+    cq = i_h * K + ok
+    cv = 2 * HK * K + i_hv * V + ov
+    all_k = ok < K
+    all_v = ov < V
+    x_rows = qkv + i_b.to(tl.int64) * L * qkv_row_stride
+    win = conv_state + slot * conv_slot_stride
+    neg_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+    dtb = tl.load(dt_bias + i_hv).to(tl.float32)
+    for t in tl.static_range(L):
+        q = conv_token(x_rows, qkv_row_stride, win, conv_row_stride, conv_w, cq, all_k, live, t, W, True)
+        k = conv_token(x_rows, qkv_row_stride, win, conv_row_stride, conv_w, HK * K + cq, all_k, live, t, W, True)
+        v = conv_token(x_rows, qkv_row_stride, win, conv_row_stride, conv_w, cv, all_v, live, t, W, True)
+        row = i_b.to(tl.int64) * L + t
+        g = neg_A * _softplus(tl.load(a + row * a_row_stride + i_hv).to(tl.float32) + dtb)
+        beta = tl.sigmoid(tl.load(b + row * b_row_stride + i_hv).to(tl.float32))
+        S, o = _delta_rule_step(S, _l2norm(q) * scale, _l2norm(k), v, g, beta)
+        tl.store(out + (row * HV + i_hv) * V + ov, o.to(out.dtype.element_ty))
+        if STORE_STEPS:
+            tl.store(step_ssm + (row * HV + i_hv) * K * V + ok[:, None] * V + ov[None, :], S)
+    tl.store(p_S, S)
+
+    # Conv windows. The v channels belong to this program alone.
+    conv_steps = step_conv + i_b.to(tl.int64) * L * (W - 1) * C          # [L, W-1, C] of this sequence
+    if STORE_STEPS:
+        for t in tl.static_range(L):
+            store_conv_window(x_rows, qkv_row_stride, win, conv_row_stride, conv_steps + t * (W - 1) * C, C,
+                              cv, all_v, live, t, W)
+    store_conv_window(x_rows, qkv_row_stride, win, conv_row_stride, win, conv_row_stride, cv, all_v, live, L - 1, W)
+    # The q/k channels are read by every program of the (sequence, qk head) group: the last of them to get
+    # here writes them (an arrival counter, reset by that program, so nothing is overwritten while still read).
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counters + i_b * HK + i_h, 1)
+    last = arrived == (HV // HK) * (V // BV) - 1
+    o2 = tl.arange(0, 2 * K)
+    cqk = tl.where(o2 < K, i_h * K + o2, HK * K + i_h * K + o2 - K)
+    qk_mask = tl.where(last, o2 < 2 * K, False)
+    if STORE_STEPS:
+        for t in tl.static_range(L):
+            store_conv_window(x_rows, qkv_row_stride, win, conv_row_stride, conv_steps + t * (W - 1) * C, C,
+                              cqk, qk_mask, live, t, W)
+    store_conv_window(x_rows, qkv_row_stride, win, conv_row_stride, win, conv_row_stride, cqk, qk_mask, live,
+                      L - 1, W)
+    tl.store(counters + i_b * HK + i_h, 0, mask=last)
+
+
+_arrival_counters: dict = {}
+
+
+def _counters(device, n):
+    """Zeroed int32 arrival counters for the decode kernel (each launch leaves them zero again)."""
+    buf = _arrival_counters.get(device)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _arrival_counters[device] = buf
+    return buf
+
+
+def gdn_decode_triton(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state,
+                      step_ssm=None, step_conv=None, block_v=None):
+    """Triton version of gdn_decode. block_v (V columns per program) defaults to 16 for batch <= 2, else 32."""
+    B, (T, C) = slots.shape[0], qkv.shape
+    _, HV, K, V = ssm_state.shape
+    HK = (C - HV * V) // (2 * K)
+    W = conv_weight.shape[1]
+    assert qkv.stride(1) == a.stride(1) == b.stride(1) == 1 and conv_state.stride(2) == 1
+    assert conv_weight.is_contiguous() and ssm_state.is_contiguous() and (step_ssm is None) == (step_conv is None)
+    assert step_ssm is None or (step_ssm.is_contiguous() and step_conv.is_contiguous())
+    block_v = min(V, block_v or (16 if B <= 2 else 32))
+    out = torch.empty((T, HV, V), dtype=qkv.dtype, device=qkv.device)
+    steps = step_ssm is not None
+    _decode_kernel[(B, HV, V // block_v)](
+        qkv, qkv.stride(0), a, a.stride(0), b, b.stride(0), conv_weight, conv_state, conv_state.stride(0),
+        conv_state.stride(1), A_log, dt_bias, ssm_state, slots, has_state.view(torch.uint8),
+        _counters(qkv.device, B * HK), out, step_ssm if steps else out, step_conv if steps else out, K ** -0.5,
+        HK=HK, HV=HV, K=K, V=V, L=T // B, W=W, BV=block_v, STORE_STEPS=steps, num_warps=4)
+    return out
+
+
+def gdn_decode(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state,
+               step_ssm=None, step_conv=None):
+    """One decode (L=1) or verify (L=k+1) step of a GDN layer for B sequences of L tokens each.
+
+    qkv [B*L, conv_dim] pre-conv projection rows, a / b [B*L, Hv] (rows may be strided slices of the fused
+    in_proj output); conv_weight [conv_dim, W]; conv_state [num_slots, W-1, conv_dim]; A_log, dt_bias [Hv] fp32;
+    ssm_state [num_slots, Hv, K, V] fp32; slots [B] int64 in any order; has_state [B] bool.
+    Returns o [B*L, Hv, V] in qkv's dtype and advances both states of each slot by the L tokens. Given
+    step_ssm [B, L, Hv, K, V] fp32 and step_conv [B, L, W-1, conv_dim], also writes both states after each token.
+    Triton on CUDA (graph capturable), the composed references elsewhere."""
+    fn = gdn_decode_triton if qkv.is_cuda else gdn_decode_ref
+    return fn(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state, step_ssm, step_conv)

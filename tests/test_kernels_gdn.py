@@ -1,0 +1,331 @@
+"""Gated DeltaNet kernels (causal conv1d, gating, gated delta rule, fused decode) against the torch references.
+
+CPU: the Triton kernels run in the interpreter on small fp32/fp16 shapes. GPU (`gpu` mark): bf16 at the 27B
+shapes (16 qk heads, 48 v heads, head dim 128, conv width 4), fla's chunked prefill, CUDA-graph replay.
+State slots that a kernel must neither read (has_state False) nor write (not in the batch) hold NaN.
+"""
+
+import pytest
+import torch
+
+from kernels.conv1d import (causal_conv1d, causal_conv1d_ref, causal_conv1d_triton, causal_conv1d_update,
+                            causal_conv1d_update_ref, causal_conv1d_update_triton)
+from kernels.gdn import (_fla_chunk, gated_delta_rule, gated_delta_rule_fla, gated_delta_rule_ref, gdn_decode,
+                         gdn_decode_ref, gdn_decode_triton, gdn_gating, gdn_gating_ref, gdn_gating_triton,
+                         recurrent_gated_delta_rule_triton)
+
+W = 4
+SHAPE_27B = dict(Hk=16, Hv=48, K=128, V=128)
+
+
+def batch_meta(lens, has_state, num_slots, device):
+    """cu_seqlens, slots (out of order, not 0..N-1), has_state for sequences of the given lengths."""
+    N = len(lens)
+    slots = torch.randperm(num_slots)[:N].to(device)
+    cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+    return cu, slots, torch.tensor(has_state, device=device)
+
+
+def poison_pool(pool, slots, has_state):
+    """NaN in every slot the batch must not touch and in the slots of sequences without state."""
+    pool = pool.clone()
+    used = torch.zeros(pool.shape[0], dtype=torch.bool)
+    used[slots.cpu()] = True
+    pool[~used.to(pool.device)] = float("nan")
+    pool[slots[~has_state]] = float("nan")
+    return pool
+
+
+def assert_untouched(pool, slots):
+    """Every slot outside the batch still holds its NaN poison."""
+    others = torch.ones(pool.shape[0], dtype=torch.bool, device=pool.device)
+    others[slots] = False
+    assert pool[others].isnan().all()
+
+
+def check_pool(actual, expected, slots, tol):
+    """Batch slots close to the reference, the others untouched."""
+    torch.testing.assert_close(actual[slots], expected[slots], atol=tol, rtol=tol)
+    assert_untouched(actual, slots)
+
+
+def rel_err(actual, expected):
+    a, e = actual.float(), expected.float()
+    assert torch.isfinite(a).all()
+    return ((a - e).norm() / e.norm().clamp_min(1e-12)).item()
+
+
+def projection_rows(T, C, Hv, dtype, device):
+    """qkv [T, C], a, b [T, Hv] as column slices of one fused projection output (strided rows, like the model)."""
+    proj = torch.randn(T, C + 128 + 2 * Hv, dtype=dtype, device=device)
+    return proj[:, :C], proj[:, C + 128 + Hv:], proj[:, C + 128:C + 128 + Hv]
+
+
+def decode_inputs(B, L, Hk, Hv, K, V, dtype, device, has_state=None, num_slots=None):
+    C = 2 * Hk * K + Hv * V
+    num_slots = num_slots or B + 3
+    has_state = has_state if has_state is not None else [i % 3 != 1 for i in range(B)]
+    _, slots, live = batch_meta([L] * B, has_state, num_slots, device)
+    qkv, a, b = projection_rows(B * L, C, Hv, dtype, device)
+    conv_state = poison_pool(torch.randn(num_slots, W - 1, C, dtype=dtype, device=device), slots, live)
+    ssm_state = poison_pool(0.1 * torch.randn(num_slots, Hv, K, V, device=device), slots, live)
+    return dict(qkv=qkv, a=a, b=b, conv_weight=0.5 * torch.randn(C, W, dtype=dtype, device=device),
+                conv_state=conv_state, A_log=torch.empty(Hv, device=device).uniform_(0.05, 4).log(),
+                dt_bias=0.5 * torch.randn(Hv, device=device), ssm_state=ssm_state, slots=slots, has_state=live)
+
+
+def run_decode(fn, inp, steps, **kw):
+    """Run a decode implementation on copies of the pools; returns (o, conv_state, ssm_state, step_ssm, step_conv)."""
+    x = dict(inp, conv_state=inp["conv_state"].clone(), ssm_state=inp["ssm_state"].clone())
+    B, (T, C) = x["slots"].shape[0], x["qkv"].shape
+    L, (_, Hv, K, V) = T // B, x["ssm_state"].shape
+    step_ssm = step_conv = None
+    if steps:
+        step_ssm = torch.full((B, L, Hv, K, V), float("nan"), device=x["qkv"].device)
+        step_conv = torch.full((B, L, W - 1, C), float("nan"), dtype=x["conv_state"].dtype, device=x["qkv"].device)
+    o = fn(**x, step_ssm=step_ssm, step_conv=step_conv, **kw)
+    return o, x["conv_state"], x["ssm_state"], step_ssm, step_conv
+
+
+def prefill_inputs(lens, has_state, Hk, Hv, K, V, dtype, device):
+    T = sum(lens)
+    cu, slots, live = batch_meta(lens, has_state, len(lens) + 3, device)
+    q = torch.randn(T, Hk, K, dtype=dtype, device=device)
+    k = torch.randn(T, Hk, K, dtype=dtype, device=device)
+    v = torch.randn(T, Hv, V, dtype=dtype, device=device)
+    g, beta = gdn_gating_ref(torch.randn(T, Hv, device=device), torch.randn(T, Hv, device=device),
+                             torch.empty(Hv, device=device).uniform_(0.05, 4).log(), torch.zeros(Hv, device=device))
+    state = poison_pool(0.1 * torch.randn(len(lens) + 3, Hv, K, V, device=device), slots, live)
+    return (q, k, v, g, beta), state, slots, cu, live
+
+
+# ---------------------------------------------------------------- CPU (Triton interpreter), small shapes
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_causal_conv1d_varlen(dtype):
+    torch.manual_seed(0)
+    lens, C = [1, 70, 5, 2], 48          # length 1; 32-row tiles with and without a sequence start
+    cu, slots, live = batch_meta(lens, [True, False, True, False], 8, "cpu")
+    x = torch.randn(sum(lens), C + 16, dtype=dtype)[:, 8:8 + C]
+    weight = torch.randn(C, W, dtype=dtype)
+    state = poison_pool(torch.randn(8, W - 1, C, dtype=dtype), slots, live)
+    s_ref, s_tri = state.clone(), state.clone()
+    y_ref = causal_conv1d_ref(x, weight, s_ref, slots, cu, live)
+    y_tri = causal_conv1d_triton(x, weight, s_tri, slots, cu, live)
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(y_tri, y_ref, atol=tol, rtol=tol)
+    check_pool(s_tri, s_ref, slots, tol)
+
+
+@pytest.mark.parametrize("L, steps", [(1, False), (4, True)])
+def test_causal_conv1d_update(L, steps):
+    torch.manual_seed(1)
+    B, C = 3, 40
+    _, slots, live = batch_meta([L] * B, [True, False, True], 6, "cpu")
+    x = torch.randn(B * L, C + 8)[:, :C]
+    weight = torch.randn(C, W)
+    state = poison_pool(torch.randn(6, W - 1, C), slots, live)
+    s_ref, s_tri = state.clone(), state.clone()
+    st_ref, st_tri = (torch.full((B, L, W - 1, C), float("nan")) for _ in range(2)) if steps else (None, None)
+    y_ref = causal_conv1d_update_ref(x, weight, s_ref, slots, live, st_ref)
+    y_tri = causal_conv1d_update_triton(x, weight, s_tri, slots, live, st_tri)
+    torch.testing.assert_close(y_tri, y_ref, atol=1e-5, rtol=1e-5)
+    check_pool(s_tri, s_ref, slots, 1e-6)
+    if steps:
+        torch.testing.assert_close(st_tri, st_ref)
+        s_once = state.clone()                          # the ref in one call agrees with the ref token by token
+        torch.testing.assert_close(causal_conv1d_update_ref(x, weight, s_once, slots, live), y_ref)
+
+
+def test_gdn_gating():
+    torch.manual_seed(2)
+    T, H = 37, 6
+    a, b = torch.randn(T, 2 * H + 5)[:, :H], torch.randn(T, 2 * H + 5)[:, H:2 * H]
+    A_log, dt_bias = torch.rand(H).add(0.1).log(), torch.randn(H)
+    a[0, 0] = 30.0                                        # softplus's linear branch
+    for got, want in zip(gdn_gating_triton(a, b, A_log, dt_bias), gdn_gating_ref(a, b, A_log, dt_bias)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert gdn_gating(a, b, A_log, dt_bias)[0].dtype == torch.float32
+
+
+@pytest.mark.parametrize("Hk, Hv", [(2, 2), (1, 3)])
+@pytest.mark.parametrize("raw_gates", [False, True])
+def test_recurrent_gated_delta_rule_varlen(Hk, Hv, raw_gates):
+    torch.manual_seed(3)
+    K = V = 16
+    lens = [1, 20, 6]                                     # 20 > 16: the reference takes its chunked path
+    (q, k, v, g, beta), state, slots, cu, live = prefill_inputs(lens, [False, True, True], Hk, Hv, K, V,
+                                                                torch.float32, "cpu")
+    s_ref, s_tri = state.clone(), state.clone()
+    if raw_gates:                                          # the kernel applies the gating to raw a, b
+        a, b = torch.randn(sum(lens), Hv), torch.randn(sum(lens), Hv)
+        A_log, dt_bias = torch.rand(Hv).add(0.1).log(), torch.randn(Hv)
+        g, beta = gdn_gating_ref(a, b, A_log, dt_bias)
+        o_tri = recurrent_gated_delta_rule_triton(q, k, v, a, b, s_tri, slots, cu, live, A_log, dt_bias)
+    else:
+        o_tri = recurrent_gated_delta_rule_triton(q, k, v, g, beta, s_tri, slots, cu, live)
+    o_ref = gated_delta_rule_ref(q, k, v, g, beta, s_ref, slots, cu, live)
+    torch.testing.assert_close(o_tri, o_ref, atol=1e-4, rtol=1e-4)
+    check_pool(s_tri, s_ref, slots, 1e-4)
+
+
+@pytest.mark.parametrize("Hk, Hv, L, dtype", [(2, 2, 1, torch.float32), (1, 3, 1, torch.float16),
+                                               (2, 2, 4, torch.float32), (1, 3, 4, torch.float32)])
+def test_gdn_decode(Hk, Hv, L, dtype):
+    """L=1: plain decode. L=4: verify with per-step states, against the references run token by token."""
+    torch.manual_seed(4)
+    inp = decode_inputs(3, L, Hk, Hv, 16, 16, dtype, "cpu")
+    steps = L > 1
+    ref = run_decode(gdn_decode_ref, inp, steps)
+    tri = run_decode(gdn_decode_triton, inp, steps, block_v=8)   # two V blocks: 2 * Hv/Hk programs per qk head
+    tol = 1e-4 if dtype == torch.float32 else 5e-3
+    torch.testing.assert_close(tri[0], ref[0], atol=tol, rtol=tol)
+    check_pool(tri[1], ref[1], inp["slots"], tol)
+    check_pool(tri[2], ref[2], inp["slots"], tol)
+    if steps:
+        torch.testing.assert_close(tri[3], ref[3], atol=tol, rtol=tol)
+        torch.testing.assert_close(tri[4], ref[4], atol=tol, rtol=tol)
+        torch.testing.assert_close(tri[2][inp["slots"]], tri[3][:, -1])      # final state == last step
+        once = run_decode(gdn_decode_ref, inp, False)                        # all L tokens in one ref call
+        torch.testing.assert_close(once[0], ref[0], atol=tol, rtol=tol)
+    assert torch.equal(run_decode(gdn_decode, inp, False)[0], run_decode(gdn_decode_ref, inp, False)[0])
+
+
+# ---------------------------------------------------------------- GPU: bf16 at 27B shapes
+
+gpu = pytest.mark.gpu
+
+
+@gpu
+def test_causal_conv1d_varlen_gpu():
+    torch.manual_seed(10)
+    lens, C = [1, 63, 64, 1000, 7], 10240
+    cu, slots, live = batch_meta(lens, [True, False, True, False, True], 9, "cuda")
+    x = projection_rows(sum(lens), C, 48, torch.bfloat16, "cuda")[0]
+    weight = 0.5 * torch.randn(C, W, dtype=torch.bfloat16, device="cuda")
+    state = poison_pool(torch.randn(9, W - 1, C, dtype=torch.bfloat16, device="cuda"), slots, live)
+    s_ref, s_tri = state.clone(), state.clone()
+    y_ref = causal_conv1d_ref(x, weight, s_ref, slots, cu, live)
+    y_tri = causal_conv1d(x, weight, s_tri, slots, cu, live)
+    assert rel_err(y_tri, y_ref) < 1e-2
+    check_pool(s_tri, s_ref, slots, 0)
+
+
+@gpu
+@pytest.mark.parametrize("B, L", [(8, 1), (2, 4)])
+def test_causal_conv1d_update_gpu(B, L):
+    torch.manual_seed(11)
+    C = 10240
+    _, slots, live = batch_meta([L] * B, [i % 3 != 1 for i in range(B)], B + 3, "cuda")
+    x = projection_rows(B * L, C, 48, torch.bfloat16, "cuda")[0]
+    weight = 0.5 * torch.randn(C, W, dtype=torch.bfloat16, device="cuda")
+    state = poison_pool(torch.randn(B + 3, W - 1, C, dtype=torch.bfloat16, device="cuda"), slots, live)
+    s_ref, s_tri = state.clone(), state.clone()
+    st_ref, st_tri = (torch.full((B, L, W - 1, C), float("nan"), dtype=torch.bfloat16, device="cuda")
+                      for _ in range(2))
+    y_ref = causal_conv1d_update_ref(x, weight, s_ref, slots, live, st_ref)
+    y_tri = causal_conv1d_update(x, weight, s_tri, slots, live, st_tri)
+    assert rel_err(y_tri, y_ref) < 1e-2
+    check_pool(s_tri, s_ref, slots, 0)
+    torch.testing.assert_close(st_tri, st_ref, atol=0, rtol=0)
+
+
+@gpu
+@pytest.mark.parametrize("B, L", [(1, 1), (2, 1), (4, 1), (8, 1), (1, 4), (3, 4)])
+def test_gdn_decode_gpu(B, L):
+    torch.manual_seed(12)
+    inp = decode_inputs(B, L, **SHAPE_27B, dtype=torch.bfloat16, device="cuda")
+    steps = L > 1
+    ref = run_decode(gdn_decode_ref, inp, steps)
+    tri = run_decode(gdn_decode, inp, steps)
+    slots = inp["slots"]
+    assert tri[0].dtype == torch.bfloat16 and rel_err(tri[0], ref[0]) < 2e-2
+    assert rel_err(tri[2][slots], ref[2][slots]) < 1e-2
+    check_pool(tri[1], ref[1], slots, 0)                 # conv windows are copies of the inputs: exact
+    assert_untouched(tri[2], slots)
+    if steps:
+        assert rel_err(tri[3], ref[3]) < 1e-2
+        torch.testing.assert_close(tri[4], ref[4], atol=0, rtol=0)
+
+
+@gpu
+def test_recurrent_gated_delta_rule_gpu():
+    torch.manual_seed(13)
+    args, state, slots, cu, live = prefill_inputs([1, 63, 64, 300], [True, False, True, False], **SHAPE_27B,
+                                                  dtype=torch.bfloat16, device="cuda")
+    s_ref, s_tri = state.clone(), state.clone()
+    o_ref = gated_delta_rule_ref(*args, s_ref, slots, cu, live)
+    o_tri = recurrent_gated_delta_rule_triton(*args, s_tri, slots, cu, live)
+    assert rel_err(o_tri, o_ref) < 2e-2
+    assert rel_err(s_tri[slots], s_ref[slots]) < 1e-2
+    assert_untouched(s_tri, slots)
+
+
+@gpu
+@pytest.mark.parametrize("lens, has_state", [([1], [True]), ([1], [False]), ([63], [True]), ([63], [False]),
+                                             ([64], [True]), ([64], [False]), ([1000], [True]), ([1000], [False]),
+                                             ([1, 63, 64, 1000], [True, False, False, True])])
+def test_gated_delta_rule_prefill_gpu(lens, has_state):
+    """The CUDA dispatch (fla when importable, else the Triton recurrent kernel) against the reference."""
+    torch.manual_seed(14)
+    args, state, slots, cu, live = prefill_inputs(lens, has_state, **SHAPE_27B, dtype=torch.bfloat16, device="cuda")
+    s_ref, s_gpu = state.clone(), state.clone()
+    o_ref = gated_delta_rule_ref(*args, s_ref, slots, cu, live)
+    o_gpu = gated_delta_rule(*args, s_gpu, slots, cu, live)
+    assert o_gpu.dtype == torch.bfloat16 and rel_err(o_gpu, o_ref) < 3e-2
+    assert rel_err(s_gpu[slots], s_ref[slots]) < 3e-2
+    assert_untouched(s_gpu, slots)
+
+
+@gpu
+def test_fla_path_gpu():
+    """fla itself (skipped when fla-core is not importable; then the dispatch above ran the Triton fallback)."""
+    if _fla_chunk() is None:
+        pytest.skip("fla-core not importable")
+    torch.manual_seed(15)
+    args, state, slots, cu, live = prefill_inputs([1, 63, 64, 1000], [False, True, True, False], **SHAPE_27B,
+                                                  dtype=torch.bfloat16, device="cuda")
+    s_ref, s_fla = state.clone(), state.clone()
+    o_ref = gated_delta_rule_ref(*args, s_ref, slots, cu, live)
+    o_fla = gated_delta_rule_fla(*args, s_fla, slots, cu, live)
+    assert rel_err(o_fla, o_ref) < 3e-2 and rel_err(s_fla[slots], s_ref[slots]) < 3e-2
+
+
+@gpu
+@pytest.mark.parametrize("B, L", [(4, 1), (1, 4)])
+def test_decode_cuda_graph(B, L):
+    """gdn_decode and causal_conv1d_update captured in one CUDA graph replay exactly like eager calls."""
+    torch.manual_seed(16)
+    inp = decode_inputs(B, L, **SHAPE_27B, dtype=torch.bfloat16, device="cuda", has_state=[True] * B)
+    conv_x = projection_rows(B * L, 10240, 48, torch.bfloat16, "cuda")[0]
+    pools = [inp["conv_state"], inp["ssm_state"]]
+    start = [p.clone() for p in pools]
+    steps = [None, None]
+    if L > 1:
+        steps = [torch.zeros(B, L, 48, 128, 128, device="cuda"),
+                 torch.zeros(B, L, W - 1, 10240, dtype=torch.bfloat16, device="cuda")]
+
+    def step():
+        o = gdn_decode(**inp, step_ssm=steps[0], step_conv=steps[1])
+        return o, causal_conv1d_update(conv_x, inp["conv_weight"], inp["conv_state"], inp["slots"], inp["has_state"])
+
+    def restore():
+        for p, s in zip(pools, start):
+            p.copy_(s)
+
+    eager = [t.clone() for t in (*step(), *pools, *(s for s in steps if s is not None))]
+    restore()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()                                           # warm-up (compiles) outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+    restore()
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = [*outs, *pools, *(s for s in steps if s is not None)]
+    for got, want in zip(replayed, eager):
+        assert torch.equal(got.nan_to_num(), want.nan_to_num())
