@@ -22,6 +22,25 @@ class CheckpointError(ValueError):
     pass
 
 
+TEXT_PREFIXES = ("model.language_model.", "model.")
+VISION_PREFIXES = ("model.visual.", "visual.")
+
+
+def canonical_name(name: str) -> tuple[str, str]:
+    """-> (kind, name without the model prefix); kind is text, mtp, vision or lm_head."""
+    if name.startswith("mtp."):
+        return "mtp", name
+    if name == "lm_head.weight":
+        return "text", name
+    for p in VISION_PREFIXES:
+        if name.startswith(p):
+            return "vision", name[len(p):]
+    for p in TEXT_PREFIXES:
+        if name.startswith(p):
+            return "text", name[len(p):]
+    return "other", name
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     name: str

@@ -13,26 +13,7 @@ from typing import Callable
 
 import torch
 
-from engine.weights.checkpoint import CheckpointError, TensorReader, list_tensors
-
-TEXT_PREFIXES = ("model.language_model.", "model.")
-VISION_PREFIXES = ("model.visual.", "visual.")
-
-
-def canonical_name(name: str) -> tuple[str, str]:
-    """-> (kind, name without the model prefix); kind is text, mtp, vision or lm_head."""
-    if name.startswith("mtp."):
-        return "mtp", name
-    if name == "lm_head.weight":
-        return "text", name
-    for p in VISION_PREFIXES:
-        if name.startswith(p):
-            return "vision", name[len(p):]
-    for p in TEXT_PREFIXES:
-        if name.startswith(p):
-            return "text", name[len(p):]
-    return "other", name
-
+from engine.weights.checkpoint import CheckpointError, TensorReader, canonical_name, list_tensors
 
 def checkpoint_has_mtp(path: str | Path) -> bool:
     return any(n.startswith("mtp.") for n in list_tensors(path))

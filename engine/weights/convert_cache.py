@@ -1,0 +1,265 @@
+"""Converted weights, cached on disk so that the second load of a checkpoint skips the conversion.
+
+An entry is a directory `<root>/<key>` laid out like a sharded safetensors checkpoint (shards + index) plus
+`manifest.json` (what it was converted from and how, and the kind of each weight). Its key hashes the
+checkpoint's identity (repo id + commit when known, else its absolute path and each file's size and mtime),
+the policy and FORMAT_VERSION. An entry is written in a temporary directory and renamed into place only
+once complete, so an interrupted conversion leaves no entry (a miss), never half of one.
+
+Stored form of one weight `name`: a float tensor as `name`; Int4 as `name.q4` (uint8 [N, K/2], low nibble
+= even k), `name.scales`, `name.zeros`; Int8 as `name.q8`, `name.scales`; ActOrderInt4 as its Int4 plus
+`name.perm`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import platformdirs
+import torch
+from safetensors.torch import save_file
+
+from engine.weights.checkpoint import TensorReader, list_tensors
+from engine.weights.formats import ActOrderInt4, WeightSource
+from engine.weights.quantize import DEFAULT_POLICY, Int4, Int8, QuantPolicy, dequantize, quantize_int4, quantize_int8
+
+FORMAT_VERSION = 1
+CACHE_ENV = "QWENDESK_CACHE_DIR"
+SHARD_BYTES = 1 << 30
+MANIFEST = "manifest.json"
+KERNEL_GROUP_SIZES = (32, 64, 128)      # int4 group sizes kernels/int4.py takes
+
+Weight = torch.Tensor | Int4 | Int8 | ActOrderInt4
+Progress = Callable[[int, int], None]
+
+
+def default_root() -> Path:
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path(platformdirs.user_cache_dir("qwendesk", appauthor=False)) / "converted"
+
+
+def source_identity(path: str | Path, repo_id: str | None = None, revision: str | None = None) -> dict:
+    """What identifies a checkpoint's content: its repo and commit when `revision` is a commit hash; otherwise
+    its absolute path and the name, size and mtime of each of its .safetensors / .json files."""
+    if repo_id and revision and re.fullmatch(r"[0-9a-f]{40}", revision):
+        return {"repo": repo_id, "revision": revision}
+    path = Path(path).resolve()
+    files = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".json"))
+    return {"repo": repo_id, "path": str(path),
+            "files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
+
+
+def cache_key(identity: dict, policy: QuantPolicy) -> str:
+    blob = json.dumps({"source": identity, "policy": policy.key(), "version": FORMAT_VERSION}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _encode(name: str, value: Weight) -> tuple[str, dict[str, torch.Tensor]]:
+    """-> (kind, stored tensors)."""
+    if isinstance(value, torch.Tensor):
+        return "float", {name: value}
+    if isinstance(value, Int8):
+        return "int8", {f"{name}.q8": value.q, f"{name}.scales": value.scales}
+    extra = {}
+    if isinstance(value, ActOrderInt4):
+        value, extra = value.weight, {f"{name}.perm": value.perm}
+    q = value.q
+    packed = q[:, 0::2] | (q[:, 1::2] << 4)
+    return ("act_order_int4" if extra else "int4"), {f"{name}.q4": packed, f"{name}.scales": value.scales,
+                                                     f"{name}.zeros": value.zeros, **extra}
+
+
+def _decode(kind: str, name: str, get: Callable[[str], torch.Tensor]) -> Weight:
+    if kind == "float":
+        return get(name)
+    if kind == "int8":
+        return Int8(get(f"{name}.q8"), get(f"{name}.scales"))
+    packed = get(f"{name}.q4")
+    q = torch.stack([packed & 15, packed >> 4], dim=2).reshape(packed.shape[0], -1)
+    weight = Int4(q, get(f"{name}.scales"), get(f"{name}.zeros"))
+    return ActOrderInt4(weight, get(f"{name}.perm")) if kind == "act_order_int4" else weight
+
+
+class CacheEntry:
+    """A complete cached conversion; weights are read one at a time."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        self._tensors = None
+        self._readers: dict[str, TensorReader] = {}
+
+    @property
+    def key(self) -> str:
+        return self.path.name
+
+    def names(self) -> list[str]:
+        return list(self.manifest["weights"])
+
+    def read(self, name: str, device: str = "cpu") -> Weight:
+        if self._tensors is None:
+            self._tensors = list_tensors(self.path)
+        if device not in self._readers:
+            self._readers[device] = TensorReader(device)
+        reader = self._readers[device]
+        return _decode(self.manifest["weights"][name], name, lambda n: reader.get(self._tensors[n]))
+
+    def size_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.path.iterdir())
+
+    def close(self):
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
+
+
+class CacheWriter:
+    """Collects converted weights into shards in a temporary directory; commit() publishes them as an entry.
+    Leaving the `with` block without commit() (an error, an interrupted load) deletes the partial work."""
+
+    def __init__(self, root: Path, key: str, meta: dict, shard_bytes: int = SHARD_BYTES):
+        self.root, self.key, self.meta, self.shard_bytes = root, key, meta, shard_bytes
+        for stale in root.glob(f".tmp-{key}-*"):     # left by an earlier, interrupted conversion
+            shutil.rmtree(stale, ignore_errors=True)
+        self.tmp = root / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
+        self.tmp.mkdir(parents=True)
+        self.kinds: dict[str, str] = {}
+        self.weight_map: dict[str, str] = {}
+        self._buffer: dict[str, torch.Tensor] = {}
+        self._buffered = 0
+        self._shards = 0
+
+    def add(self, name: str, value: Weight) -> None:
+        kind, tensors = _encode(name, value)
+        self.kinds[name] = kind
+        for tname, t in tensors.items():
+            self._buffer[tname] = t.detach().to("cpu").contiguous()
+            self._buffered += t.numel() * t.element_size()
+        if self._buffered >= self.shard_bytes:
+            self._flush()
+
+    def _flush(self):
+        if not self._buffer:
+            return
+        self._shards += 1
+        fname = f"shard-{self._shards:05d}.safetensors"
+        save_file(self._buffer, str(self.tmp / fname), metadata={"format": "pt"})
+        self.weight_map.update(dict.fromkeys(self._buffer, fname))
+        self._buffer, self._buffered = {}, 0
+
+    def commit(self) -> CacheEntry:
+        self._flush()
+        (self.tmp / "model.safetensors.index.json").write_text(json.dumps({"weight_map": self.weight_map}))
+        (self.tmp / MANIFEST).write_text(json.dumps({**self.meta, "weights": self.kinds}, indent=1))
+        final = self.root / self.key
+        try:
+            os.replace(self.tmp, final)
+        except OSError:
+            if not (final / MANIFEST).exists():
+                raise
+            shutil.rmtree(self.tmp, ignore_errors=True)     # another process committed this key first
+        return CacheEntry(final)
+
+    def abort(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.tmp.exists():
+            self.abort()
+
+
+class ConvertCache:
+    """Entries under `root` (default: QWENDESK_CACHE_DIR, else platformdirs' user cache dir / converted)."""
+
+    def __init__(self, root: str | Path | None = None, shard_bytes: int = SHARD_BYTES):
+        self.root = Path(root) if root is not None else default_root()
+        self.shard_bytes = shard_bytes
+
+    def lookup(self, key: str) -> CacheEntry | None:
+        """The complete entry for `key`, or None (a miss)."""
+        return CacheEntry(self.root / key) if (self.root / key / MANIFEST).exists() else None
+
+    def writer(self, key: str, meta: dict) -> CacheWriter:
+        return CacheWriter(self.root, key, meta, self.shard_bytes)
+
+    def entries(self) -> list[CacheEntry]:
+        if not self.root.exists():
+            return []
+        return [CacheEntry(p) for p in sorted(self.root.iterdir()) if (p / MANIFEST).exists()]
+
+    def size_bytes(self) -> int:
+        return sum(e.size_bytes() for e in self.entries())
+
+    def evict(self, key: str) -> None:
+        shutil.rmtree(self.root / key, ignore_errors=True)
+
+
+def convert(value: Weight, scheme: str, policy: QuantPolicy) -> Weight:
+    """One source weight -> the policy's scheme. Exact int4 sources (GPTQ / AWQ) stay as they are when the
+    scheme is int4 and the kernels take their group size; otherwise they are dequantized first."""
+    if isinstance(value, (Int4, ActOrderInt4)):
+        group_size = (value.weight if isinstance(value, ActOrderInt4) else value).group_size
+        if scheme == "int4" and group_size in KERNEL_GROUP_SIZES:
+            return value
+        value = _dequantize_source(value)
+    if scheme == "int4":
+        return quantize_int4(value, policy.group_size, policy.method)
+    if scheme == "int8":
+        return quantize_int8(value, policy.group_size)
+    return value
+
+
+def _dequantize_source(value: Int4 | ActOrderInt4) -> torch.Tensor:
+    if isinstance(value, Int4):
+        return dequantize(value, torch.bfloat16)
+    permuted = dequantize(value.weight, torch.bfloat16)
+    out = torch.empty_like(permuted)
+    out[:, value.perm] = permuted
+    return out
+
+
+def converted_weights(path: str | Path, policy: QuantPolicy = DEFAULT_POLICY, device: str = "cpu",
+                      cache: ConvertCache | None = None, identity: dict | None = None,
+                      progress: Progress | None = None) -> Iterator[tuple[str, Weight]]:
+    """(checkpoint name, weight) for every logical weight of the checkpoint at `path`, converted per `policy`,
+    one at a time on `device`. Read from the cache on a hit; on a miss converted from the checkpoint and
+    written to the cache on the way (the entry appears only after the last weight). progress(done, total)."""
+    cache = cache or ConvertCache()
+    identity = identity or source_identity(path)
+    key = cache_key(identity, policy)
+    entry = cache.lookup(key)
+    if entry is not None:
+        names = entry.names()
+        try:
+            for done, name in enumerate(names, 1):
+                yield name, entry.read(name, device)
+                if progress:
+                    progress(done, len(names))
+        finally:
+            entry.close()
+        return
+    source = WeightSource(path, device)
+    meta = {"key": key, "format_version": FORMAT_VERSION, "source": identity,
+            "source_format": source.format.kind, "policy": policy.key()}
+    try:
+        with cache.writer(key, meta) as writer:
+            for done, (name, shape) in enumerate(source.shapes.items(), 1):
+                value = convert(source.read(name), policy.scheme(name, shape), policy)
+                writer.add(name, value)
+                yield name, value
+                if progress:
+                    progress(done, len(source.shapes))
+            writer.commit()
+    finally:
+        source.close()
