@@ -246,3 +246,17 @@ def test_logits_processor_scripts_the_output(eng):
 
     out = eng.generate(prompt(10, 5), SamplingParams(max_tokens=20, temperature=0.7, logits_processors=[force]))
     assert out.text == "hello world" and out.finish_reason == "stop"
+
+
+def test_int8_kv_stays_close_to_full_precision(ckpt, eng):
+    """Int8 KV (per-token, per-head scales): logits within 2% (max-abs relative) of full precision."""
+    q = make(ckpt, profile="C1", max_context=1024, kv_dtype="int8")
+    try:
+        ids = prompt(300, 31)
+        out = q.generate(ids, SamplingParams(max_tokens=12, **GREEDY))
+        full = eng.score(ids + out.token_ids)
+        quant = q.score(ids + out.token_ids)
+    finally:
+        q.close()
+    err = ((quant - full).abs().max() / full.abs().max()).item()
+    assert err < 0.02, err

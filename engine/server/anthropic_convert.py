@@ -1,0 +1,120 @@
+"""Anthropic request bodies -> the neutral ChatRequest the engine side takes.
+
+Thinking follows the Messages API: off unless `thinking` asks for it ("enabled" with its
+budget_tokens, "adaptive"). A trailing assistant message is a prefill: the reply continues it
+(with thinking off, as the API requires).
+"""
+
+from __future__ import annotations
+
+from engine.server.anthropic_schema import Block, CountTokensRequest, MessagesRequest
+from engine.server.errors import APIError
+from engine.server.openai_convert import NO_VISION
+from engine.server.prompting import ChatRequest, Thinking, ToolChoice
+
+CHOICES = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}
+
+
+def chat_request(body: CountTokensRequest) -> ChatRequest:
+    tools = [_tool(t) for t in body.tools or []]
+    choice = ToolChoice("auto" if tools else "none")
+    if body.tool_choice is not None:
+        if body.tool_choice.type == "tool" and not body.tool_choice.name:
+            raise APIError(400, "tool_choice.name is required when tool_choice.type is 'tool'",
+                           param="tool_choice.name")
+        choice = ToolChoice(CHOICES[body.tool_choice.type], body.tool_choice.name,
+                            not body.tool_choice.disable_parallel_tool_use)
+    out = body.output_config
+    if out is not None and out.format is not None:
+        raise APIError(400, "output_config.format is not supported (no constrained decoding)",
+                       param="output_config.format")
+    messages, prefill = template_messages(body.system, body.messages)
+    req = ChatRequest(messages=messages, sampling={}, tools=tools or None, tool_choice=choice,
+                      thinking=_thinking(body), prefill=prefill)
+    if isinstance(body, MessagesRequest):
+        req.max_tokens = body.max_tokens
+        req.sampling = dict(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                            stop=list(body.stop_sequences or []))
+    return req
+
+
+def _thinking(body: CountTokensRequest) -> Thinking:
+    effort = body.output_config.effort if body.output_config else None
+    t = body.thinking
+    if t is None or t.type == "disabled":
+        return Thinking(enabled=False, effort=effort)
+    return Thinking(enabled=True, effort=effort, budget=t.budget_tokens if t.type == "enabled" else None)
+
+
+def _tool(tool) -> dict:
+    if tool.type not in (None, "custom"):
+        raise APIError(400, f"server tool {tool.type!r} is not available here; define client tools with an "
+                            "input_schema", param="tools")
+    schema = tool.input_schema or {"type": "object", "properties": {}}
+    return {"type": "function",
+            "function": {"name": tool.name, "description": tool.description or "", "parameters": schema}}
+
+
+def template_messages(system, messages) -> tuple[list[dict], str]:
+    """-> (the chat template's messages, the prefill). tool_result blocks become tool messages,
+    tool_use blocks the assistant's tool_calls, thinking blocks its reasoning_content."""
+    out = []
+    if system:
+        out.append({"role": "system", "content": system if isinstance(system, str) else
+                    _texts(system, "system")})
+    prefill = ""
+    for i, m in enumerate(messages):
+        where = f"messages.{i}.content"
+        blocks = [Block(type="text", text=m.content)] if isinstance(m.content, str) else m.content
+        if m.role == "user":
+            texts = []
+            for j, b in enumerate(blocks):
+                if b.type == "tool_result":
+                    out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": _result(b, f"{where}.{j}")})
+                else:
+                    texts.append(_text_part(b, f"{where}.{j}"))
+            if texts or not blocks:
+                out.append({"role": "user", "content": texts})
+        elif i == len(messages) - 1 and all(b.type == "text" for b in blocks):
+            prefill = "".join(b.text or "" for b in blocks)
+        else:
+            out.append(_assistant(blocks, where))
+    return out, prefill
+
+
+def _assistant(blocks: list[Block], where: str) -> dict:
+    texts, reasoning, calls = [], [], []
+    for j, b in enumerate(blocks):
+        if b.type == "thinking":
+            reasoning.append(b.thinking or "")
+        elif b.type == "redacted_thinking":
+            continue
+        elif b.type == "tool_use":
+            if not b.name:
+                raise APIError(400, f"{where}.{j}.name is required", param=f"{where}.{j}.name")
+            calls.append({"id": b.id, "type": "function", "function": {"name": b.name, "arguments": b.input or {}}})
+        else:
+            texts.append(_text_part(b, f"{where}.{j}"))
+    msg = {"role": "assistant", "content": texts}
+    if reasoning:
+        msg["reasoning_content"] = "\n".join(reasoning)
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+def _text_part(b: Block, where: str) -> dict:
+    if b.type == "text":
+        return {"type": "text", "text": b.text or ""}
+    if b.type == "image":
+        raise APIError(400, NO_VISION, param=where)
+    raise APIError(400, f"content block type {b.type!r} is not supported here", param=where)
+
+
+def _texts(blocks: list[Block], where: str) -> str:
+    return "\n".join(_text_part(b, f"{where}.{j}")["text"] for j, b in enumerate(blocks))
+
+
+def _result(b: Block, where: str) -> str:
+    content = b.content if isinstance(b.content, str) else _texts(b.content or [], f"{where}.content")
+    return f"Error: {content}" if b.is_error else content

@@ -1,0 +1,148 @@
+"""Anthropic routes: POST /v1/messages (streamed or not) and POST /v1/messages/count_tokens."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+
+from engine.chat.tools import CallArgs, CallStart, Text
+from engine.params import Usage
+from engine.server.anthropic_convert import chat_request
+from engine.server.anthropic_schema import CountTokensRequest, MessagesRequest
+from engine.server.body import parse_body
+from engine.server.errors import error_payload
+from engine.server.generation import Finish, Keepalive, Reasoning, Reply, collect_all
+from engine.server.prompting import chat_prompt, render
+from engine.server.sse import JSON, event, sse_response
+
+router = APIRouter()
+
+STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
+
+
+@router.post("/v1/messages")
+async def messages(request: Request):
+    server = request.app.state.server
+    body = await parse_body(request, MessagesRequest)
+    engine = server.ready()
+    server.check_model(body.model)
+    prompt = await run_in_threadpool(chat_prompt, engine, chat_request(body), server.defaults)
+    gen = server.start(prompt)
+    omit_thinking = bool(body.thinking and body.thinking.display == "omitted")
+    message = {"id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant", "model": body.model}
+    if body.stream:
+        return sse_response(message_stream(gen.events(), message, len(prompt.ids), omit_thinking), [gen])
+    reply = (await collect_all(request, [gen]))[0]
+    finish = reply.finish
+    if finish.api_error():
+        raise finish.api_error()
+    return JSON({**message, "content": content_blocks(reply, omit_thinking), **stop_fields(finish),
+                 "usage": usage_json(finish.usage)})
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request):
+    server = request.app.state.server
+    body = await parse_body(request, CountTokensRequest)
+    engine = server.ready()
+    server.check_model(body.model)
+    ids = await run_in_threadpool(render, engine, chat_request(body))
+    return JSON({"input_tokens": len(ids)})
+
+
+def content_blocks(reply: Reply, omit_thinking: bool) -> list[dict]:
+    blocks = []
+    for block in reply.blocks:
+        if block[0] == "thinking":
+            blocks.append({"type": "thinking", "thinking": "" if omit_thinking else block[1],
+                           "signature": signature(block[1])})
+        elif block[0] == "text":
+            blocks.append({"type": "text", "text": block[1]})
+        else:
+            blocks.append({"type": "tool_use", "id": "toolu_" + secrets.token_hex(12), "name": block[1],
+                           "input": json.loads(block[2])})
+    return blocks
+
+
+async def message_stream(events, message: dict, prompt_tokens: int, omit_thinking: bool):
+    """message_start, ping, content blocks (start / deltas / stop), message_delta, message_stop."""
+    start = {**message, "content": [], "stop_reason": None, "stop_sequence": None,
+             "usage": {"input_tokens": prompt_tokens, "output_tokens": 0, "cache_read_input_tokens": 0,
+                       "cache_creation_input_tokens": 0}}
+    yield event({"type": "message_start", "message": start}, "message_start")
+    yield event({"type": "ping"}, "ping")
+    index, open_kind, thinking = -1, None, []
+
+    def open_block(kind: str, block: dict):
+        nonlocal index, open_kind
+        index, open_kind = index + 1, kind
+        return event({"type": "content_block_start", "index": index, "content_block": block}, "content_block_start")
+
+    def delta(body: dict):
+        return event({"type": "content_block_delta", "index": index, "delta": body}, "content_block_delta")
+
+    def close_block():
+        nonlocal open_kind
+        out = []
+        if open_kind == "thinking":
+            out.append(delta({"type": "signature_delta", "signature": signature("".join(thinking))}))
+            thinking.clear()
+        if open_kind is not None:
+            out.append(event({"type": "content_block_stop", "index": index}, "content_block_stop"))
+        open_kind = None
+        return out
+
+    async for ev in events:
+        if isinstance(ev, Reasoning) and open_kind != "tool":   # (thinking inside a call's arguments: dropped)
+            if open_kind != "thinking":
+                for chunk in close_block():
+                    yield chunk
+                yield open_block("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            thinking.append(ev.text)
+            if not omit_thinking:
+                yield delta({"type": "thinking_delta", "thinking": ev.text})
+        elif isinstance(ev, Text):
+            if open_kind != "text":
+                for chunk in close_block():
+                    yield chunk
+                yield open_block("text", {"type": "text", "text": ""})
+            yield delta({"type": "text_delta", "text": ev.text})
+        elif isinstance(ev, CallStart):
+            for chunk in close_block():
+                yield chunk
+            yield open_block("tool", {"type": "tool_use", "id": "toolu_" + secrets.token_hex(12), "name": ev.name,
+                                      "input": {}})
+        elif isinstance(ev, CallArgs) and open_kind == "tool":
+            yield delta({"type": "input_json_delta", "partial_json": ev.text})
+        elif isinstance(ev, Keepalive):
+            yield event({"type": "ping"}, "ping")
+        elif isinstance(ev, Finish):
+            for chunk in close_block():
+                yield chunk
+            if ev.api_error():
+                yield event(error_payload(ev.api_error(), "anthropic")[1], "error")
+                return
+            yield event({"type": "message_delta", "delta": stop_fields(ev), "usage": usage_json(ev.usage)},
+                        "message_delta")
+            yield event({"type": "message_stop"}, "message_stop")
+
+
+def stop_fields(finish: Finish) -> dict:
+    reason = STOP_REASONS.get(finish.reason, "stop_sequence" if finish.stop_sequence else "end_turn")
+    return {"stop_reason": reason, "stop_sequence": finish.stop_sequence}
+
+
+def usage_json(u: Usage) -> dict:
+    """Anthropic counts cached prompt tokens apart: input_tokens are the ones computed afresh."""
+    return {"input_tokens": u.prompt_tokens - u.cached_tokens, "output_tokens": u.completion_tokens,
+            "cache_read_input_tokens": u.cached_tokens, "cache_creation_input_tokens": 0,
+            "output_tokens_details": {"thinking_tokens": u.reasoning_tokens}}
+
+
+def signature(thinking: str) -> str:
+    """Thinking blocks carry a signature; clients send it back unchanged and this server does not check it."""
+    return "qwendesk-" + hashlib.sha256(thinking.encode("utf-8", "replace")).hexdigest()[:32]

@@ -1,0 +1,235 @@
+"""Generation: one engine request seen from asyncio, as output events.
+
+Iterating a RequestHandle blocks, so a small thread per request pumps its events into an asyncio
+queue. Reasoning passes straight through; the reply's content goes through the tool-call parser
+when the request has tools. Leaving `events()` early (the client went away) cancels the engine
+request, which frees its cache pages at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+
+from engine.chat.tools import CallArgs, CallStart, Text, ToolCallParser
+from engine.params import StreamEvent, Timings, TokenLogprob, Usage
+from engine.server.errors import APIError
+from engine.server.prompting import Prompt
+
+
+@dataclass
+class Reasoning:
+    text: str
+
+
+@dataclass
+class Logprobs:
+    items: list[TokenLogprob]
+
+
+@dataclass
+class Keepalive:
+    """Nothing new for a while (queued, or a long prefill): lets the client know the stream is alive."""
+
+
+@dataclass
+class Finish:
+    reason: str                     # stop | length | tool_calls | cancelled | error
+    usage: Usage
+    timings: Timings | None = None
+    stop_sequence: str | None = None
+    error: str | None = None
+
+    def api_error(self) -> APIError | None:
+        """Why a generation did not complete, as the error the client gets (None: it completed)."""
+        if self.reason == "error":
+            return APIError(500, f"generation failed: {self.error}", "server")
+        if self.reason == "cancelled":
+            return APIError(503, "the request was cancelled: the server is shutting down", "unavailable")
+        return None
+
+
+class Generation:
+    def __init__(self, engine, prompt: Prompt, *, keepalive_s: float = 15.0, raw: bool = False, metrics=None):
+        """`raw`: a plain completion: reasoning is part of the text, no tool parsing."""
+        self.engine, self.prompt, self.params = engine, prompt, prompt.params
+        self.keepalive_s, self.raw, self.metrics = keepalive_s, raw, metrics
+        self.parser = ToolCallParser(prompt.schemas) if prompt.schemas is not None and not raw else None
+        tok = engine.tokenizer
+        self.think_start, self.think_end = tok.think_start_id, tok.think_end_id
+        self.stop_ids = set(self.params.stop_token_ids) | (set() if self.params.ignore_eos else set(tok.eos_token_ids))
+        self.thinking = prompt.in_reasoning
+        self.content_started = False
+        self.content_ids: list[int] = []
+        self.finished = False
+        self.handle = engine.submit(prompt.ids, self.params)   # raises QueueFullError, ValueError
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.loop = asyncio.get_running_loop()
+        threading.Thread(target=self._pump, name=f"qwendesk-stream-{self.handle.id}", daemon=True).start()
+
+    def cancel(self) -> None:
+        if not self.finished:
+            self.handle.cancel()
+
+    async def events(self):
+        try:
+            while True:
+                try:
+                    ev = await asyncio.wait_for(self.queue.get(), self.keepalive_s)
+                except asyncio.TimeoutError:
+                    yield Keepalive()
+                    continue
+                for out in self._convert(ev):
+                    yield out
+                if ev.kind == "finish":
+                    return
+        finally:
+            self.cancel()
+
+    # ---- engine events -> output events --------------------------------------------------------
+    def _pump(self) -> None:
+        for ev in self.handle:
+            try:
+                self.loop.call_soon_threadsafe(self.queue.put_nowait, ev)
+            except RuntimeError:            # the event loop is gone (server shutting down)
+                self.handle.cancel()
+
+    def _convert(self, ev: StreamEvent) -> list:
+        out, items = [], []
+        for i, token in enumerate(ev.token_ids):
+            kind = self._token_kind(token)
+            if kind == "content":
+                self.content_ids.append(token)
+            if ev.logprobs and i < len(ev.logprobs) and (kind == "content" or (self.raw and kind == "thinking")):
+                items.append(ev.logprobs[i])
+        if items and self.params.logprobs is not None:
+            out.append(Logprobs(items))
+        if ev.reasoning:
+            out.append(Text(ev.reasoning) if self.raw else Reasoning(ev.reasoning))
+        if self.parser is not None:
+            out += self.parser.feed(ev.text) if ev.text else []
+            if ev.kind == "finish":
+                out += self.parser.finish()
+        elif ev.text:
+            out.append(Text(ev.text))
+        if ev.kind == "finish":
+            out.append(self._finish(ev))
+        return out
+
+    def _token_kind(self, token: int) -> str:
+        """content | thinking | tag (<think>, </think>, the blank line after it, the stop token):
+        mirrors the engine's split of the text."""
+        if self.thinking:
+            self.thinking = token != self.think_end
+            return "thinking" if self.thinking else "tag"
+        if token == self.think_start and self.think_start is not None:
+            self.thinking = True
+            return "tag"
+        if token in self.stop_ids:
+            return "tag"
+        if not self.content_started:
+            self.content_started = self.engine.tokenizer.decode([token]).strip("\n") != ""
+            return "content" if self.content_started else "tag"
+        return "content"
+
+    def _finish(self, ev: StreamEvent) -> Finish:
+        self.finished = True
+        reason, stop_sequence = ev.finish_reason, None
+        if reason == "stop" and self.parser is not None and self.parser.calls:
+            reason = "tool_calls"
+        elif reason == "stop" and self.params.stop and not (ev.token_ids and ev.token_ids[-1] in self.stop_ids):
+            stop_sequence = self._matched_stop()
+        usage = ev.usage or Usage(prompt_tokens=len(self.prompt.ids))
+        if self.metrics is not None:
+            self.metrics.finished(reason, usage, ev.timings)
+        return Finish(reason, usage, ev.timings, stop_sequence, ev.error)
+
+    def _matched_stop(self) -> str | None:
+        """Which stop string ended the reply: the one that occurs first in its text."""
+        text = self.engine.tokenizer.decode(self.content_ids, skip_special_tokens=self.params.skip_special_tokens)
+        found = [(text.find(s), s) for s in self.params.stop if s and s in text]
+        return min(found)[1] if found else None
+
+
+@dataclass
+class Reply:
+    """A whole generation, for the non-streaming responses: blocks in the order they came."""
+    blocks: list = field(default_factory=list)    # ["thinking", text] | ["text", text] | ["tool", name, args]
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish: Finish | None = None
+
+    @property
+    def reasoning(self) -> str:
+        return "".join(b[1] for b in self.blocks if b[0] == "thinking")
+
+    @property
+    def text(self) -> str:
+        return "".join(b[1] for b in self.blocks if b[0] == "text")
+
+    @property
+    def calls(self) -> list[tuple[str, str]]:
+        return [(b[1], b[2]) for b in self.blocks if b[0] == "tool"]
+
+
+async def collect(gen: Generation) -> Reply:
+    """Run a generation to its end."""
+    reply, calls = Reply(), {}
+    async for ev in gen.events():
+        kind = {Reasoning: "thinking", Text: "text"}.get(type(ev))
+        if kind:
+            if reply.blocks and reply.blocks[-1][0] == kind:
+                reply.blocks[-1][1] += ev.text
+            else:
+                reply.blocks.append([kind, ev.text])
+        elif isinstance(ev, CallStart):
+            calls[ev.index] = ["tool", ev.name, ""]
+            reply.blocks.append(calls[ev.index])
+        elif isinstance(ev, CallArgs):
+            calls[ev.index][2] += ev.text
+        elif isinstance(ev, Logprobs):
+            reply.logprobs += ev.items
+        elif isinstance(ev, Finish):
+            reply.finish = ev
+    return reply
+
+
+async def collect_all(request, gens: list[Generation]) -> list[Reply]:
+    """Run generations to their end; cancel them all if the client disconnects first (a response
+    that is not streamed has no other way to notice)."""
+    async def watch():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        for gen in gens:
+            gen.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return list(await asyncio.gather(*(collect(g) for g in gens)))
+    finally:
+        watcher.cancel()
+
+
+async def merged(gens: list[Generation]):
+    """(index, event) from several generations as they come; leaving early cancels them all."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def run(i: int, gen: Generation):
+        try:
+            async for ev in gen.events():
+                queue.put_nowait((i, ev))
+        finally:
+            queue.put_nowait((i, None))
+
+    tasks = [asyncio.ensure_future(run(i, g)) for i, g in enumerate(gens)]
+    try:
+        left = len(gens)
+        while left:
+            i, ev = await queue.get()
+            if ev is None:
+                left -= 1
+            else:
+                yield i, ev
+    finally:
+        for task in tasks:
+            task.cancel()

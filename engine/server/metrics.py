@@ -1,0 +1,115 @@
+"""Prometheus metrics, in the text exposition format (no client library needed)."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+from engine.params import Timings, Usage
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+ENGINE_GAUGES = (  # engine.stats() key, metric, help
+    ("running", "qwendesk_requests_running", "Requests decoding now."),
+    ("waiting", "qwendesk_requests_waiting", "Requests in the engine's queue (queue depth)."),
+    ("kv_pages_used", "qwendesk_kv_pages_used", "KV cache pages held by requests."),
+    ("kv_pages_cached", "qwendesk_kv_pages_cached", "KV cache pages kept for prefix reuse."),
+    ("kv_pages_total", "qwendesk_kv_pages_total", "KV cache pages in the pool."),
+)
+
+
+class Histogram:
+    def __init__(self, buckets=LATENCY_BUCKETS):
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+        self.sum += value
+        self.count += 1
+
+    def lines(self, name: str) -> list[str]:
+        out = [f'{name}_bucket{{le="{b}"}} {c}' for b, c in zip(self.buckets, self.counts)]
+        return out + [f'{name}_bucket{{le="+Inf"}} {self.count}', f"{name}_sum {self.sum:.6f}",
+                      f"{name}_count {self.count}"]
+
+
+class Metrics:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.requests = defaultdict(int)        # (route, status) -> count
+        self.finishes = defaultdict(int)        # finish reason -> count
+        self.tokens = defaultdict(int)          # prompt | completion | cached | reasoning -> count
+        self.ttft = Histogram()
+        self.latency = Histogram()
+
+    def request(self, route: str, status: int) -> None:
+        with self.lock:
+            self.requests[(route, status)] += 1
+
+    def finished(self, reason: str, usage: Usage, timings: Timings | None) -> None:
+        with self.lock:
+            self.finishes[reason] += 1
+            self.tokens["prompt"] += usage.prompt_tokens
+            self.tokens["completion"] += usage.completion_tokens
+            self.tokens["cached"] += usage.cached_tokens
+            self.tokens["reasoning"] += usage.reasoning_tokens
+            if timings is not None and timings.ttft_ms > 0:
+                self.ttft.observe(timings.ttft_ms / 1e3)
+            if timings is not None:
+                self.latency.observe(timings.total_ms / 1e3)
+
+    def render(self, engine_stats: dict | None) -> str:
+        with self.lock:
+            out = ["# HELP qwendesk_http_requests_total HTTP requests by route and status.",
+                   "# TYPE qwendesk_http_requests_total counter"]
+            out += [f'qwendesk_http_requests_total{{route="{r}",status="{s}"}} {n}'
+                    for (r, s), n in sorted(self.requests.items())]
+            out += ["# HELP qwendesk_generations_total Generations by finish reason.",
+                    "# TYPE qwendesk_generations_total counter"]
+            out += [f'qwendesk_generations_total{{reason="{r}"}} {n}' for r, n in sorted(self.finishes.items())]
+            for kind, text in (("prompt", "Prompt tokens."), ("completion", "Generated tokens."),
+                               ("cached", "Prompt tokens served from the prefix cache."),
+                               ("reasoning", "Generated tokens spent thinking.")):
+                name = f"qwendesk_{kind}_tokens_total"
+                out += [f"# HELP {name} {text}", f"# TYPE {name} counter", f"{name} {self.tokens[kind]}"]
+            for name, hist, text in (("qwendesk_time_to_first_token_seconds", self.ttft, "Submit to first token."),
+                                     ("qwendesk_request_latency_seconds", self.latency, "Submit to last token.")):
+                out += [f"# HELP {name} {text}", f"# TYPE {name} histogram"] + hist.lines(name)
+        if engine_stats is not None:
+            for key, name, text in ENGINE_GAUGES:
+                out += [f"# HELP {name} {text}", f"# TYPE {name} gauge", f"{name} {engine_stats.get(key, 0)}"]
+            name = "qwendesk_prefix_cache_hit_tokens_total"
+            out += [f"# HELP {name} Prompt tokens reused from the prefix cache since start.",
+                    f"# TYPE {name} counter", f"{name} {engine_stats.get('prefix_hit_tokens', 0)}"]
+        out += ["# HELP qwendesk_ready 1 once the model is loaded.", "# TYPE qwendesk_ready gauge",
+                f"qwendesk_ready {int(engine_stats is not None)}"]
+        return "\n".join(out) + "\n"
+
+
+class MetricsMiddleware:
+    """Counts every HTTP request by its route (the path template, never the raw path) and status."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = 500
+
+        async def send_status(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            self.metrics.request(getattr(route, "path", "unmatched"), status)

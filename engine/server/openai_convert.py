@@ -1,0 +1,129 @@
+"""OpenAI request bodies -> the neutral ChatRequest / sampling fields the engine side takes."""
+
+from __future__ import annotations
+
+import json
+
+from engine.server.errors import APIError
+from engine.server.openai_schema import ChatCompletionRequest, ChatMessage, ContentPart, SamplingFields
+from engine.server.processors import LogitBias
+from engine.server.prompting import ChatRequest, Thinking, ToolChoice
+
+# Until the vision tower is wired into the engine, every image is refused with this 400.
+NO_VISION = "the loaded model has no vision enabled"
+IMAGE_PARTS = ("image_url", "input_image", "image", "video_url", "video")
+
+
+def chat_request(body: ChatCompletionRequest, vocab_size: int) -> ChatRequest:
+    if body.n not in (None, 1):
+        raise APIError(400, "n must be 1: this server returns one choice per request", param="n")
+    if body.response_format is not None and body.response_format.type != "text":
+        raise APIError(400, f"response_format {body.response_format.type!r} is not supported (no constrained "
+                            "decoding); describe the format in the prompt or use tools", param="response_format")
+    if body.top_logprobs and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    sampling = sampling_fields(body, vocab_size)
+    if body.logprobs:
+        sampling["logprobs"] = body.top_logprobs or 0
+    choice = body.tool_choice
+    if choice is None:
+        mode, name = ("auto" if body.tools else "none"), None
+    elif isinstance(choice, str):
+        mode, name = choice, None
+    else:
+        mode, name = "function", choice.function.name
+    return ChatRequest(
+        messages=template_messages(body.messages),
+        sampling=sampling,
+        max_tokens=body.max_completion_tokens or body.max_tokens,
+        tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
+        tool_choice=ToolChoice(mode, name, body.parallel_tool_calls is not False),
+        thinking=Thinking(effort=body.reasoning_effort, budget=body.thinking_token_budget),
+        template_kwargs=dict(body.chat_template_kwargs or {}),
+    )
+
+
+def sampling_fields(body: SamplingFields, vocab_size: int) -> dict:
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    fields = dict(temperature=body.temperature, top_p=body.top_p,
+                  top_k=0 if body.top_k == -1 else body.top_k, min_p=body.min_p,
+                  presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+                  repetition_penalty=body.repetition_penalty,
+                  seed=None if body.seed is None else body.seed % 2 ** 63,
+                  stop=stop, stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos)
+    if body.logit_bias:
+        fields["logits_processors"] = [LogitBias(logit_bias(body.logit_bias, vocab_size))]
+    return fields
+
+
+def logit_bias(given: dict[str, float], vocab_size: int) -> dict[int, float]:
+    bias = {}
+    for key, value in given.items():
+        if not key.strip().isdigit() or int(key) >= vocab_size:
+            raise APIError(400, f"logit_bias key {key!r} is not a token id (0..{vocab_size - 1})", param="logit_bias")
+        if not -100 <= value <= 100:
+            raise APIError(400, f"logit_bias values must be in [-100, 100], got {value}", param="logit_bias")
+        bias[int(key)] = value
+    return bias
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict]:
+    """OpenAI messages -> the chat template's: developer is system, leading system messages merge,
+    tool-call arguments become objects, earlier reasoning goes back as reasoning_content."""
+    out = []
+    for i, m in enumerate(messages):
+        role = "system" if m.role == "developer" else m.role
+        content = _content(m.content, f"messages.{i}.content")
+        if role == "system" and out and all(o["role"] == "system" for o in out):
+            out[0]["content"] = _join(out[0]["content"], content)
+            continue
+        msg = {"role": role, "content": content}
+        if role == "assistant":
+            if m.tool_calls:
+                msg["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.function.name,
+                                                   "arguments": _arguments(c.function.arguments, i, j)}}
+                                     for j, c in enumerate(m.tool_calls)]
+            reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+            if reasoning is not None:
+                msg["reasoning_content"] = reasoning
+        elif role == "tool":
+            msg["tool_call_id"] = m.tool_call_id
+        out.append(msg)
+    return out
+
+
+def _content(content: str | list[ContentPart] | None, where: str):
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for k, part in enumerate(content):
+        if part.type == "text" and part.text is not None:
+            parts.append({"type": "text", "text": part.text})
+        elif part.type in IMAGE_PARTS:
+            raise APIError(400, NO_VISION, param=f"{where}.{k}")
+        else:
+            raise APIError(400, f"content part type {part.type!r} is not supported (text only)", param=f"{where}.{k}")
+    return parts
+
+
+def _join(a, b) -> str:
+    """Two system contents as one."""
+    return _text(a) + "\n\n" + _text(b)
+
+
+def _text(content) -> str:
+    return content if isinstance(content, str) else "".join(p["text"] for p in content)
+
+
+def _arguments(arguments: str | dict, i: int, j: int) -> dict:
+    where = f"messages.{i}.tool_calls.{j}.function.arguments"
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except (ValueError, RecursionError):
+        raise APIError(400, f"{where} is not valid JSON", param=where) from None
+    if not isinstance(value, dict):
+        raise APIError(400, f"{where} must be a JSON object", param=where)
+    return value

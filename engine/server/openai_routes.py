@@ -1,0 +1,198 @@
+"""OpenAI routes: POST /v1/chat/completions and POST /v1/completions, streamed or not."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+
+from engine.chat.tools import CallArgs, CallStart, Text
+from engine.params import Usage
+from engine.server.body import parse_body
+from engine.server.errors import APIError, error_payload
+from engine.server.generation import Finish, Keepalive, Logprobs, Reasoning, Reply, collect_all, merged
+from engine.server.logprobs import chat_logprobs, completion_logprobs
+from engine.server.openai_convert import chat_request, sampling_fields
+from engine.server.openai_schema import ChatCompletionRequest, CompletionRequest
+from engine.server.prompting import Prompt, chat_prompt, completion_room, encode, sampling_params
+from engine.server.sse import JSON, comment, event, sse_response
+from engine.streaming import starts_in_reasoning
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request):
+    server = request.app.state.server
+    body = await parse_body(request, ChatCompletionRequest)
+    engine = server.ready()
+    server.check_model(body.model)
+    req = chat_request(body, engine.model_config.vocab_size)
+    prompt = await run_in_threadpool(chat_prompt, engine, req, server.defaults)
+    gen = server.start(prompt)
+    meta = {"id": "chatcmpl-" + secrets.token_hex(12), "created": int(time.time()), "model": body.model}
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return sse_response(chat_stream(gen.events(), meta, include_usage, server.token_bytes), [gen])
+    reply = (await collect_all(request, [gen]))[0]
+    if reply.finish.api_error():
+        raise reply.finish.api_error()
+    return JSON({**meta, "object": "chat.completion",
+                 "choices": [{"index": 0, "message": chat_message(reply), "finish_reason": reply.finish.reason,
+                              "logprobs": chat_logprobs(reply.logprobs, server.token_bytes)
+                              if prompt.params.logprobs is not None else None}],
+                 "usage": usage_json(reply.finish.usage)})
+
+
+def chat_message(reply: Reply) -> dict:
+    calls = [{"id": "call_" + secrets.token_hex(12), "type": "function", "function": {"name": n, "arguments": a}}
+             for n, a in reply.calls]
+    message = {"role": "assistant", "content": reply.text if reply.text or not calls else None, "refusal": None}
+    if reply.reasoning:
+        message["reasoning_content"] = message["reasoning"] = reply.reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+async def chat_stream(events, meta: dict, include_usage: bool, token_bytes):
+    def chunk(delta: dict, finish: str | None = None, logprobs=None) -> bytes:
+        data = {**meta, "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+        return event({**data, "usage": None} if include_usage else data)
+
+    yield chunk({"role": "assistant", "content": ""})
+    pending = []                                    # logprobs waiting for the text they belong to
+    async for ev in events:
+        if isinstance(ev, Logprobs):
+            pending += ev.items
+            continue
+        lp = chat_logprobs(pending, token_bytes) if pending and not isinstance(ev, Keepalive) else None
+        if lp is not None:
+            pending = []
+        if isinstance(ev, Reasoning):
+            yield chunk({"reasoning_content": ev.text, "reasoning": ev.text}, logprobs=lp)
+        elif isinstance(ev, Text):
+            yield chunk({"content": ev.text}, logprobs=lp)
+        elif isinstance(ev, CallStart):
+            call = {"index": ev.index, "id": "call_" + secrets.token_hex(12), "type": "function",
+                    "function": {"name": ev.name, "arguments": ""}}
+            yield chunk({"tool_calls": [call]}, logprobs=lp)
+        elif isinstance(ev, CallArgs):
+            yield chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.text}}]}, logprobs=lp)
+        elif isinstance(ev, Keepalive):
+            yield comment()
+        elif isinstance(ev, Finish):
+            if ev.api_error():
+                yield event(error_payload(ev.api_error(), "openai")[1])
+            else:
+                yield chunk({}, ev.reason, logprobs=lp)
+                if include_usage:
+                    yield event({**meta, "object": "chat.completion.chunk", "choices": [],
+                                 "usage": usage_json(ev.usage)})
+    yield event("[DONE]")
+
+
+@router.post("/v1/completions")
+async def completions(request: Request):
+    server = request.app.state.server
+    body = await parse_body(request, CompletionRequest)
+    engine = server.ready()
+    server.check_model(body.model)
+    for name, ok in (("n", body.n in (None, 1)), ("best_of", body.best_of in (None, 1)), ("suffix", not body.suffix)):
+        if not ok:
+            raise APIError(400, f"{name} is not supported: this server returns one plain completion per prompt",
+                           param=name)
+    prompts = await run_in_threadpool(completion_prompts, engine, body, server.defaults)
+    gens = []
+    try:
+        for prompt in prompts:
+            gens.append(server.start(prompt, raw=True))
+    except APIError:
+        for gen in gens:
+            gen.cancel()
+        raise
+    tok = engine.tokenizer
+    echoes = [tok.decode(p.ids) if body.echo else "" for p in prompts]
+    meta = {"id": "cmpl-" + secrets.token_hex(12), "created": int(time.time()), "model": body.model}
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return sse_response(completion_stream(gens, meta, echoes, include_usage, server.token_bytes), gens)
+    replies = await collect_all(request, gens)
+    for reply in replies:
+        if reply.finish.api_error():
+            raise reply.finish.api_error()
+    choices = [{"index": i, "text": echoes[i] + r.text, "finish_reason": r.finish.reason,
+                "logprobs": completion_logprobs(r.logprobs, server.token_bytes, len(echoes[i]))
+                if body.logprobs is not None else None} for i, r in enumerate(replies)]
+    return JSON({**meta, "object": "text_completion", "choices": choices,
+                 "usage": usage_json(total_usage([r.finish.usage for r in replies]))})
+
+
+def completion_prompts(engine, body: CompletionRequest, defaults: dict) -> list[Prompt]:
+    """Each prompt (text or token ids) as the engine takes it: no chat template."""
+    given = body.prompt
+    if isinstance(given, str) or (given and isinstance(given[0], int)):
+        given = [given]
+    if not given:
+        raise APIError(400, "prompt is empty", param="prompt")
+    tok, prompts = engine.tokenizer, []
+    for text_or_ids in given:
+        ids = encode(tok, text_or_ids) if isinstance(text_or_ids, str) else list(text_or_ids)
+        if not ids:
+            raise APIError(400, "prompt is empty", param="prompt")
+        bad = [t for t in ids if not 0 <= t < engine.model_config.vocab_size]
+        if bad:
+            raise APIError(400, f"token id {bad[0]} is outside the vocabulary", param="prompt")
+        fields = sampling_fields(body, engine.model_config.vocab_size)
+        params = sampling_params({**fields, "logprobs": body.logprobs}, defaults)
+        params.max_tokens = completion_room(engine, len(ids), body.max_tokens)
+        prompts.append(Prompt(ids, params, None, starts_in_reasoning(ids, tok.think_start_id, tok.think_end_id)))
+    return prompts
+
+
+async def completion_stream(gens, meta: dict, echoes: list[str], include_usage: bool, token_bytes):
+    def chunk(i: int, text: str, finish: str | None = None, logprobs=None) -> bytes:
+        data = {**meta, "object": "text_completion",
+                "choices": [{"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
+        return event({**data, "usage": None} if include_usage else data)
+
+    offsets = [len(e) for e in echoes]
+    for i, echo in enumerate(echoes):
+        if echo:
+            yield chunk(i, echo)
+    usages, pending = [], {}
+    async for i, ev in merged(gens):
+        if isinstance(ev, Logprobs):
+            pending.setdefault(i, []).extend(ev.items)
+        elif isinstance(ev, Text):
+            lp = completion_logprobs(pending.pop(i), token_bytes, offsets[i]) if i in pending else None
+            offsets[i] += len(ev.text)
+            yield chunk(i, ev.text, logprobs=lp)
+        elif isinstance(ev, Keepalive):
+            yield comment()
+        elif isinstance(ev, Finish):
+            if ev.api_error():                           # leaving cancels the other prompts
+                yield event(error_payload(ev.api_error(), "openai")[1])
+                break
+            lp = completion_logprobs(pending.pop(i), token_bytes, offsets[i]) if i in pending else None
+            yield chunk(i, "", ev.reason, logprobs=lp)
+            usages.append(ev.usage)
+    else:
+        if include_usage:
+            yield event({**meta, "object": "text_completion", "choices": [], "usage": usage_json(total_usage(usages))})
+    yield event("[DONE]")
+
+
+def usage_json(u: Usage) -> dict:
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens}}
+
+
+def total_usage(usages: list[Usage]) -> Usage:
+    return Usage(*(sum(getattr(u, f) for u in usages) for f in
+                   ("prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens")))

@@ -1,0 +1,172 @@
+"""From an API request to what the engine runs: the prompt's token ids and the sampling parameters.
+
+Both APIs arrive here with chat messages in the template's own terms (system / user / assistant /
+tool roles, assistant `tool_calls` with arguments as objects, `reasoning_content`), OpenAI-style
+tool definitions, and their options in neutral form.
+
+Decisions:
+- tool_choice "none": the tools stay in the prompt (it then shares its cached prefix with the turns
+  that may call them) and the <tool_call> token is banned.
+- "required" / a named function: after the thinking (if any) the reply is forced to open a call
+  ("<tool_call>\\n", or "<tool_call>\\n<function=NAME>\\n"); the arguments are the model's own.
+  A named function also stops the reply after that one call, as does parallel_tool_calls false.
+- reasoning effort: "none" turns thinking off; the value also reaches the template as
+  `reasoning_effort`. A template without that knob (Qwen3.5's) gets a thinking budget instead for
+  the low efforts (EFFORT_BUDGETS); medium and up think freely.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.chat.tools import tool_schemas
+from engine.params import SamplingParams
+from engine.server.errors import APIError
+from engine.server.processors import BanTokens, ForceToolCall, StopAfterToolCall
+from engine.streaming import starts_in_reasoning
+
+EFFORT_BUDGETS = {"minimal": 256, "low": 1024}
+RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "template_name")
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+@dataclass
+class ToolChoice:
+    mode: str = "auto"              # none | auto | required | function
+    name: str | None = None         # the function, for mode "function"
+    parallel: bool = True
+
+
+@dataclass
+class Thinking:
+    enabled: bool | None = None     # None: the template's default (Qwen3.5: on)
+    effort: str | None = None
+    budget: int | None = None       # reasoning tokens before </think> is forced
+
+
+@dataclass
+class Prompt:
+    ids: list[int]
+    params: SamplingParams
+    schemas: dict | None            # tool name -> parameters schema, for the parser; None: no tool parsing
+    in_reasoning: bool              # the prompt leaves the model inside <think>
+
+
+@dataclass
+class ChatRequest:
+    messages: list[dict]
+    sampling: dict                  # SamplingParams fields given by the client (None: not given)
+    max_tokens: int | None = None   # None: whatever room the context leaves
+    tools: list[dict] | None = None
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    thinking: Thinking = field(default_factory=Thinking)
+    template_kwargs: dict = field(default_factory=dict)
+    prefill: str = ""               # text the reply continues (Anthropic's trailing assistant message)
+
+
+def generation_defaults(model_dir: str) -> dict:
+    """The checkpoint's recommended sampling (generation_config.json) for what a request leaves unset."""
+    try:
+        config = json.loads((Path(model_dir) / "generation_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {k: config[k] for k in GENERATION_DEFAULTS if isinstance(config.get(k), (int, float))
+            and not isinstance(config.get(k), bool)}
+
+
+def sampling_params(given: dict, defaults: dict) -> SamplingParams:
+    values = {**defaults, **{k: v for k, v in given.items() if v is not None}}
+    params = SamplingParams(**{k: list(v) if isinstance(v, list) else v for k, v in values.items()})
+    try:
+        params.validate()
+    except ValueError as e:
+        raise APIError(400, str(e)) from None
+    return params
+
+
+def chat_prompt(engine, req: ChatRequest, defaults: dict) -> Prompt:
+    """Render, tokenize and check one chat request (runs in a worker thread: templates can be slow)."""
+    ids = render(engine, req)
+    tok = engine.tokenizer
+    params = sampling_params(req.sampling, defaults)
+    in_reasoning = starts_in_reasoning(ids, tok.think_start_id, tok.think_end_id)
+    params.max_tokens = completion_room(engine, len(ids), req.max_tokens)
+    params.thinking_budget = thinking_budget(engine, req.thinking)
+    params.logits_processors = tool_processors(tok, req.tools, req.tool_choice, in_reasoning) + params.logits_processors
+    schemas = tool_schemas(req.tools) if req.tools and req.tool_choice.mode != "none" else None
+    return Prompt(ids, params, schemas, in_reasoning)
+
+
+def render(engine, req: ChatRequest) -> list[int]:
+    """The prompt's token ids: the checkpoint's chat template, then the prefill."""
+    tools, choice = req.tools or None, req.tool_choice
+    if choice.mode in ("required", "function") and not tools:
+        raise APIError(400, f"tool_choice {choice.mode!r} needs tools", param="tool_choice")
+    if choice.mode == "function" and choice.name not in tool_schemas(tools):
+        raise APIError(400, f"tool_choice names {choice.name!r}, which is not one of the tools", param="tool_choice")
+    kwargs = template_kwargs(engine, req)
+    try:
+        text = engine.template.render(req.messages, tools=tools, add_generation_prompt=True, **kwargs)
+    except ValueError as e:
+        raise APIError(400, f"the conversation does not fit the model's chat template: {e}", param="messages") from None
+    return encode(engine.tokenizer, text + req.prefill)
+
+
+def encode(tok, text: str) -> list[int]:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError(400, "the request holds text that is not valid Unicode (a lone surrogate)") from None
+    return tok.encode(text)
+
+
+def template_kwargs(engine, req: ChatRequest) -> dict:
+    kwargs = dict(req.template_kwargs)
+    bad = [k for k in kwargs if k in RESERVED_TEMPLATE_KWARGS]
+    if bad:
+        raise APIError(400, f"chat_template_kwargs cannot set {bad[0]!r}", param="chat_template_kwargs")
+    t = req.thinking
+    enabled = False if t.effort == "none" else t.enabled
+    if req.prefill:
+        kwargs["enable_thinking"] = False       # the reply continues the given text, not a thinking block
+    elif enabled is not None:
+        kwargs.setdefault("enable_thinking", enabled)
+    if t.effort and t.effort != "none":
+        kwargs.setdefault("reasoning_effort", t.effort)
+    return kwargs
+
+
+def thinking_budget(engine, thinking: Thinking) -> int | None:
+    if thinking.budget is not None:
+        return thinking.budget
+    knows_effort = any("reasoning_effort" in source for source in engine.template.sources.values())
+    return None if knows_effort else EFFORT_BUDGETS.get(thinking.effort)
+
+
+def completion_room(engine, prompt_tokens: int, max_tokens: int | None) -> int:
+    """max_tokens, checked against the context; when not given, all the room the context leaves."""
+    ctx = engine.max_context
+    if prompt_tokens >= ctx or (max_tokens is not None and prompt_tokens + max_tokens > ctx):
+        asked = prompt_tokens + (max_tokens or 1)
+        raise APIError(400, f"This model's maximum context length is {ctx} tokens. However, you requested "
+                            f"{asked} tokens ({prompt_tokens} in the prompt, {max_tokens or 1} for the "
+                            f"completion). Please reduce the length of the prompt or of max_tokens.",
+                       param="messages", code="context_length_exceeded")
+    return max_tokens if max_tokens is not None else ctx - prompt_tokens
+
+
+def tool_processors(tok, tools, choice: ToolChoice, in_reasoning: bool) -> list:
+    call_open, call_end = tok.token_to_id("<tool_call>"), tok.token_to_id("</tool_call>")
+    if not tools or call_open is None:
+        return []
+    if choice.mode == "none":
+        return [BanTokens([call_open])]
+    procs = []
+    if choice.mode in ("required", "function"):
+        opening = "<tool_call>\n" + (f"<function={choice.name}>\n" if choice.mode == "function" else "")
+        procs.append(ForceToolCall(tok.encode(opening), tok.encode("\n\n"), in_reasoning, tok.think_end_id))
+    if (choice.mode == "function" or not choice.parallel) and call_end is not None and tok.eos_token_ids:
+        procs.append(StopAfterToolCall(call_end, tok.eos_token_ids[0], in_reasoning, tok.think_end_id))
+    return procs

@@ -1,0 +1,50 @@
+"""ServerSettings: how the HTTP API is exposed (address, key, allowed hosts, CORS, limits)."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+@dataclass
+class ServerSettings:
+    model_id: str = "qwen"                  # the name clients pass as `model`
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None              # required on /v1 routes and /metrics when set
+    allowed_hosts: list[str] = field(default_factory=list)  # Host header names beyond loopback; "*": any
+    cors_origins: list[str] = field(default_factory=list)   # browser origins allowed (none: CORS off)
+    max_body_bytes: int = 32 * 1024 * 1024
+    keepalive_s: float = 15.0               # SSE keep-alive while a request waits or thinks silently
+
+    def host_allowed(self, host: str) -> bool:
+        """A DNS rebinding attack needs a name the attacker controls, so a literal IP address is
+        always safe; a name must be a loopback one, the bound host, or listed in allowed_hosts."""
+        name = hostname(host)
+        allowed = [hostname(h) for h in self.allowed_hosts] + [hostname(self.host)]
+        if "*" in allowed or name in LOOPBACK_NAMES or name in allowed:
+            return True
+        try:
+            ipaddress.ip_address(name)
+            return True
+        except ValueError:
+            return False
+
+
+def hostname(host: str) -> str:
+    """A Host header's name, without its port: "LocalHost:8080" -> "localhost", "[::1]:80" -> "::1"."""
+    name = host.strip().lower()
+    if name.startswith("["):
+        return name[1:name.find("]")] if "]" in name else name[1:]
+    return name.split(":")[0] if name.count(":") == 1 else name
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

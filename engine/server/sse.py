@@ -1,0 +1,44 @@
+"""Server-sent events and JSON bodies, encoded so that no text can fail to encode."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
+
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def dumps(data) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def encode(text: str) -> bytes:
+    # a lone surrogate (a client can send one as "\ud800") becomes "?" rather than an error
+    return text.encode("utf-8", errors="replace")
+
+
+def event(data, name: str | None = None) -> bytes:
+    head = f"event: {name}\n" if name else ""
+    return encode(f"{head}data: {data if isinstance(data, str) else dumps(data)}\n\n")
+
+
+def comment(text: str = "keep-alive") -> bytes:
+    return encode(f": {text}\n\n")
+
+
+def sse_response(stream, gens) -> StreamingResponse:
+    """`gens`: the generations the stream reads, cancelled when the response ends, even one that
+    ended before the stream began (the client left at once) and so never ran its own clean-up."""
+    def cancel():
+        for gen in gens:
+            gen.cancel()
+
+    return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS,
+                             background=BackgroundTask(cancel))
+
+
+class JSON(JSONResponse):
+    def render(self, content) -> bytes:
+        return encode(dumps(content))

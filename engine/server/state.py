@@ -1,0 +1,55 @@
+"""ServerState: what the routes share — the engine (None while it loads), settings, metrics."""
+
+from __future__ import annotations
+
+import time
+
+from engine.server.errors import APIError, from_engine_error
+from engine.server.generation import Generation
+from engine.server.logprobs import TokenBytes
+from engine.server.metrics import Metrics
+from engine.server.prompting import generation_defaults
+from engine.server.settings import ServerSettings
+
+
+class ServerState:
+    def __init__(self, settings: ServerSettings, engine=None, params_hook=None):
+        """`params_hook(SamplingParams)`: called on every request's parameters just before submit
+        (tests use it to script the model's output); None in normal use."""
+        self.settings = settings
+        self.metrics = Metrics()
+        self.params_hook = params_hook
+        self.created = int(time.time())
+        self.engine = None
+        self.load_error: str | None = None
+        self.defaults: dict = {}
+        self.token_bytes: TokenBytes | None = None
+        if engine is not None:
+            self.set_engine(engine)
+
+    def set_engine(self, engine) -> None:
+        self.defaults = generation_defaults(engine.config.model)
+        self.token_bytes = TokenBytes(engine.tokenizer)
+        self.engine = engine
+
+    def ready(self):
+        """The engine, or a 503 while it loads (or after it failed to)."""
+        if self.engine is None:
+            why = f"the model failed to load: {self.load_error}" if self.load_error else "the model is still loading"
+            raise APIError(503, why, "unavailable", headers={"retry-after": "5"})
+        return self.engine
+
+    def check_model(self, name: str) -> None:
+        if name != self.settings.model_id:
+            raise APIError(404, f"The model {name!r} does not exist; this server serves "
+                                f"{self.settings.model_id!r}", "not_found", param="model", code="model_not_found")
+
+    def start(self, prompt, raw: bool = False) -> Generation:
+        """Submit a prepared prompt; engine refusals become API errors (429/529, 400, 503)."""
+        if self.params_hook is not None:
+            self.params_hook(prompt.params)
+        try:
+            return Generation(self.engine, prompt, keepalive_s=self.settings.keepalive_s, raw=raw,
+                              metrics=self.metrics)
+        except Exception as e:
+            raise from_engine_error(e) from None

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One call on the lent GPU machine: GPU tests, kernel benchmarks, engine benchmark.
+# Usage (from the repo root, on the GPU machine): tests/device_run.sh [tests] [kernels] [engine] [engine-int4]
+# Logs and JSON go to $OUT (or ./device-out). Wheels in .whl/ (fla-core) are installed first.
+set -uo pipefail
+OUT=${OUT:-device-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+what=${*:-tests kernels engine}
+for step in $what; do
+  echo "=== $step ==="
+  case $step in
+    tests)   python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_*.py tests/test_gpu_parity.py \
+               2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
+    kernels) python3 -m kernels.bench --json "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log" | tail -60 ;;
+    engine)  python3 -m engine.bench --json "$OUT/engine.json" 2>&1 | tee "$OUT/engine.log" | tail -40 ;;
+    engine-quick) python3 -m engine.bench --no-hf --contexts 512,8192 --profiles C1,C8 --decode-tokens 64 \
+               --json "$OUT/engine.json" 2>&1 | tee "$OUT/engine.log" | tail -40 ;;
+  esac
+done

@@ -1,0 +1,260 @@
+"""Operations and safety of the HTTP server: health while loading, metrics, API keys, Host checks,
+CORS, body limits, a full queue (429 / 529), disconnects freeing pages, engine failures in-stream,
+and the qwendesk-serve command."""
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import anthropic
+import openai
+import pytest
+
+from engine.server import ServerSettings, ServerThread, create_app
+from tests.server_harness import MODEL, Steering, make_engine, raw, serving, sse_events, wait_idle
+
+USER = [{"role": "user", "content": "Hello"}]
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoint):
+    e = make_engine(checkpoint("base"), profile="C1", max_queue=1, max_context=512)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def steer(engine):
+    return Steering(engine.tokenizer)
+
+
+@pytest.fixture(autouse=True)
+def reset(steer, engine):
+    steer.reset()
+    yield
+    steer.reset()
+    wait_idle(engine)
+
+
+@pytest.fixture(scope="module")
+def server(engine, steer):
+    with serving(engine, steer) as s:
+        yield s
+
+
+def chat_body(**kw):
+    return {"model": MODEL, "messages": USER, "max_tokens": 8, **kw}
+
+
+def open_stream(server, path="/v1/chat/completions", body=None):
+    """Start a streamed request and read its headers; returns (connection, response)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("POST", path, body=json.dumps(body or chat_body(stream=True, max_tokens=400)),
+                 headers={"content-type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    return conn, resp
+
+
+def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_health_is_503_while_loading_then_200(engine):
+    app = create_app(ServerSettings(model_id=MODEL))
+    srv = ServerThread(app, port=0).start()
+    try:
+        status, _, body = raw(srv, "GET", "/health")
+        assert status == 503 and json.loads(body)["status"] == "loading"
+        status, _, body = raw(srv, "POST", "/v1/chat/completions", chat_body())
+        assert status == 503 and json.loads(body)["error"]["type"] == "server_error"
+        app.state.server.set_engine(engine)
+        status, _, body = raw(srv, "GET", "/health")
+        assert status == 200 and json.loads(body) == {"status": "ok", "model": MODEL}
+    finally:
+        srv.stop()
+
+
+def test_metrics(server, steer):
+    steer.say("Hi.</think>\n\nHello!")
+    assert raw(server, "POST", "/v1/chat/completions", chat_body(max_tokens=40))[0] == 200
+    raw(server, "POST", "/v1/chat/completions", {"model": "nope", "messages": USER})
+    status, headers, body = raw(server, "GET", "/metrics")
+    text = body.decode()
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    for line in ('qwendesk_http_requests_total{route="/v1/chat/completions",status="200"}',
+                 'qwendesk_http_requests_total{route="/v1/chat/completions",status="404"}',
+                 'qwendesk_generations_total{reason="stop"}', "qwendesk_prompt_tokens_total ",
+                 "qwendesk_completion_tokens_total ", 'qwendesk_time_to_first_token_seconds_bucket{le="+Inf"}',
+                 "qwendesk_request_latency_seconds_count ", "qwendesk_requests_waiting 0",
+                 "qwendesk_requests_running ", "qwendesk_kv_pages_used ", "qwendesk_prefix_cache_hit_tokens_total ",
+                 "qwendesk_ready 1"):
+        assert line in text, line
+
+
+def test_api_key(engine, steer):
+    with serving(engine, steer, api_key="sekret") as srv:
+        steer.say("ok")
+        bad = openai.OpenAI(base_url=srv.url + "/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError) as e:
+            bad.models.list()
+        assert e.value.code == "invalid_api_key"
+        good = openai.OpenAI(base_url=srv.url + "/v1", api_key="sekret", max_retries=0)
+        assert good.models.list().data[0].id == MODEL
+        with pytest.raises(anthropic.AuthenticationError) as e:
+            anthropic.Anthropic(base_url=srv.url, api_key="wrong", max_retries=0).messages.create(
+                model=MODEL, max_tokens=5, messages=USER)
+        assert e.value.body["error"]["type"] == "authentication_error"
+        m = anthropic.Anthropic(base_url=srv.url, api_key="sekret", max_retries=0).messages.create(
+            model=MODEL, max_tokens=5, messages=USER)
+        assert m.content[0].text == "ok"
+        assert raw(srv, "GET", "/health")[0] == 200                  # probes need no key
+        assert raw(srv, "GET", "/metrics")[0] == 401
+        assert raw(srv, "GET", "/metrics", headers={"authorization": "Bearer sekret"})[0] == 200
+
+
+def test_foreign_host_is_refused(engine, server):
+    status, _, body = raw(server, "GET", "/v1/models", headers={"host": "evil.example:8080"})
+    assert status == 403 and json.loads(body)["error"]["code"] == "host_not_allowed"
+    status, _, body = raw(server, "POST", "/v1/messages", {}, headers={"host": "attacker.test"})
+    assert status == 403 and json.loads(body)["error"]["type"] == "permission_error"
+    for host in (f"localhost:{server.port}", f"127.0.0.1:{server.port}", f"[::1]:{server.port}", "192.168.1.5:80",
+                 "[fd00::5]:8080"):                               # a literal address cannot be rebound
+        assert raw(server, "GET", "/v1/models", headers={"host": host})[0] == 200
+    with serving(engine, allowed_hosts=["qwen.lan"]) as srv:
+        assert raw(srv, "GET", "/v1/models", headers={"host": "qwen.lan:1234"})[0] == 200
+        assert raw(srv, "GET", "/v1/models", headers={"host": "other.lan"})[0] == 403
+
+
+def test_cors_is_off_unless_origins_are_listed(engine, server):
+    preflight = {"origin": "http://app.local", "access-control-request-method": "POST",
+                 "access-control-request-headers": "content-type"}
+    _, headers, _ = raw(server, "OPTIONS", "/v1/chat/completions", headers=preflight)
+    assert "access-control-allow-origin" not in headers
+    with serving(engine, cors_origins=["http://app.local"]) as srv:
+        status, headers, _ = raw(srv, "OPTIONS", "/v1/chat/completions", headers=preflight)
+        assert status == 200 and headers["access-control-allow-origin"] == "http://app.local"
+
+
+def test_body_size_limit(engine):
+    with serving(engine, max_body_bytes=2000) as srv:
+        big = chat_body(messages=[{"role": "user", "content": "x" * 5000}])
+        status, _, body = raw(srv, "POST", "/v1/chat/completions", big)
+        assert status == 413 and json.loads(body)["error"]["code"] == "request_too_large"
+        status, _, body = raw(srv, "POST", "/v1/messages", big)
+        assert status == 413 and json.loads(body)["error"]["type"] == "request_too_large"
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)    # no Content-Length
+        conn.request("POST", "/v1/chat/completions", body=iter([json.dumps(big).encode()]),
+                     headers={"content-type": "application/json"}, encode_chunked=True)
+        resp = conn.getresponse()
+        assert resp.status == 413 and json.loads(resp.read())["error"]["code"] == "request_too_large"
+        conn.close()
+
+
+def test_full_queue_is_429_and_529_and_queued_streams_finish(engine, steer, server):
+    steer.endless(delay=0.005)
+    conn_a, _ = open_stream(server)                            # runs (profile C1)
+    wait_for(lambda: engine.stats()["running"] == 1)
+    conn_b, resp_b = open_stream(server, body=chat_body(stream=True, max_tokens=5))   # waits in the queue
+    wait_for(lambda: engine.stats()["waiting"] == 1)
+    with pytest.raises(openai.RateLimitError) as e:
+        openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0).chat.completions.create(
+            model=MODEL, messages=USER, max_tokens=5)
+    assert e.value.code == "server_overloaded" and e.value.response.headers["retry-after"]
+    with pytest.raises(anthropic.APIStatusError) as e:
+        anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0).messages.create(
+            model=MODEL, max_tokens=5, messages=USER)
+    assert e.value.status_code == 529 and e.value.body["error"]["type"] == "overloaded_error"
+    conn_a.close()                                              # A disconnects: B gets its turn
+    events = [data for _, data in sse_events(resp_b.read())]
+    conn_b.close()
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
+    stats = wait_idle(engine)
+    assert stats["kv_pages_used"] == 0 and stats["running"] == 0
+
+
+def test_disconnect_cancels_and_frees_pages(engine, steer, server):
+    steer.endless(delay=0.005)
+    before = engine.stats()["kv_pages_used"]
+    for path, body in (("/v1/chat/completions", chat_body(stream=True, max_tokens=400)),
+                       ("/v1/messages", {"model": MODEL, "max_tokens": 400, "messages": USER, "stream": True})):
+        conn, resp = open_stream(server, path, body)
+        resp.read1(100)
+        wait_for(lambda: engine.stats()["kv_pages_used"] > before)
+        conn.close()
+        t0 = time.monotonic()
+        stats = wait_idle(engine, timeout=5)
+        assert stats["kv_pages_used"] == before and stats["running"] == 0, stats
+        assert time.monotonic() - t0 < 2
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)  # not streamed: same
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(chat_body(max_tokens=400)),
+                 headers={"content-type": "application/json"})
+    wait_for(lambda: engine.stats()["running"] == 1)
+    conn.close()
+    assert wait_idle(engine, timeout=5)["running"] == 0
+    assert 'qwendesk_generations_total{reason="cancelled"}' in raw(server, "GET", "/metrics")[2].decode()
+
+
+def test_keepalive_while_nothing_is_generated(engine, steer):
+    steer.endless(delay=0.15)
+    with serving(engine, steer, keepalive_s=0.05) as srv:
+        _, _, body = raw(srv, "POST", "/v1/chat/completions", chat_body(stream=True, max_tokens=2))
+        assert b"\n: keep-alive\n" in body and sse_events(body)[-1][1] == "[DONE]"
+        _, _, body = raw(srv, "POST", "/v1/messages", {"model": MODEL, "max_tokens": 2, "messages": USER,
+                                                       "stream": True})
+        names = [name for name, _ in sse_events(body)]
+        assert names.count("ping") > 1 and names[-1] == "message_stop"
+
+
+def test_engine_failure_ends_streams_with_an_error(server, steer):
+    steer.failing = True
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.APIError, match="generation failed"):
+        list(client.chat.completions.create(model=MODEL, messages=USER, max_tokens=5, stream=True))
+    with pytest.raises(openai.InternalServerError) as e:
+        client.chat.completions.create(model=MODEL, messages=USER, max_tokens=5)
+    assert e.value.body["type"] == "server_error"
+    a = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+    with pytest.raises(anthropic.APIStatusError, match="generation failed"):
+        list(a.messages.create(model=MODEL, max_tokens=5, messages=USER, stream=True))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_qwendesk_serve_command(checkpoint, tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "engine.server.cli", "--model", str(checkpoint("base")),
+                             "--port", str(port), "--device", "cpu", "--max-context", "256", "--model-id", "tiny",
+                             "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if client.models.list().data[0].id == "tiny":
+                    break
+            except (openai.APIConnectionError, openai.InternalServerError):
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+                time.sleep(0.2)
+        r = client.chat.completions.create(model="tiny", messages=USER, max_tokens=3)
+        assert r.usage.completion_tokens >= 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    bad = subprocess.run([sys.executable, "-m", "engine.server.cli", "--model", str(tmp_path), "--port",
+                          str(free_port()), "--device", "cpu"], capture_output=True, text=True, timeout=90,
+                         env={**os.environ, "QWENDESK_API_KEY": ""})
+    assert bad.returncode == 1 and "cannot load" in bad.stderr
