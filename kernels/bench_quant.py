@@ -1,0 +1,140 @@
+"""Weight-only int4 / int8 benchmarks at the 27B shapes (`python -m kernels.bench quant`).
+
+GEMV cases (decode M = 1, C8 M = 8, verify M = 32) are counted by the bytes they must move: packed weights +
+scales + zeros + activations in and out; the baseline is torch's bf16 F.linear on a bf16 weight of the same
+shape, so "vs ref" is the speed-up over bf16. The config the autotuner picked is in the case name (BN, warps,
+stages, split-K). `layer` cases replay one CUDA graph of the four projections of a GDN or full-attention layer
+(int4 against bf16). Prefill cases (dequantise + cuBLAS) are counted by flops, with the issue's target of 60% of
+bf16's speed as a time budget measured in the same run.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels import quant
+from kernels.bench import Case, time_us
+from kernels.quant import int4_linear, int8_embedding, int8_linear, pack_int4, pack_int8
+
+HIDDEN = 5120
+PROJ = {                                         # (N, K) of the int4 projections
+    "attn_qkv": (24 * 256 * 2 + 2 * 4 * 256, HIDDEN),
+    "attn_o": (HIDDEN, 24 * 256),
+    "gdn_in_qkvz": (2 * 2048 + 6144 + 6144, HIDDEN),
+    "gdn_out": (HIDDEN, 6144),
+    "mlp_gate_up": (2 * 17408, HIDDEN),
+    "mlp_down": (HIDDEN, 17408),
+}
+LAYERS = {"gdn": ["gdn_in_qkvz", "gdn_out", "mlp_gate_up", "mlp_down"],
+          "attn": ["attn_qkv", "attn_o", "mlp_gate_up", "mlp_down"]}
+LM_HEAD = (248320, HIDDEN)
+G = 128
+DEV = "cuda"
+GEMV_TARGET = ">= 80% of copy bw"
+
+
+def _int4(N, K):
+    q = torch.randint(0, 16, (N, K), dtype=torch.uint8, device=DEV)
+    scales = (0.002 + 0.01 * torch.rand(N, K // G, device=DEV)).bfloat16()
+    zeros = (15 * torch.rand(N, K // G, device=DEV)).bfloat16()
+    return pack_int4(q, scales, zeros, G)
+
+
+def _int8(N, K):
+    q = torch.randint(-128, 128, (N, K), dtype=torch.int8, device=DEV)
+    return pack_int8(q, (0.0002 + 0.001 * torch.rand(N, K // G, device=DEV)).bfloat16(), G)
+
+
+def _weight_bytes(w) -> int:
+    zeros = getattr(w, "zeros", None)
+    return (w.qweight.numel() * w.qweight.element_size() + w.scales.numel() * w.scales.element_size()
+            + (zeros.numel() * zeros.element_size() if zeros is not None else 0))
+
+
+def _gemv_bytes(w, M) -> int:
+    N, K = w.shape
+    return _weight_bytes(w) + 2 * M * (N + K)
+
+
+def _tuned(fn) -> str:
+    """Run fn once (the autotuner picks its config) and describe the GEMV config it used."""
+    fn()
+    cfg = quant._gemv_tuned.best_config
+    kw = cfg.kwargs
+    return f"BN{kw['BN']} w{cfg.num_warps} s{cfg.num_stages} k{kw['SPLIT_K']}"
+
+
+def _graph(fn):
+    """Capture fn (run once first, on a side stream) into a CUDA graph; returns its replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def _gemv_cases(int4_w, bf16_w):
+    cases = []
+    for name, (N, K) in PROJ.items():
+        w, wb = int4_w[name], bf16_w[name]
+        for M in (1, 8, 32):
+            x = torch.randn(M, K, dtype=torch.bfloat16, device=DEV)
+            fn = lambda x=x, w=w: int4_linear(x, w)  # noqa: E731
+            cases.append(Case("quant", f"int4 {name} {N}x{K} M={M} [{_tuned(fn)}]", fn, bytes=_gemv_bytes(w, M),
+                              baseline=lambda x=x, wb=wb: F.linear(x, wb), target=GEMV_TARGET, target_frac=0.8))
+    return cases
+
+
+def _lm_head_cases():
+    w = _int8(*LM_HEAD)
+    wb = torch.randn(LM_HEAD, dtype=torch.bfloat16, device=DEV)
+    cases = []
+    for M in (1, 8, 32):
+        x = torch.randn(M, HIDDEN, dtype=torch.bfloat16, device=DEV)
+        fn = lambda x=x: int8_linear(x, w)  # noqa: E731
+        cases.append(Case("quant", f"int8 lm_head {LM_HEAD[0]}x{HIDDEN} M={M} [{_tuned(fn)}]", fn,
+                          bytes=_gemv_bytes(w, M), baseline=lambda x=x: F.linear(x, wb), target=GEMV_TARGET,
+                          target_frac=0.8))
+    T = 8192
+    ids = torch.randint(0, LM_HEAD[0], (T,), device=DEV)
+    cases.append(Case("quant", f"int8 embedding T={T}", lambda: int8_embedding(ids, w),
+                      bytes=T * HIDDEN * 3 + T * (HIDDEN // G) * 2, baseline=lambda: F.embedding(ids, wb),
+                      target=">= 50% of copy bw", target_frac=0.5))
+    return cases
+
+
+def _layer_cases(int4_w, bf16_w):
+    cases = []
+    for kind, names in LAYERS.items():
+        for M in (1, 8):
+            xs = [torch.randn(M, PROJ[n][1], dtype=torch.bfloat16, device=DEV) for n in names]
+            int4_step = _graph(lambda xs=xs, names=names: [int4_linear(x, int4_w[n]) for x, n in zip(xs, names)])
+            bf16_step = _graph(lambda xs=xs, names=names: [F.linear(x, bf16_w[n]) for x, n in zip(xs, names)])
+            nbytes = sum(_gemv_bytes(int4_w[n], M) for n in names)
+            cases.append(Case("quant", f"int4 {kind} layer, 4 projections, M={M} (graph)", int4_step, bytes=nbytes,
+                              baseline=bf16_step, target=GEMV_TARGET + "; >= 2.8x bf16 (vs ref)", target_frac=0.8))
+    return cases
+
+
+def _prefill_cases(int4_w, bf16_w):
+    cases = []
+    for name, M in (("mlp_gate_up", 8192), ("mlp_down", 8192), ("mlp_gate_up", 512)):
+        (N, K), w, wb = PROJ[name], int4_w[name], bf16_w[name]
+        x = torch.randn(M, K, dtype=torch.bfloat16, device=DEV)
+        bf16_us = time_us(lambda: F.linear(x, wb))
+        cases.append(Case("quant", f"int4 prefill {name} {N}x{K} M={M}", lambda x=x, w=w: int4_linear(x, w),
+                          flops=2 * M * N * K, baseline=lambda x=x, wb=wb: F.linear(x, wb),
+                          target=f">= 60% of bf16 speed (<= {bf16_us / 0.6:.0f} us)", target_us=bf16_us / 0.6))
+    return cases
+
+
+def cases() -> list[Case]:
+    int4_w = {name: _int4(N, K) for name, (N, K) in PROJ.items()}
+    bf16_w = {name: torch.randn(N, K, dtype=torch.bfloat16, device=DEV) for name, (N, K) in PROJ.items()}
+    return (_gemv_cases(int4_w, bf16_w) + _lm_head_cases() + _layer_cases(int4_w, bf16_w)
+            + _prefill_cases(int4_w, bf16_w))

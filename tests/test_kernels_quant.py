@@ -1,0 +1,281 @@
+"""Weight-only int4 / int8 linear kernels and the int8 embedding gather against their torch references.
+
+CPU: the Triton kernels run in the interpreter (fp32 / fp16, small odd shapes, the plain-Triton code path; the GPU
+adds one inline-PTX lop3). GPU (`gpu` mark): bf16 at the 27B projection shapes, every GEMV M bucket, the large-M
+path, a sweep of forced configs (split-K, tiles, stages: whatever the autotuner picks must be right), CUDA-graph
+replay of the M <= 32 paths.
+"""
+
+import pytest
+import torch
+
+from kernels.quant import (Int4Weight, dequantize_int4_ref, dequantize_int8_ref, int4_linear, int4_linear_ref,
+                           int4_linear_triton, int8_embedding, int8_embedding_ref, int8_embedding_triton,
+                           int8_linear, int8_linear_ref, int8_linear_triton, pack_int4, pack_int8, unpack_int4)
+
+M_CPU = [1, 3, 8, 17, 32, 33, 100]          # GEMV buckets 8 / 16 / 32 and the dequantise + matmul path
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    """Every tensor the launchers allocate starts as NaN (-1 for integers), so an unwritten element fails."""
+    real = torch.empty
+
+    def empty(*size, **kw):
+        t = real(*size, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-1)
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+def random_int4(N, K, G, dtype, device="cpu", seed=0):
+    gen = torch.Generator(device).manual_seed(seed)
+    q = torch.randint(0, 16, (N, K), dtype=torch.uint8, device=device, generator=gen)
+    scales = (0.002 + 0.01 * torch.rand(N, K // G, device=device, generator=gen)).to(dtype)
+    zeros = (15 * torch.rand(N, K // G, device=device, generator=gen)).to(dtype)
+    return pack_int4(q, scales, zeros, G), q
+
+
+def random_int8(N, K, G, dtype, device="cpu", seed=0):
+    gen = torch.Generator(device).manual_seed(seed)
+    q = torch.randint(-128, 128, (N, K), dtype=torch.int8, device=device, generator=gen)
+    scales = (0.0002 + 0.001 * torch.rand(N, K // G, device=device, generator=gen)).to(dtype)
+    return pack_int8(q, scales, G), q
+
+
+def check(out, ref, tol):
+    """Close to the reference relative to its largest magnitude (the output's rounding scale)."""
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol * ref.float().abs().max().item())
+
+
+TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+# ---------------------------------------------------------------------------------------------------- formats
+
+@pytest.mark.parametrize("N,K,G", [(64, 64, 64), (192, 320, 64), (128, 384, 128), (64, 192, 32)])
+def test_int4_pack_roundtrip_and_layout(N, K, G):
+    w, q = random_int4(N, K, G, torch.float32)
+    assert w.qweight.dtype == torch.int32 and w.qweight.shape == (N, -(-K // 128) * 16) and w.shape == (N, K)
+    assert torch.equal(unpack_int4(w), q)
+    # the documented layout: word j of block b, nibble p + 4 t holds the code of k = 128 b + 32 p + 2 j + t
+    n, b, p, j, t = N - 1, (K - 1) // 128, 1, 5, 1
+    k = 128 * b + 32 * p + 2 * j + t
+    if k < K:
+        word = int(w.qweight[n, 16 * b + j]) & 0xFFFFFFFF
+        assert (word >> (4 * (p + 4 * t))) & 0xF == q[n, k]
+    s = w.scales.repeat_interleave(G, 1)
+    z = w.zeros.repeat_interleave(G, 1)
+    torch.testing.assert_close(dequantize_int4_ref(w), (q.float() - z) * s)
+
+
+def test_int8_pack_dequant():
+    w, q = random_int8(64, 128, 64, torch.float16)
+    assert w.qweight.dtype == torch.int8 and torch.equal(w.qweight, q)
+    ref = (q.float() * w.scales.float().repeat_interleave(64, 1)).half()
+    assert torch.equal(dequantize_int8_ref(w), ref)
+
+
+# ---------------------------------------------------------------------------------------------------- CPU kernels
+
+@pytest.mark.parametrize("M", M_CPU)
+@pytest.mark.parametrize("K,G", [(320, 64), (384, 128)])     # K = 320: a padded half block
+def test_int4_linear(M, K, G):
+    w, _ = random_int4(192, K, G, torch.float32)
+    x = torch.randn(M, K)
+    check(int4_linear_triton(x, w), int4_linear_ref(x, w), TOL[torch.float32])
+
+
+@pytest.mark.parametrize("M", [1, 17, 40])
+@pytest.mark.parametrize("G", [32, 64])
+def test_int4_linear_fp16(M, G):
+    w, _ = random_int4(128, 192, G, torch.float16, seed=1)
+    x = torch.randn(M, 192).half()
+    check(int4_linear_triton(x, w), int4_linear_ref(x, w), TOL[torch.float16])
+
+
+@pytest.mark.parametrize("config", [
+    dict(BM=8, BN=64, SPLIT_K=3),          # split-K: the last split of each tile sums the partials
+    dict(BM=16, BN=128, SPLIT_K=2),        # one tile wider than N
+    dict(BM=32, BN=32, SPLIT_K=8),         # more splits than K blocks: empty splits still count in
+])
+def test_int4_gemv_configs(config):
+    w, _ = random_int4(192, 320, 64, torch.float32, seed=2)
+    x = torch.randn(5, 320)
+    ref = int4_linear_ref(x, w)
+    check(int4_linear_triton(x, w, config), ref, TOL[torch.float32])
+    check(int4_linear_triton(x, w, config), ref, TOL[torch.float32])     # counters were reset
+
+
+@pytest.mark.parametrize("M,G", [(m, 64) for m in M_CPU] + [(1, 128), (33, 128)])
+def test_int8_linear(M, G):
+    w, _ = random_int8(192, 256, G, torch.float32)
+    x = torch.randn(M, 256)
+    check(int8_linear_triton(x, w), int8_linear_ref(x, w), TOL[torch.float32])
+
+
+@pytest.mark.parametrize("M", [1, 17, 40])
+def test_int8_linear_fp16_strided(M):
+    """fp16 activations (read as 32-bit pairs) from a column slice of a wider buffer, odd and even row strides."""
+    w, _ = random_int8(128, 192, 64, torch.float16, seed=3)
+    for extra in (3, 8):
+        x = torch.randn(M, 192 + extra).half()[:, extra:]
+        check(int8_linear_triton(x, w), int8_linear_ref(x, w), TOL[torch.float16])
+
+
+def test_int8_gemv_split_k():
+    w, _ = random_int8(192, 256, 64, torch.float32, seed=4)
+    x = torch.randn(3, 256)
+    check(int8_linear_triton(x, w, dict(BM=8, BN=64, SPLIT_K=3)), int8_linear_ref(x, w), TOL[torch.float32])
+
+
+def test_leading_dims_and_empty():
+    w, _ = random_int4(64, 128, 64, torch.float32)
+    x = torch.randn(2, 3, 128)
+    out = int4_linear_triton(x, w)
+    assert out.shape == (2, 3, 64)
+    check(out, int4_linear_ref(x, w), TOL[torch.float32])
+    assert int4_linear_triton(torch.randn(0, 128), w).shape == (0, 64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_int8_embedding(dtype):
+    w, _ = random_int8(100, 192, 64, dtype)
+    ids = torch.tensor([5, 0, 99, 5, 42, 7])
+    assert torch.equal(int8_embedding_triton(ids, w), int8_embedding_ref(ids, w))
+    ids2 = ids.view(2, 3)
+    assert torch.equal(int8_embedding_triton(ids2, w), int8_embedding_ref(ids2, w).view(2, 3, 192))
+
+
+def test_cpu_dispatch_is_the_reference():
+    w4, _ = random_int4(64, 128, 64, torch.float32)
+    w8, _ = random_int8(64, 128, 64, torch.float32)
+    x = torch.randn(3, 128)
+    assert torch.equal(int4_linear(x, w4), int4_linear_ref(x, w4))
+    assert torch.equal(int8_linear(x, w8), int8_linear_ref(x, w8))
+    ids = torch.tensor([1, 63])
+    assert torch.equal(int8_embedding(ids, w8), int8_embedding_ref(ids, w8))
+
+
+# ---------------------------------------------------------------------------------------------------- GPU
+
+HIDDEN = 5120
+SHAPES_27B = {                                   # (N, K) of the int4 projections
+    "attn_qkv": (24 * 256 * 2 + 2 * 4 * 256, HIDDEN),
+    "attn_o": (HIDDEN, 24 * 256),
+    "gdn_in_qkvz": (2 * 2048 + 6144 + 6144, HIDDEN),
+    "gdn_out": (HIDDEN, 6144),
+    "mlp_gate_up": (2 * 17408, HIDDEN),
+    "mlp_down": (HIDDEN, 17408),
+}
+LM_HEAD = (248320, HIDDEN)
+M_GEMV = [1, 2, 4, 8, 16, 32]
+_weights = {}
+
+
+def weight_27b(name, bits=4, G=128):
+    """Cached random bf16-scaled weights at a 27B shape (GPU)."""
+    key = (name, bits, G)
+    if key not in _weights:
+        if bits == 4:
+            N, K = SHAPES_27B[name]
+            _weights[key] = random_int4(N, K, G, torch.bfloat16, "cuda")[0]
+        else:
+            _weights[key] = random_int8(*LM_HEAD, G, torch.bfloat16, "cuda")[0]
+    return _weights[key]
+
+
+def rel_err(out, ref):
+    assert torch.isfinite(out).all()
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(SHAPES_27B))
+@pytest.mark.parametrize("M", M_GEMV + [512, 8192])
+def test_int4_linear_gpu(name, M):
+    w = weight_27b(name)
+    x = torch.randn(M, w.shape[1], dtype=torch.bfloat16, device="cuda")
+    out, ref = int4_linear(x, w), int4_linear_ref(x, w)
+    assert out.dtype == torch.bfloat16 and out.shape == ref.shape
+    assert rel_err(out, ref) < 5e-3
+    check(out, ref, TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", M_GEMV + [512])
+def test_int8_lm_head_gpu(M):
+    w = weight_27b("lm_head", bits=8)
+    x = torch.randn(M, HIDDEN, dtype=torch.bfloat16, device="cuda")
+    out, ref = int8_linear(x, w), int8_linear_ref(x, w)
+    assert rel_err(out, ref) < 5e-3
+    check(out, ref, TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("M", [1, 7, 16, 29])
+@pytest.mark.parametrize("tile", [(32, 1, 2), (64, 1, 3), (128, 2, 2), (256, 4, 3)])
+@pytest.mark.parametrize("split", [1, 4, 8])
+def test_gemv_forced_configs_gpu(bits, M, tile, split):
+    """Every (tile, warps, stages, split-K) the autotuner may pick computes the same thing."""
+    BN, warps, stages = tile
+    bm = 8 if M <= 8 else 16 if M <= 16 else 32
+    config = dict(BM=bm, BN=BN, SPLIT_K=split, num_warps=warps, num_stages=stages)
+    if bits == 4:
+        w, linear, ref_fn = weight_27b("attn_o"), int4_linear_triton, int4_linear_ref
+    else:
+        w, linear, ref_fn = random_int8(4096, 6144, 128, torch.bfloat16, "cuda")[0], int8_linear_triton, int8_linear_ref
+    x = torch.randn(M, w.shape[1], dtype=torch.bfloat16, device="cuda")
+    ref = ref_fn(x, w)
+    for _ in range(2):                                       # the split-K counters reset themselves
+        out = linear(x, w, config)
+        assert rel_err(out, ref) < 5e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,G", [(torch.float16, 128), (torch.bfloat16, 64)])
+def test_int4_other_dtype_and_group_gpu(dtype, G):
+    """fp16 activations and group 64, with one forced GEMV config each (the autotuner is exercised above)."""
+    N, K = SHAPES_27B["attn_o"]
+    w = random_int4(N, K, G, dtype, "cuda", seed=5)[0]
+    for M in (1, 9, 32, 300):
+        x = torch.randn(M, K, dtype=dtype, device="cuda")
+        bm = 8 if M <= 8 else 16 if M <= 16 else 32
+        out = int4_linear_triton(x, w, dict(BM=bm, BN=64, SPLIT_K=2, num_warps=1) if M <= 32 else None)
+        assert rel_err(out, int4_linear_ref(x, w)) < (2e-3 if dtype == torch.float16 else 5e-3)
+
+
+@pytest.mark.gpu
+def test_int8_embedding_gpu():
+    w = weight_27b("lm_head", bits=8)
+    ids = torch.randint(0, LM_HEAD[0], (4096,), device="cuda")
+    assert torch.equal(int8_embedding(ids, w), int8_embedding_ref(ids, w))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 4, 8, 16, 32])
+def test_gemv_cuda_graph_gpu(M):
+    """int4 projections and the int8 LM head captured in one CUDA graph replay exactly like eager calls."""
+    names = ["gdn_in_qkvz", "gdn_out", "mlp_gate_up", "mlp_down", "attn_o"]
+    ws = [weight_27b(n) for n in names]
+    head = weight_27b("lm_head", bits=8)
+    xs = [torch.randn(M, w.shape[1], dtype=torch.bfloat16, device="cuda") for w in ws]
+    xh = torch.randn(M, HIDDEN, dtype=torch.bfloat16, device="cuda")
+
+    def step():
+        return [int4_linear(x, w) for x, w in zip(xs, ws)] + [int8_linear(xh, head)]
+
+    step()                                       # autotune and allocate the scratch outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+    for x in xs + [xh]:
+        x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, want in zip(outs, step()):
+        assert torch.equal(got, want)
