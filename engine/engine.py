@@ -20,7 +20,7 @@ from engine.cache_manager import CacheManager
 from engine.chat.template import ChatTemplate
 from engine.config import load_model_config
 from engine.kv_cache import CacheTensors
-from engine.memory import MemoryPlan, free_memory, plan_for, plan_memory
+from engine.memory import MemoryPlan, budget_for, plan_for, plan_memory
 from engine.model import load_model
 from engine.params import (ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, SamplingParams,
                            StreamEvent, Timings, Usage)
@@ -72,29 +72,31 @@ class RequestHandle:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, _parts=None):
+    def __init__(self, config: EngineConfig, progress=None, _parts=None):
+        """progress(done, total): called while weights load (and convert, for int4)."""
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         if _parts is None:
             self.model_config = load_model_config(config.model)
-            early = plan_for(config, self.device, self.dtype)        # refuse before loading gigabytes
-            if not early.fits:
-                raise MemoryError(early.message)
+            self.weights = self._choose_weights(config)      # refuses, with what would fit, before loading
             self.tokenizer = Tokenizer.from_checkpoint(config.model)
             self.template = ChatTemplate.from_checkpoint(config.model)
             self.model, self.vision_weights = load_model(config.model, self.device, self.dtype, mtp=config.mtp,
-                                                         vision=config.vision)
+                                                         vision=config.vision, policy=config.policy(self.weights),
+                                                         progress=progress)
         else:
             self.model, self.tokenizer, self.template = _parts
             self.model_config, self.vision_weights = self.model.cfg, {}
+            self.weights = "int4" if any(getattr(m, "scheme", "") == "int4" for m in self.model.modules()) else "bf16"
         # the weights are in memory now: plan the cache from what is actually free
         self._plan = plan_memory(self.model_config, config, self.dtype, weights_bytes=0,
-                                 budget_bytes=free_memory(self.device), mtp=self.model.mtp is not None,
+                                 budget_bytes=budget_for(config, self.device), mtp=self.model.mtp is not None,
                                  on_gpu=self.device.type == "cuda")
         if not self._plan.fits:
             raise MemoryError(self._plan.message)
-        self._plan.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self._plan.weights_bytes = sum(t.numel() * t.element_size()
+                                       for t in [*self.model.parameters(), *self.model.buffers()])
         self.max_context = self._plan.max_context
         self.cache = CacheTensors.allocate(self.model_config, self._plan.num_pages, config.page_size,
                                            self._plan.num_slots, self.dtype, self.device,
@@ -120,6 +122,16 @@ class Engine:
     def from_model(cls, config: EngineConfig, model, tokenizer, template=None) -> "Engine":
         """An engine around an already built model (benchmarks with random weights)."""
         return cls(config, _parts=(model, tokenizer, template))
+
+    def _choose_weights(self, config: EngineConfig) -> str:
+        """bf16 or int4: `auto` takes 16-bit weights when the plan fits, else int4 (on a GPU)."""
+        options = [config.weights] if config.weights != "auto" else \
+            (["bf16", "int4"] if self.device.type == "cuda" else ["bf16"])
+        for weights in options:
+            plan = plan_for(config, self.device, self.dtype, weights=weights)
+            if plan.fits:
+                return weights
+        raise MemoryError(plan.message)
 
     # ---- public API (any thread) ---------------------------------------------------------
     def encode_prompt(self, prompt, tools=None, **template_kwargs) -> list[int]:

@@ -89,7 +89,7 @@ def free_memory(device: torch.device) -> int:
 def checkpoint_weight_bytes(path, dtype: torch.dtype, mtp: bool, vision: bool) -> int:
     """Bytes the loaded weights take at `dtype`, from the checkpoint's headers."""
     from engine.weights.checkpoint import list_tensors
-    from engine.weights.loader import canonical_name
+    from engine.weights.checkpoint import canonical_name
     total = 0
     for name, info in list_tensors(path).items():
         kind, _ = canonical_name(name)
@@ -155,15 +155,34 @@ def _alternatives(cfg, config, dtype, weights_bytes, budget_bytes, mtp, on_gpu) 
     return out
 
 
+def budget_for(config: EngineConfig, device: torch.device) -> int:
+    """Bytes the engine may plan with: what is free, capped by config.gpu_memory_gb (less what this
+    process already holds, so a simulated card counts the weights already loaded)."""
+    free = free_memory(device)
+    if config.gpu_memory_gb is None:
+        return free
+    held = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    return min(free, int(config.gpu_memory_gb * GIB) - held)
+
+
+def weight_bytes_for(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, policy) -> int:
+    mtp = config.mtp and cfg.num_mtp_layers > 0
+    vision = config.vision and cfg.vision is not None
+    if policy is None:
+        return checkpoint_weight_bytes(config.model, dtype, mtp, vision)
+    from engine.weights.quantize import model_tensor_shapes, policy_bytes
+    return policy_bytes(model_tensor_shapes(cfg, with_mtp=mtp, with_vision=vision), policy)["total"]
+
+
 def plan_for(config: EngineConfig, device: torch.device | str = "auto", dtype: torch.dtype | None = None,
-             budget_bytes: int | None = None) -> MemoryPlan:
-    """Plan from a checkpoint's config and headers alone (nothing loaded)."""
+             budget_bytes: int | None = None, weights: str | None = None) -> MemoryPlan:
+    """Plan from a checkpoint's config and headers alone (nothing loaded). weights: bf16 | int4
+    (default: the config's; auto plans 16-bit)."""
     from engine.engine import resolve_device, resolve_dtype
     dev = resolve_device(device) if isinstance(device, str) else device
     dtype = dtype or resolve_dtype(config.dtype, dev)
     cfg = load_model_config(config.model)
-    mtp = config.mtp and cfg.num_mtp_layers > 0
-    weights = checkpoint_weight_bytes(config.model, dtype, mtp, config.vision and cfg.vision is not None)
-    budget = budget_bytes if budget_bytes is not None else free_memory(dev)
-    return plan_memory(cfg, config, dtype, weights_bytes=weights, budget_bytes=budget, mtp=mtp,
-                       on_gpu=dev.type == "cuda")
+    weights_bytes = weight_bytes_for(cfg, config, dtype, config.policy(weights))
+    budget = budget_bytes if budget_bytes is not None else budget_for(config, dev)
+    return plan_memory(cfg, config, dtype, weights_bytes=weights_bytes, budget_bytes=budget,
+                       mtp=config.mtp and cfg.num_mtp_layers > 0, on_gpu=dev.type == "cuda")

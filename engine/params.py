@@ -13,6 +13,10 @@ class EngineConfig:
     model: str                      # checkpoint directory
     device: str = "auto"            # auto | cuda | cpu
     dtype: str = "auto"             # auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float16 | float32
+    weights: str = "auto"           # auto (16-bit if it fits, else int4) | bf16 (the dtype) | int4
+    quant_group: int = 128          # int4 / int8 group size along K
+    quant_method: str = "als"       # int4 quantizer for 16-bit / FP8 sources: als (optimised) | rtn
+    gpu_memory_gb: float | None = None  # cap on the memory the engine plans with (simulates a smaller card)
     profile: str = "C1"             # concurrency: C1 | C2 | C4 | C8 sequences decoding together
     kv_dtype: str = "bf16"          # bf16 (the activation dtype) | int8
     max_context: int | None = None  # tokens per sequence; None: the model's limit, capped by memory
@@ -23,6 +27,14 @@ class EngineConfig:
     cuda_graphs: bool = True        # capture decode in CUDA graphs (CUDA only)
     mtp: bool = True                # load the MTP module when the checkpoint has it
     vision: bool = True             # keep the vision tower's weights
+
+    def policy(self, weights: str | None = None):
+        """The quantization policy for `weights` (default: this config's); None for 16-bit weights."""
+        from engine.weights.quantize import QuantPolicy
+        weights = weights or self.weights
+        if weights not in ("auto", "bf16", "int4"):
+            raise ValueError(f"weights must be auto, bf16 or int4, not {weights!r}")
+        return QuantPolicy(group_size=self.quant_group, method=self.quant_method) if weights == "int4" else None
 
     @property
     def max_running(self) -> int:

@@ -71,11 +71,14 @@ class ModelRunner:
             logits = apply_penalties_ref(logits.clone(), counts, in_prompt,
                                          self._vec(ps, "presence_penalty"), self._vec(ps, "frequency_penalty"),
                                          self._vec(ps, "repetition_penalty"))
-        ids = sample_ref(logits, self._vec(ps, "temperature"),
-                         torch.tensor([p.top_k for p in ps], device=dev),
-                         self._vec(ps, "top_p"), self._vec(ps, "min_p"),
-                         torch.tensor([s.seed for s in seqs], device=dev),
-                         torch.tensor([len(s.output) for s in seqs], device=dev)).tolist()
+        if all(p.temperature == 0 for p in ps):
+            ids = logits.argmax(-1).tolist()
+        else:
+            ids = sample_ref(logits, self._vec(ps, "temperature"),
+                             torch.tensor([p.top_k for p in ps], device=dev),
+                             self._vec(ps, "top_p"), self._vec(ps, "min_p"),
+                             torch.tensor([s.seed for s in seqs], device=dev),
+                             torch.tensor([len(s.output) for s in seqs], device=dev)).tolist()
         for i, s in enumerate(seqs):
             if s.forced:
                 ids[i] = s.forced.popleft()

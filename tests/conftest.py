@@ -1,9 +1,12 @@
 import os
+import tempfile
 
 import pytest
 import torch
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# converted (int4) weights of test checkpoints go to a temporary cache, never the user's
+os.environ.setdefault("QWENDESK_CACHE_DIR", tempfile.mkdtemp(prefix="qwendesk-cache-"))
 if not torch.cuda.is_available():
     # Triton kernels run in the interpreter on the CPU; it must be set before any kernel is defined.
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -1,8 +1,9 @@
 """The decoder's building blocks: norms, SwiGLU MLP, gated full attention, Gated DeltaNet.
 
 Projections that read the same input are fused into one weight at load time (attention
-q|gate|k|v, GDN qkv|z|b|a, MLP gate|up) so that decode runs one GEMV per group.
-`checkpoint_slices` lists which checkpoint tensor fills which rows of which parameter.
+q|gate|k|v, GDN qkv|z|b|a, MLP gate|up) so that decode runs one GEMV per group; the GDN's tiny
+b|a rows stay apart when the policy keeps them 16-bit while qkv|z is quantized.
+`checkpoint_slices` lists which checkpoint tensor fills which rows of which weight.
 """
 
 from __future__ import annotations
@@ -12,38 +13,17 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.model.batch import ForwardBatch
+from engine.model.linear import Build, Linear, param
 from kernels import ops
-
-
-def _param(*shape, dtype, device) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
-
-
-class Linear(nn.Module):
-    """y = x W^T, with W [out, in] built from one or more checkpoint tensors stacked by rows."""
-
-    def __init__(self, in_features: int, parts: dict[str, int], dtype, device):
-        super().__init__()
-        self.parts = parts  # checkpoint name suffix -> rows, in stacking order
-        self.weight = _param(sum(parts.values()), in_features, dtype=dtype, device=device)
-
-    def forward(self, x):
-        return ops.linear(x, self.weight)
-
-    def checkpoint_slices(self, prefix: str):
-        row = 0
-        for name, rows in self.parts.items():
-            yield f"{prefix}{name}.weight", self.weight, row, (rows, self.weight.shape[1])
-            row += rows
 
 
 class RMSNorm(nn.Module):
     """Zero-centred RMSNorm: x / rms(x) * (1 + w)."""
 
-    def __init__(self, dim: int, eps: float, dtype, device):
+    def __init__(self, dim: int, eps: float, build: Build):
         super().__init__()
         self.eps = eps
-        self.weight = _param(dim, dtype=dtype, device=device)
+        self.weight = param(build.empty(dim))
 
     def forward(self, x):
         return ops.rms_norm(x, self.weight, self.eps)
@@ -56,31 +36,32 @@ class RMSNorm(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype, device):
+    def __init__(self, cfg: ModelConfig, build: Build, prefix: str):
         super().__init__()
         n = cfg.intermediate_size
-        self.gate_up = Linear(cfg.hidden_size, {"gate_proj": n, "up_proj": n}, dtype, device)
-        self.down = Linear(n, {"down_proj": cfg.hidden_size}, dtype, device)
+        self.gate_up = Linear(cfg.hidden_size, {"gate_proj": n, "up_proj": n}, build, prefix)
+        self.down = Linear(n, {"down_proj": cfg.hidden_size}, build, prefix)
 
     def forward(self, x):
         return self.down(ops.silu_mul(self.gate_up(x)))
 
-    def checkpoint_slices(self, prefix):
-        yield from self.gate_up.checkpoint_slices(prefix)
-        yield from self.down.checkpoint_slices(prefix)
+    def checkpoint_slices(self):
+        yield from self.gate_up.checkpoint_slices()
+        yield from self.down.checkpoint_slices()
 
 
 class GatedAttention(nn.Module):
     """GQA with q/k RMSNorm, partial mRoPE and a per-head sigmoid output gate (from q_proj)."""
 
-    def __init__(self, cfg: ModelConfig, dtype, device):
+    def __init__(self, cfg: ModelConfig, build: Build, prefix: str):
         super().__init__()
         self.cfg = cfg
+        self.prefix = prefix
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.qkv = Linear(cfg.hidden_size, {"q_proj": 2 * hq * d, "k_proj": hkv * d, "v_proj": hkv * d}, dtype, device)
-        self.o_proj = Linear(hq * d, {"o_proj": cfg.hidden_size}, dtype, device)
-        self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device)
-        self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device)
+        self.qkv = Linear(cfg.hidden_size, {"q_proj": 2 * hq * d, "k_proj": hkv * d, "v_proj": hkv * d}, build, prefix)
+        self.o_proj = Linear(hq * d, {"o_proj": cfg.hidden_size}, build, prefix)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps, build)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps, build)
         self.scale = d ** -0.5
 
     def forward(self, x, batch: ForwardBatch, rope, pools):
@@ -90,8 +71,8 @@ class GatedAttention(nn.Module):
         T = x.shape[0]
         qg, k, v = self.qkv(x).split([2 * hq * d, hkv * d, hkv * d], dim=-1)
         q, gate = qg.view(T, hq, 2 * d).chunk(2, dim=-1)     # q_proj rows interleave q and gate per head
-        q = ops.apply_rope(self.q_norm(q), *rope)
-        k = ops.apply_rope(self.k_norm(k.view(T, hkv, d)), *rope)
+        k = k.view(T, hkv, d)
+        ops.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, cfg.rms_norm_eps, batch.positions, *rope)
         ops.store_kv(k, v.view(T, hkv, d), k_cache, v_cache, batch.slot_mapping, k_scale=k_scale, v_scale=v_scale)
         o = ops.paged_attention(q.contiguous(), k_cache, v_cache, batch.block_tables, batch.cu_seqlens,
                                 batch.seq_lens, self.scale, k_scale=k_scale, v_scale=v_scale,
@@ -99,35 +80,44 @@ class GatedAttention(nn.Module):
         o = o.reshape(T, hq * d) * torch.sigmoid(gate.reshape(T, hq * d))
         return self.o_proj(o)
 
-    def checkpoint_slices(self, prefix):
-        yield from self.qkv.checkpoint_slices(prefix)
-        yield from self.o_proj.checkpoint_slices(prefix)
+    def checkpoint_slices(self):
+        yield from self.qkv.checkpoint_slices()
+        yield from self.o_proj.checkpoint_slices()
         for name in ("q_norm", "k_norm"):
             w = getattr(self, name).weight
-            yield f"{prefix}{name}.weight", w, 0, tuple(w.shape)
+            yield f"{self.prefix}{name}.weight", w, 0, tuple(w.shape)
 
 
 class GatedDeltaNet(nn.Module):
     """Linear attention: causal conv + SiLU over q|k|v, gated delta rule, gated RMSNorm, out proj."""
 
-    def __init__(self, cfg: ModelConfig, dtype, device):
+    def __init__(self, cfg: ModelConfig, build: Build, prefix: str):
         super().__init__()
         self.cfg = cfg
-        hv = cfg.linear_num_v_heads
-        self.in_proj = Linear(cfg.hidden_size, {"in_proj_qkv": cfg.conv_dim, "in_proj_z": cfg.linear_value_dim,
-                                                "in_proj_b": hv, "in_proj_a": hv}, dtype, device)
-        self.conv_weight = _param(cfg.conv_dim, cfg.conv_kernel, dtype=dtype, device=device)
-        self.A_log = _param(hv, dtype=torch.float32, device=device)
-        self.dt_bias = _param(hv, dtype=torch.float32, device=device)
-        self.norm_weight = _param(cfg.linear_v_head_dim, dtype=dtype, device=device)
-        self.out_proj = Linear(cfg.linear_value_dim, {"out_proj": cfg.hidden_size}, dtype, device)
+        self.prefix = prefix
+        hv, h = cfg.linear_num_v_heads, cfg.hidden_size
+        qkvz = {"in_proj_qkv": cfg.conv_dim, "in_proj_z": cfg.linear_value_dim}
+        ba = {"in_proj_b": hv, "in_proj_a": hv}
+        if build.scheme(f"{prefix}in_proj_qkv.weight", (cfg.conv_dim, h)) == build.scheme(f"{prefix}in_proj_b.weight", (hv, h)):
+            self.in_proj, self.in_proj_ba = Linear(h, {**qkvz, **ba}, build, prefix), None
+        else:
+            self.in_proj, self.in_proj_ba = Linear(h, qkvz, build, prefix), Linear(h, ba, build, prefix)
+        self.conv_weight = param(build.empty(cfg.conv_dim, cfg.conv_kernel))
+        self.A_log = param(build.empty(hv, dtype=torch.float32))
+        self.dt_bias = param(build.empty(hv, dtype=torch.float32))
+        self.norm_weight = param(build.empty(cfg.linear_v_head_dim))
+        self.out_proj = Linear(cfg.linear_value_dim, {"out_proj": h}, build, prefix)
 
     def forward(self, x, batch: ForwardBatch, pools):
         conv_state, ssm_state = pools
         cfg = self.cfg
         T = x.shape[0]
         hk, hv, dk, dv = cfg.linear_num_k_heads, cfg.linear_num_v_heads, cfg.linear_k_head_dim, cfg.linear_v_head_dim
-        qkv, z, b, a = self.in_proj(x).split([cfg.conv_dim, cfg.linear_value_dim, hv, hv], dim=-1)
+        if self.in_proj_ba is None:
+            qkv, z, b, a = self.in_proj(x).split([cfg.conv_dim, cfg.linear_value_dim, hv, hv], dim=-1)
+        else:
+            qkv, z = self.in_proj(x).split([cfg.conv_dim, cfg.linear_value_dim], dim=-1)
+            b, a = self.in_proj_ba(x).split([hv, hv], dim=-1)
         if batch.decode_len:
             # one fused kernel: conv update, gating, L2 norms and the delta-rule steps
             o = ops.gdn_decode(qkv, a, b, self.conv_weight, conv_state, self.A_log, self.dt_bias, ssm_state,
@@ -142,10 +132,12 @@ class GatedDeltaNet(nn.Module):
         o = ops.gated_rms_norm(o, z.view(T, hv, dv), self.norm_weight, cfg.rms_norm_eps)
         return self.out_proj(o.reshape(T, hv * dv))
 
-    def checkpoint_slices(self, prefix):
-        yield from self.in_proj.checkpoint_slices(prefix)
-        yield from self.out_proj.checkpoint_slices(prefix)
-        cfg = self.cfg
+    def checkpoint_slices(self):
+        yield from self.in_proj.checkpoint_slices()
+        if self.in_proj_ba is not None:
+            yield from self.in_proj_ba.checkpoint_slices()
+        yield from self.out_proj.checkpoint_slices()
+        cfg, prefix = self.cfg, self.prefix
         yield f"{prefix}conv1d.weight", self.conv_weight, 0, (cfg.conv_dim, 1, cfg.conv_kernel)
         yield f"{prefix}A_log", self.A_log, 0, (cfg.linear_num_v_heads,)
         yield f"{prefix}dt_bias", self.dt_bias, 0, (cfg.linear_num_v_heads,)
@@ -153,16 +145,17 @@ class GatedDeltaNet(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, kind: str, dtype, device):
+    def __init__(self, cfg: ModelConfig, kind: str, build: Build, prefix: str):
         super().__init__()
         self.kind = kind
-        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.prefix = prefix
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, build)
         if kind == "full_attention":
-            self.attn = GatedAttention(cfg, dtype, device)
+            self.attn = GatedAttention(cfg, build, prefix + "self_attn.")
         else:
-            self.gdn = GatedDeltaNet(cfg, dtype, device)
-        self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.mlp = MLP(cfg, dtype, device)
+            self.gdn = GatedDeltaNet(cfg, build, prefix + "linear_attn.")
+        self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, build)
+        self.mlp = MLP(cfg, build, prefix + "mlp.")
 
     def forward(self, x, residual, batch, rope, pools):
         """Pre-norm block with the residual carried separately (fused add + norm).
@@ -175,11 +168,9 @@ class DecoderLayer(nn.Module):
         h, residual = self.post_norm.add_forward(h, residual)
         return self.mlp(h), residual
 
-    def checkpoint_slices(self, prefix):
+    def checkpoint_slices(self):
+        prefix = self.prefix
         yield f"{prefix}input_layernorm.weight", self.input_norm.weight, 0, tuple(self.input_norm.weight.shape)
         yield f"{prefix}post_attention_layernorm.weight", self.post_norm.weight, 0, tuple(self.post_norm.weight.shape)
-        if self.kind == "full_attention":
-            yield from self.attn.checkpoint_slices(prefix + "self_attn.")
-        else:
-            yield from self.gdn.checkpoint_slices(prefix + "linear_attn.")
-        yield from self.mlp.checkpoint_slices(prefix + "mlp.")
+        yield from (self.attn if self.kind == "full_attention" else self.gdn).checkpoint_slices()
+        yield from self.mlp.checkpoint_slices()

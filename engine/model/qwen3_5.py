@@ -9,36 +9,40 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.kv_cache import CacheTensors
 from engine.model.batch import ForwardBatch
-from engine.model.layers import DecoderLayer, RMSNorm, _param
+from engine.model.layers import DecoderLayer, RMSNorm
+from engine.model.linear import Build, Embedding, Linear
 from engine.model.mtp import MTP
-from kernels import ops
-from kernels.rope import inv_freq, mrope_axis, rope_cos_sin
+from kernels.rope import inv_freq, mrope_axis
 
 
 class Rotary(nn.Module):
-    """cos/sin for the rows of a batch from their [3, T] positions."""
+    """The rotary frequencies and, per frequency, which mRoPE position axis drives it; the attention
+    kernel turns a row's [3] positions into angles itself."""
 
     def __init__(self, cfg: ModelConfig, device):
         super().__init__()
         self.register_buffer("freqs", inv_freq(cfg.rotary_dim, cfg.rope_theta, device), persistent=False)
         self.register_buffer("axis", mrope_axis(cfg.rotary_dim, cfg.mrope_section, device), persistent=False)
 
-    def forward(self, positions):
-        return rope_cos_sin(positions, self.freqs, self.axis)
+    def forward(self):
+        return self.freqs, self.axis
 
 
 class Qwen3_5Model(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device, with_mtp: bool = False):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device, with_mtp: bool = False, policy=None):
+        """policy: engine.weights.quantize.QuantPolicy deciding which weights are int4 / int8 (None: all dtype)."""
         super().__init__()
         self.cfg = cfg
         self.dtype = dtype
-        self.embed = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, kind, dtype, device) for kind in cfg.layer_types)
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.lm_head = self.embed if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size,
-                                                                         dtype=dtype, device=device)
+        build = Build(dtype, device, policy)
+        self.embed = Embedding(cfg.vocab_size, cfg.hidden_size, build, "embed_tokens")
+        self.layers = nn.ModuleList(DecoderLayer(cfg, kind, build, f"layers.{i}.")
+                                    for i, kind in enumerate(cfg.layer_types))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, build)
+        self.lm_head = self.embed if cfg.tie_word_embeddings else \
+            Linear(cfg.hidden_size, {"lm_head": cfg.vocab_size}, build, prefix="")
         self.rotary = Rotary(cfg, device)
-        self.mtp = MTP(cfg, dtype, device) if with_mtp and cfg.num_mtp_layers else None
+        self.mtp = MTP(cfg, build) if with_mtp and cfg.num_mtp_layers else None
         # where each layer's cache lives: index into CacheTensors.k/v (attention) or .conv/.ssm (GDN)
         self._cache_index = []
         n_attn = n_gdn = 0
@@ -52,13 +56,13 @@ class Qwen3_5Model(nn.Module):
         self.num_attn_layers = n_attn
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed[input_ids]
+        return self.embed.lookup(input_ids)
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: CacheTensors,
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Packed input ids [T] -> final hidden states [T, hidden] (after the final norm)."""
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        rope = self.rotary(batch.positions)
+        rope = self.rotary()
         residual = None
         for layer, idx in zip(self.layers, self._cache_index):
             pools = cache.attention_layer(idx) if layer.kind == "full_attention" else cache.gdn_layer(idx)
@@ -67,23 +71,23 @@ class Qwen3_5Model(nn.Module):
         return h
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return ops.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()
 
     def mtp_forward(self, next_ids, hidden, batch: ForwardBatch, cache: CacheTensors) -> torch.Tensor:
         """MTP draft step: token t+1 ids with the main model's hidden state at t -> MTP hidden [T, H].
         Its attention layer's KV lives after the main model's in the cache."""
-        rope = self.rotary(batch.positions)
+        rope = self.rotary()
         pools = cache.attention_layer(self.num_attn_layers)
         return self.mtp(self.embed_tokens(next_ids), hidden, batch, rope, pools)
 
     def checkpoint_slices(self):
-        """(name without the model prefix, parameter, first row, expected checkpoint shape)."""
-        cfg = self.cfg
-        yield "embed_tokens.weight", self.embed, 0, (cfg.vocab_size, cfg.hidden_size)
-        for i, layer in enumerate(self.layers):
-            yield from layer.checkpoint_slices(f"layers.{i}.")
-        yield "norm.weight", self.norm.weight, 0, (cfg.hidden_size,)
-        if not cfg.tie_word_embeddings:
-            yield "lm_head.weight", self.lm_head, 0, (cfg.vocab_size, cfg.hidden_size)
+        """(name without the model prefix, target, first row, expected checkpoint shape); the target is a
+        parameter, or a Linear filled with Linear.load_rows."""
+        yield from self.embed.checkpoint_slices()
+        for layer in self.layers:
+            yield from layer.checkpoint_slices()
+        yield "norm.weight", self.norm.weight, 0, (self.cfg.hidden_size,)
+        if not self.cfg.tie_word_embeddings:
+            yield from self.lm_head.checkpoint_slices()
         if self.mtp is not None:
-            yield from self.mtp.checkpoint_slices("mtp.")
+            yield from self.mtp.checkpoint_slices()

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from engine.weights.checkpoint import CheckpointError, TensorReader, canonical_name, list_tensors
+from engine.weights.checkpoint import CheckpointError, canonical_name, list_tensors
 
 def checkpoint_has_mtp(path: str | Path) -> bool:
     return any(n.startswith("mtp.") for n in list_tensors(path))
@@ -46,41 +46,75 @@ def _match(model, names) -> tuple[dict, dict, dict]:
     return targets, found, vision
 
 
-def _copy(param, row, shape, tensor) -> None:
-    rows = shape[0]
-    param[row:row + rows].copy_(tensor.reshape(rows, *param.shape[1:]))
+def _copy(target, row, shape, value) -> None:
+    if isinstance(target, torch.Tensor):
+        target[row:row + shape[0]].copy_(value.reshape(shape[0], *target.shape[1:]))
+    else:
+        target.load_rows(row, value)   # a Linear: float rows, or a quantized (q, scales[, zeros]) tuple
 
 
-def load_weights(model, path: str | Path, device, keep_vision: bool = True,
-                 progress: Callable[[int, int], None] | None = None) -> dict[str, torch.Tensor]:
-    """Fill every parameter listed by model.checkpoint_slices() from the checkpoint at `path`.
+def _as_policy_input(value, scheme: str, policy):
+    """A source weight in the form its target takes: float for 16-bit targets, requantized when
+    an exact int4 source cannot be used as is (GPTQ act-order)."""
+    from engine.weights.convert_cache import _dequantize_source
+    from engine.weights.formats import ActOrderInt4
+    from engine.weights.quantize import Int4, quantize_int4
+    if isinstance(value, (Int4, ActOrderInt4)) and (scheme != "int4" or isinstance(value, ActOrderInt4)):
+        value = _dequantize_source(value)
+        if scheme == "int4":
+            value = quantize_int4(value, policy.group_size, policy.method)
+    return value
+
+
+def load_weights(model, path: str | Path, device, keep_vision: bool = True, policy=None,
+                 progress: Callable[[int, int], None] | None = None, identity: dict | None = None,
+                 cache=None) -> dict[str, torch.Tensor]:
+    """Fill every weight listed by model.checkpoint_slices() from the checkpoint at `path`, one
+    tensor at a time. Any supported source format (16-bit, FP8 block, GPTQ, AWQ); with a
+    quantization `policy` the converted weights come from (or go to) the conversion cache.
 
     Returns the vision tower's tensors (name without prefix -> tensor on `device`) when keep_vision.
     Raises CheckpointError naming missing, unexpected or wrongly shaped tensors.
     """
-    tensors = list_tensors(path)
+    from engine.weights.convert_cache import converted_weights
+    from engine.weights.formats import WeightSource
+    reader_device = str(device) if torch.device(device).type == "cuda" else "cpu"
+    source = WeightSource(path, reader_device)
     try:
-        targets, found, vision = _match(model, tensors)
+        targets, found, vision = _match(model, source.shapes)
     except CheckpointError as e:
+        source.close()
         raise CheckpointError(f"{path}: {e}") from None
     for name, full in found.items():
         shape = targets[name][2]
-        if tuple(tensors[full].shape) != tuple(shape):
-            raise CheckpointError(f"tensor {name} has shape {list(tensors[full].shape)}, config.json implies {list(shape)}")
-    reader = TensorReader(str(device) if torch.device(device).type == "cuda" else "cpu")
-    todo = list(found.items()) + ([(None, full) for full in vision.values()] if keep_vision else [])
-    kept = {}
+        if tuple(source.shapes[full]) != tuple(shape):
+            source.close()
+            raise CheckpointError(f"tensor {name} has shape {list(source.shapes[full])}, config.json implies {list(shape)}")
+    wanted = {full: name for name, full in found.items()}
+    if keep_vision:
+        wanted.update({full: None for full in vision.values()})
+    if policy is None:
+        stream = ((full, source.read(full)) for full in wanted)
+    else:
+        source.close()
+        stream = converted_weights(path, policy, reader_device, cache=cache, identity=identity)
+    kept, done = {}, 0
     with torch.no_grad():
-        for done, (name, full) in enumerate(todo, 1):
-            t = reader.get(tensors[full])
+        for full, value in stream:
+            if full not in wanted:
+                continue
+            name = wanted[full]
             if name is None:
-                kept[canonical_name(full)[1]] = t.to(device)
+                kept[canonical_name(full)[1]] = _as_policy_input(value, "bf16", policy).to(device)
             else:
-                _copy(*targets[name], t)
-            del t
+                target, row, shape = targets[name]
+                scheme = target.scheme if hasattr(target, "scheme") else "bf16"
+                _copy(target, row, shape, _as_policy_input(value, scheme, policy))
+            del value
+            done += 1
             if progress:
-                progress(done, len(todo))
-    reader.close()
+                progress(done, len(wanted))
+    source.close()
     return kept
 
 
@@ -90,7 +124,7 @@ def load_state_dict(model, state: dict[str, torch.Tensor]) -> None:
     targets, found, _ = _match(model, state)
     with torch.no_grad():
         for name, full in found.items():
-            param, row, shape = targets[name]
-            if tuple(state[full].shape) != tuple(shape):
+            target, row, shape = targets[name]
+            if state[full].shape[0] != shape[0] or state[full].numel() != torch.Size(shape).numel():
                 raise CheckpointError(f"tensor {name} has shape {list(state[full].shape)}, expected {list(shape)}")
-            _copy(param, row, shape, state[full])
+            _copy(target, row, shape, state[full])

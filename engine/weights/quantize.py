@@ -218,7 +218,8 @@ def model_tensor_shapes(cfg, with_mtp: bool = True, with_vision: bool = True) ->
     from engine.model.qwen3_5 import Qwen3_5Model  # here: the model (and Triton) only when sizes are asked
 
     model = Qwen3_5Model(cfg, torch.bfloat16, "meta", with_mtp=with_mtp)
-    out = {name: (tuple(shape), param.element_size()) for name, param, _, shape in model.checkpoint_slices()}
+    out = {name: (tuple(shape), target.element_size() if isinstance(target, torch.Tensor) else 2)
+           for name, target, _, shape in model.checkpoint_slices()}
     if with_vision and cfg.vision is not None:
         out.update({f"model.visual.{n}": (s, 2) for n, s in _vision_shapes(cfg.vision).items()})
     return out

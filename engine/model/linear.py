@@ -1,0 +1,130 @@
+"""Weights that may be stored quantized: Linear (16-bit, int4 or int8) and the token Embedding.
+
+Which scheme a weight gets comes from the quantization policy (engine/weights/quantize.py),
+asked with the weight's checkpoint name. A Linear can stack several checkpoint tensors by rows
+(fused projections); quantization runs along K only, so each part packs independently into
+its rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kernels import ops
+from kernels.quant import Int4Weight, Int8Weight, pack_int4, pack_int8
+
+
+@dataclass(frozen=True)
+class Build:
+    """How to build the model's weights: dtype and device of the activations, and the policy
+    (None: every weight in `dtype`)."""
+    dtype: torch.dtype
+    device: torch.device | str
+    policy: object = None
+
+    def scheme(self, name: str, shape: tuple[int, int]) -> str:
+        return "bf16" if self.policy is None else self.policy.scheme(name, shape)
+
+    @property
+    def group_size(self) -> int:
+        return 128 if self.policy is None else self.policy.group_size
+
+    def empty(self, *shape, dtype=None) -> torch.Tensor:
+        return torch.empty(*shape, dtype=dtype or self.dtype, device=self.device)
+
+
+def param(tensor: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(tensor, requires_grad=False)
+
+
+class Linear(nn.Module):
+    """y = x W^T with W [out, in] stacked from checkpoint tensors `parts` (name suffix -> rows).
+    scheme "bf16": W in the model dtype; "int4": packed codes with per-group scales and zeros;
+    "int8": codes with per-group scales."""
+
+    def __init__(self, in_features: int, parts: dict[str, int], build: Build, prefix: str):
+        super().__init__()
+        self.parts = parts
+        self.prefix = prefix
+        self.shape = (sum(parts.values()), in_features)
+        schemes = {build.scheme(f"{prefix}{name}.weight", (rows, in_features)) for name, rows in parts.items()}
+        if len(schemes) != 1:
+            raise ValueError(f"the fused parts of {prefix}{'|'.join(parts)} need one scheme, got {schemes}")
+        self.scheme = schemes.pop()
+        self.group_size = build.group_size
+        N, K = self.shape
+        if self.scheme == "int4":
+            self.register_buffer("qweight", build.empty(N, -(-K // 128) * 16, dtype=torch.int32))
+            self.register_buffer("scales", build.empty(N, K // self.group_size))
+            self.register_buffer("zeros", build.empty(N, K // self.group_size))
+        elif self.scheme == "int8":
+            self.register_buffer("qweight", build.empty(N, K, dtype=torch.int8))
+            self.register_buffer("scales", build.empty(N, K // self.group_size))
+        else:
+            self.weight = param(build.empty(N, K))
+
+    def quantized(self) -> Int4Weight | Int8Weight:
+        if self.scheme == "int4":
+            return Int4Weight(self.qweight, self.scales, self.zeros, self.group_size, self.shape)
+        return Int8Weight(self.qweight, self.scales, self.group_size, self.shape)
+
+    def forward(self, x):
+        if self.scheme == "int4":
+            return ops.int4_linear(x, self.quantized())
+        if self.scheme == "int8":
+            return ops.int8_linear(x, self.quantized())
+        return ops.linear(x, self.weight)
+
+    def checkpoint_slices(self, prefix: str | None = None):
+        prefix = self.prefix if prefix is None else prefix
+        row = 0
+        for name, rows in self.parts.items():
+            yield f"{prefix}{name}.weight", self, row, (rows, self.shape[1])
+            row += rows
+
+    @torch.no_grad()
+    def load_rows(self, row: int, value) -> None:
+        """Fill rows [row, row + n) from a float tensor or a quantized (q, scales[, zeros]) tuple
+        (engine/weights/quantize.Int4 / Int8) of the same scheme."""
+        if self.scheme == "bf16":
+            self.weight[row:row + value.shape[0]].copy_(value.reshape(value.shape[0], -1))
+            return
+        if isinstance(value, torch.Tensor):
+            raise ValueError(f"{self.prefix}: a {self.scheme} weight needs a quantized source, got a float tensor")
+        dtype = self.scales.dtype
+        if self.scheme == "int4":
+            q, s, z = value
+            packed = pack_int4(q, s.to(dtype), z.to(dtype), q.shape[1] // s.shape[1])
+            self.zeros[row:row + q.shape[0]].copy_(packed.zeros)
+        else:
+            q, s = value
+            packed = pack_int8(q, s.to(dtype), q.shape[1] // s.shape[1])
+        if packed.group_size != self.group_size:
+            raise ValueError(f"{self.prefix}: group size {packed.group_size}, the model uses {self.group_size}")
+        self.qweight[row:row + q.shape[0]].copy_(packed.qweight)
+        self.scales[row:row + q.shape[0]].copy_(packed.scales)
+
+    def dequantized(self) -> torch.Tensor:
+        """W [N, K] in the model dtype (a copy when quantized)."""
+        if self.scheme == "bf16":
+            return self.weight
+        from kernels.quant import dequantize_int4_ref, dequantize_int8_ref
+        w = self.quantized()
+        return dequantize_int4_ref(w) if self.scheme == "int4" else dequantize_int8_ref(w)
+
+
+class Embedding(Linear):
+    """The token table [vocab, hidden]: looked up by id; also the LM head when embeddings are tied."""
+
+    def __init__(self, vocab: int, hidden: int, build: Build, name: str):
+        super().__init__(hidden, {name: vocab}, build, prefix="")
+        if self.scheme == "int4":
+            raise ValueError("an int4 embedding table is not supported; use int8 or 16-bit")
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.scheme == "int8":
+            return ops.int8_embedding(ids, self.quantized())
+        return self.weight[ids]
