@@ -40,8 +40,10 @@ def text_config(shape: str) -> dict:
 
 @torch.no_grad()
 def randomize_(model, seed: int = 0) -> None:
-    """Fill every parameter with random values of a realistic scale (never time on zeros)."""
-    gen = torch.Generator(device=model.embed.device).manual_seed(seed)
+    """Fill every weight with random values of a realistic scale (never time on zeros); quantized
+    weights get random codes, scales and zeros."""
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
     for name, p in model.named_parameters():
         if name.endswith("A_log"):
             p.copy_(torch.empty_like(p).uniform_(1, 16, generator=gen).log())
@@ -51,6 +53,39 @@ def randomize_(model, seed: int = 0) -> None:
                 p.add_(1)
         else:
             p.normal_(0, 1 / math.sqrt(p.shape[-1]), generator=gen)
+    for name, b in model.named_buffers():
+        if name.endswith("qweight"):
+            info = torch.iinfo(b.dtype)
+            b.copy_(torch.randint(info.min, info.max, b.shape, generator=gen, device=device, dtype=b.dtype))
+        elif name.endswith("scales"):
+            b.uniform_(0.5, 1.5, generator=gen).mul_(0.01)
+        elif name.endswith("zeros"):
+            b.uniform_(7, 9, generator=gen)
+
+
+def build_random_model(raw: dict, weights: str):
+    from engine.config import parse_model_config
+    from engine.model.qwen3_5 import Qwen3_5Model
+    from engine.params import EngineConfig
+    policy = EngineConfig(model="").policy(weights)
+    model = Qwen3_5Model(parse_model_config(raw), torch.bfloat16, "cuda", policy=policy)
+    randomize_(model)
+    if policy is not None:
+        check_quantized_linear(model)
+    return model
+
+
+def check_quantized_linear(model) -> None:
+    """The int4 / int8 kernels against dequantize + matmul on this model's own weights (M = 1, 8, 64)."""
+    for lin in (model.layers[0].mlp.gate_up, model.layers[3].attn.qkv, model.lm_head):
+        w = lin.dequantized().float()
+        for m in (1, 8, 64):
+            x = torch.randn(m, lin.shape[1], device=w.device, dtype=torch.bfloat16)
+            ref = x.float() @ w.T
+            err = ((lin(x).float() - ref).norm() / ref.norm()).item()
+            if not err < 2e-2:
+                raise AssertionError(f"{lin.prefix}{'|'.join(lin.parts)} ({lin.scheme}) M={m}: rel err {err:.3g}")
+    print("quantized linears match dequantize + matmul", flush=True)
 
 
 def bench_tokenizer():
@@ -78,7 +113,9 @@ def copy_bandwidth() -> float:
 
 def weight_bytes(model) -> int:
     """Bytes a decode step reads from the weights: everything but the embedding table (rows gathered)."""
-    return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if n != "embed")
+    tensors = list(model.named_parameters()) + list(model.named_buffers())
+    return sum(t.numel() * t.element_size() for n, t in tensors
+               if not n.startswith("embed.") and not n.startswith("rotary."))
 
 
 def run(engine, prompts, max_tokens):
@@ -188,6 +225,9 @@ def main(argv=None) -> int:
     ap.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--hf-contexts", default="512,8192")
     ap.add_argument("--hf-decode-tokens", type=int, default=16)
+    ap.add_argument("--weights", default="bf16", choices=["bf16", "int4"])
+    ap.add_argument("--simulate-gb", type=float, default=None,
+                    help="instead of the speed runs: the memory scenarios of a card this size (int4 weights)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     args.contexts = [int(x) for x in args.contexts.split(",")]
@@ -197,20 +237,24 @@ def main(argv=None) -> int:
         print("qwendesk-bench needs a CUDA GPU", file=sys.stderr)
         return 2
 
-    from engine.config import parse_model_config
-    from engine.model.qwen3_5 import Qwen3_5Model
-
     raw = text_config(args.shape)
+    if args.simulate_gb:
+        from engine.bench_memory import simulate
+        results = simulate(raw, args.simulate_gb)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return 0
     bw = copy_bandwidth()
-    print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e12:.2f} TB/s; shape {args.shape}", flush=True)
-    results = {"shape": args.shape, "copy_tbps": bw / 1e12}
-    model = Qwen3_5Model(parse_model_config(raw), torch.bfloat16, "cuda")
-    randomize_(model)
+    print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e12:.2f} TB/s; shape {args.shape}; "
+          f"weights {args.weights}", flush=True)
+    results = {"shape": args.shape, "copy_tbps": bw / 1e12, "weights": args.weights}
+    model = build_random_model(raw, args.weights)
     results["weight_gb"] = weight_bytes(model) / 1e9
     results["ours"] = bench_ours(model, args, bw)
     del model
     torch.cuda.empty_cache()
-    if args.hf:
+    if args.hf and args.weights == "bf16":
         results["hf"] = bench_hf(raw, args)
     report(results)
     if args.json:

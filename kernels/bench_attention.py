@@ -72,7 +72,8 @@ def _sdpa_decode(q, pools, tables, length):
     k = _contiguous(pools["k_cache"], tables, length)
     v = _contiguous(pools["v_cache"], tables, length)
     q4 = q.unsqueeze(2)
-    return _graph(lambda: F.scaled_dot_product_attention(q4, k, v, scale=SCALE, enable_gqa=True))
+    k, v = k.repeat_interleave(HQ // HKV, dim=1), v.repeat_interleave(HQ // HKV, dim=1)
+    return lambda: F.scaled_dot_product_attention(q4, k, v, scale=SCALE)   # eager: SDPA in a graph is not ours
 
 
 def _decode_cases():
