@@ -51,25 +51,17 @@ def apply_rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
 # rounding step of the torch composition (normed value, cos/sin, both products, their sum, all in the
 # activation dtype) is repeated, so the result agrees with the references up to fp32 rounding.
 
-# 2*pi split in three for an accurate reduction of large angles (the first two parts have few
-# significant bits, so k * part is exact for |k| < 2**15): hardware cos/sin are only accurate near 0.
-_TWO_PI_A = tl.constexpr(6.28125)
-_TWO_PI_B = tl.constexpr(0.001934051513671875)
-_TWO_PI_C = tl.constexpr(1.2556658930407139e-06)
 _HEADS_PER_PROGRAM = 4
 
 
 @triton.jit
 def _cos_sin(pos_ptr, sp_axis, sp_t, t, freqs_ptr, axis_ptr, j, mask):
-    """cos, sin of position(axis[j], token t) * freqs[j], fp32, for a vector of frequency indices j."""
+    """cos, sin of position(axis[j], token t) * freqs[j] in fp32 (the same product as rope_cos_sin; tl.cos
+    and tl.sin are libdevice's, accurate for large angles), for a vector of frequency indices j."""
     a = tl.load(axis_ptr + j, mask=mask, other=0)
     p = tl.load(pos_ptr + a * sp_axis + t * sp_t, mask=mask, other=0).to(tl.float32)
     angle = p * tl.load(freqs_ptr + j, mask=mask, other=0.0)
-    k = tl.floor(angle * 0.15915494309189535 + 0.5)
-    r = angle - k * _TWO_PI_A
-    r = r - k * _TWO_PI_B
-    r = r - k * _TWO_PI_C
-    return tl.cos(r), tl.sin(r)
+    return tl.cos(angle), tl.sin(angle)
 
 
 @triton.jit

@@ -108,7 +108,7 @@ def rope_refs(q, k, qw, kw, eps, positions, freqs, axis):
 @pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("T,HQ,HK,D,rotary,section,start", [
     (5, 6, 1, 48, 16, (3, 3, 2), 0),
-    (3, 3, 2, 40, 12, (2, 2, 2), 200_000),     # large positions: the in-kernel angle reduction
+    (3, 3, 2, 40, 12, (2, 2, 2), 200_000),     # large positions (large angles)
 ])
 def test_qk_rope(T, HQ, HK, D, rotary, section, start, norm, dtype):
     buf, q, k = qk_views(T, HQ, HK, D, dtype, "cpu")
