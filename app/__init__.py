@@ -1,0 +1,1 @@
+"""Qwen Desk: the desktop app (PySide6). It knows the engine only through engine.api."""

@@ -1,52 +1,57 @@
-"""Qwen Desk desktop app: the main window."""
+"""Qwen Desk: start the desktop app (`python -m app` or `qwendesk`)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
-from PySide6.QtWidgets import (QApplication, QHBoxLayout, QLabel, QListWidget, QMainWindow, QStackedWidget,
-                               QVBoxLayout, QWidget)
-
-PAGES = ("Chat", "Models", "Settings")
+from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
 
-def _placeholder(title: str, text: str) -> QWidget:
-    page = QWidget()
-    layout = QVBoxLayout(page)
-    heading = QLabel(title)
-    heading.setObjectName("pageTitle")
-    body = QLabel(text)
-    body.setWordWrap(True)
-    layout.addWidget(heading)
-    layout.addWidget(body)
-    layout.addStretch(1)
-    return page
+def build_context():
+    from app.catalog import load_catalog
+    from app.context import AppContext
+    from app.gpu import detect_gpu
+    from app.paths import database_path, models_dir
+    from app.settings import AppSettings
+    from app.store import Store
 
-
-class MainWindow(QMainWindow):
-    def __init__(self):
-        super().__init__()
-        self.setWindowTitle("Qwen Desk")
-        self.resize(1100, 720)
-        self.nav = QListWidget()
-        self.nav.addItems(PAGES)
-        self.nav.setFixedWidth(160)
-        self.stack = QStackedWidget()
-        self.stack.addWidget(_placeholder("Chat", "Pick a model on the Models page to start chatting."))
-        self.stack.addWidget(_placeholder("Models", "No model yet. Downloading and local models arrive here."))
-        self.stack.addWidget(_placeholder("Settings", "Engine settings and the local endpoint arrive here."))
-        self.nav.currentRowChanged.connect(self.stack.setCurrentIndex)
-        central = QWidget()
-        row = QHBoxLayout(central)
-        row.addWidget(self.nav)
-        row.addWidget(self.stack, 1)
-        self.setCentralWidget(central)
-        self.nav.setCurrentRow(PAGES.index("Models"))
+    store = Store(database_path())
+    return AppContext(store=store, settings=AppSettings.load(store), models_dir=models_dir(), gpu=detect_gpu(),
+                      catalog=load_catalog())
 
 
 def main(argv: list[str] | None = None) -> int:
     app = QApplication.instance() or QApplication(argv if argv is not None else sys.argv)
     app.setApplicationName("Qwen Desk")
-    window = MainWindow()
+    app.setDesktopFileName("qwendesk")
+
+    from app.paths import data_dir
+    from app.single_instance import SingleInstance, instance_key
+
+    instance = SingleInstance(instance_key(str(data_dir())))
+    if instance.notify_running():
+        return 0
+    instance.listen()
+
+    from app.icons import app_icon
+    from app.theme import apply_theme
+    from app.tray import Tray
+    from app.window import MainWindow
+
+    apply_theme(app)
+    app.setWindowIcon(app_icon())
+    context = build_context()
+    window = MainWindow(context)
+    instance.activated.connect(window.bring_to_front)
+    if QSystemTrayIcon.isSystemTrayAvailable():
+        window.tray = Tray(window)
+        window.tray.show()
+        app.setQuitOnLastWindowClosed(False)
+        window.quit_requested.connect(app.quit)
     window.show()
-    return app.exec()
+    code = app.exec()
+    context.store.close()
+    if window.engine.isRunning():
+        os._exit(code)           # a model still loading: do not keep the user waiting for it
+    return code

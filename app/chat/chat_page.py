@@ -1,0 +1,234 @@
+"""The chat page: conversations on the left; title, model and context gauge on top; the
+transcript; the composer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from PySide6.QtCore import Signal
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QMenu, QVBoxLayout, QWidget
+
+from app import dialogs, icons
+from app.chat.composer import Composer
+from app.chat.context_gauge import ContextGauge
+from app.chat.conversation_list import ConversationList
+from app.chat.session import ChatSession
+from app.chat.transcript import Transcript
+from app.store import Message
+from app.widgets import Banner, ElidedLabel, label, text_button
+
+
+class ChatPage(QWidget):
+    open_models_requested = Signal()
+    load_requested = Signal(str)              # checkpoint directory picked from the model menu
+
+    def __init__(self, session: ChatSession, thinking_default: bool,
+                 local_models: Callable[[], list[tuple[str, str, bool]]], parent=None):
+        """`local_models`: the checkpoints on disk for the model menu, as (name, path, loaded)."""
+        super().__init__(parent)
+        self.session = session
+        self.local_models = local_models
+        self.model_name = ""
+        self.conversations = ConversationList()
+        self.title = ElidedLabel("New chat", "chatTitle")
+        self.model_badge = label("No model loaded", "modelBadge")
+        self.choose_model = text_button("Choose a model", "models")
+        self.model_menu = QMenu(self)
+        self.model_menu.aboutToShow.connect(self._fill_model_menu)
+        self.choose_model.setMenu(self.model_menu)
+        self.gauge = ContextGauge()
+        self.banner = Banner()
+        self.banner.action_clicked.connect(self.open_models_requested)
+        self.transcript = Transcript()
+        self.composer = Composer()
+        self.composer.think_button.setChecked(thinking_default)
+        self._layout()
+        self._connect()
+        self._shortcuts()
+        self.refresh_conversations()
+        self.session.new_conversation()
+
+    def _layout(self) -> None:
+        header = QFrame()
+        header.setObjectName("chatHeader")
+        top = QHBoxLayout(header)
+        top.setContentsMargins(20, 10, 16, 10)
+        top.setSpacing(12)
+        top.addWidget(self.title, 1)
+        top.addWidget(self.gauge)
+        top.addWidget(self.model_badge)
+        top.addWidget(self.choose_model)
+        composer_row = QHBoxLayout()
+        composer_row.setContentsMargins(24, 0, 24, 18)
+        composer_row.addStretch(1)
+        composer_row.addWidget(self.composer, 100)
+        composer_row.addStretch(1)
+        self.composer.setMaximumWidth(860)
+        main = QVBoxLayout()
+        main.setContentsMargins(0, 0, 0, 0)
+        main.setSpacing(0)
+        main.addWidget(header)
+        banner_row = QHBoxLayout()
+        banner_row.setContentsMargins(20, 10, 20, 0)
+        banner_row.addWidget(self.banner)
+        main.addLayout(banner_row)
+        main.addWidget(self.transcript, 1)
+        main.addLayout(composer_row)
+        row = QHBoxLayout(self)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.setSpacing(0)
+        row.addWidget(self.conversations)
+        row.addLayout(main, 1)
+
+    def _connect(self) -> None:
+        s = self.session
+        self.conversations.new_requested.connect(s.new_conversation)
+        self.conversations.selected.connect(s.open)
+        self.conversations.renamed.connect(s.rename)
+        self.conversations.delete_requested.connect(self.confirm_delete)
+        self.conversations.search_changed.connect(lambda _: self.refresh_conversations())
+        self.composer.send_requested.connect(self._send)
+        self.composer.stop_requested.connect(s.stop)
+        self.composer.cancel_edit_requested.connect(self._cancel_edit)
+        s.conversations_changed.connect(self.refresh_conversations)
+        s.opened.connect(self._show_conversation)
+        s.message_added.connect(self._add_message)
+        s.message_removed.connect(self._remove_message)
+        s.reply_updated.connect(self._update_reply)
+        s.reply_finished.connect(self._finish_reply)
+        s.busy_changed.connect(self._busy_changed)
+        s.context_changed.connect(self.gauge.set_usage)
+
+    def _shortcuts(self) -> None:
+        for keys, action in (("Ctrl+N", self.session.new_conversation),
+                             ("Ctrl+K", self.conversations.search.setFocus),
+                             ("Escape", self._escape)):
+            QShortcut(QKeySequence(keys), self, action)
+
+    def _escape(self) -> None:
+        """Esc stops a streaming reply, or leaves editing."""
+        if self.session.busy:
+            self.session.stop()
+        elif self.composer.editing:
+            self._cancel_edit()
+
+    # ---- what the window tells the page --------------------------------------------------------
+    def set_model(self, name: str, blocked_reason: str = "") -> None:
+        """The model the chat talks to ("" when none) and why sending is impossible, if it is."""
+        self.model_name = name
+        self.model_badge.setText(name or "No model loaded")
+        self.model_badge.setProperty("loaded", bool(name))
+        self.model_badge.style().unpolish(self.model_badge)
+        self.model_badge.style().polish(self.model_badge)
+        self.choose_model.setText("Change model" if name else "Choose a model")
+        self.composer.set_blocked(blocked_reason)
+        self._refresh_hint()
+
+    def _fill_model_menu(self) -> None:
+        self.model_menu.clear()
+        for name, path, loaded in self.local_models():
+            action = self.model_menu.addAction(name, lambda p=path: self.load_requested.emit(p))
+            action.setCheckable(True)
+            action.setChecked(loaded)
+            action.setToolTip(path)
+        if not self.model_menu.isEmpty():
+            self.model_menu.addSeparator()
+        self.model_menu.addAction(icons.icon("models"), "Download or manage models…", self.open_models_requested)
+
+    def show_banner(self, kind: str, text: str, action: str = "") -> None:
+        self.banner.show_message(kind, text, action)
+
+    # ---- session -> widgets --------------------------------------------------------------------
+    def refresh_conversations(self) -> None:
+        current = self.session.current.id if self.session.current else None
+        self.conversations.set_conversations(self.session.conversations(self.conversations.search.text()), current)
+
+    def _show_conversation(self, conversation, messages: list[Message]) -> None:
+        self.title.setText(conversation.title if conversation else "New chat")
+        self.composer.stop_editing()
+        self.transcript.clear()
+        for message in messages:
+            self._add_message(message, refresh=False)
+        self._refresh_actions()
+        self._refresh_hint()
+        self.refresh_conversations()
+        self.transcript.scroll_to_bottom()
+
+    def _add_message(self, message: Message, refresh: bool = True) -> None:
+        if self.session.current is None or message.conversation_id != self.session.current.id:
+            return
+        if message.role == "notice":
+            self.transcript.add_notice(message)
+        else:
+            view = self.transcript.add_message(message, self.model_name)
+            if message.role == "assistant":
+                view.regenerate_requested.connect(self._regenerate)
+            else:
+                view.edit_requested.connect(self._edit_last)
+        self.title.setText(self.session.current.title)
+        if refresh:
+            self._refresh_actions()
+            self.transcript.scroll_to_bottom()
+
+    def _remove_message(self, message_id: int) -> None:
+        self.transcript.remove_message(message_id)
+        self._refresh_actions()
+
+    def _update_reply(self, message_id: int, content: str, reasoning: str) -> None:
+        view = self.transcript.view_for(message_id)
+        if view:
+            view.update_reply(content, reasoning, streaming=True)
+
+    def _finish_reply(self, message: Message) -> None:
+        view = self.transcript.view_for(message.id)
+        if view:
+            view.finish(message)
+        self._refresh_actions()
+
+    def _busy_changed(self, busy: bool) -> None:
+        self.composer.set_streaming(busy)
+        self._refresh_actions()
+
+    def _refresh_actions(self) -> None:
+        """Only the last reply regenerates and only the last user message is edited; neither
+        while a reply streams."""
+        views = self.transcript.message_views()
+        busy = self.session.busy
+        last_user = next((v for v in reversed(views) if v.message.role == "user"), None)
+        last_reply = views[-1] if views and views[-1].message.role == "assistant" else None
+        for view in views:
+            if view.message.role == "user":
+                view.set_can_edit(view is last_user and not busy)
+            else:
+                view.set_can_regenerate(view is last_reply and not busy)
+
+    def _refresh_hint(self) -> None:
+        self.transcript.empty_state.hint.setText(
+            "Ask anything. Attach images with the paperclip, drop them here or paste them."
+            if self.model_name else "Load a model on the Models page to start chatting.")
+
+    # ---- widgets -> session --------------------------------------------------------------------
+    def _send(self, text: str, images: list[str]) -> None:
+        self.composer.stop_editing()
+        self.session.send(text, images, self.composer.think_button.isChecked())
+
+    def _regenerate(self) -> None:
+        self.session.regenerate(self.composer.think_button.isChecked())
+
+    def _edit_last(self) -> None:
+        message = self.session.begin_edit()
+        if message:
+            self.composer.start_editing(message.content, message.attachments)
+
+    def _cancel_edit(self) -> None:
+        self.session.cancel_edit()
+        self.composer.input.clear()
+        self.composer.attachments.clear()
+        self.composer.stop_editing()
+
+    def confirm_delete(self, conversation_id: int) -> None:
+        conversation = self.session.store.conversation(conversation_id)
+        if conversation and dialogs.confirm(self, "Delete conversation",
+                                            f"Delete “{conversation.title}” and all its messages?", "Delete"):
+            self.session.delete(conversation_id)

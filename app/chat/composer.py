@@ -1,0 +1,190 @@
+"""The composer: Enter sends, Shift+Enter starts a new line; images arrive by drop, paste or the
+file picker; the send button turns into Stop while a reply streams."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtGui import QKeyEvent, QTextCursor
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QFrame,
+    QHBoxLayout,
+    QPlainTextEdit,
+    QToolButton,
+    QVBoxLayout,
+)
+
+from app import icons
+from app.chat.attachments import (
+    AttachmentStrip,
+    is_image_file,
+    keep_image,
+    keep_image_file,
+)
+from app.widgets import icon_button, label
+
+MAX_LINES = 10
+
+
+class ComposerEdit(QPlainTextEdit):
+    submit = Signal()
+    image_pasted = Signal(str)        # kept image path
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("composerEdit")
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setTabChangesFocus(True)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        self.document().contentsChanged.connect(self._fit_height)
+        self._fit_height()
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+        if enter and not event.modifiers() & (Qt.KeyboardModifier.ShiftModifier | Qt.KeyboardModifier.AltModifier):
+            self.submit.emit()
+            return
+        super().keyPressEvent(event)
+
+    def canInsertFromMimeData(self, source) -> bool:
+        return source.hasImage() or source.hasUrls() or super().canInsertFromMimeData(source)
+
+    def insertFromMimeData(self, source) -> None:
+        if source.hasImage():
+            self.image_pasted.emit(keep_image(source.imageData()))
+            return
+        images = [u.toLocalFile() for u in source.urls() if u.isLocalFile() and is_image_file(u.toLocalFile())]
+        if images:
+            for path in images:
+                self.image_pasted.emit(keep_image_file(path))
+            return
+        super().insertFromMimeData(source)
+
+    def _fit_height(self) -> None:
+        lines = max(1, min(MAX_LINES, int(self.document().size().height())))
+        line = self.fontMetrics().lineSpacing()
+        self.setFixedHeight(lines * line + 14)
+
+
+class Composer(QFrame):
+    send_requested = Signal(str, list)     # text, image paths
+    stop_requested = Signal()
+    cancel_edit_requested = Signal()
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("composer")
+        self.setAcceptDrops(True)
+        column = QVBoxLayout(self)
+        column.setContentsMargins(14, 10, 10, 10)
+        column.setSpacing(8)
+        self.edit_banner = QFrame()
+        self.edit_banner.setObjectName("editBanner")
+        banner_row = QHBoxLayout(self.edit_banner)
+        banner_row.setContentsMargins(0, 0, 0, 0)
+        banner_row.addWidget(label("Editing your last message: sending replaces it and its reply.", "muted"))
+        banner_row.addStretch(1)
+        cancel_edit = icon_button("close", "Cancel editing", size=14)
+        cancel_edit.clicked.connect(self.cancel_edit_requested)
+        banner_row.addWidget(cancel_edit)
+        self.edit_banner.hide()
+        self.attachments = AttachmentStrip()
+        self.input = ComposerEdit()
+        self.input.setPlaceholderText("Message the model  (Enter to send, Shift+Enter for a new line)")
+        self.input.submit.connect(self._submit)
+        self.input.image_pasted.connect(self.attachments.add)
+        tools = QHBoxLayout()
+        tools.setSpacing(6)
+        self.attach_button = icon_button("attach", "Attach images", size=17)
+        self.attach_button.clicked.connect(self.pick_images)
+        self.think_button = QToolButton()
+        self.think_button.setObjectName("thinkToggle")
+        self.think_button.setCheckable(True)
+        self.think_button.setText("Think")
+        self.think_button.setIcon(icons.icon("thinking", icons.MUTED, active=icons.ACCENT))
+        self.think_button.setIconSize(QSize(15, 15))
+        self.think_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.think_button.setToolTip("Let the model think before it answers")
+        self.think_button.setCursor(Qt.CursorShape.PointingHandCursor)
+        self.status = label("", "composerStatus")
+        self.send_button = QToolButton()
+        self.send_button.setObjectName("sendButton")
+        self.send_button.setIconSize(QSize(18, 18))
+        self.send_button.setCursor(Qt.CursorShape.PointingHandCursor)
+        self.send_button.clicked.connect(self._on_send_button)
+        tools.addWidget(self.attach_button)
+        tools.addWidget(self.think_button)
+        tools.addStretch(1)
+        tools.addWidget(self.status)
+        tools.addWidget(self.send_button)
+        column.addWidget(self.edit_banner)
+        column.addWidget(self.attachments)
+        column.addWidget(self.input)
+        column.addLayout(tools)
+        self.streaming = False
+        self._blocked_reason = ""
+        self.set_streaming(False)
+
+    # ---- state ---------------------------------------------------------------------------------
+    def set_streaming(self, streaming: bool) -> None:
+        self.streaming = streaming
+        self.send_button.setProperty("stop", streaming)
+        self.send_button.style().unpolish(self.send_button)
+        self.send_button.style().polish(self.send_button)
+        self.send_button.setIcon(icons.icon("stop" if streaming else "send", icons.ON_ACCENT))
+        self.send_button.setToolTip("Stop" if streaming else "Send (Enter)")
+        self._update_enabled()
+
+    def set_blocked(self, reason: str) -> None:
+        """Sending is impossible (no model loaded): say why; empty reason unblocks."""
+        self._blocked_reason = reason
+        self._update_enabled()
+
+    def start_editing(self, text: str, images: list[str]) -> None:
+        self.input.setPlainText(text)
+        self.input.moveCursor(QTextCursor.MoveOperation.End)
+        self.attachments.clear()
+        for path in images:
+            self.attachments.add(path)
+        self.edit_banner.show()
+        self.input.setFocus()
+
+    def stop_editing(self) -> None:
+        self.edit_banner.hide()
+
+    @property
+    def editing(self) -> bool:
+        return not self.edit_banner.isHidden()
+
+    def _update_enabled(self) -> None:
+        self.status.setText(self._blocked_reason if not self.streaming else "")
+        self.send_button.setEnabled(self.streaming or not self._blocked_reason)
+
+    # ---- input ---------------------------------------------------------------------------------
+    def pick_images(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Attach images", "",
+                                                "Images (*.png *.jpg *.jpeg *.webp *.gif *.bmp)")
+        for path in paths:
+            self.attachments.add(keep_image_file(path))
+
+    def dragEnterEvent(self, event) -> None:
+        if event.mimeData().hasUrls() or event.mimeData().hasImage():
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:
+        self.input.insertFromMimeData(event.mimeData())
+        event.acceptProposedAction()
+
+    def _on_send_button(self) -> None:
+        if self.streaming:
+            self.stop_requested.emit()
+        else:
+            self._submit()
+
+    def _submit(self) -> None:
+        text = self.input.toPlainText().strip()
+        if self.streaming or self._blocked_reason or not (text or self.attachments.paths):
+            return
+        images = self.attachments.take()
+        self.input.clear()
+        self.send_requested.emit(text, images)

@@ -1,0 +1,172 @@
+"""One message of the transcript.
+
+A user message is a bubble on the right (with its images); a reply spans the column: who
+answered, the folded reasoning, the content, the numbers, and its actions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QGuiApplication, QPixmap
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QVBoxLayout, QWidget
+
+from app import icons
+from app.chat.content_view import ContentView
+from app.chat.metrics import metrics_line
+from app.chat.thinking_block import ThinkingBlock
+from app.chat.tool_calls import tool_call_from_dict
+from app.store import Message
+from app.widgets import icon_button, label
+
+THUMB = 96
+BUBBLE_TEXT_WIDTH = 560
+
+
+class MessageView(QFrame):
+    copy_requested = Signal()
+    regenerate_requested = Signal()
+    edit_requested = Signal()
+
+    def __init__(self, message: Message, model_name: str = "", parent=None):
+        super().__init__(parent)
+        self.message = message
+        self.setObjectName("userMessage" if message.role == "user" else "assistantMessage")
+        self.column = QVBoxLayout(self)
+        self.column.setContentsMargins(0, 0, 0, 0)
+        self.column.setSpacing(6)
+        self.actions = QHBoxLayout()
+        self.actions.setSpacing(2)
+        copy = icon_button("copy", "Copy message", size=15)
+        copy.clicked.connect(self._copy)
+        self.actions.addWidget(copy)
+        if message.role == "user":
+            self._build_user(message)
+        else:
+            self._build_assistant(message, model_name)
+
+    # ---- user ------------------------------------------------------------------------------
+    def _build_user(self, message: Message) -> None:
+        self.edit_button = icon_button("edit", "Edit and resend", size=15)
+        self.edit_button.clicked.connect(self.edit_requested)
+        self.actions.insertWidget(0, self.edit_button)
+        bubble = QFrame()
+        bubble.setObjectName("userBubble")
+        inner = QVBoxLayout(bubble)
+        inner.setContentsMargins(14, 10, 14, 10)
+        inner.setSpacing(8)
+        if message.attachments:
+            thumbs = QHBoxLayout()
+            thumbs.setSpacing(6)
+            for path in message.attachments:
+                thumbs.addWidget(_thumbnail(path))
+            thumbs.addStretch(1)
+            inner.addLayout(thumbs)
+        if message.content:
+            text = label(message.content, "userText", wrap=True, selectable=True)
+            text.setTextFormat(Qt.TextFormat.PlainText)
+            longest = max(text.fontMetrics().horizontalAdvance(line) for line in message.content.splitlines() or [""])
+            text.setMinimumWidth(min(longest + 2, BUBBLE_TEXT_WIDTH))
+            inner.addWidget(text)
+        row = QHBoxLayout()
+        row.addStretch(1)
+        row.addWidget(bubble, 0)
+        bubble.setMaximumWidth(BUBBLE_TEXT_WIDTH + 28)
+        self.column.addLayout(row)
+        actions_row = QHBoxLayout()
+        actions_row.addStretch(1)
+        actions_row.addLayout(self.actions)
+        self.column.addLayout(actions_row)
+
+    # ---- assistant -------------------------------------------------------------------------
+    def _build_assistant(self, message: Message, model_name: str) -> None:
+        self.regenerate_button = icon_button("regenerate", "Regenerate", size=15)
+        self.regenerate_button.clicked.connect(self.regenerate_requested)
+        self.actions.addWidget(self.regenerate_button)
+        header = QHBoxLayout()
+        header.setSpacing(8)
+        avatar = QLabel()
+        avatar.setPixmap(icons.app_icon().pixmap(20, 20))
+        header.addWidget(avatar)
+        header.addWidget(label(model_name or "Assistant", "speaker"))
+        header.addStretch(1)
+        self.column.addLayout(header)
+        self.thinking = ThinkingBlock()
+        self.content = ContentView()
+        self.error = label("", "messageError", wrap=True, selectable=True)
+        self.metrics = label("", "metrics", wrap=True)
+        self.column.addWidget(self.thinking)
+        self.column.addWidget(self.content)
+        self.column.addWidget(self.error)
+        footer = QHBoxLayout()
+        footer.setSpacing(10)
+        footer.addLayout(self.actions)
+        footer.addWidget(self.metrics, 1)
+        self.column.addLayout(footer)
+        self.update_reply(message.content, message.reasoning, streaming=message.status == "streaming")
+        self.finish(message)
+
+    def update_reply(self, content: str, reasoning: str, streaming: bool, thinking_s: float | None = None) -> None:
+        self.message.content, self.message.reasoning = content, reasoning
+        self.thinking.setVisible(bool(reasoning.strip()))
+        self.thinking.set_text(reasoning, streaming=streaming and not content, seconds=thinking_s)
+        self.content.set_text(content, [tool_call_from_dict(c) for c in self.message.tool_calls])
+        self.actions_visible(not streaming)
+        if streaming:
+            self.metrics.setText("")
+            self.error.hide()
+
+    def finish(self, message: Message) -> None:
+        """Show the final state of a reply: numbers, stop reason, error."""
+        self.message = message
+        if message.status == "streaming":
+            return
+        seconds = message.metrics.get("thinking_s")
+        self.update_reply(message.content, message.reasoning, streaming=False, thinking_s=seconds)
+        reason = {"stopped": "cancelled", "error": "error"}.get(message.status, message.metrics.get("finish", ""))
+        self.metrics.setText(metrics_line(message.metrics, reason))
+        self.error.setVisible(bool(message.error))
+        self.error.setText(message.error)
+
+    def actions_visible(self, visible: bool) -> None:
+        for i in range(self.actions.count()):
+            self.actions.itemAt(i).widget().setVisible(visible)
+
+    def set_can_regenerate(self, allowed: bool) -> None:
+        self.regenerate_button.setVisible(allowed)
+
+    def set_can_edit(self, allowed: bool) -> None:
+        self.edit_button.setVisible(allowed)
+
+    def _copy(self) -> None:
+        QGuiApplication.clipboard().setText(self.message.content)
+
+
+class NoticeView(QFrame):
+    """A quiet line in the transcript (images not sent, errors without a reply)."""
+
+    def __init__(self, message: Message, parent=None):
+        super().__init__(parent)
+        self.message = message
+        self.setObjectName("notice")
+        row = QHBoxLayout(self)
+        row.setContentsMargins(10, 6, 10, 6)
+        row.setSpacing(8)
+        glyph = QLabel()
+        glyph.setPixmap(icons.pixmap("info", 14, icons.WARNING))
+        row.addWidget(glyph, 0, Qt.AlignmentFlag.AlignTop)
+        row.addWidget(label(message.content, "noticeText", wrap=True, selectable=True), 1)
+
+
+def _thumbnail(path: str) -> QWidget:
+    thumb = QLabel()
+    thumb.setObjectName("thumbnail")
+    image = QPixmap(path)
+    if image.isNull():
+        thumb.setText(Path(path).name)
+    else:
+        thumb.setPixmap(image.scaled(THUMB, THUMB, Qt.AspectRatioMode.KeepAspectRatio,
+                                     Qt.TransformationMode.SmoothTransformation))
+    thumb.setToolTip(Path(path).name)
+    return thumb

@@ -1,0 +1,29 @@
+"""AppContext: what the pages share (store, settings, folders, hub endpoint, GPU, catalog).
+
+main() builds it from the user's machine; tests build one over temporary folders.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.catalog import CatalogEntry, load_catalog
+from app.gpu import GpuInfo
+from app.settings import AppSettings
+from app.store import Store
+
+
+@dataclass
+class AppContext:
+    store: Store
+    settings: AppSettings
+    models_dir: Path
+    gpu: GpuInfo | None
+    hf_cache_dir: Path | None = None      # None: huggingface_hub's default cache
+    hub_endpoint: str | None = None       # None: huggingface_hub's default (HF_ENDPOINT)
+    catalog: list[CatalogEntry] = field(default_factory=load_catalog)
+
+    def save_settings(self, settings: AppSettings) -> None:
+        self.settings = settings
+        settings.save(self.store)

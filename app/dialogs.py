@@ -1,0 +1,13 @@
+"""Modal questions, in one place so tests can answer them."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QMessageBox, QWidget
+
+
+def confirm(parent: QWidget, title: str, text: str, action: str) -> bool:
+    box = QMessageBox(QMessageBox.Icon.Question, title, text, QMessageBox.StandardButton.Cancel, parent)
+    ok = box.addButton(action, QMessageBox.ButtonRole.DestructiveRole)
+    box.setDefaultButton(QMessageBox.StandardButton.Cancel)
+    box.exec()
+    return box.clickedButton() is ok

@@ -1,0 +1,46 @@
+"""The local OpenAI- and Anthropic-compatible endpoint: engine.server's app around the loaded
+engine, served by its ServerThread."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+UNAVAILABLE = "Endpoint unavailable in this build"
+
+
+@dataclass(frozen=True)
+class EndpointSettings:
+    host: str
+    port: int
+    api_key: str = ""
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+
+@dataclass(frozen=True)
+class EndpointStatus:
+    running: bool
+    base_url: str = ""
+    message: str = ""       # why it is not running, when it is not
+
+
+def start_endpoint(engine, settings: EndpointSettings, model_id: str):
+    """-> (server or None, EndpointStatus). Never raises: a failure is a status message."""
+    try:
+        from engine.server import ServerSettings, ServerThread, create_app
+    except ImportError:
+        return None, EndpointStatus(False, message=UNAVAILABLE)
+    try:
+        app = create_app(ServerSettings(model_id=model_id, host=settings.host, port=settings.port,
+                                        api_key=settings.api_key or None), engine)
+        server = ServerThread(app, settings.host, settings.port).start()
+    except (OSError, RuntimeError) as e:
+        return None, EndpointStatus(False, message=f"The endpoint could not listen on "
+                                                   f"{settings.host}:{settings.port}: {e}")
+    except Exception as e:  # noqa: BLE001 (the server's own start-up errors become a message)
+        return None, EndpointStatus(False, message=f"The endpoint did not start: {type(e).__name__}: {e}")
+    running = EndpointSettings(settings.host, server.port, settings.api_key)
+    return server, EndpointStatus(True, base_url=running.base_url)

@@ -1,0 +1,243 @@
+"""EngineThread: the QThread that owns the Engine (and the local endpoint's server).
+
+The GUI calls load / unload / generate / set_endpoint; they queue commands the thread runs in
+order, and results come back as signals. cancel() goes straight to the engine (thread-safe), so
+a reply streaming on this thread stops at once. Failures become signals with a message; nothing
+here raises into the GUI.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from PySide6.QtCore import QThread, Signal
+
+from app.endpoint import EndpointSettings, EndpointStatus, start_endpoint
+from app.generation import ReplyResult, metrics_from_engine
+from engine.api import ContextLengthError, Engine, EngineConfig, QueueFullError
+
+log = logging.getLogger("qwendesk.app")
+
+CPU_WARNING = ("No CUDA GPU found: the model runs on the CPU. Expect a few tokens per second at best; "
+               "fine for the smallest models.")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    name: str
+    path: str
+    device: str             # cuda | cpu
+    profile: str
+    max_context: int
+    plan: object            # engine.memory.MemoryPlan
+    load_seconds: float
+
+
+def engine_messages(messages: list[dict]) -> list[dict]:
+    """The chat history as the checkpoint's template takes it: tool-call arguments as dicts,
+    no images (the engine has no vision yet)."""
+    out = []
+    for m in messages:
+        entry = {k: v for k, v in m.items() if k != "images"}
+        if entry.get("tool_calls"):
+            entry["tool_calls"] = [{"name": c["name"], "arguments": _arguments(c.get("arguments"))}
+                                   for c in entry["tool_calls"]]
+        out.append(entry)
+    return out
+
+
+def _arguments(arguments) -> dict:
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments or "{}")
+        except ValueError:
+            return {"arguments": arguments}
+    return arguments if isinstance(arguments, dict) else {"value": arguments}
+
+
+class EngineThread(QThread):
+    state_changed = Signal(str, str)        # idle | loading | ready | error, detail
+    load_progress = Signal(str, float)      # stage, elapsed seconds
+    loaded = Signal(object)                 # LoadedModel
+    load_failed = Signal(str)
+    warning = Signal(str)
+    delta = Signal(str, str, str)           # request id, content text, reasoning text
+    reply_finished = Signal(str, object)    # request id, ReplyResult
+    endpoint_changed = Signal(object)       # EndpointStatus
+
+    supports_vision = False                 # the engine does not take images yet
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self._commands: queue.Queue = queue.Queue()
+        self._engine: Engine | None = None
+        self._server = None
+        self._endpoint: EndpointSettings | None = None
+        self._handles: dict[str, object] = {}
+        self._cancelled: set[str] = set()        # cancelled before their reply started
+        self._handles_lock = threading.Lock()
+        self.model: LoadedModel | None = None
+        self.state = "idle"
+        self.start()
+
+    # ---- GUI-thread API ------------------------------------------------------------------------
+    def load(self, config: EngineConfig) -> None:
+        self.state = "loading"
+        self._commands.put(("load", config))
+
+    def unload(self) -> None:
+        self._commands.put(("unload",))
+
+    def generate(self, request_id: str, messages: list[dict], params, template_kwargs: dict) -> None:
+        self._commands.put(("generate", request_id, messages, params, template_kwargs))
+
+    def cancel(self, request_id: str) -> None:
+        with self._handles_lock:
+            handle = self._handles.get(request_id)
+            if handle is None:
+                self._cancelled.add(request_id)
+        if handle is not None:
+            handle.cancel()
+
+    def set_endpoint(self, settings: EndpointSettings | None) -> None:
+        self._commands.put(("endpoint", settings))
+
+    @property
+    def max_context(self) -> int | None:
+        return self.model.max_context if self.model else None
+
+    def plan(self):
+        return self.model.plan if self.model else None
+
+    def shutdown(self, timeout_ms: int = 10000) -> bool:
+        """Stop replies, the endpoint and the engine; True when the thread ended in time."""
+        with self._handles_lock:
+            handles = list(self._handles.values())
+        for handle in handles:
+            handle.cancel()
+        self._commands.put(("quit",))
+        return self.wait(timeout_ms)
+
+    # ---- the thread ----------------------------------------------------------------------------
+    def run(self) -> None:
+        while True:
+            command, *args = self._commands.get()
+            try:
+                if command == "quit":
+                    self._close_engine()
+                    return
+                if command == "load":
+                    self._load(*args)
+                elif command == "unload":
+                    self._close_engine()
+                    self._set_state("idle", "")
+                elif command == "generate":
+                    self._generate(*args)
+                elif command == "endpoint":
+                    self._endpoint = args[0]
+                    self._restart_endpoint()
+            except Exception as e:  # keep the thread alive whatever happens
+                log.exception("engine thread command %s failed", command)
+                self.warning.emit(f"{type(e).__name__}: {e}")
+
+    def _set_state(self, state: str, detail: str) -> None:
+        self.state = state
+        self.state_changed.emit(state, detail)
+
+    def _load(self, config: EngineConfig) -> None:
+        from engine.memory import plan_for
+
+        self._close_engine()
+        started = time.monotonic()
+        name = Path(config.model).name
+        self._set_state("loading", name)
+        try:
+            self.load_progress.emit("Checking the memory plan", 0.0)
+            plan = plan_for(config)
+            if not plan.fits:
+                raise MemoryError(plan.message)
+            self.load_progress.emit("Loading weights", time.monotonic() - started)
+            engine = Engine(config)
+        except MemoryError as e:
+            return self._fail(f"{name} does not fit: {e}")
+        except (OSError, ValueError, RuntimeError, KeyError) as e:
+            return self._fail(f"{name} could not be loaded: {e}")
+        except Exception as e:
+            log.exception("loading %s failed", config.model)
+            return self._fail(f"{name} could not be loaded: {type(e).__name__}: {e}")
+        self._engine = engine
+        self.model = LoadedModel(name, config.model, engine.device.type, config.profile, engine.plan().max_context,
+                                 engine.plan(), time.monotonic() - started)
+        self._set_state("ready", name)
+        self.loaded.emit(self.model)
+        if config.device == "auto" and engine.device.type == "cpu":
+            self.warning.emit(CPU_WARNING)
+        self._restart_endpoint()
+
+    def _fail(self, message: str) -> None:
+        self.model = None
+        self._set_state("error", message)
+        self.load_failed.emit(message)
+
+    def _generate(self, request_id: str, messages, params, template_kwargs) -> None:
+        with self._handles_lock:
+            if request_id in self._cancelled:
+                self._cancelled.discard(request_id)
+                self.reply_finished.emit(request_id, ReplyResult("cancelled"))
+                return
+        if self._engine is None:
+            self.reply_finished.emit(request_id, ReplyResult("error", error="No model is loaded."))
+            return
+        try:
+            handle = self._engine.submit(engine_messages(messages), params, **template_kwargs)
+        except (ContextLengthError, QueueFullError, ValueError, RuntimeError) as e:
+            self.reply_finished.emit(request_id, ReplyResult("error", error=str(e)))
+            return
+        with self._handles_lock:
+            self._handles[request_id] = handle
+            if request_id in self._cancelled:           # cancelled while it was being submitted
+                self._cancelled.discard(request_id)
+                handle.cancel()
+        try:
+            for event in handle:
+                if event.kind == "delta":
+                    if event.text or event.reasoning:
+                        self.delta.emit(request_id, event.text, event.reasoning)
+                else:
+                    self.reply_finished.emit(request_id, ReplyResult(
+                        event.finish_reason, error=event.error or "", text=event.text, reasoning=event.reasoning,
+                        metrics=metrics_from_engine(event.usage, event.timings)))
+        finally:
+            with self._handles_lock:
+                self._handles.pop(request_id, None)
+
+    def _restart_endpoint(self) -> None:
+        self._stop_endpoint()
+        if self._endpoint is None:
+            self.endpoint_changed.emit(EndpointStatus(False))
+        elif self._engine is None:
+            self.endpoint_changed.emit(EndpointStatus(False, message="Starts when a model is loaded"))
+        else:
+            self._server, status = start_endpoint(self._engine, self._endpoint, self.model.name)
+            self.endpoint_changed.emit(status)
+
+    def _stop_endpoint(self) -> None:
+        if self._server is not None:
+            try:
+                self._server.stop()
+            except Exception:
+                log.exception("stopping the endpoint failed")
+            self._server = None
+
+    def _close_engine(self) -> None:
+        self._stop_endpoint()
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+            self.model = None

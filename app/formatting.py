@@ -1,0 +1,33 @@
+"""Numbers as people read them: sizes, durations, token counts."""
+
+from __future__ import annotations
+
+
+def human_bytes(n: float) -> str:
+    """Decimal units, as the hub and file managers show sizes."""
+    for unit in ("B", "KB", "MB"):
+        if abs(n) < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def human_gib(n: float) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+def human_duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def human_tokens(n: int) -> str:
+    if n < 1000:
+        return str(n)
+    if n < 100_000:
+        return f"{n / 1000:.1f}K".replace(".0K", "K")
+    return f"{n // 1000}K"

@@ -1,0 +1,25 @@
+"""What a chat backend (the local engine or a remote server) reports about one reply."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ReplyResult:
+    finish_reason: str                  # stop | length | cancelled | error
+    error: str = ""
+    text: str = ""                      # content the backend held back until the end (stop strings)
+    reasoning: str = ""
+    tool_calls: list = field(default_factory=list)   # OpenAI-style tool calls (remote servers)
+    metrics: dict = field(default_factory=dict)      # prompt/cached/output/reasoning tokens, ttft_ms, tok_s
+
+
+def metrics_from_engine(usage, timings) -> dict:
+    metrics = {}
+    if usage is not None:
+        metrics.update(prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
+                       output_tokens=usage.completion_tokens, reasoning_tokens=usage.reasoning_tokens)
+    if timings is not None:
+        metrics.update(ttft_ms=timings.ttft_ms, tok_s=timings.decode_tok_s, total_ms=timings.total_ms)
+    return metrics

@@ -1,0 +1,123 @@
+"""Checkpoints on this computer: the app's downloads, the Hugging Face cache and folders the
+user added. A checkpoint is a directory with a config.json of a Qwen3.5-family model type."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+SUPPORTED_TYPES = ("qwen3_5", "qwen3_5_text")
+DOWNLOAD_MARKER = ".qwendesk-download.json"   # written by the download manager when verified
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    name: str
+    path: str
+    source: str          # downloads | hf-cache | folder
+    size_bytes: int
+    layers: int
+    hidden: int
+    has_vision: bool
+
+    @property
+    def deletable(self) -> bool:
+        """Only checkpoints this app downloaded are deleted from here."""
+        return self.source in ("downloads", "hf-cache")
+
+
+def checkpoint_info(path: Path) -> dict | None:
+    """The text config of a supported checkpoint, else None."""
+    try:
+        raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if raw.get("model_type") not in SUPPORTED_TYPES:
+        return None
+    text = raw.get("text_config", raw)
+    return {"layers": text.get("num_hidden_layers", 0), "hidden": text.get("hidden_size", 0),
+            "vision": "vision_config" in raw}
+
+
+def folder_size(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += (Path(root) / name).stat().st_size    # follows the HF cache's symlinks
+            except OSError:
+                pass
+    return total
+
+
+def _model(path: Path, name: str, source: str) -> LocalModel | None:
+    info = checkpoint_info(path)
+    if info is None or not any(path.glob("*.safetensors")):
+        return None
+    return LocalModel(name, str(path), source, folder_size(path), info["layers"], info["hidden"], info["vision"])
+
+
+def scan_downloads(models_dir: Path) -> list[LocalModel]:
+    found = []
+    for marker in sorted(models_dir.glob(f"*/*/{DOWNLOAD_MARKER}")):
+        path = marker.parent
+        model = _model(path, f"{path.parent.name}/{path.name}", "downloads")
+        if model:
+            found.append(model)
+    return found
+
+
+def scan_hf_cache(cache_dir: Path | None = None) -> list[LocalModel]:
+    """`cache_dir`: None for huggingface_hub's default (HF_HUB_CACHE)."""
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        cache = scan_cache_dir(cache_dir)
+    except (CacheNotFound, OSError):
+        return []
+    found = []
+    for repo in sorted(cache.repos, key=lambda r: r.repo_id):
+        if repo.repo_type != "model":
+            continue
+        for revision in sorted(repo.revisions, key=lambda r: r.last_modified, reverse=True)[:1]:
+            model = _model(Path(revision.snapshot_path), repo.repo_id, "hf-cache")
+            if model:
+                found.append(model)
+    return found
+
+
+def scan_folder(folder: Path) -> list[LocalModel]:
+    """The folder itself if it is a checkpoint, else its direct subfolders that are."""
+    if not folder.is_dir():
+        return []
+    own = _model(folder, folder.name, "folder")
+    if own:
+        return [own]
+    return [m for sub in sorted(folder.iterdir()) if sub.is_dir() and (m := _model(sub, sub.name, "folder"))]
+
+
+def scan_all(models_dir: Path, folders: list[str], hf_cache_dir: Path | None = None) -> list[LocalModel]:
+    found, seen = [], set()
+    for model in [*scan_downloads(models_dir), *scan_hf_cache(hf_cache_dir),
+                  *(m for f in folders for m in scan_folder(Path(f)))]:
+        key = os.path.realpath(model.path)
+        if key not in seen:
+            seen.add(key)
+            found.append(model)
+    return found
+
+
+def delete_model(model: LocalModel, hf_cache_dir: Path | None = None) -> None:
+    if model.source == "downloads":
+        shutil.rmtree(model.path)
+    elif model.source == "hf-cache":
+        from huggingface_hub import scan_cache_dir
+        cache = scan_cache_dir(hf_cache_dir)
+        hashes = [rev.commit_hash for repo in cache.repos if repo.repo_id == model.name for rev in repo.revisions]
+        cache.delete_revisions(*hashes).execute()
+    else:
+        raise ValueError("models in your own folders are not deleted by the app")

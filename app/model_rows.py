@@ -1,0 +1,211 @@
+"""The rows and cards of the Models page: a catalog entry, a download, a checkpoint on disk."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QSizePolicy,
+    QVBoxLayout,
+)
+
+from app import icons
+from app.catalog import CatalogEntry
+from app.downloads import DownloadStatus
+from app.formatting import human_bytes, human_duration
+from app.local_models import LocalModel
+from app.widgets import ElidedLabel, icon_button, label, text_button
+
+STATE_TEXT = {"queued": "Queued", "preparing": "Preparing", "downloading": "Downloading", "stalled": "Stalled",
+              "verifying": "Verifying", "paused": "Paused", "pausing": "Pausing…", "cancelling": "Cancelling…",
+              "failed": "Failed", "ready": "Downloaded"}
+SOURCE_TEXT = {"downloads": "Downloaded by Qwen Desk", "hf-cache": "Hugging Face cache", "folder": "Your folder"}
+
+
+def badge(text: str, kind: str = "") -> QLabel:
+    widget = label(text, "badge")
+    widget.setProperty("kind", kind)
+    return widget
+
+
+def _restyle(widget) -> None:
+    widget.style().unpolish(widget)
+    widget.style().polish(widget)
+
+
+class CatalogCard(QFrame):
+    download_requested = Signal(str)       # repo id
+    load_requested = Signal(str)           # checkpoint directory
+
+    def __init__(self, entry: CatalogEntry, recommended: bool, parent=None):
+        super().__init__(parent)
+        self.entry = entry
+        self.local_path = ""
+        self.setObjectName("card")
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Maximum)
+        column = QVBoxLayout(self)
+        column.setContentsMargins(16, 14, 16, 14)
+        column.setSpacing(6)
+        top = QHBoxLayout()
+        top.setSpacing(8)
+        top.addWidget(label(entry.name, "cardTitle"))
+        top.addWidget(badge(entry.variant))
+        if recommended:
+            top.addWidget(badge("Recommended", "accent"))
+        top.addStretch(1)
+        column.addLayout(top)
+        column.addWidget(label(entry.id, "mono"))
+        column.addWidget(label(entry.summary, "body", wrap=True))
+        facts = (f"Download {entry.download_gb:g} GB   ·   Needs {entry.vram_gb:g} GB GPU memory   ·   "
+                 f"Runs as {entry.loads_as}")
+        column.addWidget(label(facts, "facts", wrap=True))
+        column.addWidget(label(entry.load, "muted", wrap=True))
+        bottom = QHBoxLayout()
+        self.state = label("", "muted")
+        self.button = text_button("Download", "download", "primary")
+        self.button.clicked.connect(self._clicked)
+        bottom.addWidget(self.state, 1)
+        bottom.addWidget(self.button)
+        column.addLayout(bottom)
+
+    def set_state(self, local_path: str, download: DownloadStatus | None, loaded: bool) -> None:
+        self.local_path = local_path
+        if local_path:
+            self.state.setText("Loaded" if loaded else "On this computer")
+            self.button.setText("Loaded" if loaded else "Load")
+            self.button.setEnabled(not loaded)
+            self.button.setIcon(icons.icon("play", icons.ON_ACCENT))
+        elif download is not None and download.state in ("paused", "failed"):
+            self.state.setText(f"{STATE_TEXT[download.state]}: {download.fraction:.0%}")
+            self.button.setText("Resume")
+            self.button.setEnabled(True)
+            self.button.setIcon(icons.icon("play", icons.ON_ACCENT))
+        elif download is not None:
+            self.state.setText(f"{STATE_TEXT.get(download.state, download.state)}: {download.fraction:.0%}")
+            self.button.setText("Downloading")
+            self.button.setEnabled(False)
+        else:
+            self.state.setText("")
+            self.button.setText("Download")
+            self.button.setEnabled(True)
+            self.button.setIcon(icons.icon("download", icons.ON_ACCENT))
+
+    def _clicked(self) -> None:
+        if self.local_path:
+            self.load_requested.emit(self.local_path)
+        else:
+            self.download_requested.emit(self.entry.id)
+
+
+class DownloadRow(QFrame):
+    pause_requested = Signal(str)
+    resume_requested = Signal(str)
+    cancel_requested = Signal(str)
+    forget_requested = Signal(str)
+
+    def __init__(self, repo_id: str, parent=None):
+        super().__init__(parent)
+        self.repo_id = repo_id
+        self.setObjectName("downloadRow")
+        column = QVBoxLayout(self)
+        column.setContentsMargins(14, 10, 10, 10)
+        column.setSpacing(6)
+        top = QHBoxLayout()
+        top.setSpacing(8)
+        top.addWidget(label(repo_id, "rowTitle"))
+        self.state = badge("")
+        top.addWidget(self.state)
+        top.addStretch(1)
+        self.pause = icon_button("pause", "Pause")
+        self.resume = icon_button("play", "Resume", icons.ACCENT)
+        self.cancel = icon_button("close", "Cancel and delete the partial files")
+        self.forget = icon_button("close", "Remove from the list")
+        self.pause.clicked.connect(lambda: self.pause_requested.emit(repo_id))
+        self.resume.clicked.connect(lambda: self.resume_requested.emit(repo_id))
+        self.cancel.clicked.connect(lambda: self.cancel_requested.emit(repo_id))
+        self.forget.clicked.connect(lambda: self.forget_requested.emit(repo_id))
+        for button in (self.pause, self.resume, self.cancel, self.forget):
+            top.addWidget(button)
+        self.bar = QProgressBar()
+        self.bar.setObjectName("downloadBar")
+        self.bar.setTextVisible(False)
+        self.bar.setFixedHeight(6)
+        self.bar.setRange(0, 1000)
+        self.detail = label("", "muted", wrap=True)
+        column.addLayout(top)
+        column.addWidget(self.bar)
+        column.addWidget(self.detail)
+
+    def set_status(self, status: DownloadStatus) -> None:
+        state = status.state
+        self.state.setText(STATE_TEXT.get(state, state))
+        self.state.setProperty("kind", {"stalled": "warning", "failed": "danger", "ready": "success",
+                                        "paused": ""}.get(state, "accent"))
+        _restyle(self.state)
+        self.bar.setValue(int(status.fraction * 1000))
+        self.bar.setProperty("state", state)
+        _restyle(self.bar)
+        parts = []
+        if status.total_bytes:
+            parts.append(f"{human_bytes(status.done_bytes)} of {human_bytes(status.total_bytes)}")
+        if state == "downloading" and status.speed > 0:
+            parts.append(f"{human_bytes(status.speed)}/s")
+            if status.eta_s is not None:
+                parts.append(f"{human_duration(status.eta_s)} left")
+        if status.message:
+            parts.append(status.message)
+        self.detail.setText("   ·   ".join(parts))
+        running = status.active
+        self.pause.setVisible(running)
+        self.resume.setVisible(state in ("paused", "failed"))
+        self.cancel.setVisible(state not in ("ready", "cancelling"))
+        self.forget.setVisible(state == "ready")
+
+
+class LocalModelRow(QFrame):
+    load_requested = Signal(str)
+    delete_requested = Signal(object)      # LocalModel
+
+    def __init__(self, model: LocalModel, parent=None):
+        super().__init__(parent)
+        self.model = model
+        self.setObjectName("localRow")
+        row = QHBoxLayout(self)
+        row.setContentsMargins(14, 10, 10, 10)
+        row.setSpacing(12)
+        glyph = QLabel()
+        glyph.setPixmap(icons.pixmap("models", 20, icons.ACCENT))
+        row.addWidget(glyph)
+        text = QVBoxLayout()
+        text.setSpacing(2)
+        text.addWidget(label(model.name, "rowTitle"))
+        details = f"{SOURCE_TEXT[model.source]}   ·   {human_bytes(model.size_bytes)}   ·   " \
+                  f"{model.layers} layers, hidden {model.hidden}" + ("   ·   vision weights" if model.has_vision else "")
+        text.addWidget(label(details, "muted"))
+        text.addWidget(ElidedLabel(model.path, "path", Qt.TextElideMode.ElideMiddle))
+        row.addLayout(text, 1)
+        self.load = text_button("Load", "play", "primary")
+        self.load.clicked.connect(lambda: self.load_requested.emit(model.path))
+        row.addWidget(self.load)
+        self.delete = icon_button("trash", "Delete this model from disk", icons.MUTED)
+        self.delete.clicked.connect(lambda: self.delete_requested.emit(model))
+        keep_place = self.delete.sizePolicy()
+        keep_place.setRetainSizeWhenHidden(True)              # Load buttons line up down the list
+        self.delete.setSizePolicy(keep_place)
+        self.delete.setVisible(model.deletable)
+        row.addWidget(self.delete)
+
+    def set_engine_state(self, loaded_path: str, loading_path: str) -> None:
+        if self.model.path == loading_path:
+            self.load.setText("Loading…")
+            self.load.setEnabled(False)
+        elif self.model.path == loaded_path:
+            self.load.setText("Loaded")
+            self.load.setEnabled(False)
+        else:
+            self.load.setText("Load")
+            self.load.setEnabled(True)
+        self.delete.setEnabled(self.model.path not in (loaded_path, loading_path))

@@ -1,0 +1,240 @@
+"""The Models page: this machine and what it should run, downloads, checkpoints on disk, the
+catalog, and the Hugging Face token."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app import dialogs, icons
+from app.catalog import recommend
+from app.context import AppContext
+from app.downloads import DownloadManager
+from app.local_models import LocalModel, delete_model, scan_all
+from app.model_rows import CatalogCard, DownloadRow, LocalModelRow
+from app.widgets import Banner, Card, label, page_header, scrolling_page, text_button
+
+
+class ModelsPage(QWidget):
+    load_requested = Signal(str)              # checkpoint directory
+
+    def __init__(self, context: AppContext, downloads: DownloadManager, parent=None):
+        super().__init__(parent)
+        self.context = context
+        self.downloads = downloads
+        self.local: list[LocalModel] = []
+        self.loaded_path = ""
+        self.loading_path = ""
+        self.recommended = recommend(context.catalog, context.gpu.total_bytes if context.gpu else None)
+        self.download_rows: dict[str, DownloadRow] = {}
+        self.local_rows: list[LocalModelRow] = []
+        self.cards: list[CatalogCard] = []
+        self.banner = Banner()
+        self._build()
+        downloads.changed.connect(self._download_changed)
+        downloads.completed.connect(lambda *_: self.refresh_local())
+        self.refresh_local()
+        for status in downloads.statuses():
+            self._download_changed(status.repo_id)
+
+    # ---- layout --------------------------------------------------------------------------------
+    def _build(self) -> None:
+        column = scrolling_page(self, 1040)
+        column.addWidget(page_header("Models", "Download a Qwen3.5-family model or load one you already have."))
+        column.addWidget(self.banner)
+        column.addWidget(self._machine_card())
+
+        self.downloads_title = label("Downloads", "sectionTitle")
+        self.downloads_title.hide()
+        self.downloads_box = QVBoxLayout()
+        self.downloads_box.setSpacing(8)
+        column.addWidget(self.downloads_title)
+        column.addLayout(self.downloads_box)
+
+        local_header = QHBoxLayout()
+        local_header.addWidget(label("On this computer", "sectionTitle"))
+        local_header.addStretch(1)
+        add_folder = text_button("Add folder…", "folder")
+        add_folder.clicked.connect(self.add_folder)
+        refresh = text_button("Rescan", "regenerate")
+        refresh.clicked.connect(self.refresh_local)
+        local_header.addWidget(refresh)
+        local_header.addWidget(add_folder)
+        column.addLayout(local_header)
+        self.local_box = QVBoxLayout()
+        self.local_box.setSpacing(8)
+        self.local_empty = label("No checkpoints found yet: downloads, the Hugging Face cache and folders you add "
+                                 "are searched for Qwen3.5-family models.", "emptyRow", wrap=True)
+        column.addLayout(self.local_box)
+        column.addWidget(self.local_empty)
+
+        column.addWidget(label("Catalog", "sectionTitle"))
+        grid = QGridLayout()
+        grid.setHorizontalSpacing(12)
+        grid.setVerticalSpacing(12)
+        for i, entry in enumerate(self.context.catalog):
+            card = CatalogCard(entry, entry is self.recommended)
+            card.download_requested.connect(self.download)
+            card.load_requested.connect(self.load_requested)
+            grid.addWidget(card, i // 2, i % 2)
+            self.cards.append(card)
+        column.addLayout(grid)
+        column.addWidget(self._token_card())
+        column.addStretch(1)
+
+    def _machine_card(self) -> Card:
+        card = Card()
+        row = QHBoxLayout()
+        glyph = QLabel()
+        glyph.setPixmap(icons.pixmap("chip", 28, icons.ACCENT))
+        row.addWidget(glyph, 0, Qt.AlignmentFlag.AlignTop)
+        text = QVBoxLayout()
+        text.setSpacing(4)
+        gpu = self.context.gpu
+        text.addWidget(label(gpu.label if gpu else "No CUDA GPU found", "cardTitle"))
+        text.addWidget(label("Models run on this GPU." if gpu else
+                             "Models run on the CPU: slow, and only small models are practical.", "muted", wrap=True))
+        entry = self.recommended
+        needs = f"needs {entry.vram_gb:g} GB of GPU memory" if gpu else "runs on the CPU"
+        self.recommendation = label(
+            f"Recommended for this machine: <b>{entry.title}</b>, a {entry.download_gb:g} GB download that {needs}. "
+            f"{entry.summary}", "body", wrap=True)
+        text.addWidget(self.recommendation)
+        row.addLayout(text, 1)
+        self.recommend_button = text_button("Download", "download", "primary")
+        self.recommend_button.clicked.connect(self._recommended_clicked)
+        row.addWidget(self.recommend_button, 0, Qt.AlignmentFlag.AlignVCenter)
+        card.body.addLayout(row)
+        return card
+
+    def _token_card(self) -> Card:
+        card = Card()
+        card.body.addWidget(label("Hugging Face token", "cardTitle"))
+        card.body.addWidget(label("Only needed for gated or private repositories. Kept in this app's settings on "
+                                  "this computer and never written to logs. Without one, a token saved with "
+                                  "`hf auth login` is used.", "muted", wrap=True))
+        row = QHBoxLayout()
+        self.token = QLineEdit(self.context.settings.hf_token)
+        self.token.setEchoMode(QLineEdit.EchoMode.Password)
+        self.token.setPlaceholderText("hf_…")
+        self.token.setObjectName("tokenField")
+        save = text_button("Save")
+        save.clicked.connect(self.save_token)
+        row.addWidget(self.token, 1)
+        row.addWidget(save)
+        card.body.addLayout(row)
+        return card
+
+    # ---- state ---------------------------------------------------------------------------------
+    def set_engine_state(self, loaded_path: str, loading_path: str) -> None:
+        self.loaded_path, self.loading_path = loaded_path, loading_path
+        for row in self.local_rows:
+            row.set_engine_state(loaded_path, loading_path)
+        self._refresh_cards()
+
+    def refresh_local(self) -> None:
+        self.local = scan_all(self.context.models_dir, self.context.settings.model_folders, self.context.hf_cache_dir)
+        for row in self.local_rows:
+            self.local_box.removeWidget(row)
+            row.deleteLater()
+        self.local_rows = []
+        for model in self.local:
+            row = LocalModelRow(model)
+            row.load_requested.connect(self.load_requested)
+            row.delete_requested.connect(self.confirm_delete)
+            row.set_engine_state(self.loaded_path, self.loading_path)
+            self.local_box.addWidget(row)
+            self.local_rows.append(row)
+        self.local_empty.setVisible(not self.local)
+        self._refresh_cards()
+
+    def local_path_for(self, repo_id: str) -> str:
+        for model in self.local:
+            if model.name == repo_id:
+                return model.path
+        return ""
+
+    def _refresh_cards(self) -> None:
+        for card in self.cards:
+            path = self.local_path_for(card.entry.id)
+            card.set_state(path, self.downloads.status(card.entry.id), bool(path) and path == self.loaded_path)
+        path = self.local_path_for(self.recommended.id)
+        status = self.downloads.status(self.recommended.id)
+        if path:
+            self.recommend_button.setText("Loaded" if path == self.loaded_path else "Load")
+            self.recommend_button.setEnabled(path != self.loaded_path)
+        else:
+            busy = status is not None and status.state not in ("failed", "cancelled", "paused")
+            resumable = status is not None and status.state in ("failed", "paused")
+            self.recommend_button.setText("Downloading" if busy else "Resume" if resumable else "Download")
+            self.recommend_button.setEnabled(not busy)
+
+    def _download_changed(self, repo_id: str) -> None:
+        status = self.downloads.status(repo_id)
+        row = self.download_rows.get(repo_id)
+        if status is None:
+            if row:
+                self.downloads_box.removeWidget(row)
+                row.deleteLater()
+                del self.download_rows[repo_id]
+        else:
+            if row is None:
+                row = DownloadRow(repo_id)
+                row.pause_requested.connect(self.downloads.pause)
+                row.resume_requested.connect(self.downloads.resume)
+                row.cancel_requested.connect(self.downloads.cancel)
+                row.forget_requested.connect(self.downloads.forget)
+                self.downloads_box.addWidget(row)
+                self.download_rows[repo_id] = row
+            row.set_status(status)
+            if status.state == "failed":
+                self.banner.show_message("error", f"{repo_id}: {status.message}")
+        visible = bool(self.download_rows)
+        self.downloads_title.setVisible(visible)
+        self._refresh_cards()
+
+    # ---- actions -------------------------------------------------------------------------------
+    def download(self, repo_id: str) -> None:
+        self.banner.hide()
+        self.downloads.start(repo_id)
+
+    def _recommended_clicked(self) -> None:
+        path = self.local_path_for(self.recommended.id)
+        if path:
+            self.load_requested.emit(path)
+        else:
+            self.download(self.recommended.id)
+
+    def add_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Add a folder with checkpoints")
+        if folder:
+            self.add_model_folder(folder)
+
+    def add_model_folder(self, folder: str) -> None:
+        folders = self.context.settings.model_folders
+        if folder not in folders:
+            self.context.save_settings(self.context.settings.copy(model_folders=[*folders, folder]))
+        self.refresh_local()
+
+    def save_token(self) -> None:
+        self.context.save_settings(self.context.settings.copy(hf_token=self.token.text().strip()))
+        self.banner.show_message("info", "Token saved." if self.token.text().strip() else "Token removed.")
+
+    def confirm_delete(self, model: LocalModel) -> None:
+        if not dialogs.confirm(self, "Delete model", f"Delete {model.name} from disk? This frees "
+                               f"{model.size_bytes / 1e9:.1f} GB.", "Delete"):
+            return
+        try:
+            delete_model(model, self.context.hf_cache_dir)
+        except OSError as e:
+            self.banner.show_message("error", f"Could not delete {model.name}: {e.strerror or e}")
+        self.refresh_local()
+

@@ -1,0 +1,47 @@
+"""What each concurrency profile means for a checkpoint on this machine: context per request,
+memory, and whether it fits. Plans come from the engine's planner (engine.memory.plan_for),
+which reads only the checkpoint's headers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from app.paths import resources_dir
+from engine.api import EngineConfig
+
+PROFILES = ("C1", "C2", "C4", "C8")
+
+
+@dataclass(frozen=True)
+class ProfilePlan:
+    profile: str
+    fits: bool
+    max_context: int
+    total_bytes: int
+    budget_bytes: int
+    message: str
+
+
+def profile_descriptions() -> dict[str, dict]:
+    data = json.loads((resources_dir() / "profiles.json").read_text(encoding="utf-8"))
+    return {p["id"]: p for p in data["profiles"]}
+
+
+def plan_profiles(config: EngineConfig, loaded_plan=None) -> list[ProfilePlan]:
+    """Plans for every profile with `config`'s other settings. With a model loaded, the budget
+    is what was free before its weights (its plan's budget plus the weights), not what is free now."""
+    from engine.memory import plan_for
+
+    budget = loaded_plan.budget_bytes + loaded_plan.weights_bytes if loaded_plan is not None else None
+    plans = []
+    for profile in PROFILES:
+        alt = EngineConfig(**{**config.__dict__, "profile": profile})
+        try:
+            plan = plan_for(alt, budget_bytes=budget)
+        except (OSError, ValueError) as e:
+            plans.append(ProfilePlan(profile, False, 0, 0, budget or 0, str(e)))
+            continue
+        plans.append(ProfilePlan(profile, plan.fits, plan.max_context, plan.total_bytes, plan.budget_bytes,
+                                 plan.message))
+    return plans

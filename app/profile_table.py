@@ -1,0 +1,61 @@
+"""The table of concurrency profiles on the Settings page: what each one gives a request (context)
+and takes from the machine (memory), and whether it fits."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QGridLayout, QVBoxLayout, QWidget
+
+from app.formatting import human_gib, human_tokens
+from app.profile_plans import ProfilePlan
+from app.widgets import label
+
+HEADERS = ("Profile", "Together", "Context per request", "Memory", "")
+
+
+class ProfileTable(QWidget):
+    def __init__(self, descriptions: dict[str, dict], parent=None):
+        super().__init__(parent)
+        self.descriptions = descriptions
+        column = QVBoxLayout(self)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(8)
+        self.grid = QGridLayout()
+        self.grid.setHorizontalSpacing(24)
+        self.grid.setVerticalSpacing(6)
+        self.note = label("", "muted", wrap=True)
+        column.addLayout(self.grid)
+        column.addWidget(self.note)
+
+    def show_empty(self, text: str) -> None:
+        self._clear()
+        self.note.setText(text)
+
+    def show_plans(self, plans: list[ProfilePlan], selected: str, note: str) -> None:
+        self._clear()
+        for col, title in enumerate(HEADERS):
+            self.grid.addWidget(label(title, "tableHeader"), 0, col)
+        for row, plan in enumerate(plans, start=1):
+            self._row(row, plan, plan.profile == selected)
+        self.note.setText(note)
+
+    def cell_text(self, row: int, col: int) -> str:
+        return self.grid.itemAtPosition(row, col).widget().text()
+
+    def _clear(self) -> None:
+        while self.grid.count():
+            self.grid.takeAt(0).widget().deleteLater()
+
+    def _row(self, row: int, plan: ProfilePlan, selected: bool) -> None:
+        count = int(plan.profile[1:])
+        cells = (f"{plan.profile}  {self.descriptions[plan.profile]['title']}",
+                 f"{count} request{'s' if count > 1 else ''}",
+                 f"{human_tokens(plan.max_context)} tokens" if plan.fits else "does not fit",
+                 human_gib(plan.total_bytes) if plan.total_bytes else "–",
+                 "✓ fits" if plan.fits else "✗")
+        for col, text in enumerate(cells):
+            cell = label(text, "tableCellStrong" if selected else "tableCell")
+            if col == len(cells) - 1:
+                cell.setProperty("fits", plan.fits)
+            if not plan.fits and plan.message:
+                cell.setToolTip(plan.message)
+            self.grid.addWidget(cell, row, col)

@@ -1,0 +1,78 @@
+"""App settings: engine, generation defaults, endpoints, model folders; saved in the store.
+
+Secrets (HF token, API keys) are kept out of repr() so they never reach a log line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+from engine.api import EngineConfig, SamplingParams
+
+SETTINGS_KEY = "app_settings"
+
+# changing one of these needs the engine reloaded
+RELOAD_FIELDS = ("device", "profile", "kv_dtype", "max_context", "speculation")
+ENDPOINT_FIELDS = ("endpoint_enabled", "endpoint_host", "endpoint_port", "endpoint_api_key")
+REMOTE_FIELDS = ("remote_enabled", "remote_base_url", "remote_api_key", "remote_model")
+
+# reasoning effort -> thinking tokens before </think> is forced (None: no limit)
+THINKING_BUDGETS = {"low": 1024, "medium": 4096, "high": None}
+
+
+@dataclass
+class AppSettings:
+    # engine
+    device: str = "auto"                 # auto | cuda | cpu
+    profile: str = "C1"
+    kv_dtype: str = "bf16"               # bf16 | int8
+    max_context: int | None = None       # None: as much as memory allows
+    speculation: int = 0                 # MTP draft tokens, 0 = off (the engine does not speculate yet)
+    # generation defaults
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 20
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    max_tokens: int = 4096
+    thinking: bool = True
+    reasoning_effort: str = "high"       # low | medium | high
+    system_prompt: str = ""
+    # the local endpoint
+    endpoint_enabled: bool = False
+    endpoint_host: str = "127.0.0.1"
+    endpoint_port: int = 8000
+    endpoint_api_key: str = field(default="", repr=False)
+    # a remote OpenAI-compatible server instead of the local engine
+    remote_enabled: bool = False
+    remote_base_url: str = ""
+    remote_api_key: str = field(default="", repr=False)
+    remote_model: str = ""
+    # models
+    last_model: str = ""                 # checkpoint directory loaded last
+    model_folders: list[str] = field(default_factory=list)
+    hf_token: str = field(default="", repr=False)
+
+    @classmethod
+    def load(cls, store) -> AppSettings:
+        saved = store.get_setting(SETTINGS_KEY, {}) or {}
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in saved.items() if k in known})
+
+    def save(self, store) -> None:
+        store.set_setting(SETTINGS_KEY, asdict(self))
+
+    def copy(self, **changes) -> AppSettings:
+        return AppSettings(**{**asdict(self), **changes})
+
+    def changed_fields(self, other: AppSettings) -> set[str]:
+        return {f.name for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)}
+
+    def engine_config(self, model_path: str) -> EngineConfig:
+        return EngineConfig(model=model_path, device=self.device, profile=self.profile, kv_dtype=self.kv_dtype,
+                            max_context=self.max_context)
+
+    def sampling_params(self, thinking: bool) -> SamplingParams:
+        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
+                              top_k=self.top_k, min_p=self.min_p, presence_penalty=self.presence_penalty,
+                              thinking_budget=THINKING_BUDGETS[self.reasoning_effort] if thinking else None)

@@ -1,0 +1,409 @@
+"""The Settings page: engine and profile (applied with a reload), generation defaults, the local
+endpoint, and a remote OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import (
+    QButtonGroup,
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QHBoxLayout,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QWidget,
+)
+
+from app.endpoint import EndpointSettings, EndpointStatus
+from app.formatting import human_gib
+from app.profile_plans import PROFILES, plan_profiles, profile_descriptions
+from app.profile_table import ProfileTable
+from app.settings import RELOAD_FIELDS, AppSettings
+from app.widgets import Card, Form, label, page_header, scrolling_page, text_button
+
+WIDE, NARROW, BUTTON, GAP = 360, 130, 104, 8
+EFFORTS = (("low", "Low: up to about 1K thinking tokens"), ("medium", "Medium: up to about 4K"),
+           ("high", "High: no limit"))
+
+
+class SettingsPage(QWidget):
+    settings_changed = Signal(object, set)       # AppSettings, changed field names
+    remote_checked = Signal(str, bool, list)     # message, ok, model ids (from the test thread)
+
+    def __init__(self, current: Callable[[], AppSettings], parent=None):
+        """`current`: the app's settings now (other pages change some fields too)."""
+        super().__init__(parent)
+        self._loading = True                     # values are being put in: edits are not the user's
+        self.current = current
+        self.model_path = ""                     # the checkpoint plans are made for
+        self.loaded_plan = None
+        self.engine_status_text = ""
+        self.descriptions = profile_descriptions()
+        self._build()
+        self._load_values(current())
+        self.remote_checked.connect(self._show_remote_check)
+
+    # ---- layout --------------------------------------------------------------------------------
+    def _build(self) -> None:
+        column = scrolling_page(self, 860)
+        column.addWidget(page_header("Settings", "Engine settings apply with a reload; the rest applies at once."))
+        column.addWidget(self._engine_card())
+        column.addWidget(self._generation_card())
+        column.addWidget(self._endpoint_card())
+        column.addWidget(self._remote_card())
+        column.addStretch(1)
+
+    def _engine_card(self) -> Card:
+        card = Card(spacing=12)
+        card.body.addWidget(label("Engine", "cardTitle"))
+        card.body.addWidget(label("Concurrency profile: how many requests decode together. Every running request "
+                                  "may use the whole context, so more at once means less context each.",
+                                  "muted", wrap=True))
+        self.profile_group = QButtonGroup(self)
+        segmented = QHBoxLayout()
+        segmented.setSpacing(0)
+        self.profile_buttons = {}
+        for i, profile in enumerate(PROFILES):
+            button = QPushButton(f"{profile}  {self.descriptions[profile]['title']}")
+            button.setObjectName("segment")
+            button.setProperty("position", "first" if i == 0 else "last" if i == len(PROFILES) - 1 else "middle")
+            button.setCheckable(True)
+            button.setCursor(Qt.CursorShape.PointingHandCursor)
+            self.profile_group.addButton(button)
+            self.profile_buttons[profile] = button
+            segmented.addWidget(button)
+        segmented.addStretch(1)
+        self.profile_group.buttonToggled.connect(lambda *_: self._engine_edited())
+        card.body.addLayout(segmented)
+        self.profile_summary = label("", "body", wrap=True)
+        card.body.addWidget(self.profile_summary)
+        self.plans = ProfileTable(self.descriptions)
+        card.body.addWidget(self.plans)
+        form = Form()
+        self.device = QComboBox()
+        for value, text in (("auto", "Automatic (GPU when there is one)"), ("cuda", "GPU (CUDA)"), ("cpu", "CPU")):
+            self.device.addItem(text, value)
+        self.kv_dtype = QComboBox()
+        self.kv_dtype.addItem("bf16: exact", "bf16")
+        self.kv_dtype.addItem("int8: half the memory, about twice the context", "int8")
+        self.max_context = QSpinBox()
+        self.max_context.setRange(0, 1_048_576)
+        self.max_context.setSingleStep(4096)
+        self.max_context.setSpecialValueText("As much as memory allows")
+        self.speculation = QComboBox()
+        self.speculation.addItem("Off", 0)
+        for n in range(1, 6):
+            self.speculation.addItem(f"MTP, {n} draft token{'s' if n > 1 else ''}", n)
+        self.speculation.setEnabled(False)
+        self.speculation.setToolTip("Speculative decoding with the model's MTP head arrives with the engine's "
+                                    "speculation support.")
+        for widget in (self.device, self.kv_dtype, self.speculation, self.max_context):
+            widget.setFixedWidth(WIDE)
+        for widget in (self.device, self.kv_dtype, self.speculation):
+            widget.currentIndexChanged.connect(lambda *_: self._engine_edited())
+        self.max_context.valueChanged.connect(lambda *_: self._engine_edited())
+        form.addRow("Device", self.device)
+        form.addRow("KV cache", self.kv_dtype)
+        form.addRow("Max context", self.max_context)
+        form.addRow("Speculation", self.speculation)
+        card.body.addLayout(form)
+        card.body.addWidget(label("Speculation is off until the engine's MTP speculation lands.", "muted"))
+        row = QHBoxLayout()
+        self.engine_status = label("", "muted", wrap=True)
+        self.apply_engine = text_button("Apply and reload", "regenerate", "primary")
+        self.apply_engine.clicked.connect(self.apply_engine_settings)
+        row.addWidget(self.engine_status, 1)
+        row.addWidget(self.apply_engine)
+        card.body.addLayout(row)
+        return card
+
+    def _generation_card(self) -> Card:
+        card = Card(spacing=12)
+        card.body.addWidget(label("Generation defaults", "cardTitle"))
+        form = Form()
+        self.temperature = self._double(0, 2, 0.05)
+        self.top_p = self._double(0.01, 1, 0.01)
+        self.top_k = QSpinBox()
+        self.top_k.setRange(0, 1000)
+        self.top_k.setSpecialValueText("Off")
+        self.min_p = self._double(0, 1, 0.01)
+        self.presence_penalty = self._double(-2, 2, 0.1)
+        self.max_tokens = QSpinBox()
+        self.max_tokens.setRange(16, 262_144)
+        self.max_tokens.setSingleStep(1024)
+        self.thinking = QCheckBox("Think before answering (new chats start with this)")
+        self.effort = QComboBox()
+        for value, text in EFFORTS:
+            self.effort.addItem(text, value)
+        self.system_prompt = QPlainTextEdit()
+        self.system_prompt.setObjectName("systemPrompt")
+        self.system_prompt.setPlaceholderText("Optional instructions sent at the start of every conversation")
+        self.system_prompt.setFixedHeight(80)
+        form.addRow("Temperature", self.temperature)
+        form.addRow("Top P", self.top_p)
+        form.addRow("Top K", self.top_k)
+        form.addRow("Min P", self.min_p)
+        form.addRow("Presence penalty", self.presence_penalty)
+        form.addRow("Max reply tokens", self.max_tokens)
+        form.addRow("Thinking", self.thinking)
+        form.addRow("Reasoning effort", self.effort)
+        form.addRow("System prompt", self.system_prompt, top=True)
+        card.body.addLayout(form)
+        for spin in (self.temperature, self.top_p, self.top_k, self.min_p, self.presence_penalty, self.max_tokens):
+            spin.setFixedWidth(NARROW)
+            spin.editingFinished.connect(self._save_immediate)
+        self.effort.setFixedWidth(WIDE)
+        self.thinking.toggled.connect(lambda *_: self._save_immediate())
+        self.effort.currentIndexChanged.connect(lambda *_: self._save_immediate())
+        self.system_prompt.textChanged.connect(self._save_immediate)
+        return card
+
+    def _endpoint_card(self) -> Card:
+        card = Card(spacing=12)
+        card.body.addWidget(label("Local endpoint", "cardTitle"))
+        card.body.addWidget(label("Serve the loaded model to other programs on an OpenAI-compatible API.",
+                                  "muted", wrap=True))
+        self.endpoint_enabled = QCheckBox("Serve the loaded model")
+        self.endpoint_host = QLineEdit()
+        self.endpoint_port = QSpinBox()
+        self.endpoint_port.setRange(1, 65535)
+        self.endpoint_key = QLineEdit()
+        self.endpoint_key.setEchoMode(QLineEdit.EchoMode.Password)
+        self.endpoint_key.setPlaceholderText("Optional")
+        self.endpoint_key.setToolTip("Without a key, any program that can reach the address may use the model.")
+        generate = text_button("Generate")
+        generate.clicked.connect(lambda: (self.endpoint_key.setText(f"sk-local-{secrets.token_urlsafe(18)}"),
+                                          self._save_immediate()))
+        key_row = QHBoxLayout()
+        key_row.setSpacing(GAP)
+        key_row.addWidget(self.endpoint_key)
+        key_row.addWidget(generate)
+        key_row.addStretch(1)
+        self.base_url = label("", "mono", selectable=True)
+        copy = text_button("Copy", "copy")
+        copy.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.base_url.text()))
+        url_row = QHBoxLayout()
+        url_row.addWidget(self.base_url, 1)
+        url_row.addWidget(copy)
+        self.endpoint_host.setFixedWidth(WIDE)
+        self.endpoint_key.setFixedWidth(WIDE - BUTTON - GAP)
+        generate.setFixedWidth(BUTTON)
+        self.endpoint_port.setFixedWidth(NARROW)
+        form = Form()
+        form.addRow("", self.endpoint_enabled)
+        form.addRow("Host", self.endpoint_host)
+        form.addRow("Port", self.endpoint_port)
+        form.addRow("API key", key_row)
+        form.addRow("Base URL", url_row)
+        card.body.addLayout(form)
+        self.endpoint_status = label("", "statusLine", wrap=True)
+        card.body.addWidget(self.endpoint_status)
+        self.endpoint_enabled.toggled.connect(lambda *_: self._save_immediate())
+        self.endpoint_host.editingFinished.connect(self._save_immediate)
+        self.endpoint_port.editingFinished.connect(self._save_immediate)
+        self.endpoint_key.editingFinished.connect(self._save_immediate)
+        return card
+
+    def _remote_card(self) -> Card:
+        card = Card(spacing=12)
+        card.body.addWidget(label("Remote server", "cardTitle"))
+        card.body.addWidget(label("Outgrown one GPU? Serve the same checkpoints with vLLM or SGLang on bigger "
+                                  "machines and chat with them here.", "muted", wrap=True))
+        self.remote_enabled = QCheckBox("Chat with this server instead of the local engine")
+        self.remote_url = QLineEdit()
+        self.remote_url.setPlaceholderText("http://gpu-box:8000/v1")
+        self.remote_key = QLineEdit()
+        self.remote_key.setEchoMode(QLineEdit.EchoMode.Password)
+        self.remote_key.setPlaceholderText("Optional")
+        self.remote_model = QComboBox()
+        self.remote_model.setEditable(True)
+        self.remote_model.lineEdit().setPlaceholderText("First model the server lists")
+        test = text_button("Test")
+        test.setFixedWidth(BUTTON)
+        self.remote_url.setFixedWidth(WIDE)
+        self.remote_key.setFixedWidth(WIDE)
+        self.remote_model.setFixedWidth(WIDE - BUTTON - GAP)
+        test.clicked.connect(self.test_remote)
+        model_row = QHBoxLayout()
+        model_row.setSpacing(GAP)
+        model_row.addWidget(self.remote_model)
+        model_row.addWidget(test)
+        model_row.addStretch(1)
+        form = Form()
+        form.addRow("", self.remote_enabled)
+        form.addRow("Base URL", self.remote_url)
+        form.addRow("API key", self.remote_key)
+        form.addRow("Model", model_row)
+        card.body.addLayout(form)
+        self.remote_status = label("", "statusLine", wrap=True)
+        card.body.addWidget(self.remote_status)
+        self.remote_enabled.toggled.connect(lambda *_: self._save_immediate())
+        self.remote_url.editingFinished.connect(self._save_immediate)
+        self.remote_key.editingFinished.connect(self._save_immediate)
+        self.remote_model.lineEdit().editingFinished.connect(self._save_immediate)
+        self.remote_model.activated.connect(lambda *_: self._save_immediate())
+        return card
+
+    @staticmethod
+    def _double(low: float, high: float, step: float) -> QDoubleSpinBox:
+        spin = QDoubleSpinBox()
+        spin.setRange(low, high)
+        spin.setSingleStep(step)
+        spin.setDecimals(2)
+        return spin
+
+    # ---- values --------------------------------------------------------------------------------
+    def _load_values(self, s: AppSettings) -> None:
+        self._loading = True
+        self.profile_buttons[s.profile].setChecked(True)
+        self.device.setCurrentIndex(self.device.findData(s.device))
+        self.kv_dtype.setCurrentIndex(self.kv_dtype.findData(s.kv_dtype))
+        self.max_context.setValue(s.max_context or 0)
+        self.speculation.setCurrentIndex(self.speculation.findData(s.speculation))
+        self.temperature.setValue(s.temperature)
+        self.top_p.setValue(s.top_p)
+        self.top_k.setValue(s.top_k)
+        self.min_p.setValue(s.min_p)
+        self.presence_penalty.setValue(s.presence_penalty)
+        self.max_tokens.setValue(s.max_tokens)
+        self.thinking.setChecked(s.thinking)
+        self.effort.setCurrentIndex(self.effort.findData(s.reasoning_effort))
+        self.system_prompt.setPlainText(s.system_prompt)
+        self.endpoint_enabled.setChecked(s.endpoint_enabled)
+        self.endpoint_host.setText(s.endpoint_host)
+        self.endpoint_port.setValue(s.endpoint_port)
+        self.endpoint_key.setText(s.endpoint_api_key)
+        self.remote_enabled.setChecked(s.remote_enabled)
+        self.remote_url.setText(s.remote_base_url)
+        self.remote_key.setText(s.remote_api_key)
+        self.remote_model.setEditText(s.remote_model)
+        self._loading = False
+        self._refresh_engine_section()
+        self._refresh_endpoint_url()
+        self.set_endpoint_status(EndpointStatus(False))
+
+    def edited_settings(self) -> AppSettings:
+        """The app's settings with the page's fields as the page shows them."""
+        profile = next(p for p, b in self.profile_buttons.items() if b.isChecked())
+        return self.current().copy(
+            profile=profile, device=self.device.currentData(), kv_dtype=self.kv_dtype.currentData(),
+            max_context=self.max_context.value() or None, speculation=self.speculation.currentData(),
+            temperature=round(self.temperature.value(), 2), top_p=round(self.top_p.value(), 2),
+            top_k=self.top_k.value(), min_p=round(self.min_p.value(), 2),
+            presence_penalty=round(self.presence_penalty.value(), 2), max_tokens=self.max_tokens.value(),
+            thinking=self.thinking.isChecked(), reasoning_effort=self.effort.currentData(),
+            system_prompt=self.system_prompt.toPlainText(),
+            endpoint_enabled=self.endpoint_enabled.isChecked(), endpoint_host=self.endpoint_host.text().strip(),
+            endpoint_port=self.endpoint_port.value(), endpoint_api_key=self.endpoint_key.text().strip(),
+            remote_enabled=self.remote_enabled.isChecked(), remote_base_url=self.remote_url.text().strip(),
+            remote_api_key=self.remote_key.text().strip(), remote_model=self.remote_model.currentText().strip())
+
+    def _pending_engine_changes(self) -> set[str]:
+        return self.edited_settings().changed_fields(self.current()) & set(RELOAD_FIELDS)
+
+    def _save_immediate(self) -> None:
+        """Everything but the engine fields applies at once."""
+        if self._loading:
+            return
+        current = self.current()
+        new = self.edited_settings().copy(**{f: getattr(current, f) for f in RELOAD_FIELDS})
+        changed = new.changed_fields(current)
+        self._refresh_endpoint_url()
+        if changed:
+            self.settings_changed.emit(new, changed)
+
+    def apply_engine_settings(self) -> None:
+        changed = self._pending_engine_changes()
+        if not changed:
+            return
+        edited = self.edited_settings()
+        self.settings_changed.emit(self.current().copy(**{f: getattr(edited, f) for f in RELOAD_FIELDS}), changed)
+        self._refresh_engine_section()
+
+    def _engine_edited(self) -> None:
+        if not self._loading:
+            self._refresh_engine_section()
+
+    # ---- engine plans --------------------------------------------------------------------------
+    def set_model(self, path: str, loaded_plan=None, state_text: str = "") -> None:
+        """The checkpoint the profile plans describe (the loaded one, or the last one used)."""
+        self.model_path, self.loaded_plan = path, loaded_plan
+        self.engine_status_text = state_text
+        self._refresh_engine_section()
+
+    def _refresh_engine_section(self) -> None:
+        edited = self.edited_settings()
+        self.profile_summary.setText(self.descriptions[edited.profile]["summary"])
+        pending = self._pending_engine_changes()
+        self.apply_engine.setEnabled(bool(pending))
+        self.engine_status.setText("Unapplied changes: the model reloads when you apply them." if pending
+                                   else self.engine_status_text)
+        self._fill_plans(edited)
+
+    def _fill_plans(self, edited: AppSettings) -> None:
+        if not self.model_path:
+            self.plans.show_empty("Load a model to see what each profile means for it on this machine.")
+            return
+        same_device = "device" not in self._pending_engine_changes()   # then the loaded plan's budget holds
+        plans = plan_profiles(edited.engine_config(self.model_path), self.loaded_plan if same_device else None)
+        budget = max((p.budget_bytes for p in plans), default=0)
+        self.plans.show_plans(plans, edited.profile,
+                              f"Planned for {Path(self.model_path).name} with {human_gib(budget)} available, "
+                              f"{edited.kv_dtype} KV cache.")
+
+    # ---- endpoint and remote -------------------------------------------------------------------
+    def _refresh_endpoint_url(self) -> None:
+        settings = EndpointSettings(self.endpoint_host.text().strip() or "127.0.0.1", self.endpoint_port.value())
+        self.base_url.setText(settings.base_url)
+
+    def set_endpoint_status(self, status: EndpointStatus) -> None:
+        if status.running:
+            text, state = f"Running at {status.base_url}", "ok"
+            self.base_url.setText(status.base_url)
+        elif status.message:
+            text, state = status.message, "warning" if self.endpoint_enabled.isChecked() else ""
+        else:
+            text, state = "Off", ""
+        self.endpoint_status.setText(text)
+        self.endpoint_status.setProperty("state", state)
+        self.endpoint_status.style().unpolish(self.endpoint_status)
+        self.endpoint_status.style().polish(self.endpoint_status)
+
+    def test_remote(self) -> None:
+        from app.remote_client import RemoteBackend, RemoteError
+
+        url = self.remote_url.text().strip()
+        if not url:
+            self._show_remote_check("Enter the server's base URL first.", False, [])
+            return
+        backend = RemoteBackend(url, self.remote_key.text().strip())
+        self.remote_status.setText("Connecting…")
+
+        def run():
+            try:
+                models = backend.list_models()
+                self.remote_checked.emit("Connected. Models: " + (", ".join(models) or "none listed"), True, models)
+            except (RemoteError, OSError) as e:
+                self.remote_checked.emit(f"Could not connect: {e}", False, [])
+
+        threading.Thread(target=run, daemon=True).start()
+
+    def _show_remote_check(self, message: str, ok: bool, models: list) -> None:
+        self.remote_status.setText(message)
+        self.remote_status.setProperty("state", "ok" if ok else "warning")
+        self.remote_status.style().unpolish(self.remote_status)
+        self.remote_status.style().polish(self.remote_status)
+        if ok and models:
+            current = self.remote_model.currentText()
+            self.remote_model.clear()
+            self.remote_model.addItems(models)
+            self.remote_model.setEditText(current or models[0])

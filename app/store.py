@@ -1,0 +1,186 @@
+"""Persistence: conversations, messages and settings in one sqlite file.
+
+WAL journal and a commit after every write, so a crash loses at most the message being
+streamed (and that one is saved every few seconds while it streams). Only the GUI thread uses
+the store.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS conversations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,   -- ids are never reused (request ids derive from them)
+    title TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,   -- ids are never reused (request ids derive from them)
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL DEFAULT '',
+    reasoning TEXT NOT NULL DEFAULT '',
+    tool_calls TEXT NOT NULL DEFAULT '[]',
+    attachments TEXT NOT NULL DEFAULT '[]',
+    metrics TEXT NOT NULL DEFAULT '{}',
+    status TEXT NOT NULL DEFAULT 'complete',
+    error TEXT NOT NULL DEFAULT '',
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
+CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS downloads (repo_id TEXT PRIMARY KEY, record TEXT NOT NULL);
+"""
+
+JSON_FIELDS = ("tool_calls", "attachments", "metrics")
+MESSAGE_FIELDS = ("content", "reasoning", "tool_calls", "attachments", "metrics", "status", "error")
+
+
+@dataclass
+class Conversation:
+    id: int
+    title: str
+    created: float
+    updated: float
+
+
+@dataclass
+class Message:
+    id: int
+    conversation_id: int
+    role: str                       # user | assistant
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list = field(default_factory=list)
+    attachments: list = field(default_factory=list)   # image file paths
+    metrics: dict = field(default_factory=dict)       # usage + timings of an assistant reply
+    status: str = "complete"        # complete | streaming | stopped | error
+    error: str = ""
+    created: float = 0.0
+
+
+class Store:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(self.path))
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("PRAGMA foreign_keys=ON")
+        self.db.executescript(SCHEMA)
+        self._recover_interrupted()
+
+    def close(self) -> None:
+        self.db.close()
+
+    def _recover_interrupted(self) -> None:
+        """A reply that was streaming when the app died ends as 'stopped' with what was saved."""
+        with self.db:
+            self.db.execute("UPDATE messages SET status='stopped' WHERE status='streaming'")
+
+    # ---- conversations ---------------------------------------------------------------------
+    def create_conversation(self, title: str) -> Conversation:
+        now = time.time()
+        with self.db:
+            cur = self.db.execute("INSERT INTO conversations(title, created, updated) VALUES (?, ?, ?)",
+                                  (title, now, now))
+        return Conversation(cur.lastrowid, title, now, now)
+
+    def conversation(self, conversation_id: int) -> Conversation | None:
+        row = self.db.execute("SELECT * FROM conversations WHERE id=?", (conversation_id,)).fetchone()
+        return Conversation(**dict(row)) if row else None
+
+    def conversations(self, search: str = "") -> list[Conversation]:
+        """Newest first; `search` matches titles and message text."""
+        if search:
+            like = f"%{search}%"
+            rows = self.db.execute(
+                "SELECT * FROM conversations WHERE title LIKE ? OR id IN "
+                "(SELECT conversation_id FROM messages WHERE content LIKE ?) ORDER BY updated DESC",
+                (like, like)).fetchall()
+        else:
+            rows = self.db.execute("SELECT * FROM conversations ORDER BY updated DESC").fetchall()
+        return [Conversation(**dict(r)) for r in rows]
+
+    def rename_conversation(self, conversation_id: int, title: str) -> None:
+        with self.db:
+            self.db.execute("UPDATE conversations SET title=? WHERE id=?", (title, conversation_id))
+
+    def delete_conversation(self, conversation_id: int) -> None:
+        with self.db:
+            self.db.execute("DELETE FROM conversations WHERE id=?", (conversation_id,))
+
+    def touch_conversation(self, conversation_id: int) -> None:
+        with self.db:
+            self.db.execute("UPDATE conversations SET updated=? WHERE id=?", (time.time(), conversation_id))
+
+    # ---- messages --------------------------------------------------------------------------
+    def add_message(self, conversation_id: int, role: str, **fields) -> Message:
+        message = Message(id=0, conversation_id=conversation_id, role=role, created=time.time(), **fields)
+        values = [_encode(k, getattr(message, k)) for k in MESSAGE_FIELDS]
+        with self.db:
+            cur = self.db.execute(
+                f"INSERT INTO messages(conversation_id, role, {', '.join(MESSAGE_FIELDS)}, created) "
+                f"VALUES (?, ?, {', '.join('?' * len(MESSAGE_FIELDS))}, ?)",
+                (conversation_id, role, *values, message.created))
+            self.db.execute("UPDATE conversations SET updated=? WHERE id=?", (message.created, conversation_id))
+        message.id = cur.lastrowid
+        return message
+
+    def update_message(self, message_id: int, **fields) -> None:
+        unknown = set(fields) - set(MESSAGE_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown message fields: {sorted(unknown)}")
+        assignments = ", ".join(f"{k}=?" for k in fields)
+        with self.db:
+            self.db.execute(f"UPDATE messages SET {assignments} WHERE id=?",
+                            (*[_encode(k, v) for k, v in fields.items()], message_id))
+
+    def delete_message(self, message_id: int) -> None:
+        with self.db:
+            self.db.execute("DELETE FROM messages WHERE id=?", (message_id,))
+
+    def messages(self, conversation_id: int) -> list[Message]:
+        rows = self.db.execute("SELECT * FROM messages WHERE conversation_id=? ORDER BY id",
+                               (conversation_id,)).fetchall()
+        return [_message(r) for r in rows]
+
+    # ---- settings and downloads ------------------------------------------------------------
+    def get_setting(self, key: str, default=None):
+        row = self.db.execute("SELECT value FROM settings WHERE key=?", (key,)).fetchone()
+        return json.loads(row["value"]) if row else default
+
+    def set_setting(self, key: str, value) -> None:
+        with self.db:
+            self.db.execute("INSERT INTO settings(key, value) VALUES (?, ?) "
+                            "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, json.dumps(value)))
+
+    def save_download(self, repo_id: str, record: dict) -> None:
+        with self.db:
+            self.db.execute("INSERT INTO downloads(repo_id, record) VALUES (?, ?) "
+                            "ON CONFLICT(repo_id) DO UPDATE SET record=excluded.record", (repo_id, json.dumps(record)))
+
+    def delete_download(self, repo_id: str) -> None:
+        with self.db:
+            self.db.execute("DELETE FROM downloads WHERE repo_id=?", (repo_id,))
+
+    def downloads(self) -> dict[str, dict]:
+        return {r["repo_id"]: json.loads(r["record"]) for r in self.db.execute("SELECT * FROM downloads")}
+
+
+def _encode(key: str, value):
+    return json.dumps(value) if key in JSON_FIELDS else value
+
+
+def _message(row: sqlite3.Row) -> Message:
+    data = dict(row)
+    for key in JSON_FIELDS:
+        data[key] = json.loads(data[key])
+    return Message(**data)

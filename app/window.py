@@ -1,0 +1,274 @@
+"""MainWindow: navigation (Chat, Models, Settings), the pages, the status bar, and the wiring
+between the pages, the engine thread, the downloads and the chat backend."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, QSize, Qt, Signal
+from PySide6.QtWidgets import (
+    QApplication,
+    QButtonGroup,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QStackedWidget,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.gc_guard import collect_in_gui_thread
+from app import icons
+from app.chat.chat_page import ChatPage
+from app.chat.session import ChatSession
+from app.context import AppContext
+from app.downloads import DownloadManager
+from app.endpoint import EndpointSettings, EndpointStatus
+from app.engine_thread import EngineThread, LoadedModel
+from app.models_page import ModelsPage
+from app.remote_client import RemoteBackend
+from app.settings import ENDPOINT_FIELDS, RELOAD_FIELDS, REMOTE_FIELDS, AppSettings
+from app.settings_page import SettingsPage
+from app.status_bar import StatusBar
+
+log = logging.getLogger("qwendesk.app")
+PAGES = ("chat", "models", "settings")
+GEOMETRY_KEY = "window_geometry"
+
+
+class MainWindow(QMainWindow):
+    quit_requested = Signal()
+
+    def __init__(self, context: AppContext, autoload: bool = True):
+        super().__init__()
+        self._gc_timer = collect_in_gui_thread(self)
+        self.context = context
+        self.setWindowTitle("Qwen Desk")
+        self.setWindowIcon(icons.app_icon())
+        self.setMinimumSize(960, 600)
+        geometry = context.store.get_setting(GEOMETRY_KEY)
+        if not (geometry and self.restoreGeometry(QByteArray.fromBase64(geometry.encode()))):
+            self.resize(1280, 820)
+        self.tray = None
+        self._quitting = False
+        self._told_about_tray = False
+        self.loading_path = ""
+        self.endpoint_status = EndpointStatus(False)
+        self.remote: RemoteBackend | None = None
+
+        self.engine = EngineThread(self)
+        self.downloads = DownloadManager(context.store, context.models_dir, endpoint=context.hub_endpoint,
+                                         token=lambda: self.context.settings.hf_token, parent=self)
+        self.session = ChatSession(context.store, lambda: self.context.settings, self)
+        self.chat = ChatPage(self.session, context.settings.thinking, lambda: [
+            (m.name, m.path, m.path == self._loaded_path()) for m in self.models.local])
+        self.models = ModelsPage(context, self.downloads)
+        self.settings_page = SettingsPage(lambda: self.context.settings)
+        self.status = StatusBar()
+        self._build()
+        self._connect()
+
+        if context.settings.endpoint_enabled:
+            self.engine.set_endpoint(self._endpoint_settings())
+        self._apply_backend()
+        if context.gpu is None:
+            self.chat.show_banner("warning", "No CUDA GPU found: models run on the CPU. Expect a few tokens per "
+                                             "second at best; fine for the smallest models.")
+        last = context.settings.last_model
+        if autoload and last and Path(last, "config.json").is_file():
+            self.load_model(last)
+            self.show_page("chat")
+        elif context.settings.remote_enabled:
+            self.show_page("chat")
+        else:
+            self.show_page("models")           # first run: pick a model
+        self.settings_page.set_model(last if last and Path(last).is_dir() else "")
+
+    # ---- layout --------------------------------------------------------------------------------
+    def _build(self) -> None:
+        rail = QFrame()
+        rail.setObjectName("navRail")
+        rail.setFixedWidth(78)
+        column = QVBoxLayout(rail)
+        column.setContentsMargins(8, 14, 8, 12)
+        column.setSpacing(6)
+        logo = QLabel()
+        logo.setPixmap(icons.app_icon().pixmap(34, 34))
+        column.addWidget(logo, 0, Qt.AlignmentFlag.AlignHCenter)
+        column.addSpacing(14)
+        self.nav = QButtonGroup(self)
+        self.nav_buttons = {}
+        for name, icon_name in zip(PAGES, ("chat", "models", "settings")):
+            button = QToolButton()
+            button.setObjectName("navButton")
+            button.setText(name.capitalize())
+            button.setIcon(icons.icon(icon_name, icons.MUTED, active=icons.ACCENT))
+            button.setIconSize(QSize(22, 22))
+            button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextUnderIcon)
+            button.setCheckable(True)
+            button.setCursor(Qt.CursorShape.PointingHandCursor)
+            button.clicked.connect(lambda _=False, n=name: self.show_page(n))
+            self.nav.addButton(button)
+            self.nav_buttons[name] = button
+            column.addWidget(button)
+        column.addStretch(1)
+        self.stack = QStackedWidget()
+        for page in (self.chat, self.models, self.settings_page):
+            self.stack.addWidget(page)
+        body = QHBoxLayout()
+        body.setContentsMargins(0, 0, 0, 0)
+        body.setSpacing(0)
+        body.addWidget(rail)
+        body.addWidget(self.stack, 1)
+        central = QWidget()
+        central.setObjectName("central")
+        outer = QVBoxLayout(central)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.setSpacing(0)
+        outer.addLayout(body, 1)
+        outer.addWidget(self.status)
+        self.setCentralWidget(central)
+
+    def _connect(self) -> None:
+        e = self.engine
+        e.state_changed.connect(self._engine_state)
+        e.load_progress.connect(lambda stage, _elapsed: self.status.stage(stage))
+        e.loaded.connect(self._loaded)
+        e.load_failed.connect(self._load_failed)
+        e.warning.connect(lambda text: self.chat.show_banner("warning", text))
+        e.endpoint_changed.connect(self._endpoint_changed)
+        self.models.load_requested.connect(self.load_model)
+        self.chat.open_models_requested.connect(lambda: self.show_page("models"))
+        self.chat.load_requested.connect(self.load_model)
+        self.settings_page.settings_changed.connect(self._settings_changed)
+        self.downloads.completed.connect(self._download_completed)
+
+    # ---- navigation ----------------------------------------------------------------------------
+    def show_page(self, name: str) -> None:
+        self.stack.setCurrentIndex(PAGES.index(name))
+        self.nav_buttons[name].setChecked(True)
+
+    @property
+    def current_page(self) -> str:
+        return PAGES[self.stack.currentIndex()]
+
+    def bring_to_front(self) -> None:
+        self.show()
+        self.setWindowState(self.windowState() & ~Qt.WindowState.WindowMinimized)
+        self.raise_()
+        self.activateWindow()
+
+    # ---- the engine ----------------------------------------------------------------------------
+    def load_model(self, path: str) -> None:
+        if self.session.backend is self.engine:
+            self.session.stop()
+        self.loading_path = path
+        self.models.set_engine_state("", path)
+        self.status.loading(Path(path).name)
+        self.engine.load(self.context.settings.engine_config(path))
+        self._apply_backend()
+
+    def _loaded_path(self) -> str:
+        return self.engine.model.path if self.engine.model else ""
+
+    def _engine_state(self, state: str, detail: str) -> None:
+        if self.tray:
+            self.tray.set_status({"ready": f"{detail} loaded", "loading": f"loading {detail}",
+                                  "error": "load failed"}.get(state, "no model loaded"))
+
+    def _loaded(self, model: LoadedModel) -> None:
+        self.loading_path = ""
+        self.context.save_settings(self.context.settings.copy(last_model=model.path))
+        self.status.loaded(model)
+        self.models.set_engine_state(model.path, "")
+        self.settings_page.set_model(model.path, model.plan, f"{model.name} runs with profile {model.profile}.")
+        self._apply_backend()
+        if self.current_page == "models":
+            self.show_page("chat")
+
+    def _load_failed(self, message: str) -> None:
+        self.loading_path = ""
+        self.status.failed(message)
+        self.models.set_engine_state("", "")
+        self.models.banner.show_message("error", message)
+        self.chat.show_banner("error", message, "Models")
+        self._apply_backend()
+
+    def _download_completed(self, repo_id: str, path: str) -> None:
+        if self.engine.model is None and not self.loading_path:
+            self.load_model(path)           # the first model: ready to chat when it lands
+
+    # ---- settings ------------------------------------------------------------------------------
+    def _endpoint_settings(self) -> EndpointSettings | None:
+        s = self.context.settings
+        return EndpointSettings(s.endpoint_host or "127.0.0.1", s.endpoint_port, s.endpoint_api_key) \
+            if s.endpoint_enabled else None
+
+    def _settings_changed(self, settings: AppSettings, changed: set) -> None:
+        self.context.save_settings(settings)
+        if changed & set(RELOAD_FIELDS):
+            path = self.loading_path or (self.engine.model.path if self.engine.model else "")
+            if path:
+                self.load_model(path)
+        if changed & set(ENDPOINT_FIELDS):
+            self.engine.set_endpoint(self._endpoint_settings())
+        if changed & set(REMOTE_FIELDS):
+            self._apply_backend()
+        if "thinking" in changed:
+            self.chat.composer.think_button.setChecked(settings.thinking)
+
+    def _endpoint_changed(self, status: EndpointStatus) -> None:
+        self.endpoint_status = status
+        self.settings_page.set_endpoint_status(status)
+        self.status.set_endpoint(status, self.remote.label if self.remote else "")
+
+    def _apply_backend(self) -> None:
+        """The chat talks to the remote server when one is set, else to the loaded model."""
+        s = self.context.settings
+        if s.remote_enabled and s.remote_base_url:
+            if self.remote is None or (self.remote.base_url, self.remote.api_key, self.remote.model) != \
+                    (s.remote_base_url.rstrip("/"), s.remote_api_key, s.remote_model):
+                self.remote = RemoteBackend(s.remote_base_url, s.remote_api_key, s.remote_model, self)
+            self.session.set_backend(self.remote)
+            self.chat.set_model(self.remote.label)
+        else:
+            self.remote = None
+            if self.engine.model is not None and not self.loading_path:
+                self.session.set_backend(self.engine)
+                self.chat.set_model(self.engine.model.name)
+            else:
+                self.session.set_backend(None)
+                self.chat.set_model("", f"Loading {Path(self.loading_path).name}…" if self.loading_path
+                                    else "Load a model to chat")
+        self.status.set_endpoint(self.endpoint_status, self.remote.label if self.remote else "")
+        if not self.loading_path and self.engine.model is None and self.engine.state != "error":
+            self.status.idle()
+
+    # ---- closing -------------------------------------------------------------------------------
+    def quit(self) -> None:
+        self._quitting = True
+        self.close()
+
+    def closeEvent(self, event) -> None:
+        if self.tray is not None and self.endpoint_status.running and not self._quitting:
+            self.hide()                      # keep serving from the tray
+            if not self._told_about_tray:
+                self.tray.showMessage("Qwen Desk", "Still serving the endpoint. Quit from the tray icon.")
+                self._told_about_tray = True
+            event.ignore()
+            return
+        self.shutdown()
+        event.accept()
+        self.quit_requested.emit()
+
+    def shutdown(self) -> None:
+        """Stop replies, downloads (they resume at the next start) and the engine."""
+        self.context.store.set_setting(GEOMETRY_KEY, bytes(self.saveGeometry().toBase64()).decode())
+        self.session.stop()
+        self.downloads.shutdown()
+        if not self.engine.shutdown(1_000 if self.engine.state == "loading" else 10_000):
+            log.warning("the engine thread is still busy (a model is loading); leaving it behind")
+        QApplication.processEvents()

@@ -1,0 +1,296 @@
+"""The chat through the real engine thread and a tiny checkpoint on the CPU (random replies)."""
+
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QImage
+from PySide6.QtWidgets import QToolButton
+
+from app.store import Store
+from tests.app_support import (
+    ScriptedBackend,
+    make_context,
+    open_window,
+    prepare_app_env,
+    screenshot,
+    seeded_replies,
+    send,
+    wait_ready,
+    wait_reply,
+)
+
+
+@pytest.fixture
+def app_env(tmp_path, monkeypatch, qapp):
+    return prepare_app_env(tmp_path, monkeypatch, qapp)
+
+
+@pytest.fixture
+def chat_window(app_env, qtbot, checkpoint, monkeypatch):
+    seeded_replies(monkeypatch)
+    path = checkpoint("base")
+    context = make_context(app_env, last_model=str(path), max_tokens=24, thinking=False,
+                           model_folders=[str(Path(path).parent)])
+    window = open_window(qtbot, context)
+    wait_ready(qtbot, window)
+    return window
+
+
+def assistant_messages(window):
+    return [m for m in window.context.store.messages(window.session.current.id) if m.role == "assistant"]
+
+
+def test_send_streams_a_reply_from_the_engine(chat_window, qtbot):
+    window = chat_window
+    assert window.current_page == "chat"
+    updates = []
+    window.session.reply_updated.connect(lambda *args: updates.append(args))
+    send(qtbot, window, "Hello there")
+    assert window.chat.composer.streaming or not window.session.busy
+    wait_reply(qtbot, window)
+    (reply,) = assistant_messages(window)
+    assert reply.status == "complete"
+    assert reply.metrics["prompt_tokens"] > 0 and reply.metrics["output_tokens"] > 0
+    assert updates, "the reply streamed"
+    views = window.chat.transcript.message_views()
+    assert [v.message.role for v in views] == ["user", "assistant"]
+    assert "prompt" in views[1].metrics.text() and "output" in views[1].metrics.text()
+    assert window.chat.gauge.total == window.engine.max_context and window.chat.gauge.used > 0
+    assert window.chat.conversations.list.count() == 1
+    assert window.chat.title.full_text == "Hello there"
+    screenshot(window, "chat_reply_tiny_model")
+    window.chat._fill_model_menu()
+    actions = [(a.text(), a.isChecked()) for a in window.chat.model_menu.actions() if not a.isSeparator()]
+    assert actions == [("base", True), ("Download or manage models…", False)]
+
+
+def test_shift_enter_is_a_new_line_and_enter_sends(chat_window, qtbot):
+    composer = chat_window.chat.composer
+    qtbot.keyClicks(composer.input, "first line")
+    qtbot.keyClick(composer.input, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    qtbot.keyClicks(composer.input, "second line")
+    assert composer.input.toPlainText() == "first line\nsecond line" and not chat_window.session.busy
+    with qtbot.waitSignal(composer.send_requested) as sent:
+        qtbot.keyClick(composer.input, Qt.Key.Key_Return)
+    assert sent.args == ["first line\nsecond line", []] and composer.input.toPlainText() == ""
+    wait_reply(qtbot, chat_window)
+
+
+def test_stop_mid_stream_keeps_the_partial_reply(chat_window, qtbot, monkeypatch):
+    window = chat_window
+    seeded_replies(monkeypatch, max_tokens=3000)
+    send(qtbot, window, "Tell me a long story")
+    qtbot.waitUntil(lambda: bool(window.session.active and window.session.active.content), timeout=20_000)
+    assert window.chat.composer.streaming
+    qtbot.mouseClick(window.chat.composer.send_button, Qt.MouseButton.LeftButton)   # the Stop button
+    wait_reply(qtbot, window)
+    send(qtbot, window, "And another one")
+    qtbot.waitUntil(lambda: bool(window.session.active and window.session.active.content), timeout=20_000)
+    qtbot.keyClick(window.chat.composer.input, Qt.Key.Key_Escape)                   # Esc stops too
+    wait_reply(qtbot, window)
+    replies = assistant_messages(window)
+    assert [r.status for r in replies] == ["stopped", "stopped"] and all(r.content for r in replies)
+    assert all(r.metrics["output_tokens"] < 3000 for r in replies)
+    assert not window.chat.composer.streaming
+    assert "stopped" in window.chat.transcript.message_views()[-1].metrics.text()
+
+
+def test_reasoning_is_shown_folded(app_env, qtbot, checkpoint, monkeypatch):
+    seeded_replies(monkeypatch)          # seed 3's random reply thinks, then answers
+    context = make_context(app_env, last_model=str(checkpoint("base")), max_tokens=30, thinking=True,
+                           reasoning_effort="low")
+    window = open_window(qtbot, context)
+    wait_ready(qtbot, window)
+    assert window.chat.composer.think_button.isChecked()
+    send(qtbot, window, "Think first, then answer")
+    wait_reply(qtbot, window)
+    (reply,) = assistant_messages(window)
+    assert reply.reasoning and reply.metrics["reasoning_tokens"] > 0
+    view = window.chat.transcript.message_views()[-1]
+    assert view.thinking.isVisible() and not view.thinking.is_open and view.thinking.body.isHidden()
+    screenshot(window, "chat_thinking_folded")
+    qtbot.mouseClick(view.thinking.toggle, Qt.MouseButton.LeftButton)
+    assert view.thinking.is_open and view.thinking.body.isVisible()
+    assert view.thinking.body.text() == reply.reasoning.strip()
+    screenshot(window, "chat_thinking_open")
+
+
+def test_regenerate_replaces_the_last_reply(chat_window, qtbot):
+    window = chat_window
+    send(qtbot, window, "First question")
+    wait_reply(qtbot, window)
+    (first,) = assistant_messages(window)
+    view = window.chat.transcript.message_views()[-1]
+    assert view.regenerate_button.isVisible()
+    qtbot.mouseClick(view.regenerate_button, Qt.MouseButton.LeftButton)
+    wait_reply(qtbot, window)
+    (second,) = assistant_messages(window)
+    assert second.id != first.id and second.status == "complete"
+    assert [v.message.id for v in window.chat.transcript.message_views()][-1] == second.id
+
+
+def test_edit_and_resend_the_last_user_message(chat_window, qtbot):
+    window = chat_window
+    send(qtbot, window, "Wrong question")
+    wait_reply(qtbot, window)
+    user_view = window.chat.transcript.message_views()[0]
+    qtbot.mouseClick(user_view.edit_button, Qt.MouseButton.LeftButton)
+    composer = window.chat.composer
+    assert composer.editing and composer.input.toPlainText() == "Wrong question"
+    screenshot(window, "chat_editing")
+    send(qtbot, window, "Right question")
+    wait_reply(qtbot, window)
+    messages = window.context.store.messages(window.session.current.id)
+    assert (messages[0].role, messages[0].content) == ("user", "Right question")
+    assert [m.role for m in messages] == ["user", "assistant"]
+    assert not composer.editing
+
+
+def test_conversation_survives_a_restart(app_env, qtbot, checkpoint):
+    path = str(checkpoint("base"))
+    first = open_window(qtbot, make_context(app_env, last_model=path, max_tokens=16, thinking=False))
+    wait_ready(qtbot, first)
+    send(qtbot, first, "Remember me")
+    wait_reply(qtbot, first)
+    reply = first.chat.transcript.message_views()[-1].message.content
+    first.close()
+    first.context.store.close()
+
+    second = open_window(qtbot, make_context(app_env))
+    wait_ready(qtbot, second)
+    assert second.chat.conversations.list.count() == 1
+    item = second.chat.conversations.list.item(0)
+    assert item.text() == "Remember me"
+    qtbot.mouseClick(second.chat.conversations.list.viewport(), Qt.MouseButton.LeftButton,
+                     pos=second.chat.conversations.list.visualItemRect(item).center())
+    views = second.chat.transcript.message_views()
+    assert [v.message.content for v in views] == ["Remember me", reply]
+
+
+def test_interrupted_reply_is_recovered_after_a_crash(tmp_path):
+    store = Store(tmp_path / "db.sqlite3")
+    conversation = store.create_conversation("Crash")
+    store.add_message(conversation.id, "assistant", content="half a rep", status="streaming")
+    store.db.close()                                   # the app died mid-reply
+    (message,) = Store(tmp_path / "db.sqlite3").messages(conversation.id)
+    assert message.status == "stopped" and message.content == "half a rep"
+
+
+def test_image_attachment_says_vision_is_not_enabled(chat_window, qtbot, tmp_path):
+    window = chat_window
+    image = QImage(320, 200, QImage.Format.Format_RGB32)
+    image.fill(QColor("#5b8def"))
+    path = tmp_path / "photo.png"
+    image.save(str(path))
+    composer = window.chat.composer
+    from PySide6.QtCore import QMimeData, QUrl
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(path))])
+    composer.input.insertFromMimeData(mime)             # the same path as a drop
+    pasted = QMimeData()
+    pasted.setImageData(image)
+    composer.input.insertFromMimeData(pasted)           # a paste of image data
+    assert len(composer.attachments.paths) == 2 and composer.attachments.isVisible()
+    remove = composer.attachments.row.itemAt(1).widget().findChild(QToolButton)
+    remove.click()
+    assert len(composer.attachments.paths) == 1
+    screenshot(window, "chat_image_attached")
+    send(qtbot, window, "What is in this picture?")
+    wait_reply(qtbot, window)
+    roles = [m.role for m in window.context.store.messages(window.session.current.id)]
+    assert roles == ["user", "notice", "assistant"]
+    notice = window.chat.transcript.views[1]
+    assert "no vision" in notice.message.content
+    user = window.context.store.messages(window.session.current.id)[0]
+    assert len(user.attachments) == 1 and Path(user.attachments[0]).is_file()
+    assert not composer.attachments.paths
+    screenshot(window, "chat_image_no_vision")
+
+
+def test_conversations_search_rename_and_delete(chat_window, qtbot, monkeypatch):
+    window = chat_window
+    for text in ("Apples and pears", "Bananas"):
+        window.session.new_conversation()
+        send(qtbot, window, text)
+        wait_reply(qtbot, window)
+    listing = window.chat.conversations
+    assert listing.list.count() == 2
+    listing.search.setText("pear")
+    assert [listing.list.item(i).text() for i in range(listing.list.count())] == ["Apples and pears"]
+    listing.search.setText("")
+    apples = next(c for c in window.context.store.conversations() if c.title.startswith("Apples"))
+    item = listing._item(apples.id)
+    item.setText("Fruit")                                # what an inline edit does
+    assert window.context.store.conversation(apples.id).title == "Fruit"
+    monkeypatch.setattr("app.dialogs.confirm", lambda *args: True)
+    window.chat.confirm_delete(apples.id)
+    assert [c.title for c in window.context.store.conversations()] == ["Bananas"]
+    assert listing.list.count() == 1
+
+
+REPLY = """Here is a function that adds two numbers, with a quick check:
+
+```python
+def add(a: int, b: int) -> int:
+    \"\"\"Return the sum of a and b.\"\"\"
+    return a + b
+
+
+assert add(2, 40) == 42  # a line long enough to need the horizontal scroll bar of the code block, really
+```
+
+Why it works:
+
+1. `+` on two `int`s is exact in Python (no overflow).
+2. The type hints are **documentation**, not checks.
+
+| input | output |
+|---|---|
+| `add(1, 2)` | 3 |
+| `add(-1, 1)` | 0 |
+
+Let me check the weather too.
+<tool_call>
+<function=get_weather>
+<parameter=city>
+Paris
+</parameter>
+<parameter=unit>
+celsius
+</parameter>
+</function>
+</tool_call>"""
+
+
+def test_markdown_code_blocks_and_tool_calls_render(app_env, qtbot):
+    from PySide6.QtGui import QGuiApplication
+
+    from app.chat.code_block import CodeBlock
+    from app.chat.content_view import MarkdownLabel
+    from app.chat.tool_call_view import ToolCallView
+
+    window = open_window(qtbot, make_context(app_env), autoload=False)
+    pieces = [(REPLY[i:i + 40], "") for i in range(0, len(REPLY), 40)]
+    backend = ScriptedBackend([("", "The user wants an add function. "), ("", "Keep it short and typed.")] + pieces,
+                              metrics={"ttft_ms": 180.0, "tok_s": 41.7, "prompt_tokens": 1204, "cached_tokens": 1024,
+                                       "output_tokens": 212, "reasoning_tokens": 14})
+    window.session.set_backend(backend)
+    window.chat.set_model("Qwen3.6 27B FP8")
+    window.show_page("chat")
+    send(qtbot, window, "Write a Python function that adds two numbers, and what's the weather in Paris?")
+    wait_reply(qtbot, window)
+    view = window.chat.transcript.message_views()[-1]
+    kinds = [type(w) for w in view.content.widgets()]
+    assert kinds == [MarkdownLabel, CodeBlock, MarkdownLabel, ToolCallView]
+    code = view.content.widgets()[1]
+    assert code.language == "python" and code.code.startswith("def add(")
+    code.copy_button.click()
+    assert QGuiApplication.clipboard().text() == code.code and code.copy_button.text() == "Copied"
+    (call,) = view.message.tool_calls
+    assert call == {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}
+    assert "<tool_call>" not in view.message.content
+    assert "1.2K prompt (1K cached)" in view.metrics.text() and "41.7 tok/s" in view.metrics.text()
+    assert view.thinking.isVisible() and not view.thinking.is_open
+    window.chat.banner.hide()
+    screenshot(window, "chat_markdown_code_tools")

@@ -1,0 +1,157 @@
+"""Settings: a profile change reloads the engine; the local endpoint serves the OpenAI SDK; a
+remote OpenAI-compatible server replaces the local engine for the chat."""
+
+import pytest
+from PySide6.QtCore import Qt
+
+from tests.app_support import (
+    FakeOpenAI,
+    make_context,
+    open_window,
+    page_screenshot,
+    prepare_app_env,
+    screenshot,
+    seeded_replies,
+    send,
+    wait_ready,
+    wait_reply,
+)
+
+
+@pytest.fixture
+def app_env(tmp_path, monkeypatch, qapp):
+    return prepare_app_env(tmp_path, monkeypatch, qapp)
+
+
+@pytest.fixture
+def window(app_env, qtbot, checkpoint, monkeypatch):
+    seeded_replies(monkeypatch)
+    context = make_context(app_env, last_model=str(checkpoint("base")), max_tokens=16, thinking=False)
+    w = open_window(qtbot, context)
+    wait_ready(qtbot, w)
+    return w
+
+
+def test_profile_change_reloads_the_engine(window, qtbot):
+    page = window.settings_page
+    window.show_page("settings")
+    assert not page.apply_engine.isEnabled()
+    plans = [page.plans.cell_text(row, 2) for row in range(1, 5)]
+    assert all(text.endswith("tokens") for text in plans)             # every profile fits the tiny model
+    screenshot(window, "settings")
+    page.profile_buttons["C2"].click()
+    page.kv_dtype.setCurrentIndex(page.kv_dtype.findData("int8"))
+    assert page.apply_engine.isEnabled() and "reloads" in page.engine_status.text()
+    states = []
+    window.engine.state_changed.connect(lambda state, _: states.append(state))
+    qtbot.mouseClick(page.apply_engine, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: states[-1:] == ["ready"], timeout=30_000)
+    assert states == ["loading", "ready"]
+    assert window.engine.model.profile == "C2"
+    assert window.context.settings.profile == "C2" and window.context.settings.kv_dtype == "int8"
+    assert window.context.store.get_setting("app_settings")["profile"] == "C2"
+    assert "C2" in window.status.text.full_text
+    assert not page.apply_engine.isEnabled()
+    send(qtbot, window, "Still there?")
+    wait_reply(qtbot, window)
+    assert window.chat.transcript.message_views()[-1].message.status == "complete"
+
+
+def test_generation_defaults_apply_without_a_reload(window, qtbot):
+    page = window.settings_page
+    states = []
+    window.engine.state_changed.connect(lambda state, _: states.append(state))
+    window.models.token.setText("hf_secret")
+    window.models.save_token()                          # another page changes another field first
+    page.temperature.setValue(0.2)
+    page.temperature.editingFinished.emit()
+    page.effort.setCurrentIndex(page.effort.findData("medium"))
+    assert window.context.settings.temperature == 0.2 and window.context.settings.reasoning_effort == "medium"
+    assert window.context.settings.sampling_params(thinking=True).thinking_budget == 4096
+    qtbot.wait(100)
+    assert states == []
+    saved = window.context.store.get_setting("app_settings")
+    assert saved["temperature"] == 0.2 and saved["hf_token"] == "hf_secret"
+    assert "hf_secret" not in repr(window.context.settings)
+
+
+def test_endpoint_switch_serves_the_openai_sdk(window, qtbot):
+    pytest.importorskip("engine.server", reason="the engine's HTTP server is not in this build")
+    openai = pytest.importorskip("openai")
+    page = window.settings_page
+    page.endpoint_port.setRange(0, 65535)
+    page.endpoint_port.setValue(0)                          # any free port
+    page.endpoint_key.setText("sk-test")
+    page.endpoint_key.editingFinished.emit()
+    with qtbot.waitSignal(window.engine.endpoint_changed, timeout=30_000,
+                          check_params_cb=lambda status: status.running or bool(status.message)) as started:
+        page.endpoint_enabled.setChecked(True)
+    status = started.args[0]
+    assert status.running, status.message
+    assert page.endpoint_status.text() == f"Running at {status.base_url}"
+    window.show_page("settings")
+    page_screenshot(page, "settings_full_endpoint_on")
+    client = openai.OpenAI(base_url=status.base_url, api_key="sk-test", timeout=60)
+    reply = client.chat.completions.create(model=window.engine.model.name, max_tokens=8,
+                                           messages=[{"role": "user", "content": "Hi"}])
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=status.base_url, api_key="wrong", timeout=30).models.list()
+    with qtbot.waitSignal(window.engine.endpoint_changed, timeout=30_000) as stopped:
+        page.endpoint_enabled.setChecked(False)
+    assert not stopped.args[0].running
+
+
+def test_endpoint_that_cannot_start_is_a_message(window, qtbot, monkeypatch):
+    from app import engine_thread
+    from app.endpoint import UNAVAILABLE, EndpointStatus
+    monkeypatch.setattr(engine_thread, "start_endpoint",
+                        lambda *args: (None, EndpointStatus(False, message=UNAVAILABLE)))
+    with qtbot.waitSignal(window.engine.endpoint_changed, timeout=10_000) as changed:
+        window.settings_page.endpoint_enabled.setChecked(True)
+    assert changed.args[0].message == UNAVAILABLE
+    assert window.settings_page.endpoint_status.text() == UNAVAILABLE
+
+
+def test_remote_server_replaces_the_local_engine(app_env, qtbot):
+    server = FakeOpenAI(api_key="remote-key", words=5, delay=0.01)
+    try:
+        window = open_window(qtbot, make_context(app_env), autoload=False)
+        page = window.settings_page
+        page.remote_url.setText(server.url + "/v1")
+        page.remote_key.setText("remote-key")
+        page.test_remote()
+        qtbot.waitUntil(lambda: page.remote_status.text().startswith("Connected"), timeout=10_000)
+        assert page.remote_model.currentText() == "big-qwen"
+        page.remote_enabled.setChecked(True)
+        assert window.session.backend is window.remote
+        window.show_page("settings")
+        page_screenshot(page, "settings_full_remote")
+        window.show_page("chat")
+        assert "big-qwen" in window.chat.model_badge.text() and not window.chat.composer._blocked_reason
+        send(qtbot, window, "Hello, big server")
+        wait_reply(qtbot, window)
+        (request,) = server.requests
+        assert request["model"] == "big-qwen" and request["stream"] is True
+        assert request["messages"][-1] == {"role": "user", "content": "Hello, big server"}
+        assert request["chat_template_kwargs"] == {"enable_thinking": True}      # the default
+        reply = window.chat.transcript.message_views()[-1].message
+        assert reply.content == " ".join(f"word{i}" for i in range(5)) and reply.reasoning == "Let me think. "
+        assert reply.metrics["prompt_tokens"] == 12 and reply.metrics["cached_tokens"] == 4
+        screenshot(window, "chat_remote")
+    finally:
+        server.stop()
+
+
+def test_remote_errors_reach_the_chat_as_messages(app_env, qtbot):
+    server = FakeOpenAI(api_key="right")
+    try:
+        window = open_window(qtbot, make_context(app_env, remote_enabled=True, remote_base_url=server.url + "/v1",
+                                                 remote_api_key="wrong", remote_model="m"), autoload=False)
+        send(qtbot, window, "Hello?")
+        wait_reply(qtbot, window)
+        reply = window.chat.transcript.message_views()[-1]
+        assert reply.message.status == "error" and "401" in reply.message.error
+        assert reply.error.isVisible()
+    finally:
+        server.stop()

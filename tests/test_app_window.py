@@ -1,0 +1,114 @@
+"""The window as a whole: first run, load failures, single instance, closing, launching."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from PySide6.QtCore import QCoreApplication
+
+from app.catalog import GB, load_catalog, recommend
+from app.gpu import GpuInfo
+from app.single_instance import SingleInstance, instance_key
+from tests.app_support import (
+    make_context,
+    open_window,
+    page_screenshot,
+    prepare_app_env,
+    screenshot,
+    send,
+    wait_ready,
+)
+
+
+@pytest.fixture
+def app_env(tmp_path, monkeypatch, qapp):
+    return prepare_app_env(tmp_path, monkeypatch, qapp)
+
+
+def test_first_run_opens_models_with_a_recommendation(app_env, qtbot):
+    rtx3090 = GpuInfo("NVIDIA GeForce RTX 3090", 24 << 30)
+    window = open_window(qtbot, make_context(app_env, gpu=rtx3090))
+    assert window.current_page == "models"
+    assert "Qwen3.6 27B FP8" in window.models.recommendation.text()
+    assert window.models.cards[0].entry.id == "Qwen/Qwen3.6-27B-FP8"
+    assert "Load a model" in window.chat.composer.status.text()
+    screenshot(window, "first_run_models")
+    page_screenshot(window.models, "models_full_first_run")
+    window.show_page("chat")
+    screenshot(window, "first_run_chat")
+    window.show_page("settings")
+    screenshot(window, "first_run_settings")
+
+
+def test_recommendation_follows_gpu_memory():
+    catalog = load_catalog()
+    assert recommend(catalog, int(24 * GB * 1.07)).id == "Qwen/Qwen3.6-27B-FP8"
+    assert recommend(catalog, 16 * GB).id == "Qwen/Qwen3.5-9B"
+    assert recommend(catalog, 6 * GB).id == "Qwen/Qwen3.5-4B"
+    assert recommend(catalog, None).id == "Qwen/Qwen3.5-0.8B"
+
+
+def test_catalog_entries_are_confirmed_qwen_checkpoints():
+    for entry in load_catalog():
+        assert entry.id.startswith("Qwen/Qwen3.") and entry.source and entry.download_gb > 0 and entry.vram_gb > 0
+        assert entry.loads_as in ("int4", "bf16")
+
+
+def test_a_model_that_cannot_load_is_a_message(app_env, qtbot, tmp_path):
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text('{"model_type": "llama"}')
+    window = open_window(qtbot, make_context(app_env, last_model=str(tmp_path / "broken")))
+    qtbot.waitUntil(lambda: window.engine.state == "error", timeout=20_000)
+    qtbot.waitUntil(lambda: "could not be loaded" in window.chat.banner.text.text(), timeout=5_000)
+    assert window.chat.banner.isVisible() and window.chat.banner.property("kind") == "error"
+    assert window.status.dot.property("state") == "error"
+    assert window.chat.composer._blocked_reason
+    screenshot(window, "chat_load_failed")
+
+
+def test_single_instance_hands_over_to_the_first(app_env, qtbot):
+    key = instance_key(str(app_env))
+    first = SingleInstance(key)
+    assert first.listen()
+    second = SingleInstance(key)
+    try:
+        with qtbot.waitSignal(first.activated, timeout=5_000):
+            assert second.notify_running()
+        assert not SingleInstance(instance_key(str(app_env / "other"))).notify_running()
+    finally:
+        first.close()
+
+
+def test_closing_while_a_reply_streams_does_not_hang(app_env, qtbot, checkpoint):
+    window = open_window(qtbot, make_context(app_env, last_model=str(checkpoint("base")), max_tokens=3000,
+                                             thinking=False))
+    wait_ready(qtbot, window)
+    send(qtbot, window, "A long answer, please")
+    qtbot.waitUntil(lambda: window.session.busy, timeout=10_000)
+    started = time.monotonic()
+    window.close()
+    assert time.monotonic() - started < 10
+    assert window.engine.isFinished()
+    QCoreApplication.processEvents()
+
+
+def test_python_m_app_starts_and_shows_the_window(tmp_path):
+    """`python -m app` opens the window; a second launch hands over to it and exits."""
+    env = {**os.environ, "QWENDESK_DATA_DIR": str(tmp_path), "QT_QPA_PLATFORM": "offscreen"}
+    first = subprocess.Popen([sys.executable, "-m", "app"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "qwendesk.sqlite3").exists() and time.monotonic() < deadline:
+            assert first.poll() is None, first.stdout.read().decode()
+            time.sleep(0.2)
+        time.sleep(1.0)
+        assert first.poll() is None
+        second = subprocess.run([sys.executable, "-m", "app"], env=env, capture_output=True, timeout=60, check=False)
+        assert second.returncode == 0
+        assert first.poll() is None
+    finally:
+        first.terminate()
+        first.wait(timeout=20)
