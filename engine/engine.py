@@ -117,6 +117,16 @@ class Engine:
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="qwendesk-engine", daemon=True)
         self._thread.start()
+        if self.device.type == "cuda":
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Run the prefill shapes once (a full chunk and an odd length) so that the first user request
+        does not pay for Triton compiling and tuning kernels; what they cache is dropped."""
+        n = min(self.config.prefill_chunk, self.max_context - 2)
+        for length in (n, 17):
+            self.generate([(7 * i) % self.model_config.vocab_size for i in range(length)],
+                          SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
 
     @classmethod
     def from_model(cls, config: EngineConfig, model, tokenizer, template=None) -> "Engine":
@@ -224,8 +234,11 @@ class Engine:
         self._closed = True
         self._inbox.put(("stop",))
         self._thread.join()
-        self.runner = self.model = self.cache = None
+        # drop every reference to device memory (graphs, pools, cache), then give it back
+        self.runner = self.model = self.cache = self.cache_manager = self.scheduler = None
+        self.vision_weights = {}
         if self.device.type == "cuda":
+            torch.cuda.synchronize()
             torch.cuda.empty_cache()
 
     def __enter__(self):

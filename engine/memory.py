@@ -2,8 +2,9 @@
 and whether that fits the device.
 
 The concurrency profile C splits the budget: every running sequence may reach `max_context`
-tokens, so the KV pool holds C * max_context tokens (plus a quarter more, kept for prefix
-reuse), and the state pool holds C live slots, snapshots for prefix reuse and one scratch slot.
+tokens, so the KV pool holds C * max_context tokens (plus up to a quarter more where memory is
+left over, for cached prefixes), and the state pool holds C live slots, snapshots for prefix
+reuse and one scratch slot.
 `plan_memory` works from the checkpoint's headers alone (no weights loaded), so the GUI can show
 what a profile means before loading anything.
 """
@@ -19,7 +20,7 @@ from engine.config import ModelConfig, load_model_config
 from engine.params import EngineConfig
 
 GIB = 1 << 30
-PREFIX_EXTRA = 1.25          # KV pages beyond C * max_context, for cached prefixes
+PREFIX_EXTRA = 1.25          # at most this many KV pages per reserved page (the rest: cached prefixes)
 MAX_SNAPSHOTS = 16
 
 
@@ -118,17 +119,27 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
     snapshots = config.snapshots if config.snapshots is not None else \
         max(0, min(MAX_SNAPSHOTS, int(left * 0.1) // max(per_slot, 1)))
     kv_left = left - snapshots * per_slot
-    fits_ctx = max(0, int(kv_left / PREFIX_EXTRA / C / per_tok) // page * page)
+    fits_ctx = max(0, int(kv_left / C / per_tok) // page * page)
     limit = cfg.max_position_embeddings
-    want = config.max_context if config.max_context is not None else min(limit, fits_ctx)
     if config.max_context is not None and config.max_context > limit:
         raise ValueError(f"max_context {config.max_context} exceeds the model's {limit} positions")
-    ctx = max(want, page)
-    pages = int(C * -(-ctx // page) * PREFIX_EXTRA) + 1
-    plan = MemoryPlan(budget_bytes=budget_bytes, weights_bytes=weights_bytes, kv_bytes=pages * page * per_tok,
-                      state_bytes=(C + snapshots + 1) * per_slot, workspace_bytes=work, margin_bytes=margin,
-                      max_context=ctx, num_pages=pages, num_slots=C + snapshots + 1, snapshots=snapshots,
-                      kv_bytes_per_token=per_tok, state_bytes_per_slot=per_slot)
+
+    def make(ctx: int) -> MemoryPlan:
+        pages = C * -(-ctx // page) + 1
+        spare = max(0, int(kv_left // (page * per_tok)) - pages)   # pages beyond the reservations: cached prefixes
+        pages += min(spare, int(pages * (PREFIX_EXTRA - 1)))
+        return MemoryPlan(budget_bytes=budget_bytes, weights_bytes=weights_bytes, kv_bytes=pages * page * per_tok,
+                          state_bytes=(C + snapshots + 1) * per_slot, workspace_bytes=work, margin_bytes=margin,
+                          max_context=ctx, num_pages=pages, num_slots=C + snapshots + 1, snapshots=snapshots,
+                          kv_bytes_per_token=per_tok, state_bytes_per_slot=per_slot)
+
+    if config.max_context is not None:
+        ctx = config.max_context
+    else:
+        ctx = max(min(limit, fits_ctx), page)
+        while ctx > page and make(ctx).total_bytes > budget_bytes:   # page rounding can overshoot a little
+            ctx -= page
+    plan = make(ctx)
     if plan.total_bytes > budget_bytes or fits_ctx < page:
         plan.fits = False
         if not explain:

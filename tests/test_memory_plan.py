@@ -1,0 +1,72 @@
+"""The memory planner on the real 27B shapes with simulated budgets (no weights loaded)."""
+
+import pytest
+import torch
+
+from engine.config import parse_model_config
+from engine.memory import GIB, plan_memory
+from engine.params import EngineConfig
+from engine.weights.quantize import DEFAULT_POLICY, model_tensor_shapes, policy_bytes
+from engine.bench import text_config
+from engine.bench_memory import vision_bytes
+
+CFG = parse_model_config(text_config("27b"))
+INT4 = policy_bytes(model_tensor_shapes(CFG, with_mtp=False, with_vision=False), DEFAULT_POLICY)["total"]
+VISION = vision_bytes(text_config("27b"))
+BF16 = sum(2 * torch.Size(s).numel() for s, _ in model_tensor_shapes(CFG, with_mtp=False, with_vision=False).values())
+
+
+def plan(budget_gib=24.0, weights=INT4 + VISION, **fields):
+    return plan_memory(CFG, EngineConfig(model="", **fields), torch.bfloat16, weights_bytes=weights,
+                       budget_bytes=int(budget_gib * GIB), mtp=False, on_gpu=True)
+
+
+def test_default_policy_bytes_of_the_27b():
+    assert 13.5 * GIB < INT4 < 15.5 * GIB     # int4 linears + int8 embeddings and LM head + 16-bit rest
+    assert 50e9 < BF16 < 56e9
+
+
+def test_24gib_card_holds_32k_bf16_kv_at_c1():
+    p = plan(profile="C1", max_context=32768)
+    assert p.fits and p.total_bytes <= 24 * GIB, p.summary()
+
+
+def test_24gib_card_with_int8_kv_reaches_170k_at_c1():
+    p = plan(profile="C1", kv_dtype="int8")
+    assert p.fits and p.max_context >= 170_000, p.summary()
+
+
+def test_24gib_card_runs_c8_with_8k_each():
+    p = plan(profile="C8", max_context=8192)
+    assert p.fits, p.summary()
+
+
+def test_more_concurrency_means_less_context_each():
+    contexts = [plan(profile=c).max_context for c in ("C1", "C2", "C4", "C8")]
+    assert contexts == sorted(contexts, reverse=True) and contexts[-1] > 0
+
+
+def test_bf16_27b_does_not_fit_and_says_why():
+    p = plan(weights=BF16)
+    assert not p.fits
+    assert "Nothing fits" in p.message and "int4" in p.message
+
+
+def test_too_long_a_context_is_refused_with_what_fits():
+    p = plan(profile="C4", max_context=262144)
+    assert not p.fits
+    assert "What fits" in p.message and "C1 with int8 KV" in p.message
+
+
+def test_plan_never_exceeds_its_budget_when_it_says_it_fits():
+    for budget in (16, 20, 24, 32, 48):
+        for profile in ("C1", "C2", "C4", "C8"):
+            for kv in ("bf16", "int8"):
+                p = plan(budget, profile=profile, kv_dtype=kv)
+                if p.fits:
+                    assert p.total_bytes <= budget * GIB, (budget, profile, kv, p.summary())
+
+
+def test_max_context_beyond_the_model_is_an_error():
+    with pytest.raises(ValueError, match="exceeds the model"):
+        plan(max_context=10**7)
