@@ -34,7 +34,7 @@ class Tokenizer:
             backend = tokenizers.Tokenizer.from_file(str(file))
         except Exception as e:  # the library reports bad JSON and unknown components alike
             raise ValueError(f"cannot read {file}: {e}") from None
-        config = _read_json(path / "tokenizer_config.json")
+        config = read_json(path / "tokenizer_config.json")
         _add_config_tokens(backend, config)
         return cls(backend, _eos_token_ids(path, backend, config))
 
@@ -59,7 +59,8 @@ class Tokenizer:
         return self.backend.id_to_token(token_id)
 
 
-def _read_json(file: Path) -> dict:
+def read_json(file: Path) -> dict:
+    """A checkpoint's optional JSON file ({} when absent); a clear error when unreadable."""
     if not file.is_file():
         return {}
     try:
@@ -88,8 +89,8 @@ def _add_config_tokens(backend: tokenizers.Tokenizer, config: dict) -> None:
 def _eos_token_ids(path: Path, backend: tokenizers.Tokenizer, config: dict) -> tuple[int, ...]:
     """Union, in this order, of generation_config.json's eos_token_id, config.json's (top level or
     text_config) and tokenizer_config.json's eos_token."""
-    generation = _read_json(path / "generation_config.json")
-    model = _read_json(path / "config.json")
+    generation = read_json(path / "generation_config.json")
+    model = read_json(path / "config.json")
     found = [generation.get("eos_token_id"), model.get("eos_token_id"),
              (model.get("text_config") or {}).get("eos_token_id")]
     eos = config.get("eos_token")

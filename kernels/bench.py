@@ -47,6 +47,19 @@ class Result:
     met: bool | None
 
 
+def graph_replay(fn):
+    """Capture fn (run once first, on a side stream, to compile it) into a CUDA graph; returns its replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def time_us(fn, warmup_ms=25, rep_ms=200) -> float:
     from triton.testing import do_bench
     return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.attention import paged_attention
-from kernels.bench import Case
+from kernels.bench import Case, graph_replay
 
 HQ, HKV, D, PAGE = 24, 4, 256, 64
 SCALE = D ** -0.5
@@ -44,24 +44,13 @@ def _contiguous(cache, tables, length, heads=HKV):
     return kv.repeat_interleave(heads // HKV, dim=1).contiguous()
 
 
-def _graph(fn):
-    """Capture fn (compiled first, on a side stream) into a CUDA graph; returns its replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def _decode(batch, length, quant):
     pools, tables, seq_lens = _paged(batch, length, quant)
     q = torch.randn(batch, HQ, D, dtype=torch.bfloat16, device=DEV)
     cu = torch.arange(batch + 1, dtype=torch.int32, device=DEV)
-    replay = _graph(lambda: paged_attention(q, pools["k_cache"], pools["v_cache"], tables, cu, seq_lens, SCALE,
+    replay = graph_replay(lambda: paged_attention(q, pools["k_cache"], pools["v_cache"], tables, cu, seq_lens, SCALE,
                                             k_scale=pools.get("k_scale"), v_scale=pools.get("v_scale"),
                                             decode_q_len=1, max_seq_len=length))
     kv_bytes = 2 * batch * length * HKV * (D * (1 if quant else 2) + (4 if quant else 0))

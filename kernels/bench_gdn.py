@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.bench import Case
+from kernels.bench import Case, graph_replay
 from kernels.conv1d import causal_conv1d, causal_conv1d_ref, causal_conv1d_update
 from kernels.gdn import (_fla_chunk, gated_delta_rule, gated_delta_rule_ref, gdn_decode, gdn_decode_ref,
                          gdn_gating_ref, recurrent_gated_delta_rule_triton)
@@ -64,17 +64,6 @@ def _fla_recurrent_baseline(B, L):
                                                     use_qk_l2norm_in_kernel=True)
 
 
-def _graph(fn):
-    """Capture fn (already compiled) into a CUDA graph; returns its replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def _decode_cases():
@@ -92,7 +81,7 @@ def _decode_cases():
                           target_frac=0.5))
     for B in (1, 8):
         layers = [_decode_inputs(B, 1) for _ in range(LAYERS)]
-        replay = _graph(lambda layers=layers: [gdn_decode(**x) for x in layers])
+        replay = graph_replay(lambda layers=layers: [gdn_decode(**x) for x in layers])
         cases.append(Case("gdn", f"decode_b{B}_x48_graph (us per token)", replay,
                           bytes=LAYERS * 2 * B * STATE_BYTES, target=target + ", 48 layers in one graph",
                           target_frac=0.5))

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import quant
-from kernels.bench import Case, time_us
+from kernels.bench import Case, graph_replay, time_us
 from kernels.quant import int4_linear, int8_embedding, int8_linear, pack_int4, pack_int8
 
 HIDDEN = 5120
@@ -65,17 +65,6 @@ def _tuned(fn) -> str:
     return f"BN{kw['BN']} w{cfg.num_warps} s{cfg.num_stages} k{kw['SPLIT_K']}"
 
 
-def _graph(fn):
-    """Capture fn (run once first, on a side stream) into a CUDA graph; returns its replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def _gemv_cases(int4_w, bf16_w):
@@ -113,8 +102,8 @@ def _layer_cases(int4_w, bf16_w):
     for kind, names in LAYERS.items():
         for M in (1, 8):
             xs = [torch.randn(M, PROJ[n][1], dtype=torch.bfloat16, device=DEV) for n in names]
-            int4_step = _graph(lambda xs=xs, names=names: [int4_linear(x, int4_w[n]) for x, n in zip(xs, names)])
-            bf16_step = _graph(lambda xs=xs, names=names: [F.linear(x, bf16_w[n]) for x, n in zip(xs, names)])
+            int4_step = graph_replay(lambda xs=xs, names=names: [int4_linear(x, int4_w[n]) for x, n in zip(xs, names)])
+            bf16_step = graph_replay(lambda xs=xs, names=names: [F.linear(x, bf16_w[n]) for x, n in zip(xs, names)])
             nbytes = sum(_gemv_bytes(int4_w[n], M) for n in names)
             cases.append(Case("quant", f"int4 {kind} layer, 4 projections, M={M} (graph)", int4_step, bytes=nbytes,
                               baseline=bf16_step, target=GEMV_TARGET + "; >= 2.8x bf16 (vs ref)", target_frac=0.8))

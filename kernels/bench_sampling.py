@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.bench import Case
+from kernels.bench import Case, graph_replay
 from kernels.sampling import (Penalties, apply_penalties_ref, sample, sample_ref, token_logprobs,
                               top_logprobs_ref)
 
@@ -42,15 +42,6 @@ def _penalties(B: int) -> Penalties:
     return Penalties(counts, prompt, full, full * 0.4, full + 0.6)
 
 
-def _graphed(fn):
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 def cases() -> list[Case]:
     out = []
     for B in (1, 8):
@@ -59,7 +50,7 @@ def cases() -> list[Case]:
         step = lambda lg=logits, p=params: sample(lg, **p)            # noqa: E731
         ref = lambda lg=logits, p=params: sample_ref(lg, **p)         # noqa: E731
         out.append(Case("sampling", f"sample B={B} mixed, eager", step, bytes=B * VOCAB * 4, baseline=ref, **target))
-        out.append(Case("sampling", f"sample B={B} mixed, graph", _graphed(step), bytes=B * VOCAB * 4, baseline=ref,
+        out.append(Case("sampling", f"sample B={B} mixed, graph", graph_replay(step), bytes=B * VOCAB * 4, baseline=ref,
                         **target))
         tokens = sample(logits, **params)
         out.append(Case("sampling", f"logprobs top-20 B={B}", lambda lg=logits, t=tokens: token_logprobs(lg, t, 20),
@@ -68,6 +59,6 @@ def cases() -> list[Case]:
     pen = _penalties(8)
     step = lambda: sample(logits, **params, penalties=pen)            # noqa: E731
     ref = lambda: sample_ref(apply_penalties_ref(logits.clone(), pen.output_counts.float(), *pen[1:]), **params)  # noqa: E731
-    out.append(Case("sampling", "sample B=8 mixed + penalties, graph", _graphed(step),
+    out.append(Case("sampling", "sample B=8 mixed + penalties, graph", graph_replay(step),
                     bytes=8 * VOCAB * (4 + 4 + 1), baseline=ref, target="<= 60 us", target_us=60.0))
     return out

@@ -438,7 +438,7 @@ def _int8_embedding_kernel(ids_ptr, q_ptr, s_ptr, out_ptr, K, G: tl.constexpr, B
 def _dequant_matmul(x2: torch.Tensor, y: torch.Tensor, dequantize_rows):
     """y [M, N] = x2 @ W^T: dequantize_rows(out, n0) writes W[n0 : n0 + len(out)] into a row chunk of the scratch,
     and torch multiplies it into the matching column slice of y (cuBLAS writes the strided slice in place)."""
-    (M, K), N = x2.shape, y.shape[1]
+    K, N = x2.shape[1], y.shape[1]
     rows = min(N, max(64, DEQUANT_SCRATCH // K // 64 * 64))
     buf = _dequant_scratch(x2.device, x2.dtype, rows * K)
     for n0 in range(0, N, rows):

@@ -9,23 +9,14 @@ replay of the M <= 32 paths.
 import pytest
 import torch
 
-from kernels.quant import (Int4Weight, dequantize_int4_ref, dequantize_int8_ref, int4_linear, int4_linear_ref,
+from kernels.quant import (dequantize_int4_ref, dequantize_int8_ref, int4_linear, int4_linear_ref,
                            int4_linear_triton, int8_embedding, int8_embedding_ref, int8_embedding_triton,
                            int8_linear, int8_linear_ref, int8_linear_triton, pack_int4, pack_int8, unpack_int4)
 
 M_CPU = [1, 3, 8, 17, 32, 33, 100]          # GEMV buckets 8 / 16 / 32 and the dequantise + matmul path
 
 
-@pytest.fixture(autouse=True)
-def poisoned_outputs(monkeypatch):
-    """Every tensor the launchers allocate starts as NaN (-1 for integers), so an unwritten element fails."""
-    real = torch.empty
-
-    def empty(*size, **kw):
-        t = real(*size, **kw)
-        return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-1)
-
-    monkeypatch.setattr(torch, "empty", empty)
+pytestmark = pytest.mark.usefixtures("poisoned_outputs")   # see tests/conftest.py
 
 
 def random_int4(N, K, G, dtype, device="cpu", seed=0):

@@ -21,6 +21,8 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from engine.tokenizer import read_json
+
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
@@ -46,14 +48,14 @@ class ChatTemplate:
         """Template files (chat_template.jinja, additional_chat_templates/*.jinja) win over
         tokenizer_config.json's `chat_template`; chat_template.json (processor) is the fallback."""
         path = Path(path)
-        config = _read_json(path / "tokenizer_config.json")
+        config = read_json(path / "tokenizer_config.json")
         templates = {}
         if (path / "chat_template.jinja").is_file():
             templates["default"] = (path / "chat_template.jinja").read_text(encoding="utf-8")
         for file in sorted((path / "additional_chat_templates").glob("*.jinja")):
             templates[file.name.removesuffix(".jinja")] = file.read_text(encoding="utf-8")
         if not templates:
-            found = config.get("chat_template") or _read_json(path / "chat_template.json").get("chat_template")
+            found = config.get("chat_template") or read_json(path / "chat_template.json").get("chat_template")
             if isinstance(found, list):
                 templates = {entry["name"]: entry["template"] for entry in found}
             elif isinstance(found, str):
@@ -157,15 +159,6 @@ def _named_special_tokens(config: dict) -> dict[str, str]:
         if key.endswith("_token") and isinstance(value, str):
             named[key] = value
     return named
-
-
-def _read_json(file: Path) -> dict:
-    if not file.is_file():
-        return {}
-    try:
-        return json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ChatTemplateError(f"cannot read {file}: {e}") from None
 
 
 # --- the jinja environment (transformers' chat_template_utils, same helpers and safeguards) ---
