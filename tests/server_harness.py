@@ -8,6 +8,7 @@ import json
 import time
 from contextlib import contextmanager
 
+import pytest
 import torch
 
 from engine.api import Engine, EngineConfig
@@ -125,3 +126,29 @@ def wait_idle(engine, timeout: float = 10.0) -> dict:
         if (s["running"] == 0 and s["waiting"] == 0 and s["kv_pages_used"] == 0) or time.monotonic() > deadline:
             return s
         time.sleep(0.02)
+
+
+# Module-scoped fixtures for a server test module: import them (engine, steer, server, reset) into
+# the module; set ENGINE_PROFILE there to change the engine's profile.
+@pytest.fixture(scope="module")
+def engine(request, checkpoint):
+    e = make_engine(checkpoint("base"), profile=getattr(request.module, "ENGINE_PROFILE", "C1"))
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def steer(engine):
+    return Steering(engine.tokenizer)
+
+
+@pytest.fixture(scope="module")
+def server(engine, steer):
+    with serving(engine, steer) as s:
+        yield s
+
+
+@pytest.fixture(autouse=True)
+def reset(steer):
+    steer.reset()
+    yield

@@ -6,7 +6,7 @@ import json
 import anthropic
 import pytest
 
-from tests.server_harness import MODEL, Steering, make_engine, raw, serving, sse_events
+from tests.server_harness import MODEL, engine, raw, reset, server, sse_events, steer  # noqa: F401 (fixtures)
 
 TOOLS = [{"name": "get_weather", "description": "Weather for a city",
           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
@@ -15,30 +15,6 @@ CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</paramet
         "</parameter>\n</function>\n</tool_call>")
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 THINK = {"type": "enabled", "budget_tokens": 2000}
-
-
-@pytest.fixture(scope="module")
-def engine(checkpoint):
-    e = make_engine(checkpoint("base"))
-    yield e
-    e.close()
-
-
-@pytest.fixture(scope="module")
-def steer(engine):
-    return Steering(engine.tokenizer)
-
-
-@pytest.fixture(scope="module")
-def server(engine, steer):
-    with serving(engine, steer) as s:
-        yield s
-
-
-@pytest.fixture(autouse=True)
-def reset(steer):
-    steer.reset()
-    yield
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import json
 import openai
 import pytest
 
-from tests.server_harness import MODEL, Steering, make_engine, raw, serving
+from tests.server_harness import MODEL, engine, raw, reset, server, steer  # noqa: F401 (fixtures)
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",
@@ -17,28 +17,7 @@ CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</paramet
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-@pytest.fixture(scope="module")
-def engine(checkpoint):
-    e = make_engine(checkpoint("base"), profile="C2")
-    yield e
-    e.close()
-
-
-@pytest.fixture(scope="module")
-def steer(engine):
-    return Steering(engine.tokenizer)
-
-
-@pytest.fixture(scope="module")
-def server(engine, steer):
-    with serving(engine, steer) as s:
-        yield s
-
-
-@pytest.fixture(autouse=True)
-def reset(steer):
-    steer.reset()
-    yield
+ENGINE_PROFILE = "C2"
 
 
 @pytest.fixture(scope="module")
