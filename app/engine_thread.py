@@ -163,7 +163,8 @@ class EngineThread(QThread):
             if not plan.fits:
                 raise MemoryError(plan.message)
             self.load_progress.emit("Loading weights", time.monotonic() - started)
-            engine = Engine(config)
+            engine = Engine(config, progress=lambda stage, done, total: self.load_progress.emit(
+                f"{stage} ({done} of {total})" if total > 1 else stage, time.monotonic() - started))
         except MemoryError as e:
             return self._fail(f"{name} does not fit: {e}")
         except (OSError, ValueError, RuntimeError, KeyError) as e:

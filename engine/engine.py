@@ -73,7 +73,9 @@ class RequestHandle:
 
 class Engine:
     def __init__(self, config: EngineConfig, progress=None, _parts=None):
-        """progress(done, total): called while weights load (and convert, for int4)."""
+        """progress(stage, done, total): what loading is doing (weights, int4 conversion, CUDA graphs,
+        warm-up), for a progress bar."""
+        self._progress = progress or (lambda stage, done, total: None)
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
@@ -105,6 +107,8 @@ class Engine:
         self.cache_manager = CacheManager(self.cache, num_seq_slots=config.max_running)
         self.scheduler = Scheduler(self.cache_manager, config.max_running, config.prefill_chunk,
                                    im_start_id=self.tokenizer.token_to_id("<|im_start|>"))
+        if self.device.type == "cuda" and config.cuda_graphs:
+            self._progress("Capturing CUDA graphs", 0, 1)
         self.runner = ModelRunner(self.model, self.cache, self.device, max_batch=config.max_running,
                                   max_context=self.max_context, scratch_slot=self.cache_manager.scratch_slot,
                                   cuda_graphs=config.cuda_graphs)
@@ -124,7 +128,8 @@ class Engine:
         """Run the prefill shapes once (a full chunk and an odd length) so that the first user request
         does not pay for Triton compiling and tuning kernels; what they cache is dropped."""
         n = min(self.config.prefill_chunk, self.max_context - 2)
-        for length in (n, 17):
+        for i, length in enumerate((n, 17)):
+            self._progress("Warming up", i, 2)
             self.generate([(7 * i) % self.model_config.vocab_size for i in range(length)],
                           SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
 
@@ -345,6 +350,9 @@ class Engine:
         tok = self.tokenizer
         for seq, token in zip(seqs, tokens):
             p = seq.params
+            if seq.error:
+                self._finish(seq, "error", seq.error)
+                continue
             if not seq.output:
                 seq.t_first = now
             seq.output.append(token)

@@ -70,8 +70,10 @@ class SamplingParams:
             raise ValueError("temperature must be >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
-        if self.top_k < 0:
-            raise ValueError("top_k must be >= 0 (0 disables it)")
+        if not 0 <= self.top_k < 1 << 31:
+            raise ValueError("top_k must be >= 0 (0 disables it) and below 2**31")
+        if self.seed is not None and not -(1 << 63) <= self.seed < 1 << 63:
+            raise ValueError("seed must fit in 64 bits")
         if not 0 <= self.min_p <= 1:
             raise ValueError("min_p must be in [0, 1]")
         if self.repetition_penalty <= 0:

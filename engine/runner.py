@@ -51,15 +51,24 @@ class ModelRunner:
 
     @torch.inference_mode()
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
-        """Pick each sequence's next token from its logits row (fp32 [N, V]); record logprobs if asked."""
+        """Pick each sequence's next token from its logits row (fp32 [N, V]); record logprobs if asked.
+        A sequence whose logits processor fails, or that has no token left to pick, gets `error` set
+        (and a meaningless token) instead of failing the whole batch."""
         dev, V = logits.device, logits.shape[-1]
         ps = [s.params for s in seqs]
         raw = logits
         if any(p.logits_processors for p in ps):
             logits = logits.clone()
             for i, s in enumerate(seqs):
-                for proc in s.params.logits_processors:
-                    logits[i] = proc(s.output, logits[i])
+                try:
+                    for proc in s.params.logits_processors:
+                        logits[i] = proc(s.output, logits[i])
+                except Exception as e:  # the caller's code: end this request, not the batch
+                    s.error = f"a logits processor failed: {type(e).__name__}: {e}"
+                    logits[i] = 0.0
+            for i in torch.nonzero(logits.amax(-1) == float("-inf")).flatten().tolist():
+                seqs[i].error = "every token was excluded (logits processors / logit bias left nothing to sample)"
+                logits[i] = 0.0
         if any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0 for p in ps):
             counts = torch.zeros_like(logits)
             in_prompt = torch.zeros_like(logits, dtype=torch.bool)

@@ -26,6 +26,7 @@ class Sequence:
     snapshot_at: int = -1                       # prompt boundary to snapshot the GDN state at
     rolling_slot: int = -1                      # end-of-turn snapshot: state at the latest page boundary
     finish_reason: str | None = None
+    error: str | None = None                    # why this request must end with an error (set while sampling)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     forced: deque = field(default_factory=deque)  # tokens to emit next instead of sampling
     events: queue.Queue = field(default_factory=queue.Queue)   # StreamEvents for the consumer

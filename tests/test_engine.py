@@ -260,3 +260,25 @@ def test_int8_kv_stays_close_to_full_precision(ckpt, eng):
         q.close()
     err = ((quant - full).abs().max() / full.abs().max()).item()
     assert err < 0.02, err
+
+
+def test_a_failing_logits_processor_ends_only_its_request(eng):
+    def broken(output, logits):
+        raise RuntimeError("boom")
+
+    bad = eng.submit(prompt(10, 1), SamplingParams(max_tokens=5, logits_processors=[broken]))
+    good = eng.submit(prompt(10, 2), SamplingParams(max_tokens=5, **GREEDY))
+    bad_final, good_final = [ev for ev in bad][-1], [ev for ev in good][-1]
+    assert bad_final.finish_reason == "error" and "boom" in bad_final.error
+    assert good_final.finish_reason == "length" and good_final.usage.completion_tokens == 5
+    assert_idle(eng)
+
+
+def test_nothing_left_to_sample_is_an_error_not_token_zero(eng):
+    def ban_all(output, logits):
+        return torch.full_like(logits, float("-inf"))
+
+    final = [ev for ev in eng.submit(prompt(10, 3), SamplingParams(max_tokens=5, logits_processors=[ban_all]))][-1]
+    assert final.finish_reason == "error" and "excluded" in final.error
+    with pytest.raises(ValueError, match="seed"):
+        eng.submit(prompt(5, 1), SamplingParams(seed=1 << 70))

@@ -67,16 +67,18 @@ def _as_policy_input(value, scheme: str, policy):
 
 
 def load_weights(model, path: str | Path, device, keep_vision: bool = True, policy=None,
-                 progress: Callable[[int, int], None] | None = None, identity: dict | None = None,
+                 progress: Callable[[str, int, int], None] | None = None, identity: dict | None = None,
                  cache=None) -> dict[str, torch.Tensor]:
     """Fill every weight listed by model.checkpoint_slices() from the checkpoint at `path`, one
     tensor at a time. Any supported source format (16-bit, FP8 block, GPTQ, AWQ); with a
     quantization `policy` the converted weights come from (or go to) the conversion cache.
 
+    progress(stage, done, total) reports each weight; stage says whether weights are being read,
+    converted (a first int4 load) or read back from the conversion cache.
     Returns the vision tower's tensors (name without prefix -> tensor on `device`) when keep_vision.
     Raises CheckpointError naming missing, unexpected or wrongly shaped tensors.
     """
-    from engine.weights.convert_cache import converted_weights
+    from engine.weights.convert_cache import ConvertCache, cache_key, converted_weights, source_identity
     from engine.weights.formats import WeightSource
     reader_device = str(device) if torch.device(device).type == "cuda" else "cpu"
     source = WeightSource(path, reader_device)
@@ -94,9 +96,14 @@ def load_weights(model, path: str | Path, device, keep_vision: bool = True, poli
     if keep_vision:
         wanted.update({full: None for full in vision.values()})
     if policy is None:
+        stage = "Loading weights"
         stream = ((full, source.read(full)) for full in wanted)
     else:
         source.close()
+        cache = cache or ConvertCache()
+        identity = identity or source_identity(path)
+        hit = cache.lookup(cache_key(identity, policy)) is not None
+        stage = "Loading int4 weights from the cache" if hit else "Converting weights to int4 (first load)"
         stream = converted_weights(path, policy, reader_device, cache=cache, identity=identity)
     kept, done = {}, 0
     with torch.no_grad():
@@ -113,7 +120,7 @@ def load_weights(model, path: str | Path, device, keep_vision: bool = True, poli
             del value
             done += 1
             if progress:
-                progress(done, len(wanted))
+                progress(stage, done, len(wanted))
     source.close()
     return kept
 
