@@ -166,6 +166,28 @@ def bench_ours(model, args, bw) -> dict:
     return res
 
 
+def profile(model, out_dir: str) -> None:
+    """Where a short prefill and a few decode steps spend their time (host and device)."""
+    import os
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from engine.api import Engine, EngineConfig
+    eng = Engine.from_model(EngineConfig(model="", device="cuda", max_context=4096), model, bench_tokenizer())
+    run(eng, [rand_ids(512, 1)], 16)                         # warm: compile, tune, capture
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fin = run(eng, [rand_ids(512, 2)], 16)[0]
+        torch.cuda.synchronize()
+    eng.close()
+    print(f"profiled: TTFT {fin.timings.ttft_ms:.1f} ms, decode {fin.timings.decode_tok_s:.1f} tok/s")
+    table = prof.key_averages()
+    print(table.table(sort_by="cuda_time_total", row_limit=25))
+    print(table.table(sort_by="cpu_time_total", row_limit=25))
+    os.makedirs(out_dir, exist_ok=True)
+    prof.export_chrome_trace(os.path.join(out_dir, "trace.json"))
+
+
 def decode_bytes(model, c, args) -> float:
     from engine.memory import kv_bytes_per_token, state_bytes_per_slot
     cfg = model.cfg
@@ -233,6 +255,8 @@ def main(argv=None) -> int:
     ap.add_argument("--weights", default="bf16", choices=["bf16", "int4"])
     ap.add_argument("--simulate-gb", type=float, default=None,
                     help="instead of the speed runs: the memory scenarios of a card this size (int4 weights)")
+    ap.add_argument("--profile", metavar="DIR", help="instead of the speed runs: profile a 512-token prefill "
+                    "and 16 decode steps with torch.profiler; print the top ops and write a trace to DIR")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     args.contexts = [int(x) for x in args.contexts.split(",")]
@@ -255,6 +279,9 @@ def main(argv=None) -> int:
           f"weights {args.weights}", flush=True)
     results = {"shape": args.shape, "copy_tbps": bw / 1e12, "weights": args.weights}
     model = build_random_model(raw, args.weights)
+    if args.profile:
+        profile(model, args.profile)
+        return 0
     results["weight_gb"] = weight_bytes(model) / 1e9
     results["ours"] = bench_ours(model, args, bw)
     del model
