@@ -31,7 +31,7 @@ def profile_descriptions() -> dict[str, dict]:
 def plan_profiles(config: EngineConfig, loaded_plan=None) -> list[ProfilePlan]:
     """Plans for every profile with `config`'s other settings. With a model loaded, the budget
     is what was free before its weights (its plan's budget plus the weights), not what is free now."""
-    from engine.memory import plan_for
+    from engine.api import plan_for
 
     budget = loaded_plan.budget_bytes + loaded_plan.weights_bytes if loaded_plan is not None else None
     plans = []
