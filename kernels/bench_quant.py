@@ -2,10 +2,13 @@
 
 GEMV cases (decode M = 1, C8 M = 8, verify M = 32) are counted by the bytes they must move: packed weights +
 scales + zeros + activations in and out; the baseline is torch's bf16 F.linear on a bf16 weight of the same
-shape, so "vs ref" is the speed-up over bf16. The config the autotuner picked is in the case name (BN, warps,
-stages, split-K). `layer` cases replay one CUDA graph of the four projections of a GDN or full-attention layer
-(int4 against bf16). Prefill cases (dequantise + cuBLAS) are counted by flops, with the issue's target of 60% of
-bf16's speed as a time budget measured in the same run.
+shape, so "vs ref" is the speed-up over bf16. At M = 1 and 8 both int4 GEMV variants run: A (tensor-core dots,
+autotuned: its config in the name as BN, warps, stages, split-K) and B (FMA) with each of its configs
+(quant.gemv_b_configs: cfg1 is B's default), each replayed from a CUDA graph (kernel time, cold L2: the baseline
+replayed the same way) and the defaults also eager (plus the Python launch). `layer` cases replay one CUDA graph
+of the four projections of a GDN or full-attention layer, per variant (int4 against bf16). Prefill cases
+(dequantise + cuBLAS) are counted by flops, with the issue's target of 60% of bf16's speed as a time budget
+measured in the same run.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import torch.nn.functional as F
 
 from kernels import quant
 from kernels.bench import Case, graph_replay, time_us
-from kernels.quant import int4_linear, int8_embedding, int8_linear, pack_int4, pack_int8
+from kernels.quant import (gemv_b_configs, int4_linear, int4_linear_triton, int8_embedding, int8_linear, pack_int4,
+                           pack_int8)
 
 HIDDEN = 5120
 PROJ = {                                         # (N, K) of the int4 projections
@@ -65,17 +69,28 @@ def _tuned(fn) -> str:
     return f"BN{kw['BN']} w{cfg.num_warps} s{cfg.num_stages} k{kw['SPLIT_K']}"
 
 
-
-
 def _gemv_cases(int4_w, bf16_w):
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     cases = []
     for name, (N, K) in PROJ.items():
         w, wb = int4_w[name], bf16_w[name]
         for M in (1, 8, 32):
             x = torch.randn(M, K, dtype=torch.bfloat16, device=DEV)
-            fn = lambda x=x, w=w: int4_linear(x, w)  # noqa: E731
-            cases.append(Case("quant", f"int4 {name} {N}x{K} M={M} [{_tuned(fn)}]", fn, bytes=_gemv_bytes(w, M),
-                              baseline=lambda x=x, wb=wb: F.linear(x, wb), target=GEMV_TARGET, target_frac=0.8))
+            tag = f"int4 {name} M={M}"
+            eager_bf16 = lambda x=x, wb=wb: F.linear(x, wb)  # noqa: E731
+            variant_a = lambda x=x, w=w: int4_linear_triton(x, w, variant="A")  # noqa: E731
+            kw = dict(bytes=_gemv_bytes(w, M), target=GEMV_TARGET, target_frac=0.8)
+            cases.append(Case("quant", f"{tag} [A {_tuned(variant_a)}, eager]", variant_a, baseline=eager_bf16, **kw))
+            if M > quant.GEMV_B_MAX_M:
+                continue
+            graph_bf16 = graph_replay(eager_bf16)
+            cases.append(Case("quant", f"{tag} [A, graph]", graph_replay(variant_a), baseline=graph_bf16, **kw))
+            for i, cfg in enumerate(gemv_b_configs(N, K, M, sms), 1):
+                variant_b = lambda x=x, w=w, cfg=cfg: int4_linear_triton(x, w, cfg, variant="B")  # noqa: E731
+                cases.append(Case("quant", f"{tag} [B cfg{i} BN{cfg['BN']} k{cfg['SPLIT_K']}, graph]",
+                                  graph_replay(variant_b), baseline=graph_bf16, **kw))
+            cases.append(Case("quant", f"{tag} [B cfg1, eager]", lambda x=x, w=w: int4_linear_triton(x, w, variant="B"),
+                              baseline=eager_bf16, **kw))
     return cases
 
 
@@ -102,11 +117,14 @@ def _layer_cases(int4_w, bf16_w):
     for kind, names in LAYERS.items():
         for M in (1, 8):
             xs = [torch.randn(M, PROJ[n][1], dtype=torch.bfloat16, device=DEV) for n in names]
-            int4_step = graph_replay(lambda xs=xs, names=names: [int4_linear(x, int4_w[n]) for x, n in zip(xs, names)])
             bf16_step = graph_replay(lambda xs=xs, names=names: [F.linear(x, bf16_w[n]) for x, n in zip(xs, names)])
             nbytes = sum(_gemv_bytes(int4_w[n], M) for n in names)
-            cases.append(Case("quant", f"int4 {kind} layer, 4 projections, M={M} (graph)", int4_step, bytes=nbytes,
-                              baseline=bf16_step, target=GEMV_TARGET + "; >= 2.8x bf16 (vs ref)", target_frac=0.8))
+            for variant in ("A", "B"):
+                int4_step = graph_replay(lambda xs=xs, names=names, variant=variant: [
+                    int4_linear_triton(x, int4_w[n], variant=variant) for x, n in zip(xs, names)])
+                cases.append(Case("quant", f"int4 {kind} layer, 4 projections, M={M} [{variant}, graph]", int4_step,
+                                  bytes=nbytes, baseline=bf16_step, target=GEMV_TARGET + "; >= 2.8x bf16 (vs ref)",
+                                  target_frac=0.8))
     return cases
 
 

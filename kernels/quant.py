@@ -19,18 +19,37 @@ such codes: u = q + 128 = 16 h + l, the high one taken as 16 + h (exponent + 4, 
 lop3), so W = 16 s (v_l + v_h) - 400 s: the int8 kernel is the int4 one on 64-k blocks (z = 384). In an int8
 word the pairs are bytes (0, 2) and (1, 3): k = 4j, 4j + 2 and 4j + 1, 4j + 3.
 
-GEMV (M <= 32 rows: decode, speculative verify), one launch, CUDA-graph capturable once autotuned:
+GEMV variant A (M <= 32 rows: decode, speculative verify), one launch, CUDA-graph capturable once autotuned:
 - program = (BN weight rows, one K split); y^T tile [BN, BM] = sum of dots v [BN, 32] x x^T [32, BM] with BM
   = 8, 16 or 32 (M padded): the weights are the tensor-core A operand, so warps split weight rows and nothing
   is dequantised twice; sum_k x_k comes from a small dot with ones.
 - split-K: each split writes an fp32 partial; the last split of a tile to arrive (atomic counter) sums them in
   split order, writes y and resets the counter. Deterministic, one launch.
 - autotuned on (N, K, G, bits, M bucket) over (BN, warps, split-K, stages); the interpreter runs one fixed config.
+GEMV variant B (int4, M <= 8; GEMV_VARIANT picks A or B there), no tensor cores, no autotuner:
+- codes as exact fp32 in one lop3 + one add each: a nibble at bits 4i..4i+3 (i <= 4; one shift per word brings
+  nibbles 5..7 down) ORed into the mantissa of 2^(23 - 4i) reads 2^(23 - 4i) + c. Per group and output,
+  d = sum_k x_k c_k by FMA in fp32, then y += s (d - z sum_k x_k): scale and zero once per group.
+- program = one warp, BN weight rows x a K range, stepping over 1024-k chunks (the next chunk's words loaded
+  before this one is computed): lane q holds words 4q..4q+3 (one 16-byte load) of every row, the BM x rows'
+  x at those k (16 bytes per row and nibble plane, from L1: the weights stream past it) and BM x BN
+  accumulators; rows share each lane's x loads, conversions and sums. Lanes are summed once at the end.
+- one warp per program keeps every warp's x private (Triton spreads warps over a tile, so a block of warps on
+  different rows would pass x through shared memory); many small programs fill the SMs: N / BN of them, times a
+  split-K where that is under ~12 per SM (N = 5120). Split-K partials go to an fp32 scratch and a second small
+  kernel sums them in order (no atomics: results do not depend on arrival order, graph replays equal eager).
+- config (BN, split-K) from a small table (gemv_b_configs), so the launch costs no more than the kernel call.
+- the loads of the next chunk's words and of the scales sit above a barrier (one warp: nearly free), else ptxas
+  sinks them down to their uses and the DRAM latency shows every chunk.
+Cost per weight: ~1.75 instructions to dequantise (a lop3 each, an add for 6 codes of 8, a shift per word) + M
+FMAs, so B is for small M: the sm_90 loop is ~3.9 instructions per weight at M = 1 (the H200's issue rate is then
+~4.3 TB/s of int4) and ~16 at M = 8 (~1 TB/s).
 Large M (prefill): the weight is dequantised in row chunks into a reusable scratch and multiplied by torch.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -40,6 +59,8 @@ import triton.language as tl
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 GEMV_MAX_M = 32                 # above: dequantise + torch matmul
+GEMV_VARIANT = "A"              # int4 GEMV for M <= GEMV_B_MAX_M: "A" (tensor-core dots) or "B" (FMA); docstring
+GEMV_B_MAX_M = 8                # at most 8 (variant B's M buckets)
 DEQUANT_SCRATCH = 1 << 25       # elements of the dequantised-weight scratch of the large-M path (64 MiB bf16)
 SPLITK_FLOATS = 1 << 21         # fp32 split-K partials, one buffer per device (8 MiB)
 SPLITK_COUNTERS = 1 << 14       # split-K arrival counters, one per output tile
@@ -306,6 +327,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K
     _store_tile(y, y_ptr, part_ptr, count_ptr, M, N, stride_ym, rm, rn, pid_n, pid_k, SPLIT_K)
 
 
+@functools.lru_cache(maxsize=None)
 def _sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
@@ -387,6 +409,230 @@ def _gemv(x2, words, scales, zeros, y, bits: int, group_size: int, config: dict 
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Triton: GEMV variant B (M <= 8): exact fp32 codes and FMA, one warp per program
+
+@triton.jit
+def _split4(t, R: tl.constexpr):
+    """t [R, 128] -> [R, 32] tiles t0..t3 with t_j[:, q] = t[:, 4q + j] (one lane holds the 4: no data moves)."""
+    even, odd = tl.split(tl.reshape(t, (R, 32, 2, 2)))
+    t0, t2 = tl.split(even)
+    t1, t3 = tl.split(odd)
+    return t0, t1, t2, t3
+
+
+@triton.jit
+def _code_f32(w, pos: tl.constexpr, EXACT: tl.constexpr, USE_ASM: tl.constexpr):
+    """The code c in nibble pos (0..4) of each int32 of w as fp32: ORed into the mantissa of 2^(23 - 4 pos), where
+    the nibble's unit is 1.0, it reads 2^(23 - 4 pos) + c (one lop3); EXACT subtracts the bias (one add). At pos 4
+    the biased 128 + c is kept: the group's sum of x removes it."""
+    BIAS: tl.constexpr = 1 << (23 - 4 * pos)
+    v = _code_bits(w, 0xF << (4 * pos), (150 - 4 * pos) << 23, USE_ASM).to(tl.float32, bitcast=True)
+    if EXACT:
+        v -= BIAS
+    return v
+
+
+@triton.jit
+def _plane_f32(w, hi, p: tl.constexpr, USE_ASM: tl.constexpr):
+    """The codes of k = 32 p + 2 j + t of words w as fp32, t = 0 (nibble p, exact) and t = 1 (nibble p + 4; 128 + c
+    for p = 0 and 3, whose nibbles 4 and 7 sit at bits 16..19 of w and hi, else exact). hi = w >> 12 brings
+    nibbles 5..7 into the low 20 bits that _code_f32 reads."""
+    even = _code_f32(w, p, True, USE_ASM)
+    if p == 0:
+        odd = _code_f32(w, 4, False, USE_ASM)
+    else:
+        odd = _code_f32(hi, p + 1, p != 3, USE_ASM)
+    return even, odd
+
+
+@triton.jit
+def _fma_plane(d, w, hi, p: tl.constexpr, x_even, x_odd, USE_ASM: tl.constexpr):
+    """d [BM, BN, 32] += the codes of plane p of words w [BN, 32] times x at their k (x_even: t = 0, x_odd: t = 1,
+    [BM, 32])."""
+    v_even, v_odd = _plane_f32(w, hi, p, USE_ASM)
+    d += v_even[None, :, :] * x_even[:, None, :]
+    d += v_odd[None, :, :] * x_odd[:, None, :]
+    return d
+
+
+@triton.jit
+def _load_x(ptrs, pair, K, EVEN_K: tl.constexpr):
+    """x at ptrs [BM, 128] (the k-pairs pair [128]), 0 from K on; kept in L1 for the next programs."""
+    if EVEN_K:
+        x = tl.load(ptrs, eviction_policy="evict_last")
+    else:
+        x = tl.load(ptrs, mask=(2 * pair < K)[None, :], other=0, eviction_policy="evict_last")
+    return x
+
+
+@triton.jit
+def _x_run(x_ptr, x_rows, pair, K, BM: tl.constexpr, EVEN_K: tl.constexpr):
+    """x at k = 2 pair + t of every x row, pair [128] (lane q's 4 pairs at 4q..4q+3) as eight [BM, 32] fp32 tiles:
+    t = 0 ones for each of the lane's 4 pairs, then t = 1 ones; 0 from K on. x_rows [BM, 1] row offsets in loaded
+    elements: 16-bit x is read as int32 pairs, one 16-byte load per lane and row."""
+    dtype = x_ptr.dtype.element_ty
+    if dtype == tl.float32:
+        even = _load_x(x_ptr + x_rows + 2 * pair[None, :], pair, K, EVEN_K)
+        odd = _load_x(x_ptr + x_rows + 2 * pair[None, :] + 1, pair, K, EVEN_K)
+    else:
+        pairs = _load_x(x_ptr.to(tl.pointer_type(tl.int32)) + x_rows + pair[None, :], pair, K, EVEN_K)
+        if dtype == tl.bfloat16:
+            even = (pairs << 16).to(tl.float32, bitcast=True)
+            odd = (pairs & -65536).to(tl.float32, bitcast=True)
+        else:
+            even = pairs.to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
+            odd = (pairs >> 16).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
+    e0, e1, e2, e3 = _split4(even, BM)
+    o0, o1, o2, o3 = _split4(odd, BM)
+    return e0, e1, e2, e3, o0, o1, o2, o3
+
+
+@triton.jit
+def _load_chunk(w_tile, c, end):
+    """Words 128 c .. 128 c + 127 of each row [BN, 128], lane q getting 4q .. 4q + 3 (one 16-byte load per row);
+    masked off from word end on (undefined there: finite codes once unpacked, met by x = 0 or never used). Streamed
+    past L1, which keeps x."""
+    return tl.load(w_tile + c * 128, mask=(c * 128 + tl.arange(0, 128) < end)[None, :], cache_modifier=".cg")
+
+
+@triton.jit
+def _gemv_b_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_x, stride_ym, stride_ys, CHUNKS,
+                   G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, EVEN_K: tl.constexpr,
+                   USE_ASM: tl.constexpr):
+    """y[pid_k] [M, tile] = x @ W^T over K chunks CHUNKS * pid_k .. (one warp; layout in the module docstring).
+
+    A chunk is 128 words (1024 k) of each of the BN rows: lane q holds words 4q..4q+3 (16 bytes) of every row, i.e.
+    32 k of one 128-k block, the x of all BM rows there (per nibble plane 8 consecutive k: one 16-byte load per x
+    row) and BM x BN accumulators. Per group: d = sum_k x_k c_k and xs = sum_k x_k over the lane's k, then
+    acc += s (d - z xs); the lanes are summed once at the end. The next chunk's words are loaded before this one
+    is computed. Rows past N and M are clamped (computed again, not stored); x needs no mask for K % 1024 = 0."""
+    GPB: tl.constexpr = 128 // G                # groups per 128-k block
+    PPG: tl.constexpr = 4 // GPB                # nibble planes (runs of 32 k) per group
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    words = tl.cdiv(K, 128) * 16                # per row
+    groups = K // G
+    c0 = pid_k * CHUNKS
+    c1 = tl.minimum(c0 + CHUNKS, tl.cdiv(words, 128))
+    rn = pid_n * BN + tl.arange(0, BN)
+    rows = tl.minimum(rn, N - 1)
+    w_tile = w_ptr + (rows.to(tl.int64) * words)[:, None] + tl.arange(0, 128)[None, :]
+    i = tl.arange(0, 128)                       # word 4q + jj of a chunk: k-pair (k = 2 pair + t) in plane 0
+    x_pairs = 64 * (i // 16) + i % 16
+    rm = tl.arange(0, BM)
+    x_rows = tl.minimum(rm, M - 1)[:, None] * stride_x
+    # Scales and zeros load flat (element f = row * 32 + lane) and are viewed as [BN, 32]: lane q holds those of its
+    # block for every row, as the word tiles have it. (The thread axis of a [rows, 128] tile is its contiguous one;
+    # of a [BN, 32] one it would be the compiler's choice, and Triton 3.6 and 3.9 choose differently.)
+    f = tl.arange(0, BN * 32)
+    sz_rows = tl.minimum(pid_n * BN + f // 32, N - 1) * groups
+    sz_blk = (f % 32) // 4
+    acc = tl.zeros((BM, BN, 32), tl.float32)
+    end = tl.minimum(c1 * 128, words)          # this split's words end here
+    w_next = _load_chunk(w_tile, c0, end)
+    for c in range(c0, c1):
+        w = w_next
+        w_next = _load_chunk(w_tile, c + 1, end)
+        w0, w1, w2, w3 = _split4(w, BN)
+        hi0, hi1, hi2, hi3 = w0 >> 12, w1 >> 12, w2 >> 12, w3 >> 12
+        for h in tl.static_range(GPB):
+            g = tl.minimum((c * 8 + sz_blk) * GPB + h, groups - 1)     # (K padding: codes and x are 0 there)
+            s = tl.reshape(tl.load(s_ptr + sz_rows + g), (BN, 32))
+            z = tl.reshape(tl.load(z_ptr + sz_rows + g), (BN, 32))
+            tl.debug_barrier()                  # ptxas would sink these loads (and w_next's) down to their uses
+            d = tl.zeros((BM, BN, 32), tl.float32)
+            xs = tl.zeros((BM, 32), tl.float32)
+            xs128 = tl.zeros((BM, 32), tl.float32)        # x of the codes read as 128 + c
+            for p in tl.static_range(h * PPG, h * PPG + PPG):
+                e0, e1, e2, e3, o0, o1, o2, o3 = _x_run(x_ptr, x_rows, c * 512 + 16 * p + x_pairs, K, BM, EVEN_K)
+                odd = (o0 + o1) + (o2 + o3)
+                xs += ((e0 + e1) + (e2 + e3)) + odd
+                if p == 0 or p == 3:
+                    xs128 += odd
+                d = _fma_plane(d, w0, hi0, p, e0, o0, USE_ASM)
+                d = _fma_plane(d, w1, hi1, p, e1, o1, USE_ASM)
+                d = _fma_plane(d, w2, hi2, p, e2, o2, USE_ASM)
+                d = _fma_plane(d, w3, hi3, p, e3, o3, USE_ASM)
+            xs128 *= 128.0
+            z_xs = z.to(tl.float32)[None, :, :] * xs[:, None, :] + xs128[:, None, :]
+            acc += s.to(tl.float32)[None, :, :] * (d - z_xs)
+    y = tl.sum(acc, axis=2)
+    tl.store(y_ptr + pid_k * stride_ys + rm[:, None] * stride_ym + rn[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=(rm < M)[:, None] & (rn < N)[None, :])
+
+
+@triton.jit
+def _sum_splits_kernel(part_ptr, y_ptr, MN, SPLIT_K, BLOCK: tl.constexpr):
+    """y (flat [M * N]) = sum of the split-K partials part [SPLIT_K, M * N] in split order, in y's dtype."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < MN
+    total = tl.zeros((BLOCK,), tl.float32)
+    for s in range(SPLIT_K):
+        total += tl.load(part_ptr + s * MN + offs, mask=ok, other=0.0)
+    tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+# BN (weight rows per program) by M bucket: a lane's rows share its x loads, conversions and sums, and its BM x BN
+# accumulators (acc and the group's d) stay in registers. Compiled for sm_90 (Triton 3.6 and 3.9, one warp,
+# G = 128): M 1 / BN 8 and M 4 / BN 4 take 168-180 registers (11-12 warps per SM), M 2 / BN 8 and M 8 / BN 4 255
+# (8 per SM), none spills in the loop.
+GEMV_B_ROWS = {1: 8, 2: 8, 4: 4, 8: 4}
+GEMV_B_CHUNK = 1024                             # k per loop step of a program
+GEMV_B_PROGRAMS_PER_SM = 12                     # B1 / B2: what is resident at once, about
+
+
+def gemv_b_configs(N: int, K: int, M: int, sms: int = 132) -> list[dict]:
+    """Variant B's configs (BN, SPLIT_K) for y [M, N] = x [M, K] @ W^T, M <= 8; the launcher uses the first.
+    B1: GEMV_B_ROWS rows per program; split-K only to fill one wave of ~12 one-warp programs per SM when N / BN
+        programs are fewer (27B shapes: N = 5120 only): long programs, each prefetching its next chunk.
+    B2: half the rows (fewer registers, more x loads per weight), same rule.
+    B3: B1's rows, about 2 chunks per program (split-K everywhere): many short programs, small tail."""
+    chunks = triton.cdiv(K, GEMV_B_CHUNK)
+
+    def config(bn: int, split: int) -> dict:
+        split = min(chunks, max(1, split))
+        return dict(BN=bn, SPLIT_K=triton.cdiv(chunks, triton.cdiv(chunks, split)))   # no empty splits
+
+    def one_wave(bn: int) -> int:
+        return GEMV_B_PROGRAMS_PER_SM * sms // triton.cdiv(N, bn)
+
+    bn = GEMV_B_ROWS[triton.next_power_of_2(M)]
+    return [config(bn, one_wave(bn)), config(bn // 2, one_wave(bn // 2)), config(bn, triton.cdiv(chunks, 2))]
+
+
+@functools.lru_cache(maxsize=None)
+def _gemv_b_default(N: int, K: int, M: int, sms: int) -> dict:
+    return gemv_b_configs(N, K, M, sms)[0]
+
+
+def _gemv_b(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None):
+    """y [M, N] = x2 [M, K] @ W^T for M <= 8 (variant B). config (BN, SPLIT_K) forces one; None: the default of
+    gemv_b_configs. SPLIT_K > 1: each split stores fp32 partials into the shared scratch and a second small kernel
+    sums them in split order (deterministic: CUDA-graph replays equal eager calls bit for bit)."""
+    (M, K), N = x2.shape, y.shape[1]
+    if x2.element_size() == 2 and (x2.stride(0) % 2 or x2.data_ptr() % 4):
+        x2 = x2.contiguous()                    # 16-bit x is read as int32 pairs
+    if config is None:
+        config = _gemv_b_default(N, K, M, _sm_count(x2.device) if x2.is_cuda else 132)
+    chunks = triton.cdiv(K, GEMV_B_CHUNK)
+    per_split = triton.cdiv(chunks, config["SPLIT_K"])
+    split = triton.cdiv(chunks, per_split)
+    stride_x = x2.stride(0) // (2 if x2.element_size() == 2 else 1)
+    grid = (triton.cdiv(N, config["BN"]), split)
+    if split == 1:
+        out, stride_ym, stride_ys = y, y.stride(0), 0
+    else:
+        out = _splitk_scratch(x2.device)[0]
+        assert split * M * N <= SPLITK_FLOATS, "split-K partials must fit the scratch"
+        stride_ym, stride_ys = N, M * N
+    _gemv_b_kernel[grid](x2, w.qweight, w.scales, w.zeros, out, M, N, K, stride_x, stride_ym, stride_ys, per_split,
+                         G=w.group_size, BM=triton.next_power_of_2(M), BN=config["BN"],
+                         EVEN_K=K % GEMV_B_CHUNK == 0, USE_ASM=not INTERPRET, num_warps=1, num_stages=1)
+    if split > 1:
+        _sum_splits_kernel[(triton.cdiv(M * N, 1024),)](out, y, M * N, split, BLOCK=1024, num_warps=4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Triton: dequantisation (large M) and the embedding gather
 
 @triton.jit
@@ -457,13 +703,18 @@ def _rows(x: torch.Tensor, K: int) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def int4_linear_triton(x: torch.Tensor, w: Int4Weight, config: dict | None = None) -> torch.Tensor:
-    """x [..., K] -> [..., N] in x's dtype: GEMV for M <= 32 rows (config: see _gemv), else dequantise + matmul."""
+def int4_linear_triton(x: torch.Tensor, w: Int4Weight, config: dict | None = None,
+                       variant: str | None = None) -> torch.Tensor:
+    """x [..., K] -> [..., N] in x's dtype: GEMV for M <= 32 rows, else dequantise + matmul. The GEMV is variant
+    (default GEMV_VARIANT) for M <= GEMV_B_MAX_M, variant A above; config forces one config of the variant that
+    runs (A: see _gemv, B: see _gemv_b)."""
     N, K = w.shape
     x2 = _rows(x, K)
     M = x2.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    if 0 < M <= GEMV_MAX_M:
+    if 0 < M <= GEMV_B_MAX_M and (variant or GEMV_VARIANT) == "B":
+        _gemv_b(x2, w, y, config)
+    elif 0 < M <= GEMV_MAX_M:
         _gemv(x2, w.qweight, w.scales, w.zeros, y, 4, w.group_size, config)
     elif M > GEMV_MAX_M:
         def dequantize_rows(out, n0):

@@ -3,13 +3,17 @@
 CPU: the Triton kernels run in the interpreter (fp32 / fp16, small odd shapes, the plain-Triton code path; the GPU
 adds one inline-PTX lop3). GPU (`gpu` mark): bf16 at the 27B projection shapes, every GEMV M bucket, the large-M
 path, a sweep of forced configs (split-K, tiles, stages: whatever the autotuner picks must be right), CUDA-graph
-replay of the M <= 32 paths.
+replay of the M <= 32 paths. Both int4 GEMV variants (A: tensor-core dots, B: FMA for M <= 8) are tested whichever
+GEMV_VARIANT is set.
 """
+
+import functools
 
 import pytest
 import torch
 
-from kernels.quant import (dequantize_int4_ref, dequantize_int8_ref, int4_linear, int4_linear_ref,
+from kernels import quant
+from kernels.quant import (dequantize_int4_ref, dequantize_int8_ref, gemv_b_configs, int4_linear, int4_linear_ref,
                            int4_linear_triton, int8_embedding, int8_embedding_ref, int8_embedding_triton,
                            int8_linear, int8_linear_ref, int8_linear_triton, pack_int4, pack_int8, unpack_int4)
 
@@ -96,8 +100,53 @@ def test_int4_gemv_configs(config):
     w, _ = random_int4(192, 320, 64, torch.float32, seed=2)
     x = torch.randn(5, 320)
     ref = int4_linear_ref(x, w)
-    check(int4_linear_triton(x, w, config), ref, TOL[torch.float32])
-    check(int4_linear_triton(x, w, config), ref, TOL[torch.float32])     # counters were reset
+    check(int4_linear_triton(x, w, config, variant="A"), ref, TOL[torch.float32])
+    check(int4_linear_triton(x, w, config, variant="A"), ref, TOL[torch.float32])     # counters were reset
+
+
+def linear_b(x, w, config=None):
+    return int4_linear_triton(x, w, config, variant="B")
+
+
+@pytest.mark.parametrize("M,K,G", [
+    (1, 320, 64), (8, 320, 64),            # a padded half block
+    (3, 384, 128), (2, 384, 128),          # x rows padded to BM = 4, 2
+    (1, 1024, 32), (5, 1024, 32),          # one whole 1024-k chunk: no x masks
+])
+def test_int4_gemv_b(M, K, G):
+    w, _ = random_int4(64, K, G, torch.float32, seed=6)
+    x = torch.randn(M, K)
+    check(linear_b(x, w), int4_linear_ref(x, w), TOL[torch.float32])
+
+
+@pytest.mark.parametrize("M,G", [(1, 128), (4, 64)])
+def test_int4_gemv_b_fp16_strided(M, G):
+    """fp16 x (read as int32 pairs) from a column slice of a wider buffer: odd row stride (copied), even one."""
+    w, _ = random_int4(64, 256, G, torch.float16, seed=7)
+    for extra in (3, 8):
+        x = torch.randn(M, 256 + extra).half()[:, extra:]
+        check(linear_b(x, w), int4_linear_ref(x, w), TOL[torch.float16])
+
+
+@pytest.mark.parametrize("K,G,config", [
+    (2176, 128, dict(BN=8, SPLIT_K=3)),    # 3 chunks of 1024 k, the last one partial: one per split
+    (2176, 64, dict(BN=16, SPLIT_K=2)),    # 2 + 1 chunks
+    (2048, 32, dict(BN=4, SPLIT_K=8)),     # more splits asked than chunks: 2 of 1
+])
+def test_int4_gemv_b_split_k(K, G, config):
+    """Partials in the shared scratch (left over from the previous case: rewritten, not accumulated)."""
+    w, _ = random_int4(36, K, G, torch.float32, seed=8)      # N = 36: a partial row tile
+    x = torch.randn(3, K)
+    check(linear_b(x, w, config), int4_linear_ref(x, w), TOL[torch.float32])
+
+
+def test_gemv_variant_switch(monkeypatch):
+    """GEMV_VARIANT = "B" sends M <= GEMV_B_MAX_M to variant B, larger M to variant A."""
+    w, _ = random_int4(32, 128, 64, torch.float32, seed=9)
+    monkeypatch.setattr(quant, "GEMV_VARIANT", "B")
+    for M, variant in ((quant.GEMV_B_MAX_M, "B"), (quant.GEMV_B_MAX_M + 1, "A")):
+        x = torch.randn(M, 128)
+        assert torch.equal(int4_linear_triton(x, w), int4_linear_triton(x, w, variant=variant))
 
 
 @pytest.mark.parametrize("M,G", [(m, 64) for m in M_CPU] + [(1, 128), (33, 128)])
@@ -166,6 +215,19 @@ M_GEMV = [1, 2, 4, 8, 16, 32]
 _weights = {}
 
 
+def test_gemv_b_configs_27b():
+    """Variant B's config table at the 27B shapes: valid splits that fit the scratch; no split-K for large N."""
+    for N, K in SHAPES_27B.values():
+        for M in range(1, 9):
+            configs = gemv_b_configs(N, K, M)
+            assert len(configs) == 3
+            for c in configs:
+                assert 1 <= c["SPLIT_K"] <= -(-K // 1024) and c["SPLIT_K"] * M * N <= quant.SPLITK_FLOATS
+                assert c["BN"] in (2, 4, 8)
+    assert gemv_b_configs(16384, 5120, 1)[0] == dict(BN=8, SPLIT_K=1)     # one program per 8 rows, all of K
+    assert gemv_b_configs(5120, 17408, 1)[0] == dict(BN=8, SPLIT_K=2)     # N = 5120: split to fill 132 SMs
+
+
 def weight_27b(name, bits=4, G=128):
     """Cached random bf16-scaled weights at a 27B shape (GPU)."""
     key = (name, bits, G)
@@ -216,7 +278,7 @@ def test_gemv_forced_configs_gpu(bits, M, tile, split):
     bm = 8 if M <= 8 else 16 if M <= 16 else 32
     config = dict(BM=bm, BN=BN, SPLIT_K=split, num_warps=warps, num_stages=stages)
     if bits == 4:
-        w, linear, ref_fn = weight_27b("attn_o"), int4_linear_triton, int4_linear_ref
+        w, linear, ref_fn = weight_27b("attn_o"), functools.partial(int4_linear_triton, variant="A"), int4_linear_ref
     else:
         w, linear, ref_fn = random_int8(4096, 6144, 128, torch.bfloat16, "cuda")[0], int8_linear_triton, int8_linear_ref
     x = torch.randn(M, w.shape[1], dtype=torch.bfloat16, device="cuda")
@@ -235,8 +297,60 @@ def test_int4_other_dtype_and_group_gpu(dtype, G):
     for M in (1, 9, 32, 300):
         x = torch.randn(M, K, dtype=dtype, device="cuda")
         bm = 8 if M <= 8 else 16 if M <= 16 else 32
-        out = int4_linear_triton(x, w, dict(BM=bm, BN=64, SPLIT_K=2, num_warps=1) if M <= 32 else None)
+        out = int4_linear_triton(x, w, dict(BM=bm, BN=64, SPLIT_K=2, num_warps=1) if M <= 32 else None, variant="A")
         assert rel_err(out, int4_linear_ref(x, w)) < (2e-3 if dtype == torch.float16 else 5e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(SHAPES_27B))
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 8])
+def test_int4_gemv_b_gpu(name, M):
+    """Variant B with its default and each benchmarked config (split-K or not) at the 27B shapes, bf16."""
+    w = weight_27b(name)
+    N, K = w.shape
+    x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
+    ref = int4_linear_ref(x, w)
+    for config in [None] + gemv_b_configs(N, K, M):
+        out = int4_linear_triton(x, w, config, variant="B")
+        assert out.dtype == torch.bfloat16 and out.shape == ref.shape
+        assert rel_err(out, ref) < 5e-3
+        check(out, ref, TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,G", [(torch.float16, 128), (torch.bfloat16, 64), (torch.bfloat16, 32)])
+def test_int4_gemv_b_other_dtype_and_group_gpu(dtype, G):
+    N, K = SHAPES_27B["attn_o"]
+    w = random_int4(N, K, G, dtype, "cuda", seed=5)[0]
+    for M in (1, 5, 8):
+        x = torch.randn(M, K, dtype=dtype, device="cuda")
+        ref = int4_linear_ref(x, w)
+        for config in (None, dict(BN=4, SPLIT_K=3)):
+            assert rel_err(int4_linear_triton(x, w, config, variant="B"), ref) < (
+                2e-3 if dtype == torch.float16 else 5e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 4, 8])
+def test_gemv_b_cuda_graph_gpu(M):
+    """Variant B (default configs: split-K at N = 5120) captured in one CUDA graph replays exactly like eager calls."""
+    ws = [weight_27b(n) for n in SHAPES_27B]
+    xs = [torch.randn(M, w.shape[1], dtype=torch.bfloat16, device="cuda") for w in ws]
+
+    def step():
+        return [int4_linear_triton(x, w, variant="B") for x, w in zip(xs, ws)]
+
+    step()                                       # compile and allocate the split-K scratch outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+    for x in xs:
+        x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, want in zip(outs, step()):
+        assert torch.equal(got, want)
 
 
 @pytest.mark.gpu
