@@ -16,7 +16,7 @@ from concurrent.futures import Future
 
 import torch
 
-from engine.cache_manager import CacheManager
+from engine.cache_manager import CacheManager, PrefixHit
 from engine.chat.template import ChatTemplate
 from engine.config import load_model_config
 from engine.kv_cache import CacheTensors
@@ -293,10 +293,10 @@ class Engine:
 
     def _score(self, ids: list[int]) -> torch.Tensor:
         seq = Sequence(id=-1, prompt=ids, params=SamplingParams(), seed=0, max_total=len(ids))
-        c = self.cache_manager
-        if not c.can_admit(c.match_prefix([]), len(ids)):
+        c, no_prefix = self.cache_manager, PrefixHit([], 0, -1)
+        if not c.can_admit(no_prefix, len(ids)):
             raise RuntimeError("the engine is busy; no cache room to score now")
-        seq.pages, seq.state_slot = c.admit(c.match_prefix([]), len(ids))
+        seq.pages, seq.state_slot = c.admit(no_prefix, len(ids))
         try:
             c.grow(seq.pages, len(ids))
             return self.runner.forward([seq], [len(ids)], all_logits=True).cpu()

@@ -30,7 +30,7 @@ from engine.weights.checkpoint import TensorReader, list_tensors
 from engine.weights.formats import ActOrderInt4, WeightSource
 from engine.weights.quantize import DEFAULT_POLICY, Int4, Int8, QuantPolicy, dequantize, quantize_int4, quantize_int8
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 CACHE_ENV = "QWENDESK_CACHE_DIR"
 SHARD_BYTES = 1 << 30
 MANIFEST = "manifest.json"
@@ -207,10 +207,10 @@ class ConvertCache:
 
 def convert(value: Weight, scheme: str, policy: QuantPolicy) -> Weight:
     """One source weight -> the policy's scheme. Exact int4 sources (GPTQ / AWQ) stay as they are when the
-    scheme is int4 and the kernels take their group size; otherwise they are dequantized first."""
+    scheme is int4 and the kernels take their group size; otherwise (act-order ones included: the kernels
+    have no column permutation) they are dequantized first."""
     if isinstance(value, (Int4, ActOrderInt4)):
-        group_size = (value.weight if isinstance(value, ActOrderInt4) else value).group_size
-        if scheme == "int4" and group_size in KERNEL_GROUP_SIZES:
+        if scheme == "int4" and isinstance(value, Int4) and value.group_size in KERNEL_GROUP_SIZES:
             return value
         value = _dequantize_source(value)
     if scheme == "int4":

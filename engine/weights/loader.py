@@ -53,19 +53,6 @@ def _copy(target, row, shape, value) -> None:
         target.load_rows(row, value)   # a Linear: float rows, or a quantized (q, scales[, zeros]) tuple
 
 
-def _as_policy_input(value, scheme: str, policy):
-    """A source weight in the form its target takes: float for 16-bit targets, requantized when
-    an exact int4 source cannot be used as is (GPTQ act-order)."""
-    from engine.weights.convert_cache import _dequantize_source
-    from engine.weights.formats import ActOrderInt4
-    from engine.weights.quantize import Int4, quantize_int4
-    if isinstance(value, (Int4, ActOrderInt4)) and (scheme != "int4" or isinstance(value, ActOrderInt4)):
-        value = _dequantize_source(value)
-        if scheme == "int4":
-            value = quantize_int4(value, policy.group_size, policy.method)
-    return value
-
-
 def load_weights(model, path: str | Path, device, keep_vision: bool = True, policy=None,
                  progress: Callable[[str, int, int], None] | None = None, identity: dict | None = None,
                  cache=None) -> dict[str, torch.Tensor]:
@@ -78,8 +65,9 @@ def load_weights(model, path: str | Path, device, keep_vision: bool = True, poli
     Returns the vision tower's tensors (name without prefix -> tensor on `device`) when keep_vision.
     Raises CheckpointError naming missing, unexpected or wrongly shaped tensors.
     """
-    from engine.weights.convert_cache import ConvertCache, cache_key, converted_weights, source_identity
+    from engine.weights.convert_cache import ConvertCache, cache_key, convert, converted_weights, source_identity
     from engine.weights.formats import WeightSource
+    from engine.weights.quantize import DEFAULT_POLICY
     reader_device = str(device) if torch.device(device).type == "cuda" else "cpu"
     source = WeightSource(path, reader_device)
     try:
@@ -97,7 +85,8 @@ def load_weights(model, path: str | Path, device, keep_vision: bool = True, poli
         wanted.update({full: None for full in vision.values()})
     if policy is None:
         stage = "Loading weights"
-        stream = ((full, source.read(full)) for full in wanted)
+        # 16-bit targets: int4 sources (GPTQ / AWQ) are dequantized, FP8 ones already are by the reader
+        stream = ((full, convert(source.read(full), "bf16", DEFAULT_POLICY)) for full in wanted)
     else:
         source.close()
         cache = cache or ConvertCache()
@@ -112,11 +101,9 @@ def load_weights(model, path: str | Path, device, keep_vision: bool = True, poli
                 continue
             name = wanted[full]
             if name is None:
-                kept[canonical_name(full)[1]] = _as_policy_input(value, "bf16", policy).to(device)
+                kept[canonical_name(full)[1]] = value.to(device)
             else:
-                target, row, shape = targets[name]
-                scheme = target.scheme if hasattr(target, "scheme") else "bf16"
-                _copy(target, row, shape, _as_policy_input(value, scheme, policy))
+                _copy(*targets[name], value)   # converted_weights gave each weight its target's scheme
             del value
             done += 1
             if progress:
