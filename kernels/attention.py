@@ -217,6 +217,26 @@ def _attend_block(acc, l_i, m_i, q, n0, last_key, seq_len, table_ptr,
     return acc, l_i, m_new
 
 
+@triton.jit
+def _attend_range(acc, l_i, m_i, q, lo, mid, hi, last_key, seq_len, table_ptr,
+                  k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, kv_head,
+                  stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh, qk_scale,
+                  PAGE: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+                  QUANT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Keys lo .. hi in blocks: [lo, mid) visible to every query row (no masking), [mid, hi) masked."""
+    for n0 in range(lo, mid, BLOCK_N):
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, n0, last_key, seq_len, table_ptr,
+                                      k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, kv_head,
+                                      stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh, qk_scale,
+                                      PAGE, BLOCK_N, D, QUANT, False, DOT_PRECISION)
+    for n0 in range(mid, hi, BLOCK_N):
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, n0, last_key, seq_len, table_ptr,
+                                      k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, kv_head,
+                                      stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh, qk_scale,
+                                      PAGE, BLOCK_N, D, QUANT, True, DOT_PRECISION)
+    return acc, l_i, m_i
+
+
 # ---------------------------------------------------------------------------------------------
 # decode: split-K over the context + combine
 # ---------------------------------------------------------------------------------------------
@@ -254,16 +274,10 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_p
     m_i = tl.full([BLOCK_M], -1e30, dtype=tl.float32)   # finite: a fully masked block leaves p = 0, not NaN
     table_ptr += seq * stride_bt
     visible_to_all = tl.minimum(tl.maximum((seq_len - L + 1) // BLOCK_N * BLOCK_N, lo), hi)
-    for n0 in range(lo, visible_to_all, BLOCK_N):
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, n0, last_key, seq_len, table_ptr,
-                                      k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, kv_head,
-                                      stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh, qk_scale,
-                                      PAGE, BLOCK_N, D, QUANT, False, DOT_PRECISION)
-    for n0 in range(visible_to_all, hi, BLOCK_N):
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, n0, last_key, seq_len, table_ptr,
-                                      k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, kv_head,
-                                      stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh, qk_scale,
-                                      PAGE, BLOCK_N, D, QUANT, True, DOT_PRECISION)
+    acc, l_i, m_i = _attend_range(acc, l_i, m_i, q, lo, visible_to_all, hi, last_key, seq_len, table_ptr,
+                                  k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, kv_head,
+                                  stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh, qk_scale,
+                                  PAGE, BLOCK_N, D, QUANT, DOT_PRECISION)
 
     # partials [T, Hq, splits, D] and [T, Hq, splits]; an empty split has lse = -inf and o = 0
     has_keys = l_i > 0
@@ -400,16 +414,10 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, t
     table_ptr += seq * stride_bt
     visible_to_all = (cached + block * BLOCK_M + 1) // BLOCK_N * BLOCK_N
     hi = tl.minimum(seq_len, cached + (block + 1) * BLOCK_M)
-    for n0 in range(0, visible_to_all, BLOCK_N):
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, n0, last_key, seq_len, table_ptr,
-                                      k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, kv_head,
-                                      stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh, qk_scale,
-                                      PAGE, BLOCK_N, D, QUANT, False, DOT_PRECISION)
-    for n0 in range(visible_to_all, hi, BLOCK_N):
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, n0, last_key, seq_len, table_ptr,
-                                      k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, kv_head,
-                                      stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh, qk_scale,
-                                      PAGE, BLOCK_N, D, QUANT, True, DOT_PRECISION)
+    acc, l_i, m_i = _attend_range(acc, l_i, m_i, q, 0, visible_to_all, hi, last_key, seq_len, table_ptr,
+                                  k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, kv_head,
+                                  stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh, qk_scale,
+                                  PAGE, BLOCK_N, D, QUANT, DOT_PRECISION)
     o = acc / l_i[:, None]
     tl.store(o_ptr + t[:, None] * stride_ot + head * stride_oh + d[None, :], o.to(o_ptr.dtype.element_ty),
              mask=row_ok[:, None])
