@@ -48,7 +48,8 @@ class Result:
 
 
 def graph_replay(fn):
-    """Capture fn (run once first, on a side stream, to compile it) into a CUDA graph; returns its replay."""
+    """Capture fn (run once first, on a side stream, to compile it) into a CUDA graph; returns its replay.
+    The replay holds on to fn: the graph reads the tensors fn closes over, which must outlive it."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -57,7 +58,10 @@ def graph_replay(fn):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return graph.replay
+
+    def replay(_inputs=fn):
+        graph.replay()
+    return replay
 
 
 def time_us(fn, warmup_ms=25, rep_ms=200) -> float:
