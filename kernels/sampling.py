@@ -60,12 +60,14 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def random_uniform_ref(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[B] seeds, [B] steps -> [B, vocab] uniforms in (0, 1), a pure function of (seed, step, index)."""
+    """[B] seeds, [B] steps -> [B, vocab] uniforms in (0, 1), a pure function of (seed, step, index).
+    23 bits: (m + 0.5) / 2^23 is exact in fp32 and below 1 (with 24 bits the top value rounds to 1.0, so E = 0
+    and the race of ~1.5% of rows over 248K tokens went to a token of any probability, or to NaN)."""
     seeds = seeds.long()
     key = _mix32((_mix32((seeds ^ (seeds >> 32)) & MASK32) ^ (steps.long() * 0x9E3779B9)) & MASK32)
     idx = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
     bits = _mix32((idx[None, :] + key[:, None] * 0x632BE5AB) & MASK32)
-    return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
 def apply_penalties_ref(logits, output_counts, prompt_mask, presence, frequency, repetition):
@@ -152,11 +154,26 @@ def _row_key(seeds_ptr, steps_ptr, row):
 
 
 @triton.jit
+def _log(x):
+    """Natural log of positive normal fp32, to about an ulp. tl.log lowers to the GPU's approximate log2,
+    whose absolute error (~2^-22) swamps log(u) for u near 1: exactly the small E = -log(u) that win races.
+    x = 2^e f with f in [sqrt(1/2), sqrt(2)); log f = 2 atanh(s), s = (f - 1) / (f + 1), |s| < 0.172."""
+    bits = x.to(tl.int32, bitcast=True)
+    big = (bits & 0x7FFFFF) > 0x3504F3                       # mantissa above sqrt(2): take f / 2
+    e = (bits >> 23) - 127 + big.to(tl.int32)
+    f = ((bits & 0x7FFFFF) | tl.where(big, 0x3F000000, 0x3F800000)).to(tl.float32, bitcast=True)
+    s = tl.math.div_rn(f - 1.0, f + 1.0)
+    s2 = s * s
+    series = 1.0 + s2 * (1.0 / 3 + s2 * (1.0 / 5 + s2 * (1.0 / 7 + s2 * (1.0 / 9 + s2 * (1.0 / 11)))))
+    return e.to(tl.float32) * 0.6931471805599453 + 2.0 * s * series
+
+
+@triton.jit
 def _race_key(x, idx, key):
     """log(p / E) up to a per-row constant, with E = -log(u) from the same uniform as random_uniform_ref."""
     bits = _hash32(idx.to(tl.uint32) + key * 0x632BE5AB)
-    u = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216)
-    return x - tl.log(-tl.log(u))
+    u = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608)
+    return x - _log(-_log(u))
 
 
 @triton.jit

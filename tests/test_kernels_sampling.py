@@ -7,8 +7,8 @@ multi-chunk merge and the capped fallback walk both run). GPU: V = 248320 at bat
 import pytest
 import torch
 
-from kernels.sampling import (Penalties, apply_penalties_ref, filtered_probs_ref, sample, sample_ref, sample_triton,
-                              token_logprobs, token_logprobs_triton, top_logprobs_ref)
+from kernels.sampling import (Penalties, apply_penalties_ref, filtered_probs_ref, random_uniform_ref, sample, sample_ref,
+                              sample_triton, token_logprobs, token_logprobs_triton, top_logprobs_ref)
 
 
 pytestmark = pytest.mark.usefixtures("poisoned_outputs")   # see tests/conftest.py
@@ -153,6 +153,19 @@ def test_exponential_race_distribution():
     expected = N * probs[kept].double()
     chi2 = ((counts[kept] - expected) ** 2 / expected).sum().item()
     assert chi2 < 46.0, chi2
+
+
+def test_uniforms_stay_inside_the_unit_interval():
+    """Over the full vocabulary u < 1 always (u = 1 makes E = 0: the race then ignores the probabilities). The first
+    seed is one whose 24-bit uniforms hit 1.0; top_k = 1 must then still give the argmax."""
+    V = 248_320
+    seeds = torch.tensor([-2568521157030188392] + list(range(-2**40, -2**40 + 63 * 7919, 7919)))
+    steps = torch.tensor([9763] + list(range(63)))
+    u = random_uniform_ref(seeds, steps, V)
+    assert u.min() > 0 and u.max() < 1
+    logits = torch.randn(64, V, generator=torch.Generator().manual_seed(1)) * 3
+    ones = torch.ones(64)
+    assert torch.equal(sample_ref(logits, ones, ones.long(), ones, 0 * ones, seeds, steps), logits.argmax(-1))
 
 
 @pytest.mark.parametrize("n", [0, 1, 5, 20])
