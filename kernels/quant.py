@@ -26,7 +26,7 @@ GEMV variant A (M <= 32 rows: decode, speculative verify), one launch, CUDA-grap
 - split-K: each split writes an fp32 partial; the last split of a tile to arrive (atomic counter) sums them in
   split order, writes y and resets the counter. Deterministic, one launch.
 - autotuned on (N, K, G, bits, M bucket) over (BN, warps, split-K, stages); the interpreter runs one fixed config.
-GEMV variant B (int4, M <= 8; GEMV_VARIANT picks A or B there), no tensor cores, no autotuner:
+GEMV variant B (int4, M <= 8; the default for M <= GEMV_B_DEFAULT_M), no tensor cores, no autotuner:
 - codes as exact fp32 in one lop3 + one add each: a nibble at bits 4i..4i+3 (i <= 4; one shift per word brings
   nibbles 5..7 down) ORed into the mantissa of 2^(23 - 4i) reads 2^(23 - 4i) + c. Per group and output,
   d = sum_k x_k c_k by FMA in fp32, then y += s (d - z sum_k x_k): scale and zero once per group.
@@ -59,8 +59,9 @@ import triton.language as tl
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 GEMV_MAX_M = 32                 # above: dequantise + torch matmul
-GEMV_VARIANT = "A"              # int4 GEMV for M <= GEMV_B_MAX_M: "A" (tensor-core dots) or "B" (FMA); docstring
-GEMV_B_MAX_M = 8                # at most 8 (variant B's M buckets)
+GEMV_B_MAX_M = 8                # variant B's limit (its M buckets)
+GEMV_B_DEFAULT_M = 1            # int4 GEMV default: B up to this M, A above (H200, 27B shapes: B ~10% faster at M = 1,
+                                # ~2.5x slower at M = 8; docs/performance.md)
 DEQUANT_SCRATCH = 1 << 25       # elements of the dequantised-weight scratch of the large-M path (64 MiB bf16)
 SPLITK_FLOATS = 1 << 21         # fp32 split-K partials, one buffer per device (8 MiB)
 SPLITK_COUNTERS = 1 << 14       # split-K arrival counters, one per output tile
@@ -576,7 +577,7 @@ def _sum_splits_kernel(part_ptr, y_ptr, MN, SPLIT_K, BLOCK: tl.constexpr):
 # accumulators (acc and the group's d) stay in registers. Compiled for sm_90 (Triton 3.6 and 3.9, one warp,
 # G = 128): M 1 / BN 8 and M 4 / BN 4 take 168-180 registers (11-12 warps per SM), M 2 / BN 8 and M 8 / BN 4 255
 # (8 per SM), none spills in the loop.
-GEMV_B_ROWS = {1: 8, 2: 8, 4: 4, 8: 4}
+GEMV_B_ROWS = {1: 4, 2: 8, 4: 4, 8: 4}
 GEMV_B_CHUNK = 1024                             # k per loop step of a program
 GEMV_B_PROGRAMS_PER_SM = 12                     # B1 / B2: what is resident at once, about
 
@@ -706,13 +707,14 @@ def _rows(x: torch.Tensor, K: int) -> torch.Tensor:
 def int4_linear_triton(x: torch.Tensor, w: Int4Weight, config: dict | None = None,
                        variant: str | None = None) -> torch.Tensor:
     """x [..., K] -> [..., N] in x's dtype: GEMV for M <= 32 rows, else dequantise + matmul. The GEMV is variant
-    (default GEMV_VARIANT) for M <= GEMV_B_MAX_M, variant A above; config forces one config of the variant that
-    runs (A: see _gemv, B: see _gemv_b)."""
+    B for M <= GEMV_B_DEFAULT_M, A above; variant="A" / "B" forces one (B only runs M <= GEMV_B_MAX_M); config
+    forces one config of the variant that runs (A: see _gemv, B: see _gemv_b)."""
     N, K = w.shape
     x2 = _rows(x, K)
     M = x2.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    if 0 < M <= GEMV_B_MAX_M and (variant or GEMV_VARIANT) == "B":
+    use_b = variant == "B" if variant else M <= GEMV_B_DEFAULT_M
+    if 0 < M <= GEMV_B_MAX_M and use_b:
         _gemv_b(x2, w, y, config)
     elif 0 < M <= GEMV_MAX_M:
         _gemv(x2, w.qweight, w.scales, w.zeros, y, 4, w.group_size, config)

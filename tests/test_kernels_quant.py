@@ -4,7 +4,7 @@ CPU: the Triton kernels run in the interpreter (fp32 / fp16, small odd shapes, t
 adds one inline-PTX lop3). GPU (`gpu` mark): bf16 at the 27B projection shapes, every GEMV M bucket, the large-M
 path, a sweep of forced configs (split-K, tiles, stages: whatever the autotuner picks must be right), CUDA-graph
 replay of the M <= 32 paths. Both int4 GEMV variants (A: tensor-core dots, B: FMA for M <= 8) are tested whichever
-GEMV_VARIANT is set.
+is the default.
 """
 
 import functools
@@ -141,10 +141,10 @@ def test_int4_gemv_b_split_k(K, G, config):
 
 
 def test_gemv_variant_switch(monkeypatch):
-    """GEMV_VARIANT = "B" sends M <= GEMV_B_MAX_M to variant B, larger M to variant A."""
+    """The default sends M <= GEMV_B_DEFAULT_M to variant B, larger M to variant A."""
     w, _ = random_int4(32, 128, 64, torch.float32, seed=9)
-    monkeypatch.setattr(quant, "GEMV_VARIANT", "B")
-    for M, variant in ((quant.GEMV_B_MAX_M, "B"), (quant.GEMV_B_MAX_M + 1, "A")):
+    monkeypatch.setattr(quant, "GEMV_B_DEFAULT_M", 4)
+    for M, variant in ((4, "B"), (5, "A")):
         x = torch.randn(M, 128)
         assert torch.equal(int4_linear_triton(x, w), int4_linear_triton(x, w, variant=variant))
 
@@ -224,8 +224,8 @@ def test_gemv_b_configs_27b():
             for c in configs:
                 assert 1 <= c["SPLIT_K"] <= -(-K // 1024) and c["SPLIT_K"] * M * N <= quant.SPLITK_FLOATS
                 assert c["BN"] in (2, 4, 8)
-    assert gemv_b_configs(16384, 5120, 1)[0] == dict(BN=8, SPLIT_K=1)     # one program per 8 rows, all of K
-    assert gemv_b_configs(5120, 17408, 1)[0] == dict(BN=8, SPLIT_K=2)     # N = 5120: split to fill 132 SMs
+    assert gemv_b_configs(16384, 5120, 1)[0] == dict(BN=4, SPLIT_K=1)     # one program per 4 rows, all of K
+    assert gemv_b_configs(5120, 17408, 2)[0] == dict(BN=8, SPLIT_K=2)     # N / 8 programs: split to fill 132 SMs
 
 
 def weight_27b(name, bits=4, G=128):
