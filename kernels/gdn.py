@@ -246,13 +246,29 @@ def _fla_chunk():
     return chunk_gated_delta_rule
 
 
+_fla_meta_last: list = [None, None]
+
+
+def _fla_meta(cu_seqlens):
+    """(int64 cu_seqlens, its host copy, fla's chunk index) for a batch, made once and reused by every layer of
+    the forward (they all pass the batch's one cu_seqlens tensor). Without it each layer would convert again, and
+    fla's identity-keyed caches would miss, and size its chunk index on the host: a device sync per layer."""
+    if _fla_meta_last[0] is not cu_seqlens:
+        from fla.ops.utils.index import prepare_chunk_indices
+        cu_long = cu_seqlens.long()
+        cu_cpu = cu_long.cpu()
+        _fla_meta_last[:] = [cu_seqlens, dict(cu_seqlens=cu_long, cu_seqlens_cpu=cu_cpu,
+                                               chunk_indices=prepare_chunk_indices(cu_long, 64, cu_seqlens_cpu=cu_cpu))]
+    return _fla_meta_last[1]
+
+
 def gated_delta_rule_fla(q, k, v, g, beta, state, slots, cu_seqlens, has_state):
     """gated_delta_rule_ref's contract on fla's varlen chunked kernel (GVA native: Hv > Hk needs no repeat).
     Not graph capturable (fla sizes its chunk index on the host)."""
     init = torch.where(has_state[:, None, None, None], state[slots], 0.0)
     o, final = _fla_chunk()(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0),
                             scale=q.shape[-1] ** -0.5, initial_state=init, output_final_state=True,
-                            use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens.long())
+                            use_qk_l2norm_in_kernel=True, **_fla_meta(cu_seqlens))
     state[slots] = final
     return o[0]
 
