@@ -167,25 +167,61 @@ def bench_ours(model, args, bw) -> dict:
 
 
 def profile(model, out_dir: str) -> None:
-    """Where a short prefill and a few decode steps spend their time (host and device)."""
+    """Where a short prefill spends its time: the engine's TTFT at 512 tokens, then one 512-token forward called
+    directly on an idle engine's cache: host issue time (until the Python call returns), wall time and GPU time
+    (events), the top kernels, and the top Python functions (cProfile) of the host side."""
+    import cProfile
     import os
+    import pstats
 
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     from engine.api import Engine, EngineConfig
+    from engine.model.batch import build_batch
     eng = Engine.from_model(EngineConfig(model="", device="cuda", max_context=4096), model, bench_tokenizer())
     run(eng, [rand_ids(512, 1)], 16)                         # warm: compile, tune, capture
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fin = run(eng, [rand_ids(512, 2)], 16)[0]
+    ttft = [run(eng, [rand_ids(512, 2 + i)], 1)[0].timings.ttft_ms for i in range(3)]
+    print(f"engine TTFT at 512 tokens: {', '.join(f'{t:.1f}' for t in ttft)} ms")
+
+    cache = eng.cache                                        # the engine is idle: borrow pages 0..7 and slot 0
+    ids = torch.tensor(rand_ids(512, 9), device="cuda")
+
+    def forward():
+        batch = build_batch([512], [0], [0], [list(range(8))], cache.page_size, "cuda")
+        with torch.inference_mode():
+            return model.logits(model(ids, batch, cache)[batch.logits_rows])
+
+    forward()
+    torch.cuda.synchronize()
+    rows = []
+    for _ in range(3):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        begin.record()
+        forward()
+        end.record()
+        t1 = time.perf_counter()
         torch.cuda.synchronize()
-    eng.close()
-    print(f"profiled: TTFT {fin.timings.ttft_ms:.1f} ms, decode {fin.timings.decode_tok_s:.1f} tok/s")
-    table = prof.key_averages()
-    print(table.table(sort_by="cuda_time_total", row_limit=25))
-    print(table.table(sort_by="cpu_time_total", row_limit=25))
+        rows.append(((t1 - t0) * 1e3, (time.perf_counter() - t0) * 1e3, begin.elapsed_time(end)))
+    for issue, wall, gpu in rows:
+        print(f"forward 512: host issue {issue:.1f} ms, wall {wall:.1f} ms, GPU (events) {gpu:.1f} ms")
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        forward()
+        torch.cuda.synchronize()
+    kernels = prof.key_averages()
+    busy = sum(k.self_device_time_total for k in kernels) / 1e3
+    print(f"kernels: {sum(k.count for k in kernels)} launches, {busy:.1f} ms busy")
+    print(kernels.table(sort_by="self_cuda_time_total", row_limit=12, max_name_column_width=60))
+    host = cProfile.Profile()
+    host.enable()
+    forward()
+    host.disable()
+    torch.cuda.synchronize()
     os.makedirs(out_dir, exist_ok=True)
-    prof.export_chrome_trace(os.path.join(out_dir, "trace.json"))
+    host.dump_stats(os.path.join(out_dir, "prefill_host.pstats"))
+    pstats.Stats(host).sort_stats("tottime").print_stats(20)
+    eng.close()
 
 
 def decode_bytes(model, c, args) -> float:

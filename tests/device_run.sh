@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: GPU tests, kernel benchmarks, engine benchmark.
-# Usage (from the repo root, on the GPU machine): tests/device_run.sh [tests] [kernels] [engine] [engine-int4]
+# Usage (from the repo root, on the GPU machine): tests/device_run.sh [tests] [kernels] [profile] [engine] [engine-int4]
+#   [sim24] [engine-quick]
 # Logs and JSON go to $OUT (or ./device-out). Wheels in .whl/ (fla-core) are installed first.
 set -uo pipefail
 OUT=${OUT:-device-out}; mkdir -p "$OUT"
@@ -18,6 +19,9 @@ for step in $what; do
                2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
     kernels) python3 -m kernels.bench --json "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log" | tail -60 ;;
     engine)  python3 -m engine.bench --json "$OUT/engine.json" 2>&1 | tee "$OUT/engine.log" | tail -40 ;;
+    profile) python3 -m engine.bench --profile "$OUT/prof" 2>&1 | tee "$OUT/profile.log" | tail -60 ;;
+    engine-int4) python3 -m engine.bench --weights int4 --json "$OUT/engine_int4.json" 2>&1 | tee "$OUT/engine_int4.log" | tail -40 ;;
+    sim24)   python3 -m engine.bench --weights int4 --simulate-gb 24 --json "$OUT/sim24.json" 2>&1 | tee "$OUT/sim24.log" | tail -40 ;;
     engine-quick) python3 -m engine.bench --no-hf --contexts 512,8192 --profiles C1,C8 --decode-tokens 64 \
                --json "$OUT/engine.json" 2>&1 | tee "$OUT/engine.log" | tail -40 ;;
   esac
