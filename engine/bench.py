@@ -179,6 +179,7 @@ def profile(model, out_dir: str) -> None:
 
     from engine.api import Engine, EngineConfig
     from engine.model.batch import build_batch
+    from kernels import gdn
     eng = Engine.from_model(EngineConfig(model="", device="cuda", max_context=4096), model, bench_tokenizer())
     run(eng, [rand_ids(512, 1)], 16)                         # warm: compile, tune, capture
     ttft = [run(eng, [rand_ids(512, 2 + i)], 1)[0].timings.ttft_ms for i in range(3)]
@@ -192,20 +193,22 @@ def profile(model, out_dir: str) -> None:
         with torch.inference_mode():
             return model.logits(model(ids, batch, cache)[batch.logits_rows])
 
-    forward()
-    torch.cuda.synchronize()
-    rows = []
-    for _ in range(3):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        t0 = time.perf_counter()
-        begin.record()
+    default = gdn.RECURRENT_MAX_TOKENS
+    for limit in (0, 512):                                  # GDN prefill by fla, then by the recurrent kernel
+        gdn.RECURRENT_MAX_TOKENS = limit
         forward()
-        end.record()
-        t1 = time.perf_counter()
         torch.cuda.synchronize()
-        rows.append(((t1 - t0) * 1e3, (time.perf_counter() - t0) * 1e3, begin.elapsed_time(end)))
-    for issue, wall, gpu in rows:
-        print(f"forward 512: host issue {issue:.1f} ms, wall {wall:.1f} ms, GPU (events) {gpu:.1f} ms")
+        for _ in range(3):
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            begin.record()
+            forward()
+            end.record()
+            issue = (time.perf_counter() - t0) * 1e3
+            torch.cuda.synchronize()
+            print(f"forward 512, GDN by {'fla' if limit == 0 else 'recurrent'}: host issue {issue:.1f} ms, "
+                  f"wall {(time.perf_counter() - t0) * 1e3:.1f} ms, GPU (events) {begin.elapsed_time(end):.1f} ms")
+    gdn.RECURRENT_MAX_TOKENS = default
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
         forward()
         torch.cuda.synchronize()

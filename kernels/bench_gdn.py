@@ -12,8 +12,8 @@ import torch
 
 from kernels.bench import Case, graph_replay
 from kernels.conv1d import causal_conv1d, causal_conv1d_ref, causal_conv1d_update
-from kernels.gdn import (_fla_chunk, gated_delta_rule, gated_delta_rule_ref, gdn_decode, gdn_decode_ref,
-                         gdn_gating_ref, recurrent_gated_delta_rule_triton)
+from kernels.gdn import (RECURRENT_MAX_TOKENS, _fla_chunk, gated_delta_rule, gated_delta_rule_fla, gated_delta_rule_ref,
+                         gdn_decode, gdn_decode_ref, gdn_gating_ref, recurrent_gated_delta_rule_triton)
 
 HK, HV, K, V, W = 16, 48, 128, 128, 4
 CONV_DIM = 2 * HK * K + HV * V                   # q | k | v channels: 10240
@@ -110,22 +110,39 @@ def _conv_prefill_case(T=8192):
                 target=">= 70% of copy bw", target_frac=0.7)
 
 
-def _prefill_case(T, facts_ms):
+def _prefill_inputs(T):
     qkv = torch.randn(T, CONV_DIM, dtype=torch.bfloat16, device=DEV)
     q, k, v = qkv.split([HK * K, HK * K, HV * V], dim=-1)
-    q, k, v = q.view(T, HK, K), k.view(T, HK, K), v.view(T, HV, V)
     g, beta = gdn_gating_ref(torch.randn(T, HV, device=DEV), torch.randn(T, HV, device=DEV),
                              torch.empty(HV, device=DEV).uniform_(0.05, 4).log(), torch.zeros(HV, device=DEV))
-    state = 0.1 * torch.randn(2, HV, K, V, device=DEV)
-    ref_state = state.clone()
     meta = (torch.tensor([1], device=DEV), torch.tensor([0, T], dtype=torch.int32, device=DEV),
             torch.ones(1, dtype=torch.bool, device=DEV))
-    path = "fla" if _fla_chunk() is not None else "triton_recurrent_fallback"
-    return Case("gdn", f"prefill_{T // 1024}k_{path}", lambda: gated_delta_rule(q, k, v, g, beta, state, *meta),
+    return (q.view(T, HK, K), k.view(T, HK, K), v.view(T, HV, V), g, beta), 0.1 * torch.randn(2, HV, K, V, device=DEV), meta
+
+
+def _prefill_case(T, facts_ms):
+    """gated_delta_rule as the model calls it at T tokens (fla above RECURRENT_MAX_TOKENS, when importable)."""
+    x, state, meta = _prefill_inputs(T)
+    ref_state = state.clone()
+    path = "fla" if _fla_chunk() is not None and T > RECURRENT_MAX_TOKENS else "triton_recurrent"
+    return Case("gdn", f"prefill_{T}_{path}", lambda: gated_delta_rule(*x, state, *meta),
                 bytes=T * (2 * HK * K + 2 * HV * V) * 2 + 2 * STATE_BYTES,
-                baseline=lambda: gated_delta_rule_ref(q, k, v, g, beta, ref_state, *meta),
+                baseline=lambda: gated_delta_rule_ref(*x, ref_state, *meta),
                 target=f"<= {facts_ms} ms (FACTS.md: fla alone, one layer)", target_us=facts_ms * 1e3)
 
 
+def _short_prefill_cases():
+    """Short chunks, timed back to back as the engine issues them (host time included): the recurrent kernel vs
+    fla's chunked one, which sets RECURRENT_MAX_TOKENS."""
+    cases = []
+    for T in (64, 256, 512, 1024, 2048):
+        x, state, meta = _prefill_inputs(T)
+        recurrent = lambda x=x, state=state, meta=meta: recurrent_gated_delta_rule_triton(*x, state, *meta)  # noqa: E731
+        fla = (lambda x=x, state=state, meta=meta: gated_delta_rule_fla(*x, state, *meta)) if _fla_chunk() else None
+        cases.append(Case("gdn", f"prefill_{T}_recurrent (vs ref = vs fla chunked)", recurrent,
+                          bytes=T * (2 * HK * K + 2 * HV * V) * 2 + 2 * STATE_BYTES, baseline=fla))
+    return cases
+
+
 def cases() -> list[Case]:
-    return [*_decode_cases(), _conv_prefill_case(), _prefill_case(1024, 0.54), _prefill_case(8192, 0.70)]
+    return [*_decode_cases(), _conv_prefill_case(), *_short_prefill_cases(), _prefill_case(8192, 0.70)]
