@@ -307,13 +307,25 @@ class Engine:
         now = time.perf_counter()
         for seq in self.scheduler.admit():
             seq.t_admit = now
-        seqs, lens = self.scheduler.prefill_batch()
+        seqs, lens, cuts = self.scheduler.prefill_batch()
         if seqs:
-            logits = self.runner.forward(seqs, lens)
+            c = self.cache_manager
+            snap_slots = [c.take_snapshot_slot() if cut else -1 for cut in cuts]
+            snapshots = [(cut, slot) if slot >= 0 else (0, -1) for cut, slot in zip(cuts, snap_slots)]
+            try:
+                logits = self.runner.forward(seqs, lens, snapshots=snapshots if any(s >= 0 for s in snap_slots)
+                                             else None)
+            except Exception:
+                for slot in snap_slots:
+                    if slot >= 0:
+                        c.drop_snapshot_slot(slot)
+                raise
             done = []
             for i, seq in enumerate(seqs):
-                self.cache_manager.index_pages(seq.hashes, seq.tokens, seq.num_computed, seq.pages)
-                if seq.num_computed == seq.snapshot_at:
+                c.index_pages(seq.hashes, seq.tokens, seq.num_computed, seq.pages)
+                if snap_slots[i] >= 0:           # taken in passing
+                    c.keep_snapshot(snap_slots[i], seq.hashes[seq.snapshot_at // c.page_size - 1])
+                elif seq.num_computed == seq.snapshot_at:
                     self._snapshot(seq)
                 if not seq.prefilling:
                     done.append(i)

@@ -31,16 +31,19 @@ class ModelRunner:
             self.graphs = DecodeGraphs(model, cache, device, max_batch, max_context, scratch_slot)
 
     @torch.inference_mode()
-    def forward(self, seqs: list[Sequence], query_lens: list[int], all_logits: bool = False) -> torch.Tensor:
+    def forward(self, seqs: list[Sequence], query_lens: list[int], all_logits: bool = False,
+                snapshots: list[tuple[int, int]] | None = None) -> torch.Tensor:
         """Run the next query_lens[i] uncomputed tokens of each sequence; advance num_computed.
-        Returns fp32 logits of each sequence's last row [N, V] (or of every row with all_logits)."""
-        if self.graphs is not None and not all_logits and self.graphs.fits(seqs, query_lens):
+        Returns fp32 logits of each sequence's last row [N, V] (or of every row with all_logits).
+        snapshots: per sequence (tokens, slot): also save the GDN state after that many of its rows (0: none)."""
+        if self.graphs is not None and not all_logits and not snapshots and self.graphs.fits(seqs, query_lens):
             logits = self.graphs.run(seqs)
         else:
             ids = [t for s, n in zip(seqs, query_lens) for t in s.tokens[s.num_computed:s.num_computed + n]]
             batch = build_batch(query_lens, [s.num_computed for s in seqs], [s.state_slot for s in seqs],
                                 [s.pages for s in seqs], self.cache.page_size, self.device,
-                                last_only=not all_logits)
+                                last_only=not all_logits, snapshots=snapshots,
+                                conv_width=self.model.cfg.conv_kernel)
             hidden = self.model(torch.tensor(ids, dtype=torch.int64, device=self.device), batch, self.cache)
             if batch.logits_rows is not None:
                 hidden = hidden[batch.logits_rows]

@@ -14,6 +14,7 @@ from collections import deque
 
 from engine.cache_manager import CacheManager
 from engine.sequence import Sequence
+from kernels.gdn import RECURRENT_MAX_TOKENS
 
 
 class Scheduler:
@@ -57,20 +58,29 @@ class Scheduler:
         boundary = end // page * page
         return boundary if boundary > seq.num_computed else -1
 
-    def prefill_batch(self) -> tuple[list[Sequence], list[int]]:
-        """Sequences still in their prompt and how many prompt tokens each runs now."""
-        seqs, lens, budget = [], [], self.prefill_chunk
+    def prefill_batch(self) -> tuple[list[Sequence], list[int], list[int]]:
+        """Sequences still in their prompt, how many prompt tokens each runs now, and where inside those the
+        GDN state is to be snapshotted (0: nowhere). A step of at most RECURRENT_MAX_TOKENS tokens takes its
+        snapshots in passing; a longer one stops each sequence at its snapshot boundary instead (the engine
+        then copies the state), because fla's chunked kernel keeps no state inside a chunk. A snapshot at
+        least a page into the step keeps the conv window inside it."""
+        seqs, lens, cuts, budget = [], [], [], self.prefill_chunk
         for seq in self.running:
             if budget <= 0:
                 break
             if not seq.prefilling:
                 continue
-            stop = len(seq.prompt) if seq.snapshot_at <= seq.num_computed else seq.snapshot_at
-            n = min(stop - seq.num_computed, budget)
+            n = min(len(seq.prompt) - seq.num_computed, budget)
+            cut = seq.snapshot_at - seq.num_computed
             seqs.append(seq)
             lens.append(n)
+            cuts.append(cut if 0 < cut < n else 0)
             budget -= n
-        return seqs, lens
+        in_pass = sum(lens) <= RECURRENT_MAX_TOKENS and all(c == 0 or c >= self.cache.page_size for c in cuts)
+        if not in_pass:
+            lens = [c or n for c, n in zip(cuts, lens)]
+            cuts = [0] * len(lens)
+        return seqs, lens, cuts
 
     def decode_batch(self) -> list[Sequence]:
         return [s for s in self.running if not s.prefilling and s.finish_reason is None]

@@ -90,18 +90,23 @@ def chunk_gated_delta_rule_ref(q, k, v, g, beta, state, chunk=64):
     return out.transpose(0, 1), S
 
 
-def gated_delta_rule_ref(q, k, v, g, beta, state, slots, cu_seqlens, has_state):
+def gated_delta_rule_ref(q, k, v, g, beta, state, slots, cu_seqlens, has_state, snap_tokens=None, snap_slots=None):
     """Packed sequences: q,k [T, Hk, K]; v [T, Hv, V]; g, beta [T, Hv]. Returns o [T, Hv, V] in v's dtype
-    and writes each sequence's final state into state[slots[i]]."""
+    and writes each sequence's final state into state[slots[i]]. snap_tokens / snap_slots [N]: where
+    snap_tokens[i] > 0, the state after that many tokens of sequence i is also written to state[snap_slots[i]]."""
     out = torch.empty_like(v)
     bounds = cu_seqlens.tolist()
+    cuts = snap_tokens.tolist() if snap_tokens is not None else [0] * len(bounds)
     for i, slot in enumerate(slots.tolist()):
         s, e = bounds[i], bounds[i + 1]
-        init = state[slot] if bool(has_state[i]) else torch.zeros_like(state[slot])
-        fn = recurrent_gated_delta_rule_ref if e - s <= 16 else chunk_gated_delta_rule_ref
-        o, final = fn(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], init)
-        out[s:e] = o.to(v.dtype)
-        state[slot] = final
+        S = state[slot] if bool(has_state[i]) else torch.zeros_like(state[slot])
+        for lo, hi in ((s, s + cuts[i]), (s + cuts[i], e)) if cuts[i] else ((s, e),):
+            fn = recurrent_gated_delta_rule_ref if hi - lo <= 16 else chunk_gated_delta_rule_ref
+            o, S = fn(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], S)
+            out[lo:hi] = o.to(v.dtype)
+            if cuts[i] and hi < e:
+                state[int(snap_slots[i])] = S
+        state[slot] = S
     return out
 
 
@@ -190,10 +195,11 @@ def gdn_gating(a, b, A_log, dt_bias):
 
 @triton.jit
 def _recurrent_kernel(q, k, v, q_row_stride, k_row_stride, v_row_stride, g, beta, g_row_stride, beta_row_stride,
-                      A_log, dt_bias, state, slots, has_state, cu_seqlens, out, scale,
+                      A_log, dt_bias, state, slots, has_state, cu_seqlens, snap_tokens, snap_slots, out, scale,
                       HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                      RAW_GATES: tl.constexpr):
-    """Program per (sequence, v head, V block): walks the sequence's tokens with a [K, BV] state tile."""
+                      RAW_GATES: tl.constexpr, SNAP: tl.constexpr):
+    """Program per (sequence, v head, V block): walks the sequence's tokens with a [K, BV] state tile. The next
+    token's inputs are loaded before this token is computed, so their latency hides behind the update."""
     n, hv, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     h = hv // (HV // HK)
     bos = tl.load(cu_seqlens + n).to(tl.int64)
@@ -201,24 +207,43 @@ def _recurrent_kernel(q, k, v, q_row_stride, k_row_stride, v_row_stride, g, beta
     live = tl.load(has_state + n) != 0
     ok = tl.arange(0, K)
     ov = i_v * BV + tl.arange(0, BV)
-    p_S = state + (tl.load(slots + n).to(tl.int64) * HV + hv) * K * V + ok[:, None] * V + ov[None, :]
+    tile = hv * K * V + ok[:, None] * V + ov[None, :]
+    p_S = state + tl.load(slots + n).to(tl.int64) * HV * K * V + tile
     S = tl.where(live, tl.load(p_S), 0.0)
+    snap_t = bos - 1                                  # the token after which the state is also saved (none)
+    p_snap = p_S
+    if SNAP:
+        cut = tl.load(snap_tokens + n).to(tl.int64)
+        snap_t = tl.where(cut > 0, bos + cut - 1, snap_t)
+        p_snap = state + tl.load(snap_slots + n).to(tl.int64) * HV * K * V + tile
+    first = tl.maximum(tl.minimum(bos, eos - 1), 0)   # a row that exists even when this sequence has none
+    qn = tl.load(q + first * q_row_stride + h * K + ok)
+    kn = tl.load(k + first * k_row_stride + h * K + ok)
+    vn = tl.load(v + first * v_row_stride + hv * V + ov)
+    gn = tl.load(g + first * g_row_stride + hv)
+    bn = tl.load(beta + first * beta_row_stride + hv)
     for t in range(bos, eos):
-        qt = _l2norm(tl.load(q + t * q_row_stride + h * K + ok).to(tl.float32)) * scale
-        kt = _l2norm(tl.load(k + t * k_row_stride + h * K + ok).to(tl.float32))
-        vt = tl.load(v + t * v_row_stride + hv * V + ov).to(tl.float32)
-        gt = tl.load(g + t * g_row_stride + hv).to(tl.float32)
-        bt = tl.load(beta + t * beta_row_stride + hv).to(tl.float32)
+        qt, kt, vt = qn.to(tl.float32), kn.to(tl.float32), vn.to(tl.float32)
+        gt, bt = gn.to(tl.float32), bn.to(tl.float32)
+        nt = tl.minimum(t + 1, eos - 1)
+        qn = tl.load(q + nt * q_row_stride + h * K + ok)
+        kn = tl.load(k + nt * k_row_stride + h * K + ok)
+        vn = tl.load(v + nt * v_row_stride + hv * V + ov)
+        gn = tl.load(g + nt * g_row_stride + hv)
+        bn = tl.load(beta + nt * beta_row_stride + hv)
         if RAW_GATES:
             gt = -tl.exp(tl.load(A_log + hv)) * _softplus(gt + tl.load(dt_bias + hv))
             bt = tl.sigmoid(bt)
-        S, o = _delta_rule_step(S, qt, kt, vt, gt, bt)
+        S, o = _delta_rule_step(S, _l2norm(qt) * scale, _l2norm(kt), vt, gt, bt)
         tl.store(out + (t * HV + hv) * V + ov, o.to(out.dtype.element_ty))
+        if SNAP:
+            if t == snap_t:
+                tl.store(p_snap, S)
     tl.store(p_S, S)
 
 
 def recurrent_gated_delta_rule_triton(q, k, v, g, beta, state, slots, cu_seqlens, has_state, A_log=None,
-                                      dt_bias=None):
+                                      dt_bias=None, snap_tokens=None, snap_slots=None):
     """Triton version of gated_delta_rule_ref (same arguments and effects), token by token. Given A_log and
     dt_bias, g and beta are the raw a and b projections and the gating is applied in the kernel."""
     T, HK, K = q.shape
@@ -228,16 +253,19 @@ def recurrent_gated_delta_rule_triton(q, k, v, g, beta, state, slots, cu_seqlens
     assert g.stride(1) == 1 and beta.stride(1) == 1 and state.is_contiguous()
     out = torch.empty((T, HV, V), dtype=v.dtype, device=v.device)
     raw_gates = A_log is not None
+    snap = snap_tokens is not None
     block_v = min(V, 32)
     _recurrent_kernel[(N, HV, V // block_v)](
         q, k, v, q.stride(0), k.stride(0), v.stride(0), g, beta, g.stride(0), beta.stride(0),
         A_log if raw_gates else g, dt_bias if raw_gates else g, state, slots, has_state.view(torch.uint8),
-        cu_seqlens, out, K ** -0.5, HK=HK, HV=HV, K=K, V=V, BV=block_v, RAW_GATES=raw_gates, num_warps=4)
+        cu_seqlens, snap_tokens if snap else cu_seqlens, snap_slots if snap else slots, out, K ** -0.5,
+        HK=HK, HV=HV, K=K, V=V, BV=block_v, RAW_GATES=raw_gates, SNAP=snap, num_warps=4)
     return out
 
 
 # Chunks up to this many tokens take the recurrent kernel: one launch per layer, where fla's ~8 launches and Python
 # wrappers cost ~1.8 ms of host time per layer on the H200 machine, more than the recurrent walk of a short chunk.
+# Snapshots inside a prefill step (snap_tokens) are only taken on this path: the scheduler splits longer steps.
 RECURRENT_MAX_TOKENS = 512
 
 
@@ -278,14 +306,17 @@ def gated_delta_rule_fla(q, k, v, g, beta, state, slots, cu_seqlens, has_state):
     return o[0]
 
 
-def gated_delta_rule(q, k, v, g, beta, state, slots, cu_seqlens, has_state):
+def gated_delta_rule(q, k, v, g, beta, state, slots, cu_seqlens, has_state, snap_tokens=None, snap_slots=None):
     """Prefill: on CUDA fla's chunked kernel, or the Triton recurrent kernel for short chunks (or without fla);
-    the torch reference elsewhere."""
+    the torch reference elsewhere. snap_tokens / snap_slots: see gated_delta_rule_ref (steps of at most
+    RECURRENT_MAX_TOKENS tokens)."""
     if not q.is_cuda:
-        return gated_delta_rule_ref(q, k, v, g, beta, state, slots, cu_seqlens, has_state)
+        return gated_delta_rule_ref(q, k, v, g, beta, state, slots, cu_seqlens, has_state, snap_tokens, snap_slots)
     if _fla_chunk() is not None and q.shape[0] > RECURRENT_MAX_TOKENS:
+        assert snap_tokens is None, "in-step snapshots need a step of at most RECURRENT_MAX_TOKENS tokens"
         return gated_delta_rule_fla(q, k, v, g, beta, state, slots, cu_seqlens, has_state)
-    return recurrent_gated_delta_rule_triton(q, k, v, g, beta, state, slots, cu_seqlens, has_state)
+    return recurrent_gated_delta_rule_triton(q, k, v, g, beta, state, slots, cu_seqlens, has_state,
+                                             snap_tokens=snap_tokens, snap_slots=snap_slots)
 
 
 # ---------------------------------------------------------------- fused decode / verify

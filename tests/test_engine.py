@@ -62,11 +62,24 @@ def test_batched_equals_alone(ckpt, eng):
     assert_idle(eng)
 
 
-def test_prefix_hit_equals_cold(ckpt, eng):
-    chat = [{"role": "system", "content": "You are terse. " * 40},
+@pytest.mark.parametrize("system_repeats", [10, 40])
+def test_prefix_hit_equals_cold(ckpt, eng, monkeypatch, system_repeats):
+    """A short first prompt (< 512 tokens) snapshots its GDN state in passing, in one prefill step; a long one
+    stops at the snapshot boundary and copies the state. Either way the second turn equals a cold run."""
+    chat = [{"role": "system", "content": "You are terse. " * system_repeats},
             {"role": "user", "content": "First question, a long one: " + "words " * 60}]
     params = SamplingParams(max_tokens=10, **GREEDY)
+    steps = []
+    forward = eng.runner.forward
+    monkeypatch.setattr(eng.runner, "forward", lambda seqs, lens, *a, **kw: steps.append((lens, kw.get("snapshots")))
+                        or forward(seqs, lens, *a, **kw))
     first = eng.generate(chat, params, enable_thinking=False)
+    monkeypatch.undo()
+    prefill = [(lens, snaps) for lens, snaps in steps if lens != [1]]
+    if first.usage.prompt_tokens <= 512:
+        assert len(prefill) == 1 and prefill[0][1] is not None, prefill
+    else:
+        assert len(prefill) >= 2 and all(snaps is None for _, snaps in prefill), prefill
     assert first.usage.cached_tokens == 0
     turn2 = chat + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And then?"}]
     warm = eng.generate(turn2, params, enable_thinking=False)

@@ -169,6 +169,32 @@ def test_recurrent_gated_delta_rule_varlen(Hk, Hv, raw_gates):
     check_pool(s_tri, s_ref, slots, 1e-4)
 
 
+def test_snapshot_inside_a_prefill_step():
+    """snap_tokens: the state after the first n tokens of a sequence also lands in a snapshot slot, equal to
+    running those n tokens alone; outputs and final states are unchanged. Reference and Triton kernel."""
+    torch.manual_seed(4)
+    lens, cuts = [1, 20, 30, 6], [0, 18, 7, 0]
+    (q, k, v, g, beta), state, slots, cu, live = prefill_inputs(lens, [False, True, True, False], 1, 2, 16, 16,
+                                                                torch.float32, "cpu")
+    free = [i for i in range(state.shape[0]) if i not in slots.tolist()]
+    snap_slots = torch.tensor([free[0], free[0], free[1], free[0]])
+    snap_tokens = torch.tensor(cuts, dtype=torch.int32)
+    plain = state.clone()
+    o_plain = gated_delta_rule_ref(q, k, v, g, beta, plain, slots, cu, live)
+    for fn in (gated_delta_rule_ref, recurrent_gated_delta_rule_triton):
+        s = state.clone()
+        o = fn(q, k, v, g, beta, s, slots, cu, live, snap_tokens=snap_tokens, snap_slots=snap_slots)
+        torch.testing.assert_close(o, o_plain, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(s[slots], plain[slots], atol=1e-4, rtol=1e-4)
+        for i in (1, 2):                                   # the head alone, from the same initial state
+            head = state.clone()
+            lo = int(cu[i])
+            gated_delta_rule_ref(q[lo:lo + cuts[i]], k[lo:lo + cuts[i]], v[lo:lo + cuts[i]], g[lo:lo + cuts[i]],
+                                 beta[lo:lo + cuts[i]], head, slots[i:i + 1], torch.tensor([0, cuts[i]]), live[i:i + 1])
+            torch.testing.assert_close(s[snap_slots[i]], head[slots[i]], atol=1e-4, rtol=1e-4)
+        assert s[free[2]].isnan().all()                    # the unused free slot is untouched
+
+
 @pytest.mark.parametrize("Hk, Hv, L, dtype", [(2, 2, 1, torch.float32), (1, 3, 1, torch.float16),
                                                (2, 2, 4, torch.float32), (1, 3, 4, torch.float32)])
 def test_gdn_decode(Hk, Hv, L, dtype):

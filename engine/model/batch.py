@@ -15,6 +15,16 @@ MAX_DECODE_LEN = 8   # rows per sequence the decode kernels take (1, or k+1 for 
 
 
 @dataclass
+class StateSnapshot:
+    """Also save GDN state inside a prefill step: after the first tokens[i] rows of sequence i (0: not this one)
+    into slots[i], for prefix reuse at a page boundary without ending the step there."""
+    tokens: torch.Tensor         # [N] int32
+    slots: torch.Tensor          # [N] int64 (unused where tokens is 0)
+    conv_rows: torch.Tensor      # [S, W-1] int64: packed rows forming each saved conv window (S: tokens > 0)
+    conv_slots: torch.Tensor     # [S] int64: their slots
+
+
+@dataclass
 class ForwardBatch:
     positions: torch.Tensor      # [3, T] int64: t/h/w rotary positions (equal rows for text)
     cu_seqlens: torch.Tensor     # [N+1] int32: query rows of each sequence
@@ -26,6 +36,7 @@ class ForwardBatch:
     logits_rows: torch.Tensor | None = None  # rows whose logits are wanted (None: every row)
     decode_len: int = 0          # L when every sequence has exactly L rows (decode / verify), else 0
     max_seq_len: int = 0         # upper bound of seq_lens (sizes the decode attention grid)
+    snapshot: StateSnapshot | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -41,8 +52,11 @@ def build_batch(
     device: torch.device | str,
     last_only: bool = True,
     positions: torch.Tensor | None = None,
+    snapshots: list[tuple[int, int]] | None = None,
+    conv_width: int = 0,
 ) -> ForwardBatch:
-    """Build a ForwardBatch from per-sequence host lists (text positions unless given)."""
+    """Build a ForwardBatch from per-sequence host lists (text positions unless given). snapshots: per sequence
+    (tokens, slot) for a StateSnapshot, tokens 0 for none; each saved prefix holds at least conv_width - 1 rows."""
     cu = [0]
     for n in query_lens:
         cu.append(cu[-1] + n)
@@ -56,6 +70,16 @@ def build_batch(
     if positions is None:
         positions = torch.tensor(pos, dtype=torch.int64).unsqueeze(0).expand(3, -1)
     dev = torch.device(device)
+    snapshot = None
+    if snapshots and any(t for t, _ in snapshots):
+        saved = [(cu[i] + t, slot) for i, (t, slot) in enumerate(snapshots) if t]
+        assert all(0 < t < n and t >= conv_width - 1 for (t, _), n in zip(snapshots, query_lens) if t)
+        snapshot = StateSnapshot(
+            tokens=torch.tensor([t for t, _ in snapshots], dtype=torch.int32, device=dev),
+            slots=torch.tensor([max(slot, 0) for _, slot in snapshots], dtype=torch.int64, device=dev),
+            conv_rows=torch.tensor([list(range(end - conv_width + 1, end)) for end, _ in saved], dtype=torch.int64,
+                                   device=dev),
+            conv_slots=torch.tensor([slot for _, slot in saved], dtype=torch.int64, device=dev))
     return ForwardBatch(
         positions=positions.to(dev),
         cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=dev),
@@ -67,4 +91,5 @@ def build_batch(
         logits_rows=torch.tensor(cu[1:], dtype=torch.int64, device=dev) - 1 if last_only else None,
         decode_len=query_lens[0] if len(set(query_lens)) == 1 and query_lens[0] <= MAX_DECODE_LEN else 0,
         max_seq_len=max(c + n for n, c in zip(query_lens, cached_lens)),
+        snapshot=snapshot,
     )

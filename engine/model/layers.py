@@ -123,12 +123,16 @@ class GatedDeltaNet(nn.Module):
             o = ops.gdn_decode(qkv, a, b, self.conv_weight, conv_state, self.A_log, self.dt_bias, ssm_state,
                                batch.state_slots, batch.has_state)
         else:
+            snap = batch.snapshot
+            if snap is not None:     # a snapshot's conv window: the conv_kernel - 1 input rows before it
+                conv_state[snap.conv_slots] = qkv[snap.conv_rows]
             qkv = ops.causal_conv1d(qkv, self.conv_weight, conv_state, batch.state_slots, batch.cu_seqlens,
                                     batch.has_state)
             q, k, v = qkv.split([cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim], dim=-1)
             g, beta = ops.gdn_gating(a, b, self.A_log, self.dt_bias)
             o = ops.gated_delta_rule(q.view(T, hk, dk), k.view(T, hk, dk), v.reshape(T, hv, dv), g, beta,
-                                     ssm_state, batch.state_slots, batch.cu_seqlens, batch.has_state)
+                                     ssm_state, batch.state_slots, batch.cu_seqlens, batch.has_state,
+                                     *((snap.tokens, snap.slots) if snap is not None else ()))
         o = ops.gated_rms_norm(o, z.view(T, hv, dv), self.norm_weight, cfg.rms_norm_eps)
         return self.out_proj(o.reshape(T, hv * dv))
 
