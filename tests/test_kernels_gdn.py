@@ -288,6 +288,23 @@ def test_recurrent_gated_delta_rule_gpu():
 
 
 @gpu
+def test_snapshot_inside_a_prefill_step_gpu():
+    torch.manual_seed(14)
+    lens, cuts = [300, 5, 120], [256, 0, 64]
+    args, state, slots, cu, live = prefill_inputs(lens, [False, True, True], **SHAPE_27B, dtype=torch.bfloat16,
+                                                  device="cuda")
+    free = [i for i in range(state.shape[0]) if i not in slots.tolist()]
+    snap = (torch.tensor(cuts, dtype=torch.int32, device="cuda"), torch.tensor(free[:3], device="cuda"))
+    s_ref, s_tri = state.clone(), state.clone()
+    o_ref = gated_delta_rule_ref(*args, s_ref, slots, cu, live, *snap)
+    o_tri = gated_delta_rule(*args, s_tri, slots, cu, live, *snap)        # <= 512 tokens: the recurrent kernel
+    assert rel_err(o_tri, o_ref) < 2e-2
+    saved = torch.tensor([free[0], free[2]], device="cuda")
+    assert rel_err(s_tri[slots], s_ref[slots]) < 1e-2 and rel_err(s_tri[saved], s_ref[saved]) < 1e-2
+    assert s_tri[free[1]].isnan().all()
+
+
+@gpu
 @pytest.mark.parametrize("lens, has_state", [([1], [True]), ([1], [False]), ([63], [True]), ([63], [False]),
                                              ([64], [True]), ([64], [False]), ([1000], [True]), ([1000], [False]),
                                              ([1, 63, 64, 1000], [True, False, False, True])])
