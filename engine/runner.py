@@ -15,7 +15,7 @@ from engine.model.batch import ForwardBatch, build_batch
 from engine.model.qwen3_5 import Qwen3_5Model
 from engine.params import TokenLogprob
 from engine.sequence import Sequence
-from kernels.sampling import apply_penalties_ref, sample_ref, top_logprobs_ref
+from kernels.sampling import Penalties, sample, token_logprobs
 
 BUCKETS = (1, 2, 4, 8)
 
@@ -72,37 +72,36 @@ class ModelRunner:
             for i in torch.nonzero(logits.amax(-1) == float("-inf")).flatten().tolist():
                 seqs[i].error = "every token was excluded (logits processors / logit bias left nothing to sample)"
                 logits[i] = 0.0
+        penalties = None
         if any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0 for p in ps):
-            counts = torch.zeros_like(logits)
+            counts = torch.zeros(logits.shape, dtype=torch.int32, device=dev)
             in_prompt = torch.zeros_like(logits, dtype=torch.bool)
             for i, s in enumerate(seqs):
                 if s.output:
                     counts[i].index_add_(0, torch.tensor(s.output, device=dev),
-                                         torch.ones(len(s.output), device=dev))
+                                         torch.ones(len(s.output), dtype=torch.int32, device=dev))
                 in_prompt[i, torch.tensor(s.prompt, device=dev)] = True
-            logits = apply_penalties_ref(logits.clone(), counts, in_prompt,
-                                         self._vec(ps, "presence_penalty"), self._vec(ps, "frequency_penalty"),
-                                         self._vec(ps, "repetition_penalty"))
-        if all(p.temperature == 0 for p in ps):
+            penalties = Penalties(counts, in_prompt, self._vec(ps, "presence_penalty"),
+                                  self._vec(ps, "frequency_penalty"), self._vec(ps, "repetition_penalty"))
+        if penalties is None and all(p.temperature == 0 for p in ps):
             ids = logits.argmax(-1).tolist()
-        else:
-            ids = sample_ref(logits, self._vec(ps, "temperature"),
-                             torch.tensor([p.top_k for p in ps], device=dev),
-                             self._vec(ps, "top_p"), self._vec(ps, "min_p"),
-                             torch.tensor([s.seed for s in seqs], device=dev),
-                             torch.tensor([len(s.output) for s in seqs], device=dev)).tolist()
+        else:       # Triton on CUDA (the same tokens as the torch references, which serve the CPU)
+            ids = sample(logits.contiguous(), self._vec(ps, "temperature"),
+                         torch.tensor([p.top_k for p in ps], device=dev),
+                         self._vec(ps, "top_p"), self._vec(ps, "min_p"),
+                         torch.tensor([s.seed for s in seqs], device=dev),
+                         torch.tensor([len(s.output) for s in seqs], device=dev), penalties).tolist()
         for i, s in enumerate(seqs):
             if s.forced:
                 ids[i] = s.forced.popleft()
         want = [p.logprobs is not None for p in ps]
         if any(want):
-            n = max(p.logprobs or 0 for p in ps)
-            lp, top_v, top_i = top_logprobs_ref(raw, min(n, V))
+            n = min(max(p.logprobs or 0 for p in ps), V)
+            lp, top_v, top_i = (t.tolist() for t in token_logprobs(raw.contiguous(), torch.tensor(ids, device=dev), n))
             for i, s in enumerate(seqs):
                 if want[i]:
                     k = s.params.logprobs
-                    top = list(zip(top_i[i, :k].tolist(), top_v[i, :k].tolist()))
-                    s.logprobs.append(TokenLogprob(ids[i], lp[i, ids[i]].item(), top))
+                    s.logprobs.append(TokenLogprob(ids[i], lp[i], list(zip(top_i[i][:k], top_v[i][:k]))))
         return ids
 
     def _vec(self, ps, name):
