@@ -6,9 +6,11 @@ multi-chunk merge and the capped fallback walk both run). GPU: V = 248320 at bat
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
-from kernels.sampling import (Penalties, apply_penalties_ref, filtered_probs_ref, random_uniform_ref, sample, sample_ref,
-                              sample_triton, token_logprobs, token_logprobs_triton, top_logprobs_ref)
+from kernels.sampling import (Penalties, _log, apply_penalties_ref, filtered_probs_ref, random_uniform_ref, sample,
+                              sample_ref, sample_triton, token_logprobs, token_logprobs_triton, top_logprobs_ref)
 
 
 pytestmark = pytest.mark.usefixtures("poisoned_outputs")   # see tests/conftest.py
@@ -166,6 +168,24 @@ def test_uniforms_stay_inside_the_unit_interval():
     logits = torch.randn(64, V, generator=torch.Generator().manual_seed(1)) * 3
     ones = torch.ones(64)
     assert torch.equal(sample_ref(logits, ones, ones.long(), ones, 0 * ones, seeds, steps), logits.argmax(-1))
+
+
+@triton.jit
+def _log_kernel(x, y, n, B: tl.constexpr):
+    o = tl.program_id(0) * B + tl.arange(0, B)
+    tl.store(y + o, _log(tl.load(x + o, mask=o < n, other=1.0)), mask=o < n)
+
+
+def test_log_helper_within_a_few_ulp():
+    """The sampler's own log, over every 997th 23-bit uniform, both ends, and values around sqrt(2)."""
+    m = torch.arange(0, 1 << 23, 997, dtype=torch.float64)
+    x = torch.cat([((m + 0.5) / 2 ** 23).float(), torch.tensor([0.5 / 2 ** 23, 1 - 0.5 / 2 ** 23, 1.0, 1.41421,
+                                                                  1.41422, 0.7071, 17.0, 1e-30, 3e38])])
+    y = torch.empty_like(x)
+    _log_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), B=1024)
+    exact = torch.log(x.double())
+    ulp = (exact.abs() * 2.0 ** -23).clamp_min(2.0 ** -149)
+    assert ((y.double() - exact).abs() / ulp).max() < 4
 
 
 @pytest.mark.parametrize("n", [0, 1, 5, 20])
