@@ -279,20 +279,24 @@ def _fla_chunk():
     return chunk_gated_delta_rule
 
 
-_fla_meta_last: list = [None, None]
+_fla_meta_last: tuple = (None, None)
 
 
 def _fla_meta(cu_seqlens):
     """(int64 cu_seqlens, its host copy, fla's chunk index) for a batch, made once and reused by every layer of
     the forward (they all pass the batch's one cu_seqlens tensor). Without it each layer would convert again, and
-    fla's identity-keyed caches would miss, and size its chunk index on the host: a device sync per layer."""
-    if _fla_meta_last[0] is not cu_seqlens:
+    fla's identity-keyed caches would miss, and size its chunk index on the host: a device sync per layer.
+    One (key, value) tuple, read once: two engines in two threads each get their own batch's entry."""
+    global _fla_meta_last
+    key, meta = _fla_meta_last
+    if key is not cu_seqlens:
         from fla.ops.utils.index import prepare_chunk_indices
         cu_long = cu_seqlens.long()
         cu_cpu = cu_long.cpu()
-        _fla_meta_last[:] = [cu_seqlens, dict(cu_seqlens=cu_long, cu_seqlens_cpu=cu_cpu,
-                                               chunk_indices=prepare_chunk_indices(cu_long, 64, cu_seqlens_cpu=cu_cpu))]
-    return _fla_meta_last[1]
+        meta = dict(cu_seqlens=cu_long, cu_seqlens_cpu=cu_cpu,
+                    chunk_indices=prepare_chunk_indices(cu_long, 64, cu_seqlens_cpu=cu_cpu))
+        _fla_meta_last = (cu_seqlens, meta)
+    return meta
 
 
 def gated_delta_rule_fla(q, k, v, g, beta, state, slots, cu_seqlens, has_state):
