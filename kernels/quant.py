@@ -576,7 +576,8 @@ def _sum_splits_kernel(part_ptr, y_ptr, MN, SPLIT_K, BLOCK: tl.constexpr):
 # BN (weight rows per program) by M bucket: a lane's rows share its x loads, conversions and sums, and its BM x BN
 # accumulators (acc and the group's d) stay in registers. Compiled for sm_90 (Triton 3.6 and 3.9, one warp,
 # G = 128): M 1 / BN 8 and M 4 / BN 4 take 168-180 registers (11-12 warps per SM), M 2 / BN 8 and M 8 / BN 4 255
-# (8 per SM), none spills in the loop.
+# (8 per SM), none spills in the loop. M 1 takes 4 rows: on the H200 that beat 8 on three of the four 27B shapes and
+# in sum (docs/performance.md).
 GEMV_B_ROWS = {1: 4, 2: 8, 4: 4, 8: 4}
 GEMV_B_CHUNK = 1024                             # k per loop step of a program
 GEMV_B_PROGRAMS_PER_SM = 12                     # B1 / B2: what is resident at once, about
