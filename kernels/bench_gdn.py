@@ -117,7 +117,8 @@ def _prefill_inputs(T):
                              torch.empty(HV, device=DEV).uniform_(0.05, 4).log(), torch.zeros(HV, device=DEV))
     meta = (torch.tensor([1], device=DEV), torch.tensor([0, T], dtype=torch.int32, device=DEV),
             torch.ones(1, dtype=torch.bool, device=DEV))
-    return (q.view(T, HK, K), k.view(T, HK, K), v.view(T, HV, V), g, beta), 0.1 * torch.randn(2, HV, K, V, device=DEV), meta
+    state = 0.1 * torch.randn(2, HV, K, V, device=DEV)
+    return (q.view(T, HK, K), k.view(T, HK, K), v.view(T, HV, V), g, beta), state, meta
 
 
 def _prefill_case(T, facts_ms):
@@ -137,10 +138,15 @@ def _short_prefill_cases():
     cases = []
     for T in (64, 256, 512, 1024, 2048):
         x, state, meta = _prefill_inputs(T)
-        recurrent = lambda x=x, state=state, meta=meta: recurrent_gated_delta_rule_triton(*x, state, *meta)  # noqa: E731
-        fla = (lambda x=x, state=state, meta=meta: gated_delta_rule_fla(*x, state, *meta)) if _fla_chunk() else None
+        def recurrent(x=x, state=state, meta=meta):
+            return recurrent_gated_delta_rule_triton(*x, state, *meta)
+
+        def fla(x=x, state=state, meta=meta):
+            return gated_delta_rule_fla(*x, state, *meta)
+
         cases.append(Case("gdn", f"prefill_{T}_recurrent (vs ref = vs fla chunked)", recurrent,
-                          bytes=T * (2 * HK * K + 2 * HV * V) * 2 + 2 * STATE_BYTES, baseline=fla))
+                          bytes=T * (2 * HK * K + 2 * HV * V) * 2 + 2 * STATE_BYTES,
+                          baseline=fla if _fla_chunk() else None))
     return cases
 
 
