@@ -138,6 +138,7 @@ def _short_prefill_cases():
     cases = []
     for T in (64, 256, 512, 1024, 2048):
         x, state, meta = _prefill_inputs(T)
+
         def recurrent(x=x, state=state, meta=meta):
             return recurrent_gated_delta_rule_triton(*x, state, *meta)
 
