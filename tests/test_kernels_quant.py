@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from kernels import quant
+from kernels.bench_quant import HIDDEN, LM_HEAD, PROJ
 from kernels.quant import (dequantize_int4_ref, dequantize_int8_ref, gemv_b_configs, int4_linear, int4_linear_ref,
                            int4_linear_triton, int8_embedding, int8_embedding_ref, int8_embedding_triton,
                            int8_linear, int8_linear_ref, int8_linear_triton, pack_int4, pack_int8, unpack_int4)
@@ -201,23 +202,13 @@ def test_cpu_dispatch_is_the_reference():
 
 # ---------------------------------------------------------------------------------------------------- GPU
 
-HIDDEN = 5120
-SHAPES_27B = {                                   # (N, K) of the int4 projections
-    "attn_qkv": (24 * 256 * 2 + 2 * 4 * 256, HIDDEN),
-    "attn_o": (HIDDEN, 24 * 256),
-    "gdn_in_qkvz": (2 * 2048 + 6144 + 6144, HIDDEN),
-    "gdn_out": (HIDDEN, 6144),
-    "mlp_gate_up": (2 * 17408, HIDDEN),
-    "mlp_down": (HIDDEN, 17408),
-}
-LM_HEAD = (248320, HIDDEN)
 M_GEMV = [1, 2, 4, 8, 16, 32]
 _weights = {}
 
 
 def test_gemv_b_configs_27b():
     """Variant B's config table at the 27B shapes: valid splits that fit the scratch; no split-K for large N."""
-    for N, K in SHAPES_27B.values():
+    for N, K in PROJ.values():
         for M in range(1, 9):
             configs = gemv_b_configs(N, K, M)
             assert len(configs) == 3
@@ -233,7 +224,7 @@ def weight_27b(name, bits=4, G=128):
     key = (name, bits, G)
     if key not in _weights:
         if bits == 4:
-            N, K = SHAPES_27B[name]
+            N, K = PROJ[name]
             _weights[key] = random_int4(N, K, G, torch.bfloat16, "cuda")[0]
         else:
             _weights[key] = random_int8(*LM_HEAD, G, torch.bfloat16, "cuda")[0]
@@ -246,7 +237,7 @@ def rel_err(out, ref):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", list(SHAPES_27B))
+@pytest.mark.parametrize("name", list(PROJ))
 @pytest.mark.parametrize("M", M_GEMV + [512, 8192])
 def test_int4_linear_gpu(name, M):
     w = weight_27b(name)
@@ -292,7 +283,7 @@ def test_gemv_forced_configs_gpu(bits, M, tile, split):
 @pytest.mark.parametrize("dtype,G", [(torch.float16, 128), (torch.bfloat16, 64)])
 def test_int4_other_dtype_and_group_gpu(dtype, G):
     """fp16 activations and group 64, with one forced GEMV config each (the autotuner is exercised above)."""
-    N, K = SHAPES_27B["attn_o"]
+    N, K = PROJ["attn_o"]
     w = random_int4(N, K, G, dtype, "cuda", seed=5)[0]
     for M in (1, 9, 32, 300):
         x = torch.randn(M, K, dtype=dtype, device="cuda")
@@ -302,7 +293,7 @@ def test_int4_other_dtype_and_group_gpu(dtype, G):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", list(SHAPES_27B))
+@pytest.mark.parametrize("name", list(PROJ))
 @pytest.mark.parametrize("M", [1, 2, 3, 4, 8])
 def test_int4_gemv_b_gpu(name, M):
     """Variant B with its default and each benchmarked config (split-K or not) at the 27B shapes, bf16."""
@@ -320,7 +311,7 @@ def test_int4_gemv_b_gpu(name, M):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,G", [(torch.float16, 128), (torch.bfloat16, 64), (torch.bfloat16, 32)])
 def test_int4_gemv_b_other_dtype_and_group_gpu(dtype, G):
-    N, K = SHAPES_27B["attn_o"]
+    N, K = PROJ["attn_o"]
     w = random_int4(N, K, G, dtype, "cuda", seed=5)[0]
     for M in (1, 5, 8):
         x = torch.randn(M, K, dtype=dtype, device="cuda")
@@ -334,7 +325,7 @@ def test_int4_gemv_b_other_dtype_and_group_gpu(dtype, G):
 @pytest.mark.parametrize("M", [1, 4, 8])
 def test_gemv_b_cuda_graph_gpu(M):
     """Variant B (default configs: split-K at N = 5120) captured in one CUDA graph replays exactly like eager calls."""
-    ws = [weight_27b(n) for n in SHAPES_27B]
+    ws = [weight_27b(n) for n in PROJ]
     xs = [torch.randn(M, w.shape[1], dtype=torch.bfloat16, device="cuda") for w in ws]
 
     def step():
