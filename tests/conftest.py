@@ -41,6 +41,13 @@ def checkpoint(tmp_path_factory):
 
 
 @pytest.fixture
+def app_env(tmp_path, monkeypatch, qapp):
+    """The GUI tests' environment (tests/app_support.py: prepare_app_env); PySide6 is imported only here."""
+    from tests.app_support import prepare_app_env
+    return prepare_app_env(tmp_path, monkeypatch, qapp)
+
+
+@pytest.fixture
 def poisoned_outputs(monkeypatch):
     """Every tensor a kernel launcher allocates with torch.empty starts as NaN (or -1), so an element
     the kernel fails to write fails the test."""

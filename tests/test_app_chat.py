@@ -12,18 +12,12 @@ from tests.app_support import (
     ScriptedBackend,
     make_context,
     open_window,
-    prepare_app_env,
     screenshot,
     seeded_replies,
     send,
     wait_ready,
     wait_reply,
 )
-
-
-@pytest.fixture
-def app_env(tmp_path, monkeypatch, qapp):
-    return prepare_app_env(tmp_path, monkeypatch, qapp)
 
 
 @pytest.fixture

@@ -13,14 +13,8 @@ from tests.app_support import (
     FakeHub,
     make_context,
     open_window,
-    prepare_app_env,
     screenshot,
 )
-
-
-@pytest.fixture
-def app_env(tmp_path, monkeypatch, qapp):
-    return prepare_app_env(tmp_path, monkeypatch, qapp)
 
 
 REPO = "Qwen/Qwen3.5-Tiny"

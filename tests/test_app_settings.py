@@ -9,18 +9,12 @@ from tests.app_support import (
     make_context,
     open_window,
     page_screenshot,
-    prepare_app_env,
     screenshot,
     seeded_replies,
     send,
     wait_ready,
     wait_reply,
 )
-
-
-@pytest.fixture
-def app_env(tmp_path, monkeypatch, qapp):
-    return prepare_app_env(tmp_path, monkeypatch, qapp)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 from PySide6.QtCore import QCoreApplication
 
 from app.catalog import GB, load_catalog, recommend
@@ -15,16 +14,10 @@ from tests.app_support import (
     make_context,
     open_window,
     page_screenshot,
-    prepare_app_env,
     screenshot,
     send,
     wait_ready,
 )
-
-
-@pytest.fixture
-def app_env(tmp_path, monkeypatch, qapp):
-    return prepare_app_env(tmp_path, monkeypatch, qapp)
 
 
 def test_first_run_opens_models_with_a_recommendation(app_env, qtbot):
