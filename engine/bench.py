@@ -224,7 +224,40 @@ def profile(model, out_dir: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
     host.dump_stats(os.path.join(out_dir, "prefill_host.pstats"))
     pstats.Stats(host).sort_stats("tottime").print_stats(20)
+    profile_decode(eng)
     eng.close()
+
+
+def profile_decode(eng, steps: int = 64) -> None:
+    """GPU time per decode step by kernel (CUPTI sees the kernels inside the CUDA graphs): a request of 1 token
+    (prefill only) is profiled and subtracted from one of 1 + steps tokens. Prints the step's wall time, the sum of its
+    kernels (the difference is gaps between kernels and host time) and the top kernels with their launches per step."""
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    per_kernel = []
+    walls = []
+    for n in (1, 1 + steps):
+        totals = defaultdict(lambda: [0.0, 0])
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            run(eng, [rand_ids(512, 30 + n)], n)
+            torch.cuda.synchronize()
+            walls.append(time.perf_counter() - t0)
+        for k in prof.key_averages():
+            totals[k.key][0] += k.self_device_time_total
+            totals[k.key][1] += k.count
+        per_kernel.append(totals)
+    step = {name: ((us - per_kernel[0].get(name, [0.0, 0])[0]) / steps,
+                   (count - per_kernel[0].get(name, [0.0, 0])[1]) / steps)
+            for name, (us, count) in per_kernel[1].items()}
+    busy = sum(us for us, _ in step.values())
+    launches = sum(c for _, c in step.values())
+    print(f"decode step: wall {(walls[1] - walls[0]) / steps * 1e3:.2f} ms, kernels {busy / 1e3:.2f} ms busy, "
+          f"{launches:.0f} launches")
+    for name, (us, count) in sorted(step.items(), key=lambda kv: -kv[1][0])[:16]:
+        print(f"  {us:8.1f} us  {count:6.1f}x  {name[:90]}")
 
 
 def decode_bytes(model, c, args) -> float:
