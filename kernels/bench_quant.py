@@ -3,12 +3,14 @@
 GEMV cases (decode M = 1, C8 M = 8, verify M = 32) are counted by the bytes they must move: packed weights +
 scales + zeros + activations in and out; the baseline is torch's bf16 F.linear on a bf16 weight of the same
 shape, so "vs ref" is the speed-up over bf16. At M = 1 and 8 both int4 GEMV variants run: A (tensor-core dots,
-autotuned: its config in the name as BN, warps, stages, split-K) and B (FMA) with each of its configs
-(quant.gemv_b_configs: cfg1 is B's default), each replayed from a CUDA graph (kernel time, cold L2: the baseline
-replayed the same way) and the defaults also eager (plus the Python launch). `layer` cases replay one CUDA graph
-of the four projections of a GDN or full-attention layer, per variant (int4 against bf16). Prefill cases
-(dequantise + cuBLAS) are counted by flops, with the issue's target of 60% of bf16's speed as a time budget
-measured in the same run.
+autotuned: its config in the name as BN, warps, stages, split-K) and C (mma.sync on the words as they lie) with
+each of its configs (quant.gemv_c_configs: cfg1 is the default), each replayed from a CUDA graph (kernel time,
+cold L2: the baseline replayed the same way) and the defaults also eager (plus the Python launch).
+Cold L2 here means just after do_bench's L2 flush, whose dirty lines are written back while the case runs: these
+GEMV numbers read low (bf16 cuBLAS included); the engine's decode step is the measure that counts. `layer` cases
+replay one CUDA graph of the four projections of a GDN or full-attention layer, per variant (int4 against bf16).
+Prefill cases (dequantise + cuBLAS) are counted by flops, with the issue's target of 60% of bf16's speed as a time
+budget measured in the same run.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch.nn.functional as F
 
 from kernels import quant
 from kernels.bench import Case, graph_replay, time_us
-from kernels.quant import (gemv_b_configs, int4_linear, int4_linear_triton, int8_embedding, int8_linear, pack_int4,
+from kernels.quant import (gemv_c_configs, int4_linear, int4_linear_triton, int8_embedding, int8_linear, pack_int4,
                            pack_int8)
 
 HIDDEN = 5120
@@ -81,15 +83,16 @@ def _gemv_cases(int4_w, bf16_w):
             variant_a = lambda x=x, w=w: int4_linear_triton(x, w, variant="A")  # noqa: E731
             kw = dict(bytes=_gemv_bytes(w, M), target=GEMV_TARGET, target_frac=0.8)
             cases.append(Case("quant", f"{tag} [A {_tuned(variant_a)}, eager]", variant_a, baseline=eager_bf16, **kw))
-            if M > quant.GEMV_B_MAX_M:
+            if M > quant.GEMV_C_MAX_M:
                 continue
             graph_bf16 = graph_replay(eager_bf16)
             cases.append(Case("quant", f"{tag} [A, graph]", graph_replay(variant_a), baseline=graph_bf16, **kw))
-            for i, cfg in enumerate(gemv_b_configs(N, K, M, sms), 1):
-                variant_b = lambda x=x, w=w, cfg=cfg: int4_linear_triton(x, w, cfg, variant="B")  # noqa: E731
-                cases.append(Case("quant", f"{tag} [B cfg{i} BN{cfg['BN']} k{cfg['SPLIT_K']}, graph]",
-                                  graph_replay(variant_b), baseline=graph_bf16, **kw))
-            cases.append(Case("quant", f"{tag} [B cfg1, eager]", lambda x=x, w=w: int4_linear_triton(x, w, variant="B"),
+            for i, cfg in enumerate(gemv_c_configs(N, K, sms), 1):
+                variant_c = lambda x=x, w=w, cfg=cfg: int4_linear_triton(x, w, cfg, variant="C")  # noqa: E731
+                name_c = f"C cfg{i} NW{cfg['NW']} R{cfg['R']} D{cfg['DEPTH']} k{cfg['SPLIT_K']}"
+                cases.append(Case("quant", f"{tag} [{name_c}, graph]", graph_replay(variant_c), baseline=graph_bf16,
+                                  **kw))
+            cases.append(Case("quant", f"{tag} [C cfg1, eager]", lambda x=x, w=w: int4_linear_triton(x, w, variant="C"),
                               baseline=eager_bf16, **kw))
     return cases
 
@@ -119,7 +122,7 @@ def _layer_cases(int4_w, bf16_w):
             xs = [torch.randn(M, PROJ[n][1], dtype=torch.bfloat16, device=DEV) for n in names]
             bf16_step = graph_replay(lambda xs=xs, names=names: [F.linear(x, bf16_w[n]) for x, n in zip(xs, names)])
             nbytes = sum(_gemv_bytes(int4_w[n], M) for n in names)
-            for variant in ("A", "B"):
+            for variant in ("A", "C"):
                 int4_step = graph_replay(lambda xs=xs, names=names, variant=variant: [
                     int4_linear_triton(x, int4_w[n], variant=variant) for x, n in zip(xs, names)])
                 cases.append(Case("quant", f"int4 {kind} layer, 4 projections, M={M} [{variant}, graph]", int4_step,

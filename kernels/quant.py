@@ -2,11 +2,14 @@
 
 Formats (y = x @ W^T, W [N, K])
 - Int4Weight: W ~= (q - zero) * scale per group of G (32, 64 or 128) along K, codes q in 0..15, float scales and
-  zero points [N, K // G] in the activation dtype. Packed layout, qweight int32 [N, ceil(K / 128) * 16]: K is cut
-  into blocks of 128; word j (0..15) of block b holds the code of k = 128 b + 32 p + 2 j + t in nibble p + 4 t,
-  i.e. bits 4p..4p+3 (t = 0) and 16+4p..16+4p+3 (t = 1), p = 0..3. The two 16-bit halves of a word thus hold
-  the codes of the neighbours k, k + 1 at the same place, and the 16 words' nibble pair p covers one run of 32
-  consecutive k inside one group. K that is not a multiple of 128 is padded with zero codes.
+  zero points [N, K // G] in the activation dtype. Packed layout, qweight int32 [ceil(N / 16), ceil(K / 128), 16,
+  16]: rows are cut into tiles of 16 and K into blocks of 128; qweight[tile, b, r, j], word j (0..15) of row
+  16 tile + r in block b, holds the code of k = 128 b + 32 p + 2 j + t in nibble p + 4 t, i.e. bits 4p..4p+3
+  (t = 0) and 16+4p..16+4p+3 (t = 1), p = 0..3. The two 16-bit halves of a word thus hold the codes of the
+  neighbours k, k + 1 at the same place, and the 16 words' nibble pair p covers one run of 32 consecutive k inside
+  one group. A tile's block is 1 KiB in one piece and its blocks follow each other: reading the words in a GEMV's
+  pattern drew ~2.2 TB/s from the H200's HBM out of row-major rows (64 bytes per row and block), 3.2-3.7 out of
+  the tiles (docs/performance.md). Rows and K past the shape are padded with zero codes.
 - Int8Weight: W = q * scale per group of G (a multiple of 64), q int8 [N, K] as it is.
 
 Dequantisation (decode is bound by the weight bytes; unpacking with int->float conversions runs out of ALU on an
@@ -26,24 +29,20 @@ GEMV variant A (M <= 32 rows: decode, speculative verify), one launch, CUDA-grap
 - split-K: each split writes an fp32 partial; the last split of a tile to arrive (atomic counter) sums them in
   split order, writes y and resets the counter. Deterministic, one launch.
 - autotuned on (N, K, G, bits, M bucket) over (BN, warps, split-K, stages); the interpreter runs one fixed config.
-GEMV variant B (int4, M <= 8; the default for M <= GEMV_B_DEFAULT_M), no tensor cores, no autotuner:
-- codes as exact fp32 in one lop3 + one add each: a nibble at bits 4i..4i+3 (i <= 4; one shift per word brings
-  nibbles 5..7 down) ORed into the mantissa of 2^(23 - 4i) reads 2^(23 - 4i) + c. Per group and output,
-  d = sum_k x_k c_k by FMA in fp32, then y += s (d - z sum_k x_k): scale and zero once per group.
-- program = one warp, BN weight rows x a K range, stepping over 1024-k chunks (the next chunk's words loaded
-  before this one is computed): lane q holds words 4q..4q+3 (one 16-byte load) of every row, the BM x rows'
-  x at those k (16 bytes per row and nibble plane, from L1: the weights stream past it) and BM x BN
-  accumulators; rows share each lane's x loads, conversions and sums. Lanes are summed once at the end.
-- one warp per program keeps every warp's x private (Triton spreads warps over a tile, so a block of warps on
-  different rows would pass x through shared memory); many small programs fill the SMs: N / BN of them, times a
-  split-K where that is under ~12 per SM (N = 5120). Split-K partials go to an fp32 scratch and a second small
-  kernel sums them in order (no atomics: results do not depend on arrival order, graph replays equal eager).
-- config (BN, split-K) from a small table (gemv_b_configs), so the launch costs no more than the kernel call.
-- the loads of the next chunk's words and of the scales sit above a barrier (one warp: nearly free), else ptxas
-  sinks them down to their uses and the DRAM latency shows every chunk.
-Cost per weight: ~1.75 instructions to dequantise (a lop3 each, an add for 6 codes of 8, a shift per word) + M
-FMAs, so B is for small M: the sm_90 loop is ~3.9 instructions per weight at M = 1 (the H200's issue rate is then
-~4.3 TB/s of int4) and ~16 at M = 8 (~1 TB/s).
+GEMV variant C (int4, M <= 8, 16-bit x, G = 64 or 128; the default there), one launch, no autotuner:
+- tensor-core mma.sync.m16n8k16 issued by inline PTX on the packed words as they lie: a warp's two 512-byte loads
+  of a tile's block are 16 rows x 128 k of A fragments once a lop3 (and a shift) turn each nibble pair into two
+  16-bit floats B + c (B = 128 in bf16); x (padded to 8 rows) is the B operand, loaded 16 bytes per lane straight
+  into fragments, and the mma's k order is a permutation of the block's that A and B share (kernel docstring).
+  A second mma with A = 1 sums x per group; per group and output y += s D - (B + z) s sum x.
+- the mma needs each lane to hold its fragment: every tensor is 1-D of 32 x warps elements, which Triton lays out
+  one element per lane (checked by the GPU tests; the interpreter runs the mma written out in tl ops).
+- program = NW warps x R tiles of 16 rows x a K range, the next DEPTH blocks' words and scales loaded ahead (a
+  barrier keeps them above the work); split-K as variant A (last arriver sums in split order). Config from
+  gemv_c_configs: split-K to ~32 resident warps per SM where the programs are few (N = 5120).
+- ~66 instructions per 1,024 weights (sm_90 SASS: 16 + 8 HMMA, 64 LOP3, 48 SHF per 4,096 at R = 2) against ~125
+  for an FMA kernel (3.9 per weight per thread). On the H200 at 27B shapes the decode step did not move with the
+  instruction count or the read pattern (docs/performance.md): ~2.2 TB/s in the engine whichever variant.
 Large M (prefill): the weight is dequantised in row chunks into a reusable scratch and multiplied by torch.
 """
 
@@ -59,9 +58,7 @@ import triton.language as tl
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 GEMV_MAX_M = 32                 # above: dequantise + torch matmul
-GEMV_B_MAX_M = 8                # variant B's limit (its M buckets)
-GEMV_B_DEFAULT_M = 1            # int4 GEMV default: B up to this M, A above (H200, 27B shapes: B ~10% faster at M = 1,
-                                # ~2.5x slower at M = 8; docs/performance.md)
+GEMV_C_MAX_M = 8                # variant C's limit (x rows are the 8 columns of the mma's B operand)
 DEQUANT_SCRATCH = 1 << 25       # elements of the dequantised-weight scratch of the large-M path (64 MiB bf16)
 SPLITK_FLOATS = 1 << 21         # fp32 split-K partials, one buffer per device (8 MiB)
 SPLITK_COUNTERS = 1 << 14       # split-K arrival counters, one per output tile
@@ -72,7 +69,7 @@ SPLITK_COUNTERS = 1 << 14       # split-K arrival counters, one per output tile
 
 @dataclass
 class Int4Weight:
-    qweight: torch.Tensor       # int32 [N, ceil(K / 128) * 16], layout above
+    qweight: torch.Tensor       # int32 [ceil(N / 16), ceil(K / 128), 16, 16], layout above
     scales: torch.Tensor        # [N, K // G], activation dtype
     zeros: torch.Tensor         # [N, K // G], same dtype (float zero points)
     group_size: int
@@ -87,9 +84,43 @@ class Int8Weight:
     shape: tuple[int, int]
 
 
-# bit offset of the code of k = 128 b + 32 p + 2 j + t inside word j of block b, as [1, 1, p, 1, t]
+# bit offset of the code of k = 128 b + 32 p + 2 j + t inside its word j, as [1, 1, 1, p, 1, t]
 _NIBBLE_SHIFTS = (4 * torch.arange(4, dtype=torch.int32).view(4, 1) + 16 * torch.arange(2, dtype=torch.int32)).view(
-    1, 1, 4, 1, 2)
+    1, 1, 1, 4, 1, 2)
+
+
+def pack_int4_codes(q: torch.Tensor) -> torch.Tensor:
+    """Codes [N, K] (0..15) -> the int32 words [ceil(N / 16), ceil(K / 128), 16, 16] of the layout above (padding:
+    code 0)."""
+    N, K = q.shape
+    tiles, blocks = -(-N // 16), -(-K // 128)
+    codes = torch.zeros(tiles * 16, blocks * 128, dtype=torch.uint8, device=q.device)
+    codes[:N, :K] = q & 0xF
+    codes = codes.view(tiles, 16, blocks, 4, 16, 2)                            # [tile, r, b, p, j, t]
+    words = torch.zeros(tiles, 16, blocks, 16, dtype=torch.int64, device=q.device)   # one slice at a time
+    for p in range(4):
+        for t in range(2):
+            words |= codes[:, :, :, p, :, t].to(torch.int64) << (4 * p + 16 * t)
+    words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+    return words.transpose(1, 2).contiguous()                                # [tile, b, r, j]
+
+
+def unpack_int4_codes(qweight: torch.Tensor, N: int, K: int) -> torch.Tensor:
+    """The words of pack_int4_codes -> codes uint8 [N, K]."""
+    tiles, blocks = qweight.shape[:2]
+    words = qweight.transpose(1, 2)[:, :, :, None, :, None]                 # [tile, r, b, 1, j, 1]
+    codes = (words >> _NIBBLE_SHIFTS.to(words.device)) & 0xF                 # [tile, r, b, p, j, t]
+    return codes.reshape(tiles * 16, blocks * 128)[:N, :K].to(torch.uint8)
+
+
+def write_int4_rows(qweight: torch.Tensor, row: int, q: torch.Tensor) -> None:
+    """Codes q [n, K] into rows row .. row + n - 1 of packed words, in place: the 16-row tiles they touch are
+    unpacked, overwritten and packed again (a fused projection's parts need not start on a tile)."""
+    n, K = q.shape
+    t0, t1 = row // 16, -(-(row + n) // 16)
+    codes = unpack_int4_codes(qweight[t0:t1], 16 * (t1 - t0), K)
+    codes[row - 16 * t0:row - 16 * t0 + n] = q
+    qweight[t0:t1] = pack_int4_codes(codes)
 
 
 def pack_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> Int4Weight:
@@ -98,23 +129,12 @@ def pack_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_
     assert group_size in (32, 64, 128), f"int4 group size {group_size}: 32, 64 or 128"
     assert K % 64 == 0 and K % group_size == 0, f"K = {K}: a multiple of 64 and of the group size"
     assert scales.shape == zeros.shape == (N, K // group_size) and scales.dtype == zeros.dtype
-    blocks = -(-K // 128)
-    codes = torch.zeros(N, blocks * 128, dtype=torch.uint8, device=q.device)
-    codes[:, :K] = q & 0xF
-    codes = codes.view(N, blocks, 4, 16, 2)                                  # [n, b, p, j, t]
-    words = torch.zeros(N, blocks, 16, dtype=torch.int64, device=q.device)  # one slice at a time: little memory
-    for p in range(4):
-        for t in range(2):
-            words |= codes[:, :, p, :, t].to(torch.int64) << (4 * p + 16 * t)
-    words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
-    return Int4Weight(words.view(N, blocks * 16), scales.contiguous(), zeros.contiguous(), group_size, (N, K))
+    return Int4Weight(pack_int4_codes(q), scales.contiguous(), zeros.contiguous(), group_size, (N, K))
 
 
 def unpack_int4(w: Int4Weight) -> torch.Tensor:
     """-> codes uint8 [N, K]."""
-    N, K = w.shape
-    words = w.qweight.view(N, -1, 1, 16, 1)
-    return ((words >> _NIBBLE_SHIFTS.to(words.device)) & 0xF).view(N, -1)[:, :K].to(torch.uint8)
+    return unpack_int4_codes(w.qweight, *w.shape)
 
 
 def _int4_dequantize_fp32(w: Int4Weight) -> torch.Tensor:
@@ -178,6 +198,12 @@ def _code_bits(t, MASK: tl.constexpr, C: tl.constexpr, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def _int4_row_words(w_ptr, rows, blocks):
+    """Where the words of rows (any shape) start in the int4 layout: block b, word j of a row at + 256 b + j."""
+    return w_ptr + (rows // 16).to(tl.int64) * (blocks * 256) + (rows % 16) * 16
+
+
+@triton.jit
 def _shift(w, BY: tl.constexpr):
     """w << BY (BY >= 0) or w >> -BY; the caller masks the bits that matter."""
     if BY >= 0:
@@ -213,17 +239,18 @@ def _pair_as_float(w, p: tl.constexpr, HIGH: tl.constexpr, dtype: tl.constexpr, 
 # Triton: GEMV
 
 @triton.jit
-def _store_tile(y, y_ptr, part_ptr, count_ptr, M, N, stride_ym, rm, rn, pid_n, pid_k, SPLIT_K):
-    """Store the fp32 tile y [BN, BM] (weight rows rn, x rows rm) of split pid_k of SPLIT_K into y [M, N].
+def _store_tile(y, rows, cols, y_ptr, part_ptr, count_ptr, M, N, stride_ym, pid_n, pid_k, SPLIT_K):
+    """Store the fp32 tile y (any shape; rows / cols broadcast to it: its weight rows and x rows) of split pid_k of
+    SPLIT_K into y [M, N].
 
     With SPLIT_K > 1 each split writes its partial to part_ptr [SPLIT_K, M, N]; the last to arrive at the tile's
     counter sums the partials in split order, writes y and resets the counter for the next launch."""
-    mask = (rn[:, None] < N) & (rm[None, :] < M)
-    y_offs = rm[None, :] * stride_ym + rn[:, None]
+    mask = (rows < N) & (cols < M)
+    y_offs = cols * stride_ym + rows
     if SPLIT_K == 1:
         tl.store(y_ptr + y_offs, y.to(y_ptr.dtype.element_ty), mask=mask)
     else:
-        offs = rm[None, :] * N + rn[:, None]
+        offs = cols * N + rows
         tl.store(part_ptr + pid_k * M * N + offs, y, mask=mask)
         tl.debug_barrier()                      # every thread's partial is written before the release below
         arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
@@ -306,12 +333,16 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K
     rn = pid_n * BN + tl.arange(0, BN)
     row_ok = rn < N
     groups = K // G
-    w_rows = w_ptr + rn.to(tl.int64)[:, None] * (blocks * 16) + tl.arange(0, 16)[None, :]
+    if BITS == 4:                                             # (int8 rows are row-major, 16 words per block)
+        w_rows = _int4_row_words(w_ptr, rn, blocks)[:, None] + tl.arange(0, 16)[None, :]
+    else:
+        w_rows = w_ptr + rn.to(tl.int64)[:, None] * (blocks * 16) + tl.arange(0, 16)[None, :]
+    BLOCK_WORDS: tl.constexpr = 256 if BITS == 4 else 16
     xt_cols = x_ptr + rm[None, :] * stride_xm
     ones = tl.full((16, 32), 1.0, x_ptr.dtype.element_ty)
     y = tl.zeros((BN, BM), tl.float32)
     for blk in range(b0, b1):
-        w = tl.load(w_rows + blk * 16, mask=row_ok[:, None], other=0)
+        w = tl.load(w_rows + blk * BLOCK_WORDS, mask=row_ok[:, None], other=0)
         for h in tl.static_range(GROUPS):
             if BITS == 4:
                 d, xs = _int4_dots(w, blk, h * (4 // GROUPS), 4 // GROUPS, xt_cols, rm, M, K, ones,
@@ -325,7 +356,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K
             s = tl.load(s_ptr + rn * groups + g, mask=row_ok, other=0.0).to(tl.float32)
             y += (16.0 * s)[:, None] * d
             y -= ((16.0 + z) * s)[:, None] * tl.max(xs, axis=0)[None, :]       # every row of xs is sum_k x
-    _store_tile(y, y_ptr, part_ptr, count_ptr, M, N, stride_ym, rm, rn, pid_n, pid_k, SPLIT_K)
+    _store_tile(y, rn[:, None], rm[None, :], y_ptr, part_ptr, count_ptr, M, N, stride_ym, pid_n, pid_k, SPLIT_K)
 
 
 @functools.lru_cache(maxsize=None)
@@ -410,228 +441,330 @@ def _gemv(x2, words, scales, zeros, y, bits: int, group_size: int, config: dict 
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Triton: GEMV variant B (M <= 8): exact fp32 codes and FMA, one warp per program
+# Triton: GEMV variant C (M <= 8, 16-bit x, G = 64 or 128): one mma.sync per 256 weights, on the words as they lie
 
 @triton.jit
-def _split4(t, R: tl.constexpr):
-    """t [R, 128] -> [R, 32] tiles t0..t3 with t_j[:, q] = t[:, 4q + j] (one lane holds the 4: no data moves)."""
-    even, odd = tl.split(tl.reshape(t, (R, 32, 2, 2)))
-    t0, t2 = tl.split(even)
-    t1, t3 = tl.split(odd)
-    return t0, t1, t2, t3
-
-
-@triton.jit
-def _code_f32(w, pos: tl.constexpr, EXACT: tl.constexpr, USE_ASM: tl.constexpr):
-    """The code c in nibble pos (0..4) of each int32 of w as fp32: ORed into the mantissa of 2^(23 - 4 pos), where
-    the nibble's unit is 1.0, it reads 2^(23 - 4 pos) + c (one lop3); EXACT subtracts the bias (one add). At pos 4
-    the biased 128 + c is kept: the group's sum of x removes it."""
-    BIAS: tl.constexpr = 1 << (23 - 4 * pos)
-    v = _code_bits(w, 0xF << (4 * pos), (150 - 4 * pos) << 23, USE_ASM).to(tl.float32, bitcast=True)
-    if EXACT:
-        v -= BIAS
-    return v
-
-
-@triton.jit
-def _plane_f32(w, hi, p: tl.constexpr, USE_ASM: tl.constexpr):
-    """The codes of k = 32 p + 2 j + t of words w as fp32, t = 0 (nibble p, exact) and t = 1 (nibble p + 4; 128 + c
-    for p = 0 and 3, whose nibbles 4 and 7 sit at bits 16..19 of w and hi, else exact). hi = w >> 12 brings
-    nibbles 5..7 into the low 20 bits that _code_f32 reads."""
-    even = _code_f32(w, p, True, USE_ASM)
-    if p == 0:
-        odd = _code_f32(w, 4, False, USE_ASM)
+def _halves_f32(r, FP16: tl.constexpr):
+    """int32 r holding two 16-bit floats -> (low, high) as fp32 (the interpreter's mma)."""
+    if FP16:
+        lo = (r & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = ((r >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     else:
-        odd = _code_f32(hi, p + 1, p != 3, USE_ASM)
-    return even, odd
+        lo = (r << 16).to(tl.float32, bitcast=True)
+        hi = (r & -65536).to(tl.float32, bitcast=True)
+    return lo, hi
 
 
 @triton.jit
-def _fma_plane(d, w, hi, p: tl.constexpr, x_even, x_odd, USE_ASM: tl.constexpr):
-    """d [BM, BN, 32] += the codes of plane p of words w [BN, 32] times x at their k (x_even: t = 0, x_odd: t = 1,
-    [BM, 32])."""
-    v_even, v_odd = _plane_f32(w, hi, p, USE_ASM)
-    d += v_even[None, :, :] * x_even[:, None, :]
-    d += v_odd[None, :, :] * x_odd[:, None, :]
-    return d
+def _fragment(r, FP16: tl.constexpr, NW: tl.constexpr):
+    """A register of every lane [32 NW] (lane 4 g + t: the pair at columns 2t, 2t + 1 of row g) -> [NW, 8, 8]."""
+    lo, hi = _halves_f32(r, FP16)
+    return tl.reshape(tl.join(tl.reshape(lo, (NW, 8, 4)), tl.reshape(hi, (NW, 8, 4))), (NW, 8, 8))
 
 
 @triton.jit
-def _load_x(ptrs, pair, K, EVEN_K: tl.constexpr):
-    """x at ptrs [BM, 128] (the k-pairs pair [128]), 0 from K on; kept in L1 for the next programs."""
+def _mma_emulated(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, FP16: tl.constexpr):
+    """mma.sync m16n8k16 of each warp's 32 lanes, written out for the interpreter: the same fragments in and out."""
+    NW: tl.constexpr = a0.shape[0] // 32
+    B0 = _fragment(b0, FP16, NW)[:, None, :, :]            # [w, 1, n, k]
+    B1 = _fragment(b1, FP16, NW)[:, None, :, :]
+    top = tl.sum(_fragment(a0, FP16, NW)[:, :, None, :] * B0 + _fragment(a2, FP16, NW)[:, :, None, :] * B1, axis=3)
+    bottom = tl.sum(_fragment(a1, FP16, NW)[:, :, None, :] * B0 + _fragment(a3, FP16, NW)[:, :, None, :] * B1, axis=3)
+    d0, d1 = tl.split(tl.reshape(top, (NW, 8, 4, 2)))       # [w, g, t]: columns 2t, 2t + 1 of row g
+    d2, d3 = tl.split(tl.reshape(bottom, (NW, 8, 4, 2)))
+    return (c0 + tl.reshape(d0, (32 * NW,)), c1 + tl.reshape(d1, (32 * NW,)),
+            c2 + tl.reshape(d2, (32 * NW,)), c3 + tl.reshape(d3, (32 * NW,)))
+
+
+@triton.jit
+def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, FP16: tl.constexpr, EMULATE: tl.constexpr):
+    """D = A B + C for each warp: mma.sync.m16n8k16 with A [16, 16] and B [16, 8] 16-bit, C and D fp32, in PTX's
+    fragments (lane 4 g + t holds A rows g / g + 8 at columns 2t, 2t + 1 (a0 / a1) and 2t + 8, 2t + 9 (a2 / a3),
+    B column g at rows 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1), C / D rows g / g + 8 at columns 2t, 2t + 1).
+    Every tensor is [32 NW], element i in lane i % 32 of warp i // 32: Triton's layout of a 1-D tensor of that size."""
+    if EMULATE:
+        d0, d1, d2, d3 = _mma_emulated(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, FP16)
+    elif FP16:
+        d0, d1, d2, d3 = tl.inline_asm_elementwise(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+            "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+            "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+            dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+    else:
+        d0, d1, d2, d3 = tl.inline_asm_elementwise(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+            "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+            "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+            dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+    return d0, d1, d2, d3
+
+
+@triton.jit
+def _pick(t0, t1, t2, t3, j: tl.constexpr):
+    if j == 0:
+        t = t0
+    elif j == 1:
+        t = t1
+    elif j == 2:
+        t = t2
+    else:
+        t = t3
+    return t
+
+
+@triton.jit
+def _load_block_c(w_ptrs, s_ptr, z_ptr, sz_a, sz_b, blk, end, groups, G: tl.constexpr):
+    """Block blk of the lane's tile: words 4t..4t+3 of its rows g and g + 8 (16 bytes each; w_ptrs: row g's), and for
+    h = 0, 1 the scales and zeros of both rows at the group of k = 128 blk + 64 h (sz_a / sz_b: the rows' offsets
+    in the scales). Nothing from end on (scales 0: such a block adds nothing)."""
+    ok = blk + 0 * tl.arange(0, 4)[None, :] < end
+    ok1 = blk + 0 * sz_a < end
+    wa = tl.load(w_ptrs + blk * 256, mask=ok, cache_modifier=".cg")
+    wb = tl.load(w_ptrs + blk * 256 + 128, mask=ok, cache_modifier=".cg")
+    g0 = tl.minimum(blk * 128 // G, groups - 1)                     # (K padding: x = 0 there)
+    sa0, za0 = tl.load(s_ptr + sz_a + g0, mask=ok1, other=0.0), tl.load(z_ptr + sz_a + g0, mask=ok1, other=0.0)
+    sb0, zb0 = tl.load(s_ptr + sz_b + g0, mask=ok1, other=0.0), tl.load(z_ptr + sz_b + g0, mask=ok1, other=0.0)
+    if G == 64:
+        g1 = tl.minimum(g0 + 1, groups - 1)
+        sa1, za1 = tl.load(s_ptr + sz_a + g1, mask=ok1, other=0.0), tl.load(z_ptr + sz_a + g1, mask=ok1, other=0.0)
+        sb1, zb1 = tl.load(s_ptr + sz_b + g1, mask=ok1, other=0.0), tl.load(z_ptr + sz_b + g1, mask=ok1, other=0.0)
+    else:
+        sa1, za1, sb1, zb1 = sa0, za0, sb0, zb0
+    return wa, wb, sa0, za0, sb0, zb0, sa1, za1, sb1, zb1
+
+
+@triton.jit
+def _load_x_c(x_ptrs, blk, x_ok, K, EVEN_K: tl.constexpr):
+    """The lane's x pairs of block blk: four 16-byte runs, (h, u) = pairs 64 blk + 32 h + 16 u + 4t + jj (k = 2 pair,
+    2 pair + 1), 0 for x rows past M and k past K; kept in L1 for the other programs."""
+    xs = x_ptrs + blk * 64
     if EVEN_K:
-        x = tl.load(ptrs, eviction_policy="evict_last")
+        m00, m01, m10, m11 = x_ok, x_ok, x_ok, x_ok
     else:
-        x = tl.load(ptrs, mask=(2 * pair < K)[None, :], other=0, eviction_policy="evict_last")
-    return x
+        pair = blk * 64 + tl.arange(0, 4)[None, :]
+        m00 = x_ok & (2 * pair < K)
+        m01 = x_ok & (2 * (pair + 16) < K)
+        m10 = x_ok & (2 * (pair + 32) < K)
+        m11 = x_ok & (2 * (pair + 48) < K)
+    return (tl.load(xs, mask=m00, other=0, eviction_policy="evict_last"),
+            tl.load(xs + 16, mask=m01, other=0, eviction_policy="evict_last"),
+            tl.load(xs + 32, mask=m10, other=0, eviction_policy="evict_last"),
+            tl.load(xs + 48, mask=m11, other=0, eviction_policy="evict_last"))
 
 
 @triton.jit
-def _x_run(x_ptr, x_rows, pair, K, BM: tl.constexpr, EVEN_K: tl.constexpr):
-    """x at k = 2 pair + t of every x row, pair [128] (lane q's 4 pairs at 4q..4q+3) as eight [BM, 32] fp32 tiles:
-    t = 0 ones for each of the lane's 4 pairs, then t = 1 ones; 0 from K on. x_rows [BM, 1] row offsets in loaded
-    elements: 16-bit x is read as int32 pairs, one 16-byte load per lane and row."""
-    dtype = x_ptr.dtype.element_ty
-    if dtype == tl.float32:
-        even = _load_x(x_ptr + x_rows + 2 * pair[None, :], pair, K, EVEN_K)
-        odd = _load_x(x_ptr + x_rows + 2 * pair[None, :] + 1, pair, K, EVEN_K)
-    else:
-        pairs = _load_x(x_ptr.to(tl.pointer_type(tl.int32)) + x_rows + pair[None, :], pair, K, EVEN_K)
-        if dtype == tl.bfloat16:
-            even = (pairs << 16).to(tl.float32, bitcast=True)
-            odd = (pairs & -65536).to(tl.float32, bitcast=True)
-        else:
-            even = pairs.to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
-            odd = (pairs >> 16).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
-    e0, e1, e2, e3 = _split4(even, BM)
-    o0, o1, o2, o3 = _split4(odd, BM)
-    return e0, e1, e2, e3, o0, o1, o2, o3
+def _split_cols(t):
+    """[R, 4] -> its four columns (each lane holds its row's 4: no data moves)."""
+    even, odd = tl.split(tl.reshape(t, (t.shape[0], 2, 2)))
+    c0, c2 = tl.split(even)
+    c1, c3 = tl.split(odd)
+    return c0, c1, c2, c3
 
 
 @triton.jit
-def _load_chunk(w_tile, c, end):
-    """Words 128 c .. 128 c + 127 of each row [BN, 128], lane q getting 4q .. 4q + 3 (one 16-byte load per row);
-    masked off from word end on (undefined there: finite codes once unpacked, met by x = 0 or never used). Streamed
-    past L1, which keeps x."""
-    return tl.load(w_tile + c * 128, mask=(c * 128 + tl.arange(0, 128) < end)[None, :], cache_modifier=".cg")
+def _code_pair_c(w, p: tl.constexpr, MAGIC: tl.constexpr, USE_ASM: tl.constexpr):
+    """The codes in nibbles p and p + 4 of each word w as two 16-bit floats B + c (B = 128 in bf16, 1024 in fp16:
+    MAGIC holds B in both halves, the code fills the low mantissa bits) in one int32, low half from nibble p: a lop3,
+    after a shift for p > 0."""
+    return _code_bits(_shift(w, -4 * p), 0x000F000F, MAGIC, USE_ASM)
 
 
 @triton.jit
-def _gemv_b_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_x, stride_ym, stride_ys, CHUNKS,
-                   G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, EVEN_K: tl.constexpr,
-                   USE_ASM: tl.constexpr):
-    """y[pid_k] [M, tile] = x @ W^T over K chunks CHUNKS * pid_k .. (one warp; layout in the module docstring).
+def _tile_block_c(f, h: tl.constexpr, xe0, xe1, xe2, xe3, xo0, xo1, xo2, xo3, d0, d1, d2, d3,
+                  MAGIC: tl.constexpr, FP16: tl.constexpr, EMULATE: tl.constexpr):
+    """d += the four mmas of half h of one tile's block f (_load_block_c): for plane p = 2h (x pairs xe) and 2h + 1
+    (xo) and m = 0, 1, the codes of plane p of the lane's words 4t + 2m and 4t + 2m + 1 against the x pairs 2m and
+    2m + 1 of the plane (adjacent in the lane's load: the B fragment as it is)."""
+    wa, wb, sa0, za0, sb0, zb0, sa1, za1, sb1, zb1 = f
+    wa0, wa1, wa2, wa3 = _split_cols(wa)
+    wb0, wb1, wb2, wb3 = _split_cols(wb)
+    for p in tl.static_range(2 * h, 2 * h + 2):
+        for m in tl.static_range(2):
+            a_lo, a_hi = _pick(wa0, wa1, wa2, wa3, 2 * m), _pick(wa0, wa1, wa2, wa3, 2 * m + 1)
+            b_lo, b_hi = _pick(wb0, wb1, wb2, wb3, 2 * m), _pick(wb0, wb1, wb2, wb3, 2 * m + 1)
+            if p == 2 * h:
+                x_lo, x_hi = _pick(xe0, xe1, xe2, xe3, 2 * m), _pick(xe0, xe1, xe2, xe3, 2 * m + 1)
+            else:
+                x_lo, x_hi = _pick(xo0, xo1, xo2, xo3, 2 * m), _pick(xo0, xo1, xo2, xo3, 2 * m + 1)
+            d0, d1, d2, d3 = _mma(_code_pair_c(a_lo, p, MAGIC, not EMULATE), _code_pair_c(b_lo, p, MAGIC, not EMULATE),
+                                  _code_pair_c(a_hi, p, MAGIC, not EMULATE), _code_pair_c(b_hi, p, MAGIC, not EMULATE),
+                                  x_lo, x_hi, d0, d1, d2, d3, FP16, EMULATE)
+    return d0, d1, d2, d3
 
-    A chunk is 128 words (1024 k) of each of the BN rows: lane q holds words 4q..4q+3 (16 bytes) of every row, i.e.
-    32 k of one 128-k block, the x of all BM rows there (per nibble plane 8 consecutive k: one 16-byte load per x
-    row) and BM x BN accumulators. Per group: d = sum_k x_k c_k and xs = sum_k x_k over the lane's k, then
-    acc += s (d - z xs); the lanes are summed once at the end. The next chunk's words are loaded before this one
-    is computed. Rows past N and M are clamped (computed again, not stored); x needs no mask for K % 1024 = 0."""
-    GPB: tl.constexpr = 128 // G                # groups per 128-k block
-    PPG: tl.constexpr = 4 // GPB                # nibble planes (runs of 32 k) per group
+
+@triton.jit
+def _tile_group_c(acc0, acc1, acc2, acc3, d0, d1, d2, d3, e0, e1, f, h: tl.constexpr, BIAS: tl.constexpr):
+    """acc += s D - (B + z) s sum(x) for the group of half h of block f: D = sum (B + c) x (d0, d1: row g, columns
+    2t, 2t + 1; d2, d3: row g + 8), e0 / e1: the sums of x of columns 2t / 2t + 1."""
+    wa, wb, sa0, za0, sb0, zb0, sa1, za1, sb1, zb1 = f
+    sa = (sa0 if h == 0 else sa1).to(tl.float32)
+    za = (za0 if h == 0 else za1).to(tl.float32)
+    sb = (sb0 if h == 0 else sb1).to(tl.float32)
+    zb = (zb0 if h == 0 else zb1).to(tl.float32)
+    return (acc0 + sa * d0 - (BIAS + za) * sa * e0, acc1 + sa * d1 - (BIAS + za) * sa * e1,
+            acc2 + sb * d2 - (BIAS + zb) * sb * e0, acc3 + sb * d3 - (BIAS + zb) * sb * e1)
+
+
+@triton.jit(do_not_specialize=["SPLIT_K"])
+def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_x, stride_ym, SPLIT_K,
+                   G: tl.constexpr, FP16: tl.constexpr, NW: tl.constexpr, R: tl.constexpr, DEPTH: tl.constexpr,
+                   EVEN_K: tl.constexpr, EMULATE: tl.constexpr):
+    """y[:M, rows] (+)= x @ W^T over this program's K blocks; each warp R 16-row tiles, one mma.sync per 16 rows
+    x 16 k.
+
+    The words serve as A fragments as they lie: lane 4g + t loads words 4t..4t+3 of rows g and g + 8 (16 bytes
+    each; the warp reads the tile's 1 KiB block in two 512-byte runs); word j's nibble plane p holds the codes at
+    k = 32p + 2j + (0, 1), a lop3 (and a shift) make them a 16-bit pair B + c. The mma (p, m) takes plane p of
+    words 4t + 2m and 4t + 2m + 1 as its columns (2t, 2t + 1) and (2t + 8, 2t + 9); its B fragment is x at the same
+    k: x pairs 64 blk + 16p + 4t + 2m and the next, which sit side by side in the lane's 16-byte load of x. The
+    mma's k order is thus a permutation of the block's that A and B share. x row n is B's column n (M <= 8). A
+    second mma with A = 1 (one per (p, m), shared by the warp's tiles) sums x per group and hands every lane the
+    sums of its D columns; then per group y += s D - (B + z) s sum(x)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    words = tl.cdiv(K, 128) * 16                # per row
+    blocks = tl.cdiv(K, 128)
     groups = K // G
-    c0 = pid_k * CHUNKS
-    c1 = tl.minimum(c0 + CHUNKS, tl.cdiv(words, 128))
-    rn = pid_n * BN + tl.arange(0, BN)
-    rows = tl.minimum(rn, N - 1)
-    w_tile = w_ptr + (rows.to(tl.int64) * words)[:, None] + tl.arange(0, 128)[None, :]
-    i = tl.arange(0, 128)                       # word 4q + jj of a chunk: k-pair (k = 2 pair + t) in plane 0
-    x_pairs = 64 * (i // 16) + i % 16
-    rm = tl.arange(0, BM)
-    x_rows = tl.minimum(rm, M - 1)[:, None] * stride_x
-    # Scales and zeros load flat (element f = row * 32 + lane) and are viewed as [BN, 32]: lane q holds those of its
-    # block for every row, as the word tiles have it. (The thread axis of a [rows, 128] tile is its contiguous one;
-    # of a [BN, 32] one it would be the compiler's choice, and Triton 3.6 and 3.9 choose differently.)
-    f = tl.arange(0, BN * 32)
-    sz_rows = tl.minimum(pid_n * BN + f // 32, N - 1) * groups
-    sz_blk = (f % 32) // 4
-    acc = tl.zeros((BM, BN, 32), tl.float32)
-    end = tl.minimum(c1 * 128, words)          # this split's words end here
-    w_next = _load_chunk(w_tile, c0, end)
-    for c in range(c0, c1):
-        w = w_next
-        w_next = _load_chunk(w_tile, c + 1, end)
-        w0, w1, w2, w3 = _split4(w, BN)
-        hi0, hi1, hi2, hi3 = w0 >> 12, w1 >> 12, w2 >> 12, w3 >> 12
-        for h in tl.static_range(GPB):
-            g = tl.minimum((c * 8 + sz_blk) * GPB + h, groups - 1)     # (K padding: codes and x are 0 there)
-            s = tl.reshape(tl.load(s_ptr + sz_rows + g), (BN, 32))
-            z = tl.reshape(tl.load(z_ptr + sz_rows + g), (BN, 32))
-            tl.debug_barrier()                  # ptxas would sink these loads (and w_next's) down to their uses
-            d = tl.zeros((BM, BN, 32), tl.float32)
-            xs = tl.zeros((BM, 32), tl.float32)
-            xs128 = tl.zeros((BM, 32), tl.float32)        # x of the codes read as 128 + c
-            for p in tl.static_range(h * PPG, h * PPG + PPG):
-                e0, e1, e2, e3, o0, o1, o2, o3 = _x_run(x_ptr, x_rows, c * 512 + 16 * p + x_pairs, K, BM, EVEN_K)
-                odd = (o0 + o1) + (o2 + o3)
-                xs += ((e0 + e1) + (e2 + e3)) + odd
-                if p == 0 or p == 3:
-                    xs128 += odd
-                d = _fma_plane(d, w0, hi0, p, e0, o0, USE_ASM)
-                d = _fma_plane(d, w1, hi1, p, e1, o1, USE_ASM)
-                d = _fma_plane(d, w2, hi2, p, e2, o2, USE_ASM)
-                d = _fma_plane(d, w3, hi3, p, e3, o3, USE_ASM)
-            xs128 *= 128.0
-            z_xs = z.to(tl.float32)[None, :, :] * xs[:, None, :] + xs128[:, None, :]
-            acc += s.to(tl.float32)[None, :, :] * (d - z_xs)
-    y = tl.sum(acc, axis=2)
-    tl.store(y_ptr + pid_k * stride_ys + rm[:, None] * stride_ym + rn[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=(rm < M)[:, None] & (rn < N)[None, :])
+    per_split = tl.cdiv(blocks, SPLIT_K)
+    b0 = pid_k * per_split
+    b1 = tl.minimum(b0 + per_split, blocks)
+    i = tl.arange(0, 32 * NW)
+    lane = i % 32
+    g = lane // 4
+    t = lane % 4
+    row0 = (pid_n * NW + i // 32) * (16 * R) + g              # the lane's row g of its warp's first tile
+    j4 = tl.arange(0, 4)[None, :]
+    last_tile = (N - 1) // 16 * 16                             # a tile past N: the last one again (not stored)
+    w0 = _int4_row_words(w_ptr, tl.minimum(row0 - g, last_tile) + g, blocks)[:, None] + (4 * t)[:, None] + j4
+    sz0 = tl.minimum(row0, N - 1) * groups
+    sz0b = tl.minimum(row0 + 8, N - 1) * groups
+    if R == 2:
+        w1 = _int4_row_words(w_ptr, tl.minimum(row0 + 16 - g, last_tile) + g, blocks)[:, None] + (4 * t)[:, None] + j4
+        sz1 = tl.minimum(row0 + 16, N - 1) * groups
+        sz1b = tl.minimum(row0 + 24, N - 1) * groups
+    x_ptrs = x_ptr.to(tl.pointer_type(tl.int32)) + (tl.minimum(g, M - 1) * stride_x + 4 * t)[:, None] + j4
+    x_ok = (g < M)[:, None]
+    MAGIC: tl.constexpr = 0x64006400 if FP16 else 0x43004300
+    BIAS: tl.constexpr = 1024.0 if FP16 else 128.0
+    one = tl.full((32 * NW,), 0x3C003C00 if FP16 else 0x3F803F80, tl.int32)
+    zero = tl.zeros((32 * NW,), tl.float32)
+    a00, a01, a02, a03 = zero, zero, zero, zero               # tile 0's y: rows g, g + 8 x columns 2t, 2t + 1
+    a10, a11, a12, a13 = zero, zero, zero, zero               # tile 1's (R = 2)
+    p0 = _load_block_c(w0, s_ptr, z_ptr, sz0, sz0b, b0, b1, groups, G)       # DEPTH blocks in flight
+    if R == 2:
+        p1 = _load_block_c(w1, s_ptr, z_ptr, sz1, sz1b, b0, b1, groups, G)
+    if DEPTH == 2:
+        q0 = _load_block_c(w0, s_ptr, z_ptr, sz0, sz0b, b0 + 1, b1, groups, G)
+        if R == 2:
+            q1 = _load_block_c(w1, s_ptr, z_ptr, sz1, sz1b, b0 + 1, b1, groups, G)
+    for blk in range(b0, b1):
+        f0 = p0
+        if R == 2:
+            f1 = p1
+        if DEPTH == 1:
+            p0 = _load_block_c(w0, s_ptr, z_ptr, sz0, sz0b, blk + 1, b1, groups, G)
+            if R == 2:
+                p1 = _load_block_c(w1, s_ptr, z_ptr, sz1, sz1b, blk + 1, b1, groups, G)
+        else:
+            p0 = q0
+            q0 = _load_block_c(w0, s_ptr, z_ptr, sz0, sz0b, blk + 2, b1, groups, G)
+            if R == 2:
+                p1 = q1
+                q1 = _load_block_c(w1, s_ptr, z_ptr, sz1, sz1b, blk + 2, b1, groups, G)
+        # a barrier between the loads ahead and this block's work: else they sink down to the loop's end, and no
+        # block is in flight. x loads after it (the work needs them: it cannot move up past the barrier either).
+        tl.debug_barrier()
+        x00, x01, x10, x11 = _load_x_c(x_ptrs, blk, x_ok, K, EVEN_K)
+        for h in tl.static_range(2):
+            if h == 0 or G == 64:
+                d00, d01, d02, d03 = zero, zero, zero, zero
+                d10, d11, d12, d13 = zero, zero, zero, zero
+                e0, e1, e2, e3 = zero, zero, zero, zero
+            if h == 0:                                                   # x pairs of planes 2h, 2h + 1
+                xe0, xe1, xe2, xe3 = _split_cols(x00)
+                xo0, xo1, xo2, xo3 = _split_cols(x01)
+            else:
+                xe0, xe1, xe2, xe3 = _split_cols(x10)
+                xo0, xo1, xo2, xo3 = _split_cols(x11)
+            for m in tl.static_range(2):
+                e0, e1, e2, e3 = _mma(one, one, one, one, _pick(xe0, xe1, xe2, xe3, 2 * m),
+                                      _pick(xe0, xe1, xe2, xe3, 2 * m + 1), e0, e1, e2, e3, FP16, EMULATE)
+                e0, e1, e2, e3 = _mma(one, one, one, one, _pick(xo0, xo1, xo2, xo3, 2 * m),
+                                      _pick(xo0, xo1, xo2, xo3, 2 * m + 1), e0, e1, e2, e3, FP16, EMULATE)
+            d00, d01, d02, d03 = _tile_block_c(f0, h, xe0, xe1, xe2, xe3, xo0, xo1, xo2, xo3, d00, d01, d02, d03,
+                                               MAGIC, FP16, EMULATE)
+            if R == 2:
+                d10, d11, d12, d13 = _tile_block_c(f1, h, xe0, xe1, xe2, xe3, xo0, xo1, xo2, xo3, d10, d11, d12, d13,
+                                                   MAGIC, FP16, EMULATE)
+            if h == 1 or G == 64:                   # e0 = e2: the sum of x of column 2t, e1 = e3: of 2t + 1
+                a00, a01, a02, a03 = _tile_group_c(a00, a01, a02, a03, d00, d01, d02, d03, e0, e1, f0, h, BIAS)
+                if R == 2:
+                    a10, a11, a12, a13 = _tile_group_c(a10, a11, a12, a13, d10, d11, d12, d13, e0, e1, f1, h, BIAS)
+    cols = tl.join(tl.join(2 * t, 2 * t + 1), tl.join(2 * t, 2 * t + 1))     # [32 NW, 2 (row g / g + 8), 2]
+    rows = tl.join(tl.join(row0, row0), tl.join(row0 + 8, row0 + 8))
+    y = tl.join(tl.join(a00, a01), tl.join(a02, a03))
+    if R == 2:                                                           # [32 NW, 2, 2, 2 (tile)]
+        y = tl.join(y, tl.join(tl.join(a10, a11), tl.join(a12, a13)))
+        rows = tl.join(rows, rows + 16)
+        cols = tl.join(cols, cols)
+    _store_tile(y, rows, cols, y_ptr, part_ptr, count_ptr, M, N, stride_ym, pid_n, pid_k, SPLIT_K)
 
 
-@triton.jit
-def _sum_splits_kernel(part_ptr, y_ptr, MN, SPLIT_K, BLOCK: tl.constexpr):
-    """y (flat [M * N]) = sum of the split-K partials part [SPLIT_K, M * N] in split order, in y's dtype."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < MN
-    total = tl.zeros((BLOCK,), tl.float32)
-    for s in range(SPLIT_K):
-        total += tl.load(part_ptr + s * MN + offs, mask=ok, other=0.0)
-    tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=ok)
+GEMV_C_WARPS_PER_SM = 32                        # the split-K rule aims at about this many resident warps
 
 
-# BN (weight rows per program) by M bucket: a lane's rows share its x loads, conversions and sums, and its BM x BN
-# accumulators (acc and the group's d) stay in registers. Compiled for sm_90 (Triton 3.6 and 3.9, one warp,
-# G = 128): M 1 / BN 8 and M 4 / BN 4 take 168-180 registers (11-12 warps per SM), M 2 / BN 8 and M 8 / BN 4 255
-# (8 per SM), none spills in the loop. M 1 takes 4 rows: on the H200 that beat 8 on three of the four 27B shapes and
-# in sum (docs/performance.md).
-GEMV_B_ROWS = {1: 4, 2: 8, 4: 4, 8: 4}
-GEMV_B_CHUNK = 1024                             # k per loop step of a program
-GEMV_B_PROGRAMS_PER_SM = 12                     # B1 / B2: what is resident at once, about
+def gemv_c_configs(N: int, K: int, sms: int = 132) -> list[dict]:
+    """Variant C's configs (NW warps per program, R 16-row tiles per warp, DEPTH blocks loaded ahead, SPLIT_K); the
+    launcher uses the first. Split-K brings the warps to about GEMV_C_WARPS_PER_SM per SM where the programs are
+    fewer (27B: N = 5120). The first three decoded the 27B (int4) equally fast on the H200 within 3% (C1 118-121
+    tok/s, C8 767-782; docs/performance.md); R = 2 with one block ahead issues the fewest instructions."""
+    blocks = triton.cdiv(K, 128)
 
+    def config(nw: int, r: int, depth: int, warps_per_sm: int = GEMV_C_WARPS_PER_SM) -> dict:
+        programs = triton.cdiv(N, 16 * r * nw)
+        split = min(blocks, max(1, warps_per_sm * sms // (programs * nw)))
+        split = triton.cdiv(blocks, triton.cdiv(blocks, split))                # no empty splits
+        return dict(NW=nw, R=r, DEPTH=depth, SPLIT_K=split)
 
-def gemv_b_configs(N: int, K: int, M: int, sms: int = 132) -> list[dict]:
-    """Variant B's configs (BN, SPLIT_K) for y [M, N] = x [M, K] @ W^T, M <= 8; the launcher uses the first.
-    B1: GEMV_B_ROWS rows per program; split-K only to fill one wave of ~12 one-warp programs per SM when N / BN
-        programs are fewer (27B shapes: N = 5120 only): long programs, each prefetching its next chunk.
-    B2: half the rows (fewer registers, more x loads per weight), same rule.
-    B3: B1's rows, about 2 chunks per program (split-K everywhere): many short programs, small tail."""
-    chunks = triton.cdiv(K, GEMV_B_CHUNK)
-
-    def config(bn: int, split: int) -> dict:
-        split = min(chunks, max(1, split))
-        return dict(BN=bn, SPLIT_K=triton.cdiv(chunks, triton.cdiv(chunks, split)))   # no empty splits
-
-    def one_wave(bn: int) -> int:
-        return GEMV_B_PROGRAMS_PER_SM * sms // triton.cdiv(N, bn)
-
-    bn = GEMV_B_ROWS[triton.next_power_of_2(M)]
-    return [config(bn, one_wave(bn)), config(bn // 2, one_wave(bn // 2)), config(bn, triton.cdiv(chunks, 2))]
+    return [config(1, 2, 1), config(1, 1, 2), config(1, 2, 2), config(2, 2, 1), config(4, 1, 2),
+            config(1, 2, 1, GEMV_C_WARPS_PER_SM // 2), config(1, 2, 1, 2 * GEMV_C_WARPS_PER_SM)]
 
 
 @functools.lru_cache(maxsize=None)
-def _gemv_b_default(N: int, K: int, M: int, sms: int) -> dict:
-    return gemv_b_configs(N, K, M, sms)[0]
+def _gemv_c_default(N: int, K: int, sms: int) -> dict:
+    return gemv_c_configs(N, K, sms)[0]
 
 
-def _gemv_b(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None):
-    """y [M, N] = x2 [M, K] @ W^T for M <= 8 (variant B). config (BN, SPLIT_K) forces one; None: the default of
-    gemv_b_configs. SPLIT_K > 1: each split stores fp32 partials into the shared scratch and a second small kernel
-    sums them in split order (deterministic: CUDA-graph replays equal eager calls bit for bit)."""
+def gemv_c_supports(x2: torch.Tensor, w: Int4Weight) -> bool:
+    """Variant C takes M <= 8 rows of 16-bit x, groups of 64 or 128, and needs the bf16 / fp16 mma of sm_80+."""
+    return (x2.shape[0] <= GEMV_C_MAX_M and w.group_size in (64, 128) and x2.dtype in (torch.bfloat16, torch.float16)
+            and (not x2.is_cuda or _capability(x2.device) >= (8, 0)))
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def _gemv_c(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None):
+    """y [M, N] = x2 [M, K] @ W^T for M <= 8 (variant C). config (NW, R, DEPTH, SPLIT_K) forces one (R 2, DEPTH 1
+    if left out); None: the first of gemv_c_configs. Split-K as in variant A: the last split of a row tile sums
+    the partials (one launch)."""
     (M, K), N = x2.shape, y.shape[1]
-    if x2.element_size() == 2 and (x2.stride(0) % 2 or x2.data_ptr() % 4):
-        x2 = x2.contiguous()                    # 16-bit x is read as int32 pairs
+    assert gemv_c_supports(x2, w), "variant C: M <= 8, group 64 or 128, 16-bit x"
+    if x2.stride(0) % 2 or x2.data_ptr() % 16:
+        x2 = x2.contiguous()                    # x is read as int32 pairs, 4 at a time
     if config is None:
-        config = _gemv_b_default(N, K, M, _sm_count(x2.device) if x2.is_cuda else 132)
-    chunks = triton.cdiv(K, GEMV_B_CHUNK)
-    per_split = triton.cdiv(chunks, config["SPLIT_K"])
-    split = triton.cdiv(chunks, per_split)
-    stride_x = x2.stride(0) // (2 if x2.element_size() == 2 else 1)
-    grid = (triton.cdiv(N, config["BN"]), split)
-    if split == 1:
-        out, stride_ym, stride_ys = y, y.stride(0), 0
-    else:
-        out = _splitk_scratch(x2.device)[0]
-        assert split * M * N <= SPLITK_FLOATS, "split-K partials must fit the scratch"
-        stride_ym, stride_ys = N, M * N
-    _gemv_b_kernel[grid](x2, w.qweight, w.scales, w.zeros, out, M, N, K, stride_x, stride_ym, stride_ys, per_split,
-                         G=w.group_size, BM=triton.next_power_of_2(M), BN=config["BN"],
-                         EVEN_K=K % GEMV_B_CHUNK == 0, USE_ASM=not INTERPRET, num_warps=1, num_stages=1)
-    if split > 1:
-        _sum_splits_kernel[(triton.cdiv(M * N, 1024),)](out, y, M * N, split, BLOCK=1024, num_warps=4)
+        config = _gemv_c_default(N, K, _sm_count(x2.device) if x2.is_cuda else 132)
+    nw, r, blocks = config["NW"], config.get("R", 2), triton.cdiv(K, 128)
+    split = triton.cdiv(blocks, triton.cdiv(blocks, config["SPLIT_K"]))
+    part, count = _splitk_scratch(x2.device)
+    programs = triton.cdiv(N, 16 * r * nw)
+    assert split == 1 or (split * M * N <= SPLITK_FLOATS and programs <= SPLITK_COUNTERS), \
+        "split-K must fit its scratch"
+    _gemv_c_kernel[(programs, split)](x2, w.qweight, w.scales, w.zeros, y, part, count, M, N, K, x2.stride(0) // 2,
+                                      y.stride(0), split, G=w.group_size, FP16=x2.dtype == torch.float16, NW=nw, R=r,
+                                      DEPTH=config.get("DEPTH", 1), EVEN_K=K % 128 == 0, EMULATE=INTERPRET,
+                                      num_warps=nw, num_stages=1)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -645,7 +778,7 @@ def _int4_dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, n0, G: tl.constexpr
     rn = n0 + r
     row_ok = rn < N
     groups = K // G
-    w = tl.load(w_ptr + rn.to(tl.int64)[:, None] * (tl.cdiv(K, 128) * 16) + blk * 16 + tl.arange(0, 16)[None, :],
+    w = tl.load(_int4_row_words(w_ptr, rn, tl.cdiv(K, 128))[:, None] + blk * 256 + tl.arange(0, 16)[None, :],
                 mask=row_ok[:, None], other=0)
     for p in tl.static_range(4):
         g = tl.minimum((blk * 128 + p * 32) // G, groups - 1)
@@ -708,15 +841,16 @@ def _rows(x: torch.Tensor, K: int) -> torch.Tensor:
 def int4_linear_triton(x: torch.Tensor, w: Int4Weight, config: dict | None = None,
                        variant: str | None = None) -> torch.Tensor:
     """x [..., K] -> [..., N] in x's dtype: GEMV for M <= 32 rows, else dequantise + matmul. The GEMV is variant
-    B for M <= GEMV_B_DEFAULT_M, A above; variant="A" / "B" forces one (B only runs M <= GEMV_B_MAX_M); config
-    forces one config of the variant that runs (A: see _gemv, B: see _gemv_b)."""
+    C where it applies (gemv_c_supports), else A; variant="A" / "C" forces one; config forces one config of the
+    variant that runs (A: see _gemv, C: see _gemv_c)."""
     N, K = w.shape
     x2 = _rows(x, K)
     M = x2.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    use_b = variant == "B" if variant else M <= GEMV_B_DEFAULT_M
-    if 0 < M <= GEMV_B_MAX_M and use_b:
-        _gemv_b(x2, w, y, config)
+    if variant is None:
+        variant = "C" if gemv_c_supports(x2, w) else "A"
+    if 0 < M <= GEMV_C_MAX_M and variant == "C":
+        _gemv_c(x2, w, y, config)
     elif 0 < M <= GEMV_MAX_M:
         _gemv(x2, w.qweight, w.scales, w.zeros, y, 4, w.group_size, config)
     elif M > GEMV_MAX_M:

@@ -3,8 +3,8 @@
 CPU: the Triton kernels run in the interpreter (fp32 / fp16, small odd shapes, the plain-Triton code path; the GPU
 adds one inline-PTX lop3). GPU (`gpu` mark): bf16 at the 27B projection shapes, every GEMV M bucket, the large-M
 path, a sweep of forced configs (split-K, tiles, stages: whatever the autotuner picks must be right), CUDA-graph
-replay of the M <= 32 paths. Both int4 GEMV variants (A: tensor-core dots, B: FMA for M <= 8) are tested whichever
-is the default.
+replay of the M <= 32 paths. Both int4 GEMV variants (A: tensor-core dots, C: inline mma.sync for M <= 8) are
+tested whichever is the default.
 """
 
 import functools
@@ -14,9 +14,10 @@ import torch
 
 from kernels import quant
 from kernels.bench_quant import HIDDEN, LM_HEAD, PROJ
-from kernels.quant import (dequantize_int4_ref, dequantize_int8_ref, gemv_b_configs, int4_linear, int4_linear_ref,
-                           int4_linear_triton, int8_embedding, int8_embedding_ref, int8_embedding_triton,
-                           int8_linear, int8_linear_ref, int8_linear_triton, pack_int4, pack_int8, unpack_int4)
+from kernels.quant import (dequantize_int4_ref, dequantize_int8_ref, gemv_c_configs, int4_linear,
+                           int4_linear_ref, int4_linear_triton, int8_embedding, int8_embedding_ref,
+                           int8_embedding_triton, int8_linear, int8_linear_ref, int8_linear_triton, pack_int4,
+                           pack_int4_codes, pack_int8, unpack_int4, unpack_int4_codes, write_int4_rows)
 
 M_CPU = [1, 3, 8, 17, 32, 33, 100]          # GEMV buckets 8 / 16 / 32 and the dequantise + matmul path
 
@@ -54,17 +55,28 @@ TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 @pytest.mark.parametrize("N,K,G", [(64, 64, 64), (192, 320, 64), (128, 384, 128), (64, 192, 32)])
 def test_int4_pack_roundtrip_and_layout(N, K, G):
     w, q = random_int4(N, K, G, torch.float32)
-    assert w.qweight.dtype == torch.int32 and w.qweight.shape == (N, -(-K // 128) * 16) and w.shape == (N, K)
+    assert w.qweight.dtype == torch.int32 and w.qweight.shape == (-(-N // 16), -(-K // 128), 16, 16)
+    assert w.shape == (N, K)
     assert torch.equal(unpack_int4(w), q)
-    # the documented layout: word j of block b, nibble p + 4 t holds the code of k = 128 b + 32 p + 2 j + t
-    n, b, p, j, t = N - 1, (K - 1) // 128, 1, 5, 1
-    k = 128 * b + 32 * p + 2 * j + t
-    if k < K:
-        word = int(w.qweight[n, 16 * b + j]) & 0xFFFFFFFF
-        assert (word >> (4 * (p + 4 * t))) & 0xF == q[n, k]
+    # the documented layout: qweight[n // 16, b, n % 16, j], nibble p + 4 t holds the code of k = 128 b + 32 p + 2 j + t
+    for n, b, p, j, t in ((N - 1, (K - 1) // 128, 1, 5, 1), (17, 0, 3, 15, 0)):
+        k = 128 * b + 32 * p + 2 * j + t
+        if k < K:
+            word = int(w.qweight[n // 16, b, n % 16, j]) & 0xFFFFFFFF
+            assert (word >> (4 * (p + 4 * t))) & 0xF == q[n, k]
     s = w.scales.repeat_interleave(G, 1)
     z = w.zeros.repeat_interleave(G, 1)
     torch.testing.assert_close(dequantize_int4_ref(w), (q.float() - z) * s)
+
+
+def test_write_int4_rows_across_tiles():
+    """A fused projection's parts land at any row: the tiles they touch are rewritten, the other rows kept."""
+    q = torch.randint(0, 16, (45, 192), dtype=torch.uint8)
+    words = pack_int4_codes(torch.zeros_like(q))
+    for row, n in ((0, 7), (7, 20), (27, 18)):                 # inside a tile, across two, up to a partial last one
+        write_int4_rows(words, row, q[row:row + n])
+    assert torch.equal(unpack_int4_codes(words, 45, 192), q)
+    assert words.shape == (3, 2, 16, 16) and not words[2, :, 13:].any()    # padding rows stay zero
 
 
 def test_int8_pack_dequant():
@@ -105,48 +117,43 @@ def test_int4_gemv_configs(config):
     check(int4_linear_triton(x, w, config, variant="A"), ref, TOL[torch.float32])     # counters were reset
 
 
-def linear_b(x, w, config=None):
-    return int4_linear_triton(x, w, config, variant="B")
+def linear_c(x, w, config=None):
+    return int4_linear_triton(x, w, config, variant="C")
 
 
-@pytest.mark.parametrize("M,K,G", [
-    (1, 320, 64), (8, 320, 64),            # a padded half block
-    (3, 384, 128), (2, 384, 128),          # x rows padded to BM = 4, 2
-    (1, 1024, 32), (5, 1024, 32),          # one whole 1024-k chunk: no x masks
+@pytest.mark.parametrize("M,K,G,dtype,config", [
+    (1, 384, 128, torch.float16, None),
+    (8, 320, 64, torch.bfloat16, dict(NW=2, SPLIT_K=2)),        # a padded half block; split-K
+    (3, 640, 64, torch.float16, dict(NW=1, R=1, DEPTH=1, SPLIT_K=3)),
+    (2, 384, 128, torch.bfloat16, dict(NW=2, R=2, DEPTH=1, SPLIT_K=1)),     # the second tile past N = 40
+    (5, 1024, 128, torch.bfloat16, dict(NW=4, SPLIT_K=16)),     # more splits asked than blocks: 8 of 1
 ])
-def test_int4_gemv_b(M, K, G):
-    w, _ = random_int4(64, K, G, torch.float32, seed=6)
-    x = torch.randn(M, K)
-    check(linear_b(x, w), int4_linear_ref(x, w), TOL[torch.float32])
+def test_int4_gemv_c(M, K, G, dtype, config):
+    """Variant C (mma.sync written out for the interpreter: the same fragments), N = 40: a partial row tile."""
+    w, _ = random_int4(40, K, G, dtype, seed=10)
+    x = torch.randn(M, K).to(dtype)
+    ref = int4_linear_ref(x, w)
+    check(linear_c(x, w, config), ref, TOL[dtype])
+    check(linear_c(x, w, config), ref, TOL[dtype])              # the split-K counters were reset
 
 
-@pytest.mark.parametrize("M,G", [(1, 128), (4, 64)])
-def test_int4_gemv_b_fp16_strided(M, G):
-    """fp16 x (read as int32 pairs) from a column slice of a wider buffer: odd row stride (copied), even one."""
-    w, _ = random_int4(64, 256, G, torch.float16, seed=7)
-    for extra in (3, 8):
-        x = torch.randn(M, 256 + extra).half()[:, extra:]
-        check(linear_b(x, w), int4_linear_ref(x, w), TOL[torch.float16])
+def test_int4_gemv_c_strided_x():
+    """x from a column slice of a wider buffer: read as int32 pairs, 4 at a time, so it is copied when misaligned."""
+    w, _ = random_int4(32, 256, 128, torch.float16, seed=11)
+    for extra in (3, 8, 16):
+        x = torch.randn(2, 256 + extra).half()[:, extra:]
+        check(linear_c(x, w), int4_linear_ref(x, w), TOL[torch.float16])
 
 
-@pytest.mark.parametrize("K,G,config", [
-    (2176, 128, dict(BN=8, SPLIT_K=3)),    # 3 chunks of 1024 k, the last one partial: one per split
-    (2176, 64, dict(BN=16, SPLIT_K=2)),    # 2 + 1 chunks
-    (2048, 32, dict(BN=4, SPLIT_K=8)),     # more splits asked than chunks: 2 of 1
-])
-def test_int4_gemv_b_split_k(K, G, config):
-    """Partials in the shared scratch (left over from the previous case: rewritten, not accumulated)."""
-    w, _ = random_int4(36, K, G, torch.float32, seed=8)      # N = 36: a partial row tile
-    x = torch.randn(3, K)
-    check(linear_b(x, w, config), int4_linear_ref(x, w), TOL[torch.float32])
-
-
-def test_gemv_variant_switch(monkeypatch):
-    """The default sends M <= GEMV_B_DEFAULT_M to variant B, larger M to variant A."""
-    w, _ = random_int4(32, 128, 64, torch.float32, seed=9)
-    monkeypatch.setattr(quant, "GEMV_B_DEFAULT_M", 4)
-    for M, variant in ((4, "B"), (5, "A")):
-        x = torch.randn(M, 128)
+def test_gemv_variant_switch():
+    """The default: variant C for 16-bit x, M <= 8 and group 64 / 128; else A."""
+    w32, _ = random_int4(32, 128, 64, torch.float32, seed=9)
+    w16, _ = random_int4(32, 128, 64, torch.float16, seed=9)
+    w16_g32, _ = random_int4(32, 128, 32, torch.float16, seed=9)
+    for w, M, dtype, variant in ((w32, 4, torch.float32, "A"), (w16, 1, torch.float16, "C"),
+                                 (w16, 8, torch.float16, "C"), (w16, 9, torch.float16, "A"),
+                                 (w16_g32, 2, torch.float16, "A")):
+        x = torch.randn(M, 128).to(dtype)
         assert torch.equal(int4_linear_triton(x, w), int4_linear_triton(x, w, variant=variant))
 
 
@@ -206,17 +213,14 @@ M_GEMV = [1, 2, 4, 8, 16, 32]
 _weights = {}
 
 
-def test_gemv_b_configs_27b():
-    """Variant B's config table at the 27B shapes: valid splits that fit the scratch; no split-K for large N."""
+def test_gemv_c_configs_27b():
+    """Variant C's config table at the 27B shapes: valid splits that fit the scratch, about 32 warps per SM."""
     for N, K in PROJ.values():
-        for M in range(1, 9):
-            configs = gemv_b_configs(N, K, M)
-            assert len(configs) == 3
-            for c in configs:
-                assert 1 <= c["SPLIT_K"] <= -(-K // 1024) and c["SPLIT_K"] * M * N <= quant.SPLITK_FLOATS
-                assert c["BN"] in (2, 4, 8)
-    assert gemv_b_configs(16384, 5120, 1)[0] == dict(BN=4, SPLIT_K=1)     # one program per 4 rows, all of K
-    assert gemv_b_configs(5120, 17408, 2)[0] == dict(BN=8, SPLIT_K=2)     # N / 8 programs: split to fill 132 SMs
+        for c in gemv_c_configs(N, K):
+            assert 1 <= c["SPLIT_K"] <= -(-K // 128) and c["SPLIT_K"] * 8 * N <= quant.SPLITK_FLOATS
+            assert c["NW"] in (1, 2, 4) and c["R"] in (1, 2) and c["DEPTH"] in (1, 2)
+    assert gemv_c_configs(34816, 5120)[0] == dict(NW=1, R=2, DEPTH=1, SPLIT_K=3)      # 1,088 one-warp programs x 3
+    assert gemv_c_configs(5120, 17408)[0] == dict(NW=1, R=2, DEPTH=1, SPLIT_K=23)     # 160 x 23 (136 blocks: 6 each)
 
 
 def weight_27b(name, bits=4, G=128):
@@ -295,53 +299,30 @@ def test_int4_other_dtype_and_group_gpu(dtype, G):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(PROJ))
 @pytest.mark.parametrize("M", [1, 2, 3, 4, 8])
-def test_int4_gemv_b_gpu(name, M):
-    """Variant B with its default and each benchmarked config (split-K or not) at the 27B shapes, bf16."""
+def test_int4_gemv_c_gpu(name, M):
+    """Variant C with its default and each benchmarked config at the 27B shapes, bf16: the inline mma.sync relies on
+    Triton laying a [32 NW] tensor out one element per lane, which only the GPU can check."""
     w = weight_27b(name)
     N, K = w.shape
     x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
     ref = int4_linear_ref(x, w)
-    for config in [None] + gemv_b_configs(N, K, M):
-        out = int4_linear_triton(x, w, config, variant="B")
+    for config in [None] + gemv_c_configs(N, K):
+        out = linear_c(x, w, config)
         assert out.dtype == torch.bfloat16 and out.shape == ref.shape
         assert rel_err(out, ref) < 5e-3
         check(out, ref, TOL[torch.bfloat16])
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype,G", [(torch.float16, 128), (torch.bfloat16, 64), (torch.bfloat16, 32)])
-def test_int4_gemv_b_other_dtype_and_group_gpu(dtype, G):
+@pytest.mark.parametrize("dtype,G", [(torch.float16, 128), (torch.float16, 64), (torch.bfloat16, 64)])
+def test_int4_gemv_c_other_dtype_and_group_gpu(dtype, G):
     N, K = PROJ["attn_o"]
     w = random_int4(N, K, G, dtype, "cuda", seed=5)[0]
     for M in (1, 5, 8):
         x = torch.randn(M, K, dtype=dtype, device="cuda")
         ref = int4_linear_ref(x, w)
-        for config in (None, dict(BN=4, SPLIT_K=3)):
-            assert rel_err(int4_linear_triton(x, w, config, variant="B"), ref) < (
-                2e-3 if dtype == torch.float16 else 5e-3)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("M", [1, 4, 8])
-def test_gemv_b_cuda_graph_gpu(M):
-    """Variant B (default configs: split-K at N = 5120) captured in one CUDA graph replays exactly like eager calls."""
-    ws = [weight_27b(n) for n in PROJ]
-    xs = [torch.randn(M, w.shape[1], dtype=torch.bfloat16, device="cuda") for w in ws]
-
-    def step():
-        return [int4_linear_triton(x, w, variant="B") for x, w in zip(xs, ws)]
-
-    step()                                       # compile and allocate the split-K scratch outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = step()
-    for x in xs:
-        x.copy_(torch.randn_like(x))
-    graph.replay()
-    torch.cuda.synchronize()
-    for got, want in zip(outs, step()):
-        assert torch.equal(got, want)
+        for config in (None, dict(NW=1, SPLIT_K=7), dict(NW=2, SPLIT_K=1)):
+            assert rel_err(linear_c(x, w, config), ref) < (2e-3 if dtype == torch.float16 else 5e-3)
 
 
 @pytest.mark.gpu

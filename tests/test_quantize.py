@@ -124,7 +124,8 @@ def test_policy_schemes():
 
 
 def test_scheme_bytes():
-    assert scheme_bytes("int4", (10, 256), 128) == 10 * 128 + 10 * 2 * 4
+    assert scheme_bytes("int4", (16, 256), 128) == 16 * 128 + 16 * 2 * 4
+    assert scheme_bytes("int4", (10, 320), 64) == 16 * 384 // 2 + 10 * 2 * 10      # padded to 16 rows x 384 k
     assert scheme_bytes("int8", (10, 256), 128) == 10 * 256 + 10 * 2 * 2
     assert scheme_bytes("bf16", (10, 256), 128) == 10 * 256 * 2
     assert scheme_bytes("bf16", (48,), 128, element_size=4) == 192

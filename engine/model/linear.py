@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from kernels import ops
-from kernels.quant import Int4Weight, Int8Weight, pack_int4, pack_int8
+from kernels.quant import Int4Weight, Int8Weight, pack_int8, write_int4_rows
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Linear(nn.Module):
         self.group_size = build.group_size
         N, K = self.shape
         if self.scheme == "int4":
-            self.register_buffer("qweight", build.empty(N, -(-K // 128) * 16, dtype=torch.int32))
+            self.register_buffer("qweight", build.empty(-(-N // 16), -(-K // 128), 16, 16, dtype=torch.int32).zero_())
             self.register_buffer("scales", build.empty(N, K // self.group_size))
             self.register_buffer("zeros", build.empty(N, K // self.group_size))
         elif self.scheme == "int8":
@@ -95,17 +95,15 @@ class Linear(nn.Module):
         if isinstance(value, torch.Tensor):
             raise ValueError(f"{self.prefix}: a {self.scheme} weight needs a quantized source, got a float tensor")
         dtype = self.scales.dtype
+        q, s = value[0], value[1]
+        if q.shape[1] // s.shape[1] != self.group_size:
+            raise ValueError(f"{self.prefix}: group size {q.shape[1] // s.shape[1]}, the model uses {self.group_size}")
         if self.scheme == "int4":
-            q, s, z = value
-            packed = pack_int4(q, s.to(dtype), z.to(dtype), q.shape[1] // s.shape[1])
-            self.zeros[row:row + q.shape[0]].copy_(packed.zeros)
+            write_int4_rows(self.qweight, row, q.to(self.qweight.device))           # 16-row tiles: see kernels/quant.py
+            self.zeros[row:row + q.shape[0]].copy_(value[2])
         else:
-            q, s = value
-            packed = pack_int8(q, s.to(dtype), q.shape[1] // s.shape[1])
-        if packed.group_size != self.group_size:
-            raise ValueError(f"{self.prefix}: group size {packed.group_size}, the model uses {self.group_size}")
-        self.qweight[row:row + q.shape[0]].copy_(packed.qweight)
-        self.scales[row:row + q.shape[0]].copy_(packed.scales)
+            self.qweight[row:row + q.shape[0]].copy_(pack_int8(q, s, self.group_size).qweight)
+        self.scales[row:row + q.shape[0]].copy_(s.to(dtype))
 
     def dequantized(self) -> torch.Tensor:
         """W [N, K] in the model dtype (a copy when quantized)."""
