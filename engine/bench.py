@@ -249,9 +249,9 @@ def profile_decode(eng, steps: int = 64) -> None:
             totals[k.key][0] += k.self_device_time_total
             totals[k.key][1] += k.count
         per_kernel.append(totals)
-    step = {name: ((us - per_kernel[0].get(name, [0.0, 0])[0]) / steps,
-                   (count - per_kernel[0].get(name, [0.0, 0])[1]) / steps)
-            for name, (us, count) in per_kernel[1].items()}
+    prefill, total = per_kernel                              # defaultdicts: a kernel only decode runs counts 0
+    step = {name: ((us - prefill[name][0]) / steps, (count - prefill[name][1]) / steps)
+            for name, (us, count) in total.items()}
     busy = sum(us for us, _ in step.values())
     launches = sum(c for _, c in step.values())
     print(f"decode step: wall {(walls[1] - walls[0]) / steps * 1e3:.2f} ms, kernels {busy / 1e3:.2f} ms busy, "

@@ -114,10 +114,14 @@ def unpack_int4_codes(qweight: torch.Tensor, N: int, K: int) -> torch.Tensor:
 
 
 def write_int4_rows(qweight: torch.Tensor, row: int, q: torch.Tensor) -> None:
-    """Codes q [n, K] into rows row .. row + n - 1 of packed words, in place: the 16-row tiles they touch are
-    unpacked, overwritten and packed again (a fused projection's parts need not start on a tile)."""
+    """Codes q [n, K] into rows row .. row + n - 1 of packed words, in place. Whole tiles are packed as they are; a
+    part that starts or ends inside a tile (a fused projection's parts need not start on one) rewrites the tiles it
+    touches: unpacked, overwritten, packed again."""
     n, K = q.shape
     t0, t1 = row // 16, -(-(row + n) // 16)
+    if row % 16 == 0 and n % 16 == 0:
+        qweight[t0:t1] = pack_int4_codes(q)
+        return
     codes = unpack_int4_codes(qweight[t0:t1], 16 * (t1 - t0), K)
     codes[row - 16 * t0:row - 16 * t0 + n] = q
     qweight[t0:t1] = pack_int4_codes(codes)
@@ -484,16 +488,11 @@ def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, FP16: tl.constexpr, EMULATE: tl
     Every tensor is [32 NW], element i in lane i % 32 of warp i // 32: Triton's layout of a 1-D tensor of that size."""
     if EMULATE:
         d0, d1, d2, d3 = _mma_emulated(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, FP16)
-    elif FP16:
-        d0, d1, d2, d3 = tl.inline_asm_elementwise(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-            "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-            "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
-            dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
     else:
+        ASM: tl.constexpr = ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 " if FP16 else
+                             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 ")
         d0, d1, d2, d3 = tl.inline_asm_elementwise(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-            "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+            ASM + "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
             "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
             dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
     return d0, d1, d2, d3
@@ -534,22 +533,13 @@ def _load_block_c(w_ptrs, s_ptr, z_ptr, sz_a, sz_b, blk, end, groups, G: tl.cons
 
 
 @triton.jit
-def _load_x_c(x_ptrs, blk, x_ok, K, EVEN_K: tl.constexpr):
-    """The lane's x pairs of block blk: four 16-byte runs, (h, u) = pairs 64 blk + 32 h + 16 u + 4t + jj (k = 2 pair,
-    2 pair + 1), 0 for x rows past M and k past K; kept in L1 for the other programs."""
-    xs = x_ptrs + blk * 64
-    if EVEN_K:
-        m00, m01, m10, m11 = x_ok, x_ok, x_ok, x_ok
-    else:
-        pair = blk * 64 + tl.arange(0, 4)[None, :]
-        m00 = x_ok & (2 * pair < K)
-        m01 = x_ok & (2 * (pair + 16) < K)
-        m10 = x_ok & (2 * (pair + 32) < K)
-        m11 = x_ok & (2 * (pair + 48) < K)
-    return (tl.load(xs, mask=m00, other=0, eviction_policy="evict_last"),
-            tl.load(xs + 16, mask=m01, other=0, eviction_policy="evict_last"),
-            tl.load(xs + 32, mask=m10, other=0, eviction_policy="evict_last"),
-            tl.load(xs + 48, mask=m11, other=0, eviction_policy="evict_last"))
+def _load_x_c(x_ptrs, blk, p: tl.constexpr, x_ok, K, EVEN_K: tl.constexpr):
+    """The lane's x pairs of plane p of block blk, one 16-byte run: pairs 64 blk + 16 p + 4t + j (k = 2 pair,
+    2 pair + 1), j = 0..3; 0 for x rows past M and k past K; kept in L1 for the other programs."""
+    mask = x_ok
+    if not EVEN_K:
+        mask = x_ok & (2 * (blk * 64 + 16 * p + tl.arange(0, 4)[None, :]) < K)
+    return tl.load(x_ptrs + blk * 64 + 16 * p, mask=mask, other=0, eviction_policy="evict_last")
 
 
 @triton.jit
@@ -673,18 +663,21 @@ def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N,
         # a barrier between the loads ahead and this block's work: else they sink down to the loop's end, and no
         # block is in flight. x loads after it (the work needs them: it cannot move up past the barrier either).
         tl.debug_barrier()
-        x00, x01, x10, x11 = _load_x_c(x_ptrs, blk, x_ok, K, EVEN_K)
+        x0 = _load_x_c(x_ptrs, blk, 0, x_ok, K, EVEN_K)
+        x1 = _load_x_c(x_ptrs, blk, 1, x_ok, K, EVEN_K)
+        x2 = _load_x_c(x_ptrs, blk, 2, x_ok, K, EVEN_K)
+        x3 = _load_x_c(x_ptrs, blk, 3, x_ok, K, EVEN_K)
         for h in tl.static_range(2):
             if h == 0 or G == 64:
                 d00, d01, d02, d03 = zero, zero, zero, zero
                 d10, d11, d12, d13 = zero, zero, zero, zero
                 e0, e1, e2, e3 = zero, zero, zero, zero
             if h == 0:                                                   # x pairs of planes 2h, 2h + 1
-                xe0, xe1, xe2, xe3 = _split_cols(x00)
-                xo0, xo1, xo2, xo3 = _split_cols(x01)
+                xe0, xe1, xe2, xe3 = _split_cols(x0)
+                xo0, xo1, xo2, xo3 = _split_cols(x1)
             else:
-                xe0, xe1, xe2, xe3 = _split_cols(x10)
-                xo0, xo1, xo2, xo3 = _split_cols(x11)
+                xe0, xe1, xe2, xe3 = _split_cols(x2)
+                xo0, xo1, xo2, xo3 = _split_cols(x3)
             for m in tl.static_range(2):
                 e0, e1, e2, e3 = _mma(one, one, one, one, _pick(xe0, xe1, xe2, xe3, 2 * m),
                                       _pick(xe0, xe1, xe2, xe3, 2 * m + 1), e0, e1, e2, e3, FP16, EMULATE)

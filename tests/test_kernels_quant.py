@@ -77,6 +77,9 @@ def test_write_int4_rows_across_tiles():
         write_int4_rows(words, row, q[row:row + n])
     assert torch.equal(unpack_int4_codes(words, 45, 192), q)
     assert words.shape == (3, 2, 16, 16) and not words[2, :, 13:].any()    # padding rows stay zero
+    q[16:32] = 15 - q[16:32]
+    write_int4_rows(words, 16, q[16:32])                        # one whole tile: packed as it is
+    assert torch.equal(unpack_int4_codes(words, 45, 192), q)
 
 
 def test_int8_pack_dequant():

@@ -94,7 +94,6 @@ class Linear(nn.Module):
             return
         if isinstance(value, torch.Tensor):
             raise ValueError(f"{self.prefix}: a {self.scheme} weight needs a quantized source, got a float tensor")
-        dtype = self.scales.dtype
         q, s = value[0], value[1]
         if q.shape[1] // s.shape[1] != self.group_size:
             raise ValueError(f"{self.prefix}: group size {q.shape[1] // s.shape[1]}, the model uses {self.group_size}")
@@ -103,7 +102,7 @@ class Linear(nn.Module):
             self.zeros[row:row + q.shape[0]].copy_(value[2])
         else:
             self.qweight[row:row + q.shape[0]].copy_(pack_int8(q, s, self.group_size).qweight)
-        self.scales[row:row + q.shape[0]].copy_(s.to(dtype))
+        self.scales[row:row + q.shape[0]].copy_(s)
 
     def dequantized(self) -> torch.Tensor:
         """W [N, K] in the model dtype (a copy when quantized)."""
