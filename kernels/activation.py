@@ -5,6 +5,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels import pdl
+
 
 def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     """[..., 2n] -> silu(gate) * up, [..., n]."""
@@ -13,7 +15,8 @@ def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, stride_x, N, BLOCK: tl.constexpr):
+def _silu_mul_kernel(x_ptr, out_ptr, stride_x, N, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
@@ -31,7 +34,8 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
     out = torch.empty(*gate_up.shape[:-1], n, dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
-    _silu_mul_kernel[(x.shape[0], triton.cdiv(n, block))](x, out, x.stride(0), n, BLOCK=block, num_warps=4)
+    _silu_mul_kernel[(x.shape[0], triton.cdiv(n, block))](x, out, x.stride(0), n, BLOCK=block, num_warps=4,
+                                                          **pdl.launch_args(x.device))
     return out
 
 

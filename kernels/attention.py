@@ -35,6 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
+
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 LOG2E = 1.4426950408889634
 MIN_SPLIT_TOKENS = 256      # fewest context tokens per decode split (at max_seq_len)
@@ -121,7 +123,8 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scal
                      stride_kt, stride_kh, stride_vt, stride_vh,
                      stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh,
                      HKV: tl.constexpr, PAGE: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
-                     QUANT: tl.constexpr):
+                     QUANT: tl.constexpr, PDL: tl.constexpr):
+    pdl.enter(PDL)
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:
@@ -161,7 +164,7 @@ def store_kv_triton(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_sca
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         *k_cache.stride()[:3], *scale_strides,
         HKV=hkv, PAGE=k_cache.shape[1], D=d, BLOCK_H=triton.next_power_of_2(hkv), QUANT=quant,
-    )
+        **pdl.launch_args(k.device))
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None):
@@ -248,7 +251,8 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_p
                          stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh,
                          L: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         QUANT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                         QUANT: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
+    pdl.enter(PDL)
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = tl.program_id(2)
@@ -290,8 +294,10 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_p
 
 @triton.jit
 def _decode_combine_kernel(o_part_ptr, lse_part_ptr, o_ptr, stride_ot, stride_oh, NUM_SPLITS,
-                           D: tl.constexpr, BLOCK_D: tl.constexpr, ALL_SPLITS: tl.constexpr, CHUNK: tl.constexpr):
+                           D: tl.constexpr, BLOCK_D: tl.constexpr, ALL_SPLITS: tl.constexpr, CHUNK: tl.constexpr,
+                           PDL: tl.constexpr):
     """o[t, head, d-block] = sum_s exp2(lse_s) * o_s / sum_s exp2(lse_s), one program per d-block."""
+    pdl.enter(PDL)
     t = tl.program_id(0)
     head = tl.program_id(1)
     base = (t * tl.num_programs(1) + head) * NUM_SPLITS
@@ -350,13 +356,13 @@ def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len, 
         q.stride(0), q.stride(1), block_tables.stride(0), *k_cache.stride()[:3], *scale_strides,
         L=q_len, GROUP=group, D=d, PAGE=page, BLOCK_M=max(16, triton.next_power_of_2(q_len * group)),
         BLOCK_N=block_n, QUANT=quant, DOT_PRECISION=_dot_precision(q.dtype), num_warps=4, num_stages=3,
-    )
+        **pdl.launch_args(q.device))
     o = torch.empty((T, hq, d), dtype=q.dtype, device=q.device)
     block_d = min(d, 64)
     _decode_combine_kernel[(T, hq, d // block_d)](
         o_part, lse_part, o, o.stride(0), o.stride(1), num_splits,
         D=d, BLOCK_D=block_d, ALL_SPLITS=triton.next_power_of_2(num_splits), CHUNK=16, num_warps=2,
-    )
+        **pdl.launch_args(q.device))
     return o
 
 

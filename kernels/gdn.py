@@ -22,6 +22,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels import pdl
 from kernels.conv1d import causal_conv1d_ref, conv_token, store_conv_window
 
 
@@ -329,10 +330,11 @@ def gated_delta_rule(q, k, v, g, beta, state, slots, cu_seqlens, has_state, snap
 def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, conv_w, conv_state, conv_slot_stride,
                    conv_row_stride, A_log, dt_bias, ssm, slots, has_state, counters, out, step_ssm, step_conv, scale,
                    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
-                   W: tl.constexpr, BV: tl.constexpr, STORE_STEPS: tl.constexpr):
+                   W: tl.constexpr, BV: tl.constexpr, STORE_STEPS: tl.constexpr, PDL: tl.constexpr):
     """Program per (sequence, v head, V block) holding a [K, BV] fp32 state tile. Each program convolves the
     q/k channels of its qk head and its own v channels itself (a few KB, L2-resident) rather than reading
     them from a separate conv kernel."""
+    pdl.enter(PDL)
     i_b, i_hv, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // HK)
     C = 2 * HK * K + HV * V
@@ -416,7 +418,8 @@ def gdn_decode_triton(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_st
         qkv, qkv.stride(0), a, a.stride(0), b, b.stride(0), conv_weight, conv_state, conv_state.stride(0),
         conv_state.stride(1), A_log, dt_bias, ssm_state, slots, has_state.view(torch.uint8),
         _counters(qkv.device, B * HK), out, step_ssm if steps else out, step_conv if steps else out, K ** -0.5,
-        HK=HK, HV=HV, K=K, V=V, L=T // B, W=W, BV=block_v, STORE_STEPS=steps, num_warps=4)
+        HK=HK, HV=HV, K=K, V=V, L=T // B, W=W, BV=block_v, STORE_STEPS=steps, num_warps=4,
+        **pdl.launch_args(qkv.device))
     return out
 
 

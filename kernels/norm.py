@@ -14,6 +14,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels import pdl
+
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """y = x / rms(x) * (1 + w): the zero-centred norm of every Qwen3.5 RMSNorm (also q/k head norm)."""
@@ -69,7 +71,8 @@ def _row_tile(rows, cols, R, H, stride_t, stride_h, N: tl.constexpr):
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, R, H, sx_t, sx_h, eps,
-                     N: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+                     N: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
+    pdl.enter(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     offs, mask = _row_tile(rows, cols, R, H, sx_t, sx_h, N)
@@ -83,7 +86,8 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, R, H, sx_t, sx_h, eps,
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, R, H, sx_t, sx_h, sr_t, sr_h, eps,
-                         N: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+                         N: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
+    pdl.enter(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     x_offs, mask = _row_tile(rows, cols, R, H, sx_t, sx_h, N)
@@ -104,7 +108,8 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, R, H, sx_t
 @triton.jit
 def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, out_ptr, R, H, sx_t, sx_h, sg_t, sg_h, eps,
                            N: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
-                           ROUND_WY: tl.constexpr):
+                           ROUND_WY: tl.constexpr, PDL: tl.constexpr):
+    pdl.enter(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     x_offs, mask = _row_tile(rows, cols, R, H, sx_t, sx_h, N)
@@ -129,7 +134,8 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     block, rows, warps = _config(N)
     _rms_norm_kernel[(triton.cdiv(T * H, rows),)](xr, weight, out, T * H, H, xr.stride(0), xr.stride(1), eps,
-                                                   N=N, BLOCK=block, ROWS=rows, num_warps=warps)
+                                                   N=N, BLOCK=block, ROWS=rows, num_warps=warps,
+                                                   **pdl.launch_args(x.device))
     return out
 
 
@@ -141,7 +147,7 @@ def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
     block, rows, warps = _config(N)
     _add_rms_norm_kernel[(triton.cdiv(T * H, rows),)](
         xr, rr, weight, out, new_res, T * H, H, xr.stride(0), xr.stride(1), rr.stride(0), rr.stride(1), eps,
-        N=N, BLOCK=block, ROWS=rows, num_warps=warps)
+        N=N, BLOCK=block, ROWS=rows, num_warps=warps, **pdl.launch_args(x.device))
     return out, new_res
 
 
@@ -153,7 +159,8 @@ def gated_rms_norm_triton(x: torch.Tensor, gate: torch.Tensor, weight: torch.Ten
     round_wy = torch.promote_types(weight.dtype, x.dtype) == x.dtype
     _gated_rms_norm_kernel[(triton.cdiv(T * H, rows),)](
         xr, gr, weight, out, T * H, H, xr.stride(0), xr.stride(1), gr.stride(0), gr.stride(1), eps,
-        N=N, BLOCK=block, ROWS=rows, ROUND_WY=round_wy, num_warps=warps)
+        N=N, BLOCK=block, ROWS=rows, ROUND_WY=round_wy, num_warps=warps,
+        **pdl.launch_args(x.device))
     return out
 
 

@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
 from kernels.norm import rms_norm_ref
 
 
@@ -94,7 +95,8 @@ def _norm_rope_heads(base, stride_h, w_ptr, h0, H, d, partner, rot, cos, sin, ep
 def _qk_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, pos_ptr, freqs_ptr, axis_ptr,
                     sq_t, sq_h, sk_t, sk_h, sp_axis, sp_t, eps,
                     HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
-                    BLOCK_D: tl.constexpr, HB: tl.constexpr, NORM: tl.constexpr):
+                    BLOCK_D: tl.constexpr, HB: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
+    pdl.enter(PDL)
     t = tl.program_id(0)
     hb = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
@@ -124,7 +126,8 @@ def qk_rope_triton(q, k, positions, freqs, axis, q_weight=None, k_weight=None, e
     _qk_rope_kernel[grid](q, k, q_weight if norm else q, k_weight if norm else k, positions, freqs, axis,
                           q.stride(0), q.stride(1), k.stride(0), k.stride(1), positions.stride(0),
                           positions.stride(1), eps, HQ=HQ, HK=HK, D=D, HALF=freqs.shape[0],
-                          BLOCK_D=triton.next_power_of_2(D), HB=hb, NORM=norm, num_warps=4)
+                          BLOCK_D=triton.next_power_of_2(D), HB=hb, NORM=norm, num_warps=4,
+                          **pdl.launch_args(q.device))
     return q, k
 
 
