@@ -10,6 +10,9 @@ Formats (y = x @ W^T, W [N, K])
   one group. A tile's block is 1 KiB in one piece and its blocks follow each other: reading the words in a GEMV's
   pattern drew ~2.2 TB/s from the H200's HBM out of row-major rows (64 bytes per row and block), 3.2-3.7 out of
   the tiles (docs/performance.md). Rows and K past the shape are padded with zero codes.
+  Scales and zeros lie in the same row tiles, [ceil(N / 16), K // G, 16], element 2 r + h of a tile's group
+  holding row 8 h + r: the 16 rows' values of one group are 32 bytes in one piece (one memory transaction for a
+  warp instead of one per row), and rows r and r + 8, which one lane of an mma fragment holds, are one 32-bit word.
 - Int8Weight: W = q * scale per group of G (a multiple of 64), q int8 [N, K] as it is.
 
 Dequantisation (decode is bound by the weight bytes; unpacking with int->float conversions runs out of ALU on an
@@ -41,8 +44,9 @@ GEMV variant C (int4, M <= 8, 16-bit x, G = 64 or 128; the default there), one l
   barrier keeps them above the work); split-K as variant A (last arriver sums in split order). Config from
   gemv_c_configs: split-K to ~32 resident warps per SM where the programs are few (N = 5120).
 - ~66 instructions per 1,024 weights (sm_90 SASS: 16 + 8 HMMA, 64 LOP3, 48 SHF per 4,096 at R = 2) against ~125
-  for an FMA kernel (3.9 per weight per thread). On the H200 at 27B shapes the decode step did not move with the
-  instruction count or the read pattern (docs/performance.md): ~2.2 TB/s in the engine whichever variant.
+  for an FMA kernel (3.9 per weight per thread). On the H200 at 27B shapes, 256 GEMVs replayed in one graph draw
+  ~2.5 TB/s with PDL (kernels/pdl.py): about 6 µs of fixed cost per launch plus ~3.2 TB/s (docs/performance.md).
+  ncu: 113 registers, so 16 one-warp programs per SM, ~8 cycles per issued instruction, half the stalls on memory.
 Large M (prefill): the weight is dequantised in row chunks into a reusable scratch and multiplied by torch.
 """
 
@@ -55,6 +59,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
+from kernels import pdl
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 GEMV_MAX_M = 32                 # above: dequantise + torch matmul
@@ -70,8 +76,8 @@ SPLITK_COUNTERS = 1 << 14       # split-K arrival counters, one per output tile
 @dataclass
 class Int4Weight:
     qweight: torch.Tensor       # int32 [ceil(N / 16), ceil(K / 128), 16, 16], layout above
-    scales: torch.Tensor        # [N, K // G], activation dtype
-    zeros: torch.Tensor         # [N, K // G], same dtype (float zero points)
+    scales: torch.Tensor        # [ceil(N / 16), K // G, 16] (row tiles, layout above), activation dtype
+    zeros: torch.Tensor         # the same layout and dtype (float zero points)
     group_size: int
     shape: tuple[int, int]      # (N, K)
 
@@ -127,24 +133,47 @@ def write_int4_rows(qweight: torch.Tensor, row: int, q: torch.Tensor) -> None:
     qweight[t0:t1] = pack_int4_codes(codes)
 
 
+def tile_group_params(t: torch.Tensor) -> torch.Tensor:
+    """Per-group scales or zeros [N, groups] -> the row tiles [ceil(N / 16), groups, 16] (padding rows: 0)."""
+    N, groups = t.shape
+    tiles = -(-N // 16)
+    padded = torch.zeros(tiles * 16, groups, dtype=t.dtype, device=t.device)
+    padded[:N] = t
+    return padded.view(tiles, 2, 8, groups).permute(0, 3, 2, 1).reshape(tiles, groups, 16)   # [tile, group, r, h]
+
+
+def untile_group_params(t: torch.Tensor, N: int) -> torch.Tensor:
+    """The row tiles of tile_group_params -> [N, groups]."""
+    tiles, groups, _ = t.shape
+    return t.view(tiles, groups, 8, 2).permute(0, 3, 2, 1).reshape(tiles * 16, groups)[:N]
+
+
+def write_group_param_rows(t: torch.Tensor, row: int, rows: torch.Tensor) -> None:
+    """rows [n, groups] into rows row .. row + n - 1 of row tiles t [tiles, groups, 16], in place."""
+    r = torch.arange(row, row + rows.shape[0], device=t.device)
+    t.view(t.shape[0], t.shape[1], 8, 2)[r // 16, :, r % 8, r % 16 // 8] = rows.to(t.device, t.dtype)
+
+
 def pack_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> Int4Weight:
     """q uint8 [N, K] (codes 0..15), scales / zeros [N, K // G] -> Int4Weight in the kernel layout."""
     N, K = q.shape
     assert group_size in (32, 64, 128), f"int4 group size {group_size}: 32, 64 or 128"
     assert K % 64 == 0 and K % group_size == 0, f"K = {K}: a multiple of 64 and of the group size"
     assert scales.shape == zeros.shape == (N, K // group_size) and scales.dtype == zeros.dtype
-    return Int4Weight(pack_int4_codes(q), scales.contiguous(), zeros.contiguous(), group_size, (N, K))
+    return Int4Weight(pack_int4_codes(q), tile_group_params(scales), tile_group_params(zeros), group_size, (N, K))
 
 
-def unpack_int4(w: Int4Weight) -> torch.Tensor:
-    """-> codes uint8 [N, K]."""
-    return unpack_int4_codes(w.qweight, *w.shape)
+def unpack_int4(w: Int4Weight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (codes uint8 [N, K], scales [N, K // G], zeros [N, K // G])."""
+    N, K = w.shape
+    return (unpack_int4_codes(w.qweight, N, K), untile_group_params(w.scales, N), untile_group_params(w.zeros, N))
 
 
 def _int4_dequantize_fp32(w: Int4Weight) -> torch.Tensor:
-    s = w.scales.float().repeat_interleave(w.group_size, dim=1)
-    z = w.zeros.float().repeat_interleave(w.group_size, dim=1)
-    return (unpack_int4(w).float() - z) * s
+    q, s, z = unpack_int4(w)
+    s = s.float().repeat_interleave(w.group_size, dim=1)
+    z = z.float().repeat_interleave(w.group_size, dim=1)
+    return (q.float() - z) * s
 
 
 def dequantize_int4_ref(w: Int4Weight) -> torch.Tensor:
@@ -205,6 +234,12 @@ def _code_bits(t, MASK: tl.constexpr, C: tl.constexpr, USE_ASM: tl.constexpr):
 def _int4_row_words(w_ptr, rows, blocks):
     """Where the words of rows (any shape) start in the int4 layout: block b, word j of a row at + 256 b + j."""
     return w_ptr + (rows // 16).to(tl.int64) * (blocks * 256) + (rows % 16) * 16
+
+
+@triton.jit
+def _group_param_offs(rows, g, groups):
+    """Where the scale / zero of rows (any shape) at group g lies in the int4 row tiles [tiles, groups, 16]."""
+    return (rows // 16) * (groups * 16) + g * 16 + 2 * (rows % 8) + rows % 16 // 8
 
 
 @triton.jit
@@ -322,9 +357,10 @@ def _int8_dots(w, blk, xt_cols, rm, M, ones,
 @triton.jit(do_not_specialize=["M", "M_BUCKET", "SPLIT_K"])
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_ym,
                  M_BUCKET, SPLIT_K, BITS: tl.constexpr, G: tl.constexpr, USE_ASM: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+                 DOT_PRECISION: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr):
     """y[:M, tile] (+)= x @ W^T over this program's K blocks. w_ptr: int32 words, 16 per row and block of
     128 k (int4) or 64 k (int8). M_BUCKET only keys the autotuner."""
+    pdl.enter(PDL)
     BLOCK: tl.constexpr = 128 if BITS == 4 else 64
     GROUPS: tl.constexpr = BLOCK // G if G < BLOCK else 1        # groups per block
     pid_n = tl.program_id(0)
@@ -352,12 +388,13 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K
                 d, xs = _int4_dots(w, blk, h * (4 // GROUPS), 4 // GROUPS, xt_cols, rm, M, K, ones,
                                    USE_ASM, DOT_PRECISION, BN, BM)
                 g = tl.minimum(blk * GROUPS + h, groups - 1)      # (K padding: x = 0 there)
-                z = tl.load(z_ptr + rn * groups + g, mask=row_ok, other=0.0).to(tl.float32)
+                sz = _group_param_offs(rn, g, groups)
+                z = tl.load(z_ptr + sz, mask=row_ok, other=0.0).to(tl.float32)
             else:
                 d, xs = _int8_dots(w, blk, xt_cols, rm, M, ones, USE_ASM, DOT_PRECISION, BN, BM)
-                g = blk * 64 // G
+                sz = rn * groups + blk * 64 // G                  # (int8 scales are row-major)
                 z = 384.0                                         # W = 16 s (v_l + v_h) - 400 s
-            s = tl.load(s_ptr + rn * groups + g, mask=row_ok, other=0.0).to(tl.float32)
+            s = tl.load(s_ptr + sz, mask=row_ok, other=0.0).to(tl.float32)
             y += (16.0 * s)[:, None] * d
             y -= ((16.0 + z) * s)[:, None] * tl.max(xs, axis=0)[None, :]       # every row of xs is sum_k x
     _store_tile(y, rn[:, None], rm[None, :], y_ptr, part_ptr, count_ptr, M, N, stride_ym, pid_n, pid_k, SPLIT_K)
@@ -431,7 +468,8 @@ def _gemv(x2, words, scales, zeros, y, bits: int, group_size: int, config: dict 
     part, count = _splitk_scratch(x2.device)
     (M, K), N = x2.shape, y.shape[1]
     args = dict(M=M, N=N, K=K, stride_xm=x2.stride(0), stride_ym=y.stride(0), M_BUCKET=m_bucket(M), BITS=bits,
-                G=group_size, USE_ASM=not INTERPRET, DOT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32")
+                G=group_size, USE_ASM=not INTERPRET, DOT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
+                **pdl.launch_args(x2.device))
     if config is None and INTERPRET:
         config = dict(BM=m_bucket(M), BN=32, SPLIT_K=1)
     assert config is None or config["BM"] >= M and (config["SPLIT_K"] == 1 or (
@@ -512,24 +550,22 @@ def _pick(t0, t1, t2, t3, j: tl.constexpr):
 
 
 @triton.jit
-def _load_block_c(w_ptrs, s_ptr, z_ptr, sz_a, sz_b, blk, end, groups, G: tl.constexpr):
+def _load_block_c(w_ptrs, s_ptrs, z_ptrs, blk, end, groups, G: tl.constexpr):
     """Block blk of the lane's tile: words 4t..4t+3 of its rows g and g + 8 (16 bytes each; w_ptrs: row g's), and for
-    h = 0, 1 the scales and zeros of both rows at the group of k = 128 blk + 64 h (sz_a / sz_b: the rows' offsets
-    in the scales). Nothing from end on (scales 0: such a block adds nothing)."""
+    h = 0, 1 the scales and zeros of the group of k = 128 blk + 64 h, each a 32-bit word holding rows g and g + 8
+    (s_ptrs / z_ptrs: the rows' words at group 0). Nothing from end on (scales 0: such a block adds nothing)."""
     ok = blk + 0 * tl.arange(0, 4)[None, :] < end
-    ok1 = blk + 0 * sz_a < end
+    ok1 = blk + 0 * tl.arange(0, s_ptrs.shape[0]) < end
     wa = tl.load(w_ptrs + blk * 256, mask=ok, cache_modifier=".cg")
     wb = tl.load(w_ptrs + blk * 256 + 128, mask=ok, cache_modifier=".cg")
     g0 = tl.minimum(blk * 128 // G, groups - 1)                     # (K padding: x = 0 there)
-    sa0, za0 = tl.load(s_ptr + sz_a + g0, mask=ok1, other=0.0), tl.load(z_ptr + sz_a + g0, mask=ok1, other=0.0)
-    sb0, zb0 = tl.load(s_ptr + sz_b + g0, mask=ok1, other=0.0), tl.load(z_ptr + sz_b + g0, mask=ok1, other=0.0)
+    s0, z0 = tl.load(s_ptrs + g0 * 8, mask=ok1, other=0), tl.load(z_ptrs + g0 * 8, mask=ok1, other=0)
     if G == 64:
         g1 = tl.minimum(g0 + 1, groups - 1)
-        sa1, za1 = tl.load(s_ptr + sz_a + g1, mask=ok1, other=0.0), tl.load(z_ptr + sz_a + g1, mask=ok1, other=0.0)
-        sb1, zb1 = tl.load(s_ptr + sz_b + g1, mask=ok1, other=0.0), tl.load(z_ptr + sz_b + g1, mask=ok1, other=0.0)
+        s1, z1 = tl.load(s_ptrs + g1 * 8, mask=ok1, other=0), tl.load(z_ptrs + g1 * 8, mask=ok1, other=0)
     else:
-        sa1, za1, sb1, zb1 = sa0, za0, sb0, zb0
-    return wa, wb, sa0, za0, sb0, zb0, sa1, za1, sb1, zb1
+        s1, z1 = s0, z0
+    return wa, wb, s0, z0, s1, z1
 
 
 @triton.jit
@@ -565,7 +601,7 @@ def _tile_block_c(f, h: tl.constexpr, xe0, xe1, xe2, xe3, xo0, xo1, xo2, xo3, d0
     """d += the four mmas of half h of one tile's block f (_load_block_c): for plane p = 2h (x pairs xe) and 2h + 1
     (xo) and m = 0, 1, the codes of plane p of the lane's words 4t + 2m and 4t + 2m + 1 against the x pairs 2m and
     2m + 1 of the plane (adjacent in the lane's load: the B fragment as it is)."""
-    wa, wb, sa0, za0, sb0, zb0, sa1, za1, sb1, zb1 = f
+    wa, wb, s0, z0, s1, z1 = f
     wa0, wa1, wa2, wa3 = _split_cols(wa)
     wb0, wb1, wb2, wb3 = _split_cols(wb)
     for p in tl.static_range(2 * h, 2 * h + 2):
@@ -583,14 +619,13 @@ def _tile_block_c(f, h: tl.constexpr, xe0, xe1, xe2, xe3, xo0, xo1, xo2, xo3, d0
 
 
 @triton.jit
-def _tile_group_c(acc0, acc1, acc2, acc3, d0, d1, d2, d3, e0, e1, f, h: tl.constexpr, BIAS: tl.constexpr):
+def _tile_group_c(acc0, acc1, acc2, acc3, d0, d1, d2, d3, e0, e1, f, h: tl.constexpr, BIAS: tl.constexpr,
+                  FP16: tl.constexpr):
     """acc += s D - (B + z) s sum(x) for the group of half h of block f: D = sum (B + c) x (d0, d1: row g, columns
     2t, 2t + 1; d2, d3: row g + 8), e0 / e1: the sums of x of columns 2t / 2t + 1."""
-    wa, wb, sa0, za0, sb0, zb0, sa1, za1, sb1, zb1 = f
-    sa = (sa0 if h == 0 else sa1).to(tl.float32)
-    za = (za0 if h == 0 else za1).to(tl.float32)
-    sb = (sb0 if h == 0 else sb1).to(tl.float32)
-    zb = (zb0 if h == 0 else zb1).to(tl.float32)
+    wa, wb, s0, z0, s1, z1 = f
+    sa, sb = _halves_f32(s0 if h == 0 else s1, FP16)                 # rows g, g + 8
+    za, zb = _halves_f32(z0 if h == 0 else z1, FP16)
     return (acc0 + sa * d0 - (BIAS + za) * sa * e0, acc1 + sa * d1 - (BIAS + za) * sa * e1,
             acc2 + sb * d2 - (BIAS + zb) * sb * e0, acc3 + sb * d3 - (BIAS + zb) * sb * e1)
 
@@ -598,7 +633,7 @@ def _tile_group_c(acc0, acc1, acc2, acc3, d0, d1, d2, d3, e0, e1, f, h: tl.const
 @triton.jit(do_not_specialize=["SPLIT_K"])
 def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_x, stride_ym, SPLIT_K,
                    G: tl.constexpr, FP16: tl.constexpr, NW: tl.constexpr, R: tl.constexpr, DEPTH: tl.constexpr,
-                   EVEN_K: tl.constexpr, EMULATE: tl.constexpr):
+                   EVEN_K: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr):
     """y[:M, rows] (+)= x @ W^T over this program's K blocks; each warp R 16-row tiles, one mma.sync per 16 rows
     x 16 k.
 
@@ -609,7 +644,12 @@ def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N,
     k: x pairs 64 blk + 16p + 4t + 2m and the next, which sit side by side in the lane's 16-byte load of x. The
     mma's k order is thus a permutation of the block's that A and B share. x row n is B's column n (M <= 8). A
     second mma with A = 1 (one per (p, m), shared by the warp's tiles) sums x per group and hands every lane the
-    sums of its D columns; then per group y += s D - (B + z) s sum(x)."""
+    sums of its D columns; then per group y += s D - (B + z) s sum(x).
+
+    PDL (kernels/pdl.py): lets the next kernel start at once, loads its first weights, then waits for the kernel
+    before it, before it reads x or writes anything."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     blocks = tl.cdiv(K, 128)
@@ -624,13 +664,16 @@ def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N,
     row0 = (pid_n * NW + i // 32) * (16 * R) + g              # the lane's row g of its warp's first tile
     j4 = tl.arange(0, 4)[None, :]
     last_tile = (N - 1) // 16 * 16                             # a tile past N: the last one again (not stored)
-    w0 = _int4_row_words(w_ptr, tl.minimum(row0 - g, last_tile) + g, blocks)[:, None] + (4 * t)[:, None] + j4
-    sz0 = tl.minimum(row0, N - 1) * groups
-    sz0b = tl.minimum(row0 + 8, N - 1) * groups
+    r0 = tl.minimum(row0 - g, last_tile) + g
+    w0 = _int4_row_words(w_ptr, r0, blocks)[:, None] + (4 * t)[:, None] + j4
+    s32, z32 = s_ptr.to(tl.pointer_type(tl.int32)), z_ptr.to(tl.pointer_type(tl.int32))
+    sz0 = _group_param_offs(r0, 0, groups) // 2              # the word of rows g, g + 8 (r0 % 16 = g < 8)
+    s0, z0 = s32 + sz0, z32 + sz0
     if R == 2:
-        w1 = _int4_row_words(w_ptr, tl.minimum(row0 + 16 - g, last_tile) + g, blocks)[:, None] + (4 * t)[:, None] + j4
-        sz1 = tl.minimum(row0 + 16, N - 1) * groups
-        sz1b = tl.minimum(row0 + 24, N - 1) * groups
+        r1 = tl.minimum(row0 + 16 - g, last_tile) + g
+        w1 = _int4_row_words(w_ptr, r1, blocks)[:, None] + (4 * t)[:, None] + j4
+        sz1 = _group_param_offs(r1, 0, groups) // 2
+        s1, z1 = s32 + sz1, z32 + sz1
     x_ptrs = x_ptr.to(tl.pointer_type(tl.int32)) + (tl.minimum(g, M - 1) * stride_x + 4 * t)[:, None] + j4
     x_ok = (g < M)[:, None]
     MAGIC: tl.constexpr = 0x64006400 if FP16 else 0x43004300
@@ -639,27 +682,29 @@ def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N,
     zero = tl.zeros((32 * NW,), tl.float32)
     a00, a01, a02, a03 = zero, zero, zero, zero               # tile 0's y: rows g, g + 8 x columns 2t, 2t + 1
     a10, a11, a12, a13 = zero, zero, zero, zero               # tile 1's (R = 2)
-    p0 = _load_block_c(w0, s_ptr, z_ptr, sz0, sz0b, b0, b1, groups, G)       # DEPTH blocks in flight
+    p0 = _load_block_c(w0, s0, z0, b0, b1, groups, G)       # DEPTH blocks in flight
     if R == 2:
-        p1 = _load_block_c(w1, s_ptr, z_ptr, sz1, sz1b, b0, b1, groups, G)
+        p1 = _load_block_c(w1, s1, z1, b0, b1, groups, G)
     if DEPTH == 2:
-        q0 = _load_block_c(w0, s_ptr, z_ptr, sz0, sz0b, b0 + 1, b1, groups, G)
+        q0 = _load_block_c(w0, s0, z0, b0 + 1, b1, groups, G)
         if R == 2:
-            q1 = _load_block_c(w1, s_ptr, z_ptr, sz1, sz1b, b0 + 1, b1, groups, G)
+            q1 = _load_block_c(w1, s1, z1, b0 + 1, b1, groups, G)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     for blk in range(b0, b1):
         f0 = p0
         if R == 2:
             f1 = p1
         if DEPTH == 1:
-            p0 = _load_block_c(w0, s_ptr, z_ptr, sz0, sz0b, blk + 1, b1, groups, G)
+            p0 = _load_block_c(w0, s0, z0, blk + 1, b1, groups, G)
             if R == 2:
-                p1 = _load_block_c(w1, s_ptr, z_ptr, sz1, sz1b, blk + 1, b1, groups, G)
+                p1 = _load_block_c(w1, s1, z1, blk + 1, b1, groups, G)
         else:
             p0 = q0
-            q0 = _load_block_c(w0, s_ptr, z_ptr, sz0, sz0b, blk + 2, b1, groups, G)
+            q0 = _load_block_c(w0, s0, z0, blk + 2, b1, groups, G)
             if R == 2:
                 p1 = q1
-                q1 = _load_block_c(w1, s_ptr, z_ptr, sz1, sz1b, blk + 2, b1, groups, G)
+                q1 = _load_block_c(w1, s1, z1, blk + 2, b1, groups, G)
         # a barrier between the loads ahead and this block's work: else they sink down to the loop's end, and no
         # block is in flight. x loads after it (the work needs them: it cannot move up past the barrier either).
         tl.debug_barrier()
@@ -689,9 +734,11 @@ def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N,
                 d10, d11, d12, d13 = _tile_block_c(f1, h, xe0, xe1, xe2, xe3, xo0, xo1, xo2, xo3, d10, d11, d12, d13,
                                                    MAGIC, FP16, EMULATE)
             if h == 1 or G == 64:                   # e0 = e2: the sum of x of column 2t, e1 = e3: of 2t + 1
-                a00, a01, a02, a03 = _tile_group_c(a00, a01, a02, a03, d00, d01, d02, d03, e0, e1, f0, h, BIAS)
+                a00, a01, a02, a03 = _tile_group_c(a00, a01, a02, a03, d00, d01, d02, d03, e0, e1, f0, h, BIAS,
+                                                   FP16)
                 if R == 2:
-                    a10, a11, a12, a13 = _tile_group_c(a10, a11, a12, a13, d10, d11, d12, d13, e0, e1, f1, h, BIAS)
+                    a10, a11, a12, a13 = _tile_group_c(a10, a11, a12, a13, d10, d11, d12, d13, e0, e1, f1, h,
+                                                       BIAS, FP16)
     cols = tl.join(tl.join(2 * t, 2 * t + 1), tl.join(2 * t, 2 * t + 1))     # [32 NW, 2 (row g / g + 8), 2]
     rows = tl.join(tl.join(row0, row0), tl.join(row0 + 8, row0 + 8))
     y = tl.join(tl.join(a00, a01), tl.join(a02, a03))
@@ -739,9 +786,9 @@ def _capability(device) -> tuple[int, int]:
 
 
 def _gemv_c(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None):
-    """y [M, N] = x2 [M, K] @ W^T for M <= 8 (variant C). config (NW, R, DEPTH, SPLIT_K) forces one (R 2, DEPTH 1
-    if left out); None: the first of gemv_c_configs. Split-K as in variant A: the last split of a row tile sums
-    the partials (one launch)."""
+    """y [M, N] = x2 [M, K] @ W^T for M <= 8 (variant C). config (NW, R, DEPTH, SPLIT_K, PDL) forces one (R 2,
+    DEPTH 1, PDL on (kernels/pdl.py) if left out); None: the first of gemv_c_configs. Split-K as in variant A:
+    the last split of a row tile sums the partials (one launch)."""
     (M, K), N = x2.shape, y.shape[1]
     assert gemv_c_supports(x2, w), "variant C: M <= 8, group 64 or 128, 16-bit x"
     if x2.stride(0) % 2 or x2.data_ptr() % 16:
@@ -749,6 +796,7 @@ def _gemv_c(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | Non
     if config is None:
         config = _gemv_c_default(N, K, _sm_count(x2.device) if x2.is_cuda else 132)
     nw, r, blocks = config["NW"], config.get("R", 2), triton.cdiv(K, 128)
+    launch = pdl.launch_args(x2.device) if config.get("PDL", True) else {"PDL": False}
     split = triton.cdiv(blocks, triton.cdiv(blocks, config["SPLIT_K"]))
     part, count = _splitk_scratch(x2.device)
     programs = triton.cdiv(N, 16 * r * nw)
@@ -757,7 +805,7 @@ def _gemv_c(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | Non
     _gemv_c_kernel[(programs, split)](x2, w.qweight, w.scales, w.zeros, y, part, count, M, N, K, x2.stride(0) // 2,
                                       y.stride(0), split, G=w.group_size, FP16=x2.dtype == torch.float16, NW=nw, R=r,
                                       DEPTH=config.get("DEPTH", 1), EVEN_K=K % 128 == 0, EMULATE=INTERPRET,
-                                      num_warps=nw, num_stages=1)
+                                      num_warps=nw, num_stages=1, **launch)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -774,9 +822,9 @@ def _int4_dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, n0, G: tl.constexpr
     w = tl.load(_int4_row_words(w_ptr, rn, tl.cdiv(K, 128))[:, None] + blk * 256 + tl.arange(0, 16)[None, :],
                 mask=row_ok[:, None], other=0)
     for p in tl.static_range(4):
-        g = tl.minimum((blk * 128 + p * 32) // G, groups - 1)
-        s = tl.load(s_ptr + rn * groups + g, mask=row_ok, other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + rn * groups + g, mask=row_ok, other=0.0).to(tl.float32)
+        sz = _group_param_offs(rn, tl.minimum((blk * 128 + p * 32) // G, groups - 1), groups)
+        s = tl.load(s_ptr + sz, mask=row_ok, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + sz, mask=row_ok, other=0.0).to(tl.float32)
         v = (16.0 * s)[:, None] * _pair_as_float(w, p, False, tl.float32, False) - ((16.0 + z) * s)[:, None]
         k = blk * 128 + p * 32 + tl.arange(0, 32)
         tl.store(out_ptr + r.to(tl.int64)[:, None] * K + k[None, :], v.to(out_ptr.dtype.element_ty),
@@ -798,8 +846,10 @@ def _int8_dequant_kernel(q_ptr, s_ptr, out_ptr, N, K, n0, G: tl.constexpr, BN: t
 
 
 @triton.jit
-def _int8_embedding_kernel(ids_ptr, q_ptr, s_ptr, out_ptr, K, G: tl.constexpr, BLOCK: tl.constexpr):
+def _int8_embedding_kernel(ids_ptr, q_ptr, s_ptr, out_ptr, K, G: tl.constexpr, BLOCK: tl.constexpr,
+                           PDL: tl.constexpr):
     """out[t, kb block] = row ids[t] of W, dequantised; program (token, k block)."""
+    pdl.enter(PDL)
     t = tl.program_id(0)
     k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = k < K
@@ -877,7 +927,7 @@ def int8_embedding_triton(ids: torch.Tensor, w: Int8Weight) -> torch.Tensor:
     if flat.shape[0]:
         BLOCK = min(1024, triton.next_power_of_2(K))
         _int8_embedding_kernel[(flat.shape[0], triton.cdiv(K, BLOCK))](
-            flat, w.qweight, w.scales, out, K, G=w.group_size, BLOCK=BLOCK, num_warps=4)
+            flat, w.qweight, w.scales, out, K, G=w.group_size, BLOCK=BLOCK, num_warps=4, **pdl.launch_args(ids.device))
     return out.view(*ids.shape, K)
 
 

@@ -17,7 +17,8 @@ from kernels.bench_quant import HIDDEN, LM_HEAD, PROJ
 from kernels.quant import (dequantize_int4_ref, dequantize_int8_ref, gemv_c_configs, int4_linear,
                            int4_linear_ref, int4_linear_triton, int8_embedding, int8_embedding_ref,
                            int8_embedding_triton, int8_linear, int8_linear_ref, int8_linear_triton, pack_int4,
-                           pack_int4_codes, pack_int8, unpack_int4, unpack_int4_codes, write_int4_rows)
+                           pack_int4_codes, pack_int8, tile_group_params, unpack_int4, unpack_int4_codes,
+                           untile_group_params, write_group_param_rows, write_int4_rows)
 
 M_CPU = [1, 3, 8, 17, 32, 33, 100]          # GEMV buckets 8 / 16 / 32 and the dequantise + matmul path
 
@@ -56,17 +57,34 @@ TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 def test_int4_pack_roundtrip_and_layout(N, K, G):
     w, q = random_int4(N, K, G, torch.float32)
     assert w.qweight.dtype == torch.int32 and w.qweight.shape == (-(-N // 16), -(-K // 128), 16, 16)
-    assert w.shape == (N, K)
-    assert torch.equal(unpack_int4(w), q)
+    assert w.shape == (N, K) and w.scales.shape == w.zeros.shape == (-(-N // 16), K // G, 16)
+    codes, scales, zeros = unpack_int4(w)
+    assert torch.equal(codes, q)
     # the documented layout: qweight[n // 16, b, n % 16, j], nibble p + 4 t holds the code of k = 128 b + 32 p + 2 j + t
     for n, b, p, j, t in ((N - 1, (K - 1) // 128, 1, 5, 1), (17, 0, 3, 15, 0)):
         k = 128 * b + 32 * p + 2 * j + t
         if k < K:
             word = int(w.qweight[n // 16, b, n % 16, j]) & 0xFFFFFFFF
             assert (word >> (4 * (p + 4 * t))) & 0xF == q[n, k]
-    s = w.scales.repeat_interleave(G, 1)
-    z = w.zeros.repeat_interleave(G, 1)
+    # scales and zeros: [n // 16, group, 2 (n % 8) + n % 16 // 8], rows n and n + 8 of a tile side by side
+    numbered = torch.arange(N * (K // G), dtype=torch.float32).view(N, K // G)
+    w2 = pack_int4(q, numbered, -numbered, G)
+    for n, g in ((N - 1, K // G - 1), (9, 0), (16, K // G - 1)):
+        assert w2.scales[n // 16, g, 2 * (n % 8) + n % 16 // 8] == numbered[n, g]
+        assert w2.zeros[n // 16, g, 2 * (n % 8) + n % 16 // 8] == -numbered[n, g]
+    s = scales.repeat_interleave(G, 1)
+    z = zeros.repeat_interleave(G, 1)
     torch.testing.assert_close(dequantize_int4_ref(w), (q.float() - z) * s)
+
+
+def test_group_params_rows_written_anywhere():
+    """Scales of a fused projection's parts land at any row of the row tiles; the padding rows stay zero."""
+    s = torch.randn(45, 3)
+    tiles = torch.zeros(3, 3, 16)
+    for row, n in ((0, 7), (7, 20), (27, 18)):
+        write_group_param_rows(tiles, row, s[row:row + n])
+    assert torch.equal(tiles, tile_group_params(s)) and torch.equal(untile_group_params(tiles, 45), s)
+    assert not tiles.view(3, 3, 8, 2)[2, :, 5:, 1].any()            # rows 45..47
 
 
 def test_write_int4_rows_across_tiles():

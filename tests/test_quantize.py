@@ -87,7 +87,8 @@ def test_canonical_form_packs_for_the_kernels():
     W = llm_like_weight(64, 256)
     t = quantize_int4(W, 128)
     packed = int4.pack_int4(t.q, t.scales, t.zeros, t.group_size)
-    assert torch.equal(int4.unpack_int4(packed), t.q)
+    codes, scales, zeros = int4.unpack_int4(packed)
+    assert torch.equal(codes, t.q) and torch.equal(scales, t.scales) and torch.equal(zeros, t.zeros)
     assert torch.allclose(int4.dequantize_int4_ref(packed).float(), dequantize(t), atol=1e-3)
 
 
@@ -125,7 +126,7 @@ def test_policy_schemes():
 
 def test_scheme_bytes():
     assert scheme_bytes("int4", (16, 256), 128) == 16 * 128 + 16 * 2 * 4
-    assert scheme_bytes("int4", (10, 320), 64) == 16 * 384 // 2 + 10 * 2 * 10      # padded to 16 rows x 384 k
+    assert scheme_bytes("int4", (10, 320), 64) == 16 * 384 // 2 + 16 * 2 * 10      # padded to 16 rows x 384 k
     assert scheme_bytes("int8", (10, 256), 128) == 10 * 256 + 10 * 2 * 2
     assert scheme_bytes("bf16", (10, 256), 128) == 10 * 256 * 2
     assert scheme_bytes("bf16", (48,), 128, element_size=4) == 192

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from kernels import ops
-from kernels.quant import Int4Weight, Int8Weight, pack_int8, write_int4_rows
+from kernels.quant import Int4Weight, Int8Weight, pack_int8, write_group_param_rows, write_int4_rows
 
 
 @dataclass(frozen=True)
@@ -57,9 +57,10 @@ class Linear(nn.Module):
         self.group_size = build.group_size
         N, K = self.shape
         if self.scheme == "int4":
-            self.register_buffer("qweight", build.empty(-(-N // 16), -(-K // 128), 16, 16, dtype=torch.int32).zero_())
-            self.register_buffer("scales", build.empty(N, K // self.group_size))
-            self.register_buffer("zeros", build.empty(N, K // self.group_size))
+            tiles = -(-N // 16)                         # 16-row tiles: see kernels/quant.py
+            self.register_buffer("qweight", build.empty(tiles, -(-K // 128), 16, 16, dtype=torch.int32).zero_())
+            self.register_buffer("scales", build.empty(tiles, K // self.group_size, 16).zero_())
+            self.register_buffer("zeros", build.empty(tiles, K // self.group_size, 16).zero_())
         elif self.scheme == "int8":
             self.register_buffer("qweight", build.empty(N, K, dtype=torch.int8))
             self.register_buffer("scales", build.empty(N, K // self.group_size))
@@ -98,11 +99,12 @@ class Linear(nn.Module):
         if q.shape[1] // s.shape[1] != self.group_size:
             raise ValueError(f"{self.prefix}: group size {q.shape[1] // s.shape[1]}, the model uses {self.group_size}")
         if self.scheme == "int4":
-            write_int4_rows(self.qweight, row, q.to(self.qweight.device))           # 16-row tiles: see kernels/quant.py
-            self.zeros[row:row + q.shape[0]].copy_(value[2])
+            write_int4_rows(self.qweight, row, q.to(self.qweight.device))
+            write_group_param_rows(self.scales, row, s)
+            write_group_param_rows(self.zeros, row, value[2])
         else:
             self.qweight[row:row + q.shape[0]].copy_(pack_int8(q, s, self.group_size).qweight)
-        self.scales[row:row + q.shape[0]].copy_(s)
+            self.scales[row:row + q.shape[0]].copy_(s)
 
     def dequantized(self) -> torch.Tensor:
         """W [N, K] in the model dtype (a copy when quantized)."""

@@ -202,13 +202,15 @@ DEFAULT_POLICY = QuantPolicy()
 
 def scheme_bytes(scheme: str, shape: tuple[int, ...], group_size: int, element_size: int = 2) -> int:
     """Device bytes of one tensor under `scheme` (fp16/bf16 scales and zeros; int4 packs two per byte, in tiles of
-    16 rows x 128 k: a tensor that is not a whole number of them is counted with its padding)."""
+    16 rows x 128 k, its scales and zeros in tiles of 16 rows: a tensor that is not a whole number of them is counted
+    with its padding)."""
     n = 1
     for d in shape:
         n *= d
     if scheme == "int4":
         rows, k = shape[0], n // shape[0]
-        return -(-rows // 16) * 16 * -(-k // 128) * 64 + 2 * 2 * n // group_size
+        tile_rows = -(-rows // 16) * 16
+        return tile_rows * -(-k // 128) * 64 + 2 * 2 * tile_rows * (k // group_size)
     if scheme == "int8":
         return n + 2 * n // group_size
     return n * element_size
