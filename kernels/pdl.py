@@ -13,6 +13,7 @@ ENABLED switches it off for comparisons; the GPU and Triton (3.4 on) must suppor
 """
 
 import functools
+import os
 
 import torch
 import triton
@@ -24,11 +25,10 @@ ENABLED = True
 @functools.lru_cache(maxsize=None)
 def supported(device: torch.device) -> bool:
     """sm_90+ and a Triton that launches with PDL; never under the interpreter."""
-    import os
-
-    from triton.backends.nvidia.compiler import CUDAOptions
-    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
-            and torch.cuda.get_device_capability(device) >= (9, 0) and hasattr(tl.extra.cuda, "gdc_wait")
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    from triton.backends.nvidia.compiler import CUDAOptions   # (here: the CUDA backend only for a CUDA device)
+    return (torch.cuda.get_device_capability(device) >= (9, 0) and hasattr(tl.extra.cuda, "gdc_wait")
             and "launch_pdl" in CUDAOptions.__dataclass_fields__)
 
 
