@@ -1,14 +1,6 @@
-"""Tool calls as Qwen3.5 writes them, for display:
-
-<tool_call>
-<function=get_weather>
-<parameter=city>
-Paris
-</parameter>
-</function>
-</tool_call>
-
-and as OpenAI-compatible servers return them ({"name", "arguments": JSON text})."""
+"""Tool calls for display: as Qwen3.5 writes them in text (`<tool_call>` around `<function=NAME>` and its
+`<parameter=KEY>` blocks; the format and the engine's streaming parser: engine/chat/tools.py), and as
+OpenAI-compatible servers return them ({"name", "arguments": JSON text})."""
 
 from __future__ import annotations
 
