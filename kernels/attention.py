@@ -77,8 +77,9 @@ def gather_kv(cache, block_table, length):
 
 
 def paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *,
-                        k_scale=None, v_scale=None):
-    """q [T, Hq, D] -> o [T, Hq, D] (q's dtype; softmax in fp32). Scale pools given: int8 KV."""
+                        k_scale=None, v_scale=None, gate=None):
+    """q [T, Hq, D] -> o [T, Hq, D] (q's dtype; softmax in fp32). Scale pools given: int8 KV. gate [T, Hq, D]
+    given: o * sigmoid(gate), in q's dtype (the output gate of Qwen3.5's attention)."""
     out = torch.empty_like(q)
     rep = q.shape[1] // k_cache.shape[2]
     bounds = cu_seqlens_q.tolist()
@@ -96,7 +97,7 @@ def paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_len
         mask = torch.arange(total, device=q.device)[None, :] > qpos[:, None]
         scores.masked_fill_(mask, float("-inf"))
         out[s:e] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(q.dtype)
-    return out
+    return out if gate is None else out * torch.sigmoid(gate)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,6 +222,14 @@ def _attend_block(acc, l_i, m_i, q, n0, last_key, seq_len, table_ptr,
 
 
 @triton.jit
+def _gated(o, gate_ptrs, mask, dtype: tl.constexpr):
+    """o * sigmoid(gate) (o fp32) as torch computes it in dtype: o, the sigmoid and the product each rounded."""
+    g = tl.load(gate_ptrs, mask=mask, other=0.0).to(tl.float32)
+    s = (1.0 / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+    return o.to(dtype).to(tl.float32) * s
+
+
+@triton.jit
 def _attend_range(acc, l_i, m_i, q, lo, mid, hi, last_key, seq_len, table_ptr,
                   k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, kv_head,
                   stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh, qk_scale,
@@ -293,10 +302,11 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_p
 
 
 @triton.jit
-def _decode_combine_kernel(o_part_ptr, lse_part_ptr, o_ptr, stride_ot, stride_oh, NUM_SPLITS,
-                           D: tl.constexpr, BLOCK_D: tl.constexpr, ALL_SPLITS: tl.constexpr, CHUNK: tl.constexpr,
-                           PDL: tl.constexpr):
-    """o[t, head, d-block] = sum_s exp2(lse_s) * o_s / sum_s exp2(lse_s), one program per d-block."""
+def _decode_combine_kernel(o_part_ptr, lse_part_ptr, o_ptr, gate_ptr, stride_ot, stride_oh, stride_gt, stride_gh,
+                           NUM_SPLITS, D: tl.constexpr, BLOCK_D: tl.constexpr, ALL_SPLITS: tl.constexpr,
+                           CHUNK: tl.constexpr, GATE: tl.constexpr, PDL: tl.constexpr):
+    """o[t, head, d-block] = sum_s exp2(lse_s) * o_s / sum_s exp2(lse_s) (times sigmoid(gate) with GATE), one
+    program per d-block."""
     pdl.enter(PDL)
     t = tl.program_id(0)
     head = tl.program_id(1)
@@ -315,6 +325,8 @@ def _decode_combine_kernel(o_part_ptr, lse_part_ptr, o_ptr, stride_ot, stride_oh
         part = tl.load(o_part_ptr + (base + sc)[:, None] * D + d[None, :], mask=ok[:, None], other=0)
         acc += tl.sum(w[:, None] * part, axis=0)
     out = acc / tl.where(denom > 0, denom, 1.0)
+    if GATE:
+        out = _gated(out, gate_ptr + t * stride_gt + head * stride_gh + d, d < D, o_ptr.dtype.element_ty)
     tl.store(o_ptr + t * stride_ot + head * stride_oh + d, out.to(o_ptr.dtype.element_ty))
 
 
@@ -330,14 +342,23 @@ def decode_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, sm_count:
     return max(1, min(want, triton.cdiv(max_seq_len, MIN_SPLIT_TOKENS)))
 
 
+def _gate_args(gate, o):
+    """(gate or a stand-in, its token and head strides) for a kernel's GATE epilogue."""
+    if gate is None:
+        return o, 0, 0
+    assert gate.shape == o.shape and gate.stride(-1) == 1, "gate: shaped like the output, last dim contiguous"
+    return gate, gate.stride(0), gate.stride(1)
+
+
 def _dot_precision(dtype):
     return "ieee" if dtype == torch.float32 else "tf32"    # fp32 KV is exact; the setting is unused for 16-bit
 
 
 def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len, num_splits, *,
-                     k_scale=None, v_scale=None):
-    """Launcher: q [N * q_len, Hq, D] (rows i*q_len .. i*q_len+q_len-1 belong to sequence i) -> o like q.
-    Reads seq_lens [N] and block_tables [N, max_pages] on the device; no host syncs (graph-capturable)."""
+                     k_scale=None, v_scale=None, gate=None):
+    """Launcher: q [N * q_len, Hq, D] (rows i*q_len .. i*q_len+q_len-1 belong to sequence i; any token and head
+    strides) -> o [N * q_len, Hq, D], times sigmoid(gate) (like q) if given. Reads seq_lens [N] and block_tables
+    [N, max_pages] on the device; no host syncs (graph-capturable)."""
     _check_pools(k_cache, v_cache, k_scale, v_scale)
     T, hq, d = q.shape
     _, page, hkv, _ = k_cache.shape
@@ -358,10 +379,12 @@ def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len, 
         BLOCK_N=block_n, QUANT=quant, DOT_PRECISION=_dot_precision(q.dtype), num_warps=4, num_stages=3,
         **pdl.launch_args(q.device))
     o = torch.empty((T, hq, d), dtype=q.dtype, device=q.device)
+    gate_ptr, gate_t, gate_h = _gate_args(gate, o)
     block_d = min(d, 64)
     _decode_combine_kernel[(T, hq, d // block_d)](
-        o_part, lse_part, o, o.stride(0), o.stride(1), num_splits,
-        D=d, BLOCK_D=block_d, ALL_SPLITS=triton.next_power_of_2(num_splits), CHUNK=16, num_warps=2,
+        o_part, lse_part, o, gate_ptr, o.stride(0), o.stride(1), gate_t, gate_h, num_splits,
+        D=d, BLOCK_D=block_d, ALL_SPLITS=triton.next_power_of_2(num_splits), CHUNK=16, GATE=gate is not None,
+        num_warps=2,
         **pdl.launch_args(q.device))
     return o
 
@@ -388,12 +411,12 @@ def _blocks_within_page(configs, named_args, **kwargs):
     key=["D", "PAGE", "GROUP"], prune_configs_by={"early_config_prune": _blocks_within_page})
 @triton.jit
 def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr, cu_seqlens_ptr, seq_lens_ptr,
-                    o_ptr, qk_scale,
-                    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
+                    o_ptr, gate_ptr, qk_scale,
+                    stride_qt, stride_qh, stride_ot, stride_oh, stride_gt, stride_gh, stride_bt,
                     stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh,
                     GROUP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    QUANT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    QUANT: tl.constexpr, DOT_PRECISION: tl.constexpr, GATE: tl.constexpr):
     # the grid covers the whole packed batch for every sequence; blocks past a sequence's rows exit.
     # Last blocks first: they hold the most keys (causal), so the long programs start early.
     block = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -425,13 +448,17 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, t
                                   stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh, qk_scale,
                                   PAGE, BLOCK_N, D, QUANT, DOT_PRECISION)
     o = acc / l_i[:, None]
+    if GATE:
+        o = _gated(o, gate_ptr + t[:, None] * stride_gt + head * stride_gh + d[None, :], row_ok[:, None],
+                   o_ptr.dtype.element_ty)
     tl.store(o_ptr + t[:, None] * stride_ot + head * stride_oh + d[None, :], o.to(o_ptr.dtype.element_ty),
              mask=row_ok[:, None])
 
 
 def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *,
-                      k_scale=None, v_scale=None):
-    """Launcher: packed q [T, Hq, D] (cu_seqlens_q [N+1]) -> o like q; each chunk's K/V already stored."""
+                      k_scale=None, v_scale=None, gate=None):
+    """Launcher: packed q [T, Hq, D] (cu_seqlens_q [N+1]) -> o [T, Hq, D], times sigmoid(gate) if given; each
+    chunk's K/V already stored."""
     _check_pools(k_cache, v_cache, k_scale, v_scale)
     T, hq, d = q.shape
     _, page, hkv, _ = k_cache.shape
@@ -439,6 +466,7 @@ def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens,
     assert hq % hkv == 0 and q.stride(-1) == 1 and block_tables.stride(-1) == 1
     quant = k_scale is not None
     o = torch.empty((T, hq, d), dtype=q.dtype, device=q.device)
+    gate_ptr, gate_t, gate_h = _gate_args(gate, o)
     scale_strides = k_scale.stride() if quant else (0, 0, 0)
 
     def grid(meta):
@@ -446,10 +474,10 @@ def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens,
 
     _prefill_kernel[grid](
         q, k_cache, v_cache, k_scale if quant else k_cache, v_scale if quant else v_cache, block_tables,
-        cu_seqlens_q, seq_lens, o, scale * LOG2E,
-        q.stride(0), q.stride(1), o.stride(0), o.stride(1), block_tables.stride(0),
+        cu_seqlens_q, seq_lens, o, gate_ptr, scale * LOG2E,
+        q.stride(0), q.stride(1), o.stride(0), o.stride(1), gate_t, gate_h, block_tables.stride(0),
         *k_cache.stride()[:3], *scale_strides,
-        GROUP=hq // hkv, D=d, PAGE=page, QUANT=quant, DOT_PRECISION=_dot_precision(q.dtype),
+        GROUP=hq // hkv, D=d, PAGE=page, QUANT=quant, DOT_PRECISION=_dot_precision(q.dtype), GATE=gate is not None,
     )
     return o
 
@@ -459,8 +487,9 @@ def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens,
 # ---------------------------------------------------------------------------------------------
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *,
-                    k_scale=None, v_scale=None, decode_q_len=None, max_seq_len=None):
-    """q [T, Hq, D] -> o [T, Hq, D] in q's dtype.
+                    k_scale=None, v_scale=None, decode_q_len=None, max_seq_len=None, gate=None):
+    """q [T, Hq, D] (last dim contiguous) -> o [T, Hq, D] in q's dtype; times sigmoid(gate) [T, Hq, D] if given
+    (fused into the kernels' last step).
 
     decode_q_len=L: every sequence has exactly L query rows (decode / speculative verify; cu_seqlens_q is
     then not read); runs the graph-capturable split-K kernel with a grid sized for contexts up to
@@ -469,12 +498,12 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s
     """
     if not q.is_cuda:
         return paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale,
-                                   k_scale=k_scale, v_scale=v_scale)
+                                   k_scale=k_scale, v_scale=v_scale, gate=gate)
     if decode_q_len is None:
         return prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale,
-                                 k_scale=k_scale, v_scale=v_scale)
+                                 k_scale=k_scale, v_scale=v_scale, gate=gate)
     if max_seq_len is None:
         max_seq_len = block_tables.shape[1] * k_cache.shape[1]
     splits = decode_num_splits(seq_lens.shape[0], k_cache.shape[2], max_seq_len, _sm_count(q.device))
     return decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, decode_q_len, splits,
-                            k_scale=k_scale, v_scale=v_scale)
+                            k_scale=k_scale, v_scale=v_scale, gate=gate)

@@ -87,6 +87,12 @@ def ref(q, cu, kv, scale):
     return paged_attention_ref(q, kv.k_cache, kv.v_cache, kv.block_tables, cu, kv.seq_lens, scale, **kv.scales)
 
 
+def q_and_gate(q, seed=5):
+    """q and an output gate cut out of one [T, Hq, 2D] buffer, the way the attention layer splits q_proj."""
+    gate = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)).to(q.device, q.dtype)
+    return torch.cat([q, gate], dim=-1).chunk(2, dim=-1)
+
+
 def tol(dtype):
     return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 3e-3, "rtol": 1e-2}
 
@@ -170,6 +176,18 @@ def test_decode_int8_matches_ref(L):
     torch.testing.assert_close(got, ref(q, cu, kv, 32 ** -0.5), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("L", [1, 4])
+def test_decode_gated_on_strided_q(L):
+    """q and gate as views of one buffer (no copies): o * sigmoid(gate) in the combine step."""
+    q, cu, kv = decode_inputs([L, 37, 150], L, 6, 2, 32, page=16)
+    q, gate = q_and_gate(q)
+    want = ref(q, cu, kv, 0.2) * torch.sigmoid(gate)
+    torch.testing.assert_close(paged_attention_ref(q, kv.k_cache, kv.v_cache, kv.block_tables, cu, kv.seq_lens, 0.2,
+                                                   gate=gate), want)
+    got = decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 0.2, L, 3, gate=gate)
+    torch.testing.assert_close(got, want, **tol(q.dtype))
+
+
 # --- prefill -------------------------------------------------------------------------------------
 
 CHUNKS = [(0, 37), (20, 17), (149, 1), (3, 29)]   # fresh, chunk on cache, one row on a long cache, small
@@ -193,6 +211,13 @@ def test_prefill_int8_matches_ref():
     q, cu, kv = prefill_inputs(CHUNKS, 6, 2, 32, page=16, quant=True)
     got = prefill_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, cu, kv.seq_lens, 32 ** -0.5, **kv.scales)
     torch.testing.assert_close(got, ref(q, cu, kv, 32 ** -0.5), atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_gated_on_strided_q():
+    q, cu, kv = prefill_inputs(CHUNKS, 6, 2, 32, page=16, dtype=torch.float16)
+    q, gate = q_and_gate(q)
+    got = prefill_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, cu, kv.seq_lens, 0.2, gate=gate)
+    torch.testing.assert_close(got, ref(q, cu, kv, 0.2) * torch.sigmoid(gate), **tol(q.dtype))
 
 
 # --- int8 accuracy and CPU dispatch ---------------------------------------------------------------
@@ -251,24 +276,33 @@ def test_gpu_store_kv_27b(quant):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("quant", [False, True])
 @pytest.mark.parametrize("L", [1, 4])
-def test_gpu_decode_27b(L, quant):
+def test_gpu_decode_27b(L, quant, gated):
     lens = [L, 777, 4097, 32768, 65, 20000, 8, 1000]
     q, cu, kv = decode_inputs(lens, L, HQ, HKV, D, PAGE, torch.bfloat16, quant)
+    q, gate = q_and_gate(q) if gated else (q, None)
     got = paged_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, cu, kv.seq_lens, D ** -0.5,
-                          decode_q_len=L, max_seq_len=32768, **kv.scales)
+                          decode_q_len=L, max_seq_len=32768, gate=gate, **kv.scales)
     assert got.dtype == torch.bfloat16
-    torch.testing.assert_close(got, ref(q, cu, kv, D ** -0.5), **BF16_TOL)
+    want = paged_attention_ref(q, kv.k_cache, kv.v_cache, kv.block_tables, cu, kv.seq_lens, D ** -0.5, gate=gate,
+                               **kv.scales)
+    torch.testing.assert_close(got, want, **BF16_TOL)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("quant", [False, True])
-def test_gpu_prefill_27b(quant):
+def test_gpu_prefill_27b(quant, gated):
     chunks = [(6144, 2048), (0, 1000), (50, 1), (100, 300), (0, 8192)]
     q, cu, kv = prefill_inputs(chunks, HQ, HKV, D, PAGE, torch.bfloat16, quant)
-    got = paged_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, cu, kv.seq_lens, D ** -0.5, **kv.scales)
-    torch.testing.assert_close(got, ref(q, cu, kv, D ** -0.5), **BF16_TOL)
+    q, gate = q_and_gate(q) if gated else (q, None)
+    got = paged_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, cu, kv.seq_lens, D ** -0.5, gate=gate,
+                          **kv.scales)
+    want = paged_attention_ref(q, kv.k_cache, kv.v_cache, kv.block_tables, cu, kv.seq_lens, D ** -0.5, gate=gate,
+                               **kv.scales)
+    torch.testing.assert_close(got, want, **BF16_TOL)
 
 
 @pytest.mark.gpu

@@ -74,11 +74,10 @@ class GatedAttention(nn.Module):
         k = k.view(T, hkv, d)
         ops.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, cfg.rms_norm_eps, batch.positions, *rope)
         ops.store_kv(k, v.view(T, hkv, d), k_cache, v_cache, batch.slot_mapping, k_scale=k_scale, v_scale=v_scale)
-        o = ops.paged_attention(q.contiguous(), k_cache, v_cache, batch.block_tables, batch.cu_seqlens,
-                                batch.seq_lens, self.scale, k_scale=k_scale, v_scale=v_scale,
-                                decode_q_len=batch.decode_len or None, max_seq_len=batch.max_seq_len)
-        o = o.reshape(T, hq * d) * torch.sigmoid(gate.reshape(T, hq * d))
-        return self.o_proj(o)
+        o = ops.paged_attention(q, k_cache, v_cache, batch.block_tables, batch.cu_seqlens, batch.seq_lens,
+                                self.scale, k_scale=k_scale, v_scale=v_scale, decode_q_len=batch.decode_len or None,
+                                max_seq_len=batch.max_seq_len, gate=gate)      # o * sigmoid(gate)
+        return self.o_proj(o.view(T, hq * d))
 
     def checkpoint_slices(self):
         yield from self.qkv.checkpoint_slices()
