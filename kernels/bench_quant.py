@@ -9,6 +9,9 @@ cold L2: the baseline replayed the same way) and the defaults also eager (plus t
 Cold L2 here means just after do_bench's L2 flush, whose dirty lines are written back while the case runs: these
 GEMV numbers read low (bf16 cuBLAS included); the engine's decode step is the measure that counts. `layer` cases
 replay one CUDA graph of the four projections of a GDN or full-attention layer, per variant (int4 against bf16).
+`decode GEMVs` cases replay the 64 projections of 16 layers (12 GDN, 4 attention, each with weights of its own:
+nothing stays in L2) from one graph, with and without programmatic dependent launch (kernels/pdl.py): the closest
+to the decode step's GEMVs, and the L2 flush is small next to them.
 Prefill cases (dequantise + cuBLAS) are counted by flops, with the issue's target of 60% of bf16's speed as a time
 budget measured in the same run.
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels import quant
+from kernels import pdl, quant
 from kernels.bench import Case, graph_replay, time_us
 from kernels.quant import (gemv_c_configs, int4_linear, int4_linear_triton, int8_embedding, int8_linear, pack_int4,
                            pack_int8)
@@ -131,6 +134,26 @@ def _layer_cases(int4_w, bf16_w):
     return cases
 
 
+def _step_cases():
+    """The GEMVs of 16 decode layers in one graph, distinct weights per layer (~3 GB int4, ~12 GB bf16)."""
+    names = [n for i in range(16) for n in LAYERS["attn" if i % 4 == 3 else "gdn"]]
+    int4_ws = [_int4(*PROJ[n]) for n in names]
+    bf16_ws = [torch.randn(PROJ[n], dtype=torch.bfloat16, device=DEV) for n in names]
+    cases = []
+    for M in (1, 8):
+        xs = {K: torch.randn(M, K, dtype=torch.bfloat16, device=DEV) for _, K in PROJ.values()}
+        bf16_step = graph_replay(lambda xs=xs: [F.linear(xs[w.shape[1]], w) for w in bf16_ws])
+        nbytes = sum(_gemv_bytes(w, M) for w in int4_ws)
+        for with_pdl in (False, True):
+            pdl.ENABLED = with_pdl                 # the launches are recorded with or without it at capture
+            int4_step = graph_replay(lambda xs=xs: [int4_linear_triton(xs[w.shape[1]], w) for w in int4_ws])
+            cases.append(Case("quant", f"int4 decode GEMVs of 16 layers, 64 launches, M={M} "
+                              f"[graph, PDL {'on' if with_pdl else 'off'}]", int4_step, bytes=nbytes,
+                              baseline=bf16_step, target=GEMV_TARGET + "; >= 2.8x bf16 (vs ref)", target_frac=0.8))
+        pdl.ENABLED = True
+    return cases
+
+
 def _prefill_cases(int4_w, bf16_w):
     cases = []
     for name, M in (("mlp_gate_up", 8192), ("mlp_down", 8192), ("mlp_gate_up", 512)):
@@ -146,5 +169,5 @@ def _prefill_cases(int4_w, bf16_w):
 def cases() -> list[Case]:
     int4_w = {name: _int4(N, K) for name, (N, K) in PROJ.items()}
     bf16_w = {name: torch.randn(N, K, dtype=torch.bfloat16, device=DEV) for name, (N, K) in PROJ.items()}
-    return (_gemv_cases(int4_w, bf16_w) + _lm_head_cases() + _layer_cases(int4_w, bf16_w)
+    return (_gemv_cases(int4_w, bf16_w) + _lm_head_cases() + _layer_cases(int4_w, bf16_w) + _step_cases()
             + _prefill_cases(int4_w, bf16_w))
