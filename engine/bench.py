@@ -327,8 +327,13 @@ def main(argv=None) -> int:
                     help="instead of the speed runs: the memory scenarios of a card this size (int4 weights)")
     ap.add_argument("--profile", metavar="DIR", help="instead of the speed runs: profile a 512-token prefill "
                     "and 16 decode steps with torch.profiler; print the top ops and write a trace to DIR")
+    ap.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
+                    help="programmatic dependent launch where the GPU has it (kernels/pdl.py); profile with "
+                    "--no-pdl: with it a kernel's time includes its wait for the one before")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
+    from kernels import pdl
+    pdl.ENABLED = args.pdl
     args.contexts = [int(x) for x in args.contexts.split(",")]
     args.hf_contexts = [int(x) for x in args.hf_contexts.split(",")]
     args.profiles = args.profiles.split(",")
