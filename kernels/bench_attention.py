@@ -44,15 +44,13 @@ def _contiguous(cache, tables, length, heads=HKV):
     return kv.repeat_interleave(heads // HKV, dim=1).contiguous()
 
 
-
-
 def _decode(batch, length, quant):
     pools, tables, seq_lens = _paged(batch, length, quant)
     q = torch.randn(batch, HQ, D, dtype=torch.bfloat16, device=DEV)
     cu = torch.arange(batch + 1, dtype=torch.int32, device=DEV)
     replay = graph_replay(lambda: paged_attention(q, pools["k_cache"], pools["v_cache"], tables, cu, seq_lens, SCALE,
-                                            k_scale=pools.get("k_scale"), v_scale=pools.get("v_scale"),
-                                            decode_q_len=1, max_seq_len=length))
+                                                  k_scale=pools.get("k_scale"), v_scale=pools.get("v_scale"),
+                                                  decode_q_len=1, max_seq_len=length))
     kv_bytes = 2 * batch * length * HKV * (D * (1 if quant else 2) + (4 if quant else 0))
     return replay, kv_bytes, (q, pools, tables)
 

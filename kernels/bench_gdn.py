@@ -64,8 +64,6 @@ def _fla_recurrent_baseline(B, L):
                                                     use_qk_l2norm_in_kernel=True)
 
 
-
-
 def _decode_cases():
     cases = []
     target = ">= 50% of copy bw (state read + write)"

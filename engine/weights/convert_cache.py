@@ -186,9 +186,13 @@ class ConvertCache:
         self.root = Path(root) if root is not None else default_root()
         self.shard_bytes = shard_bytes
 
+    def has(self, key: str) -> bool:
+        """Whether a complete entry for `key` exists (its manifest is written last)."""
+        return (self.root / key / MANIFEST).exists()
+
     def lookup(self, key: str) -> CacheEntry | None:
         """The complete entry for `key`, or None (a miss)."""
-        return CacheEntry(self.root / key) if (self.root / key / MANIFEST).exists() else None
+        return CacheEntry(self.root / key) if self.has(key) else None
 
     def writer(self, key: str, meta: dict) -> CacheWriter:
         return CacheWriter(self.root, key, meta, self.shard_bytes)

@@ -91,7 +91,7 @@ def load_weights(model, path: str | Path, device, keep_vision: bool = True, poli
         source.close()
         cache = cache or ConvertCache()
         identity = identity or source_identity(path)
-        hit = cache.lookup(cache_key(identity, policy)) is not None
+        hit = cache.has(cache_key(identity, policy))
         stage = "Loading int4 weights from the cache" if hit else "Converting weights to int4 (first load)"
         stream = converted_weights(path, policy, reader_device, cache=cache, identity=identity)
     kept, done = {}, 0
