@@ -326,7 +326,7 @@ def main(argv=None) -> int:
     ap.add_argument("--simulate-gb", type=float, default=None,
                     help="instead of the speed runs: the memory scenarios of a card this size (int4 weights)")
     ap.add_argument("--profile", metavar="DIR", help="instead of the speed runs: profile a 512-token prefill "
-                    "and 16 decode steps with torch.profiler; print the top ops and write a trace to DIR")
+                    "(torch.profiler, cProfile of the host side into DIR) and the kernels of a decode step")
     ap.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
                     help="programmatic dependent launch where the GPU has it (kernels/pdl.py); profile with "
                     "--no-pdl: with it a kernel's time includes its wait for the one before")
