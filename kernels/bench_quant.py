@@ -23,8 +23,8 @@ import torch.nn.functional as F
 
 from kernels import pdl, quant
 from kernels.bench import Case, graph_replay, time_us
-from kernels.quant import (gemv_c_configs, int4_linear, int4_linear_triton, int8_embedding, int8_linear, pack_int4,
-                           pack_int8)
+from kernels.quant import (gemv_c_configs, gemv_c_grid, int4_linear, int4_linear_triton, int8_embedding, int8_linear,
+                           pack_int4, pack_int8)
 
 HIDDEN = 5120
 PROJ = {                                         # (N, K) of the int4 projections
@@ -90,9 +90,11 @@ def _gemv_cases(int4_w, bf16_w):
                 continue
             graph_bf16 = graph_replay(eager_bf16)
             cases.append(Case("quant", f"{tag} [A, graph]", graph_replay(variant_a), baseline=graph_bf16, **kw))
-            for i, cfg in enumerate(gemv_c_configs(N, K, sms), 1):
+            for i, cfg in enumerate(gemv_c_configs(), 1):
                 variant_c = lambda x=x, w=w, cfg=cfg: int4_linear_triton(x, w, cfg, variant="C")  # noqa: E731
-                name_c = f"C cfg{i} NW{cfg['NW']} R{cfg['R']} D{cfg['DEPTH']} k{cfg['SPLIT_K']}"
+                programs, per = gemv_c_grid(N, K, cfg, sms)
+                name_c = (f"C cfg{i} NW{cfg['NW']} R{cfg['R']} U{cfg['UNROLL']} reg{cfg['MAXNREG']} "
+                          f"{programs}x{per}")
                 cases.append(Case("quant", f"{tag} [{name_c}, graph]", graph_replay(variant_c), baseline=graph_bf16,
                                   **kw))
             cases.append(Case("quant", f"{tag} [C cfg1, eager]", lambda x=x, w=w: int4_linear_triton(x, w, variant="C"),

@@ -40,13 +40,14 @@ GEMV variant C (int4, M <= 8, 16-bit x, G = 64 or 128; the default there), one l
   A second mma with A = 1 sums x per group; per group and output y += s D - (B + z) s sum x.
 - the mma needs each lane to hold its fragment: every tensor is 1-D of 32 x warps elements, which Triton lays out
   one element per lane (checked by the GPU tests; the interpreter runs the mma written out in tl ops).
-- program = NW warps x R tiles of 16 rows x a K range, the next DEPTH blocks' words and scales loaded ahead (a
-  barrier keeps them above the work); split-K as variant A (last arriver sums in split order). Config from
-  gemv_c_configs: split-K to ~32 resident warps per SM where the programs are few (N = 5120).
-- ~66 instructions per 1,024 weights (sm_90 SASS: 16 + 8 HMMA, 64 LOP3, 48 SHF per 4,096 at R = 2) against ~125
-  for an FMA kernel (3.9 per weight per thread). On the H200 at 27B shapes, 256 GEMVs replayed in one graph draw
-  ~2.5 TB/s with PDL (kernels/pdl.py): about 6 µs of fixed cost per launch plus ~3.2 TB/s (docs/performance.md).
-  ncu: 113 registers, so 16 one-warp programs per SM, ~8 cycles per issued instruction, half the stalls on memory.
+- program = a run of equal length of (row group of NW warps x R tiles, K block) units, row group after row group
+  (stream-K): the grid is one wave of GEMV_C_PROGRAMS_PER_SM programs per SM whatever the shape; a row group
+  shared by several programs is summed by the last of them to arrive, in order (deterministic). The next block's
+  words and scales are loaded ahead (a barrier keeps them above the work); the loop is unrolled twice (no register
+  copies) and capped at 128 registers (16 one-warp programs resident per SM).
+- ~52 instructions per 1,024 weights (sm_90 SASS, 210 per 4,096 at R = 2: 16 + 8 HMMA, 64 LOP3, 48 SHF), against
+  ~125 for an FMA kernel. On the H200 at 27B shapes, 64 GEMVs of 16 layers replayed in one graph take 18.7 µs
+  each at M = 1 (2.7 TB/s; the split-K grid before: 20.6) (docs/performance.md, fifth session).
 Large M (prefill): the weight is dequantised in row chunks into a reusable scratch and multiplied by torch.
 """
 
@@ -278,27 +279,27 @@ def _pair_as_float(w, p: tl.constexpr, HIGH: tl.constexpr, dtype: tl.constexpr, 
 # Triton: GEMV
 
 @triton.jit
-def _store_tile(y, rows, cols, y_ptr, part_ptr, count_ptr, M, N, stride_ym, pid_n, pid_k, SPLIT_K):
-    """Store the fp32 tile y (any shape; rows / cols broadcast to it: its weight rows and x rows) of split pid_k of
-    SPLIT_K into y [M, N].
+def _store_tile(y, rows, cols, y_ptr, part_ptr, count_ptr, M, N, stride_ym, tile, part, parts):
+    """Store the fp32 tile y (any shape; rows / cols broadcast to it: its weight rows and x rows), partial sum
+    number `part` of `parts` (K splits) of row tile `tile`, into y [M, N].
 
-    With SPLIT_K > 1 each split writes its partial to part_ptr [SPLIT_K, M, N]; the last to arrive at the tile's
-    counter sums the partials in split order, writes y and resets the counter for the next launch."""
+    With parts > 1 each writes its partial to part_ptr [parts, M, N]; the last to arrive at the tile's counter sums
+    the partials in order (deterministic), writes y and resets the counter for the next launch."""
     mask = (rows < N) & (cols < M)
     y_offs = cols * stride_ym + rows
-    if SPLIT_K == 1:
+    if parts == 1:
         tl.store(y_ptr + y_offs, y.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         offs = cols * N + rows
-        tl.store(part_ptr + pid_k * M * N + offs, y, mask=mask)
+        tl.store(part_ptr + part * M * N + offs, y, mask=mask)
         tl.debug_barrier()                      # every thread's partial is written before the release below
-        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
+        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == parts - 1:
             total = tl.zeros_like(y)
-            for s in range(SPLIT_K):
+            for s in range(parts):
                 total += tl.load(part_ptr + s * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
             tl.store(y_ptr + y_offs, total.to(y_ptr.dtype.element_ty), mask=mask)
-            tl.atomic_xchg(count_ptr + pid_n, 0)
+            tl.atomic_xchg(count_ptr + tile, 0)
 
 
 @triton.jit
@@ -550,32 +551,32 @@ def _pick(t0, t1, t2, t3, j: tl.constexpr):
 
 
 @triton.jit
-def _load_block_c(w_ptrs, s_ptrs, z_ptrs, blk, end, groups, G: tl.constexpr):
+def _load_block_c(w_ptrs, s_ptrs, z_ptrs, blk, groups, G: tl.constexpr):
     """Block blk of the lane's tile: words 4t..4t+3 of its rows g and g + 8 (16 bytes each; w_ptrs: row g's), and for
     h = 0, 1 the scales and zeros of the group of k = 128 blk + 64 h, each a 32-bit word holding rows g and g + 8
-    (s_ptrs / z_ptrs: the rows' words at group 0). Nothing from end on (scales 0: such a block adds nothing)."""
-    ok = blk + 0 * tl.arange(0, 4)[None, :] < end
-    ok1 = blk + 0 * tl.arange(0, s_ptrs.shape[0]) < end
-    wa = tl.load(w_ptrs + blk * 256, mask=ok, cache_modifier=".cg")
-    wb = tl.load(w_ptrs + blk * 256 + 128, mask=ok, cache_modifier=".cg")
+    (s_ptrs / z_ptrs: the rows' words at group 0)."""
+    wa = tl.load(w_ptrs + blk * 256, cache_modifier=".cg")
+    wb = tl.load(w_ptrs + blk * 256 + 128, cache_modifier=".cg")
     g0 = tl.minimum(blk * 128 // G, groups - 1)                     # (K padding: x = 0 there)
-    s0, z0 = tl.load(s_ptrs + g0 * 8, mask=ok1, other=0), tl.load(z_ptrs + g0 * 8, mask=ok1, other=0)
+    s0, z0 = tl.load(s_ptrs + g0 * 8), tl.load(z_ptrs + g0 * 8)
     if G == 64:
         g1 = tl.minimum(g0 + 1, groups - 1)
-        s1, z1 = tl.load(s_ptrs + g1 * 8, mask=ok1, other=0), tl.load(z_ptrs + g1 * 8, mask=ok1, other=0)
+        s1, z1 = tl.load(s_ptrs + g1 * 8), tl.load(z_ptrs + g1 * 8)
     else:
         s1, z1 = s0, z0
     return wa, wb, s0, z0, s1, z1
 
 
 @triton.jit
-def _load_x_c(x_ptrs, blk, p: tl.constexpr, x_ok, K, EVEN_K: tl.constexpr):
+def _load_x_c(x_ptrs, blk, p: tl.constexpr, K, EVEN_K: tl.constexpr):
     """The lane's x pairs of plane p of block blk, one 16-byte run: pairs 64 blk + 16 p + 4t + j (k = 2 pair,
-    2 pair + 1), j = 0..3; 0 for x rows past M and k past K; kept in L1 for the other programs."""
-    mask = x_ok
-    if not EVEN_K:
-        mask = x_ok & (2 * (blk * 64 + 16 * p + tl.arange(0, 4)[None, :]) < K)
-    return tl.load(x_ptrs + blk * 64 + 16 * p, mask=mask, other=0, eviction_policy="evict_last")
+    2 pair + 1), j = 0..3; 0 for k past K (the padding codes are not 0); kept in L1 for the other programs."""
+    if EVEN_K:
+        x = tl.load(x_ptrs + blk * 64 + 16 * p, eviction_policy="evict_last")
+    else:
+        mask = 2 * (blk * 64 + 16 * p + tl.arange(0, 4)[None, :]) < K
+        x = tl.load(x_ptrs + blk * 64 + 16 * p, mask=mask, other=0, eviction_policy="evict_last")
+    return x
 
 
 @triton.jit
@@ -630,12 +631,49 @@ def _tile_group_c(acc0, acc1, acc2, acc3, d0, d1, d2, d3, e0, e1, f, h: tl.const
             acc2 + sb * d2 - (BIAS + zb) * sb * e0, acc3 + sb * d3 - (BIAS + zb) * sb * e1)
 
 
-@triton.jit(do_not_specialize=["SPLIT_K"])
-def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_x, stride_ym, SPLIT_K,
-                   G: tl.constexpr, FP16: tl.constexpr, NW: tl.constexpr, R: tl.constexpr, DEPTH: tl.constexpr,
+@triton.jit
+def _block_c(f0, f1, x_ptrs, blk, K, a00, a01, a02, a03, a10, a11, a12, a13, zero, one, G: tl.constexpr,
+             FP16: tl.constexpr, R: tl.constexpr, EVEN_K: tl.constexpr, MAGIC: tl.constexpr, BIAS: tl.constexpr,
+             EMULATE: tl.constexpr):
+    """The work of block blk: its x loads, the x-sum and weight mmas, and per group the scale and zero into the
+    accumulators (tile 0: a0*, tile 1: a1* when R = 2)."""
+    x0 = _load_x_c(x_ptrs, blk, 0, K, EVEN_K)
+    x1 = _load_x_c(x_ptrs, blk, 1, K, EVEN_K)
+    x2 = _load_x_c(x_ptrs, blk, 2, K, EVEN_K)
+    x3 = _load_x_c(x_ptrs, blk, 3, K, EVEN_K)
+    for h in tl.static_range(2):
+        if h == 0 or G == 64:
+            d00, d01, d02, d03 = zero, zero, zero, zero
+            d10, d11, d12, d13 = zero, zero, zero, zero
+            e0, e1, e2, e3 = zero, zero, zero, zero
+        if h == 0:                                                   # x pairs of planes 2h, 2h + 1
+            xe0, xe1, xe2, xe3 = _split_cols(x0)
+            xo0, xo1, xo2, xo3 = _split_cols(x1)
+        else:
+            xe0, xe1, xe2, xe3 = _split_cols(x2)
+            xo0, xo1, xo2, xo3 = _split_cols(x3)
+        for m in tl.static_range(2):
+            e0, e1, e2, e3 = _mma(one, one, one, one, _pick(xe0, xe1, xe2, xe3, 2 * m),
+                                  _pick(xe0, xe1, xe2, xe3, 2 * m + 1), e0, e1, e2, e3, FP16, EMULATE)
+            e0, e1, e2, e3 = _mma(one, one, one, one, _pick(xo0, xo1, xo2, xo3, 2 * m),
+                                  _pick(xo0, xo1, xo2, xo3, 2 * m + 1), e0, e1, e2, e3, FP16, EMULATE)
+        d00, d01, d02, d03 = _tile_block_c(f0, h, xe0, xe1, xe2, xe3, xo0, xo1, xo2, xo3, d00, d01, d02, d03,
+                                           MAGIC, FP16, EMULATE)
+        if R == 2:
+            d10, d11, d12, d13 = _tile_block_c(f1, h, xe0, xe1, xe2, xe3, xo0, xo1, xo2, xo3, d10, d11, d12, d13,
+                                               MAGIC, FP16, EMULATE)
+        if h == 1 or G == 64:                   # e0 = e2: the sum of x of column 2t, e1 = e3: of 2t + 1
+            a00, a01, a02, a03 = _tile_group_c(a00, a01, a02, a03, d00, d01, d02, d03, e0, e1, f0, h, BIAS, FP16)
+            if R == 2:
+                a10, a11, a12, a13 = _tile_group_c(a10, a11, a12, a13, d10, d11, d12, d13, e0, e1, f1, h, BIAS, FP16)
+    return a00, a01, a02, a03, a10, a11, a12, a13
+
+
+@triton.jit(do_not_specialize=["per"])
+def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_x, stride_ym, per,
+                   G: tl.constexpr, FP16: tl.constexpr, NW: tl.constexpr, R: tl.constexpr, UNROLL: tl.constexpr,
                    EVEN_K: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr):
-    """y[:M, rows] (+)= x @ W^T over this program's K blocks; each warp R 16-row tiles, one mma.sync per 16 rows
-    x 16 k.
+    """y = x @ W^T for this program's run of work units; each warp R 16-row tiles, one mma.sync per 16 rows x 16 k.
 
     The words serve as A fragments as they lie: lane 4g + t loads words 4t..4t+3 of rows g and g + 8 (16 bytes
     each; the warp reads the tile's 1 KiB block in two 512-byte runs); word j's nibble plane p holds the codes at
@@ -646,132 +684,92 @@ def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N,
     second mma with A = 1 (one per (p, m), shared by the warp's tiles) sums x per group and hands every lane the
     sums of its D columns; then per group y += s D - (B + z) s sum(x).
 
+    Work split (stream-K): a unit is one K block of one row group (NW warps x R tiles); the units, row group after
+    row group, are cut into runs of `per`, one run per program, so that the grid is one wave of equal programs
+    whatever N and K (with a fixed split-K, a second, part-filled wave or two-block programs cost up to a third of
+    a GEMV on the H200). A run ends one row group, covers whole ones and starts another: for each row group it
+    meets, the program sums its blocks and stores them (_store_tile: directly when it had all of the row group's
+    blocks, else as partial number pid - first of the group's programs, which the last to arrive adds in order).
+
     PDL (kernels/pdl.py): lets the next kernel start at once, loads its first weights, then waits for the kernel
     before it, before it reads x or writes anything."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
+    pid = tl.program_id(0)
     blocks = tl.cdiv(K, 128)
     groups = K // G
-    per_split = tl.cdiv(blocks, SPLIT_K)
-    b0 = pid_k * per_split
-    b1 = tl.minimum(b0 + per_split, blocks)
+    u = pid * per
+    u_end = tl.minimum(u + per, tl.cdiv(N, 16 * R * NW) * blocks)
     i = tl.arange(0, 32 * NW)
     lane = i % 32
     g = lane // 4
     t = lane % 4
-    row0 = (pid_n * NW + i // 32) * (16 * R) + g              # the lane's row g of its warp's first tile
     j4 = tl.arange(0, 4)[None, :]
     last_tile = (N - 1) // 16 * 16                             # a tile past N: the last one again (not stored)
-    r0 = tl.minimum(row0 - g, last_tile) + g
-    w0 = _int4_row_words(w_ptr, r0, blocks)[:, None] + (4 * t)[:, None] + j4
     s32, z32 = s_ptr.to(tl.pointer_type(tl.int32)), z_ptr.to(tl.pointer_type(tl.int32))
-    sz0 = _group_param_offs(r0, 0, groups) // 2              # the word of rows g, g + 8 (r0 % 16 = g < 8)
-    s0, z0 = s32 + sz0, z32 + sz0
-    if R == 2:
-        r1 = tl.minimum(row0 + 16 - g, last_tile) + g
-        w1 = _int4_row_words(w_ptr, r1, blocks)[:, None] + (4 * t)[:, None] + j4
-        sz1 = _group_param_offs(r1, 0, groups) // 2
-        s1, z1 = s32 + sz1, z32 + sz1
+    # x row g is B column g; lanes g >= M read row M - 1 again (their columns of y are not stored)
     x_ptrs = x_ptr.to(tl.pointer_type(tl.int32)) + (tl.minimum(g, M - 1) * stride_x + 4 * t)[:, None] + j4
-    x_ok = (g < M)[:, None]
     MAGIC: tl.constexpr = 0x64006400 if FP16 else 0x43004300
     BIAS: tl.constexpr = 1024.0 if FP16 else 128.0
     one = tl.full((32 * NW,), 0x3C003C00 if FP16 else 0x3F803F80, tl.int32)
     zero = tl.zeros((32 * NW,), tl.float32)
-    a00, a01, a02, a03 = zero, zero, zero, zero               # tile 0's y: rows g, g + 8 x columns 2t, 2t + 1
-    a10, a11, a12, a13 = zero, zero, zero, zero               # tile 1's (R = 2)
-    p0 = _load_block_c(w0, s0, z0, b0, b1, groups, G)       # DEPTH blocks in flight
-    if R == 2:
-        p1 = _load_block_c(w1, s1, z1, b0, b1, groups, G)
-    if DEPTH == 2:
-        q0 = _load_block_c(w0, s0, z0, b0 + 1, b1, groups, G)
+    while u < u_end:
+        row_group = u // blocks
+        b0 = u % blocks
+        b1 = tl.minimum(blocks, b0 + u_end - u)
+        row0 = (row_group * NW + i // 32) * (16 * R) + g              # the lane's row g of its warp's first tile
+        r0 = tl.minimum(row0 - g, last_tile) + g
+        w0 = _int4_row_words(w_ptr, r0, blocks)[:, None] + (4 * t)[:, None] + j4
+        sz0 = _group_param_offs(r0, 0, groups) // 2          # the word of rows g, g + 8 (r0 % 16 = g < 8)
+        s0, z0 = s32 + sz0, z32 + sz0
         if R == 2:
-            q1 = _load_block_c(w1, s1, z1, b0 + 1, b1, groups, G)
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-    for blk in range(b0, b1):
-        f0 = p0
-        if R == 2:
-            f1 = p1
-        if DEPTH == 1:
-            p0 = _load_block_c(w0, s0, z0, blk + 1, b1, groups, G)
-            if R == 2:
-                p1 = _load_block_c(w1, s1, z1, blk + 1, b1, groups, G)
-        else:
-            p0 = q0
-            q0 = _load_block_c(w0, s0, z0, blk + 2, b1, groups, G)
-            if R == 2:
-                p1 = q1
-                q1 = _load_block_c(w1, s1, z1, blk + 2, b1, groups, G)
-        # a barrier between the loads ahead and this block's work: else they sink down to the loop's end, and no
-        # block is in flight. x loads after it (the work needs them: it cannot move up past the barrier either).
-        tl.debug_barrier()
-        x0 = _load_x_c(x_ptrs, blk, 0, x_ok, K, EVEN_K)
-        x1 = _load_x_c(x_ptrs, blk, 1, x_ok, K, EVEN_K)
-        x2 = _load_x_c(x_ptrs, blk, 2, x_ok, K, EVEN_K)
-        x3 = _load_x_c(x_ptrs, blk, 3, x_ok, K, EVEN_K)
-        for h in tl.static_range(2):
-            if h == 0 or G == 64:
-                d00, d01, d02, d03 = zero, zero, zero, zero
-                d10, d11, d12, d13 = zero, zero, zero, zero
-                e0, e1, e2, e3 = zero, zero, zero, zero
-            if h == 0:                                                   # x pairs of planes 2h, 2h + 1
-                xe0, xe1, xe2, xe3 = _split_cols(x0)
-                xo0, xo1, xo2, xo3 = _split_cols(x1)
-            else:
-                xe0, xe1, xe2, xe3 = _split_cols(x2)
-                xo0, xo1, xo2, xo3 = _split_cols(x3)
-            for m in tl.static_range(2):
-                e0, e1, e2, e3 = _mma(one, one, one, one, _pick(xe0, xe1, xe2, xe3, 2 * m),
-                                      _pick(xe0, xe1, xe2, xe3, 2 * m + 1), e0, e1, e2, e3, FP16, EMULATE)
-                e0, e1, e2, e3 = _mma(one, one, one, one, _pick(xo0, xo1, xo2, xo3, 2 * m),
-                                      _pick(xo0, xo1, xo2, xo3, 2 * m + 1), e0, e1, e2, e3, FP16, EMULATE)
-            d00, d01, d02, d03 = _tile_block_c(f0, h, xe0, xe1, xe2, xe3, xo0, xo1, xo2, xo3, d00, d01, d02, d03,
-                                               MAGIC, FP16, EMULATE)
-            if R == 2:
-                d10, d11, d12, d13 = _tile_block_c(f1, h, xe0, xe1, xe2, xe3, xo0, xo1, xo2, xo3, d10, d11, d12, d13,
-                                                   MAGIC, FP16, EMULATE)
-            if h == 1 or G == 64:                   # e0 = e2: the sum of x of column 2t, e1 = e3: of 2t + 1
-                a00, a01, a02, a03 = _tile_group_c(a00, a01, a02, a03, d00, d01, d02, d03, e0, e1, f0, h, BIAS,
-                                                   FP16)
-                if R == 2:
-                    a10, a11, a12, a13 = _tile_group_c(a10, a11, a12, a13, d10, d11, d12, d13, e0, e1, f1, h,
-                                                       BIAS, FP16)
-    cols = tl.join(tl.join(2 * t, 2 * t + 1), tl.join(2 * t, 2 * t + 1))     # [32 NW, 2 (row g / g + 8), 2]
-    rows = tl.join(tl.join(row0, row0), tl.join(row0 + 8, row0 + 8))
-    y = tl.join(tl.join(a00, a01), tl.join(a02, a03))
-    if R == 2:                                                           # [32 NW, 2, 2, 2 (tile)]
-        y = tl.join(y, tl.join(tl.join(a10, a11), tl.join(a12, a13)))
-        rows = tl.join(rows, rows + 16)
-        cols = tl.join(cols, cols)
-    _store_tile(y, rows, cols, y_ptr, part_ptr, count_ptr, M, N, stride_ym, pid_n, pid_k, SPLIT_K)
+            r1 = tl.minimum(row0 + 16 - g, last_tile) + g
+            w1 = _int4_row_words(w_ptr, r1, blocks)[:, None] + (4 * t)[:, None] + j4
+            sz1 = _group_param_offs(r1, 0, groups) // 2
+            s1, z1 = s32 + sz1, z32 + sz1
+        a00, a01, a02, a03 = zero, zero, zero, zero           # tile 0's y: rows g, g + 8 x columns 2t, 2t + 1
+        a10, a11, a12, a13 = zero, zero, zero, zero           # tile 1's (R = 2)
+        p0 = _load_block_c(w0, s0, z0, b0, groups, G)       # one block in flight
+        p1 = _load_block_c(w1, s1, z1, b0, groups, G) if R == 2 else p0
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        for blk in tl.range(b0, b1, loop_unroll_factor=UNROLL):
+            f0, f1 = p0, p1
+            ahead = tl.minimum(blk + 1, b1 - 1)               # the last block again at the end: no masks to zero-fill
+            p0 = _load_block_c(w0, s0, z0, ahead, groups, G)
+            p1 = _load_block_c(w1, s1, z1, ahead, groups, G) if R == 2 else p0
+            # a barrier between the loads ahead and this block's work: else they sink down to the loop's end, and no
+            # block is in flight. x loads after it (the work needs them: it cannot move up past the barrier either).
+            tl.debug_barrier()
+            a00, a01, a02, a03, a10, a11, a12, a13 = _block_c(
+                f0, f1, x_ptrs, blk, K, a00, a01, a02, a03, a10, a11, a12, a13, zero, one, G, FP16, R, EVEN_K, MAGIC,
+                BIAS, EMULATE)
+        cols = tl.join(tl.join(2 * t, 2 * t + 1), tl.join(2 * t, 2 * t + 1))     # [32 NW, 2 (row g / g + 8), 2]
+        rows = tl.join(tl.join(row0, row0), tl.join(row0 + 8, row0 + 8))
+        y = tl.join(tl.join(a00, a01), tl.join(a02, a03))
+        if R == 2:                                                       # [32 NW, 2, 2, 2 (tile)]
+            y = tl.join(y, tl.join(tl.join(a10, a11), tl.join(a12, a13)))
+            rows = tl.join(rows, rows + 16)
+            cols = tl.join(cols, cols)
+        first = row_group * blocks // per                     # the programs with blocks of this row group
+        last = ((row_group + 1) * blocks - 1) // per
+        _store_tile(y, rows, cols, y_ptr, part_ptr, count_ptr, M, N, stride_ym, row_group, pid - first,
+                    last - first + 1)
+        u += b1 - b0
 
 
-GEMV_C_WARPS_PER_SM = 32                        # the split-K rule aims at about this many resident warps
+GEMV_C_PROGRAMS_PER_SM = 16     # one-warp programs resident per SM at 128 registers: the grid is one wave of them
 
 
-def gemv_c_configs(N: int, K: int, sms: int = 132) -> list[dict]:
-    """Variant C's configs (NW warps per program, R 16-row tiles per warp, DEPTH blocks loaded ahead, SPLIT_K); the
-    launcher uses the first. Split-K brings the warps to about GEMV_C_WARPS_PER_SM per SM where the programs are
-    fewer (27B: N = 5120). The first three decoded the 27B (int4) equally fast on the H200 within 3% (C1 118-121
-    tok/s, C8 767-782; docs/performance.md); R = 2 with one block ahead issues the fewest instructions."""
-    blocks = triton.cdiv(K, 128)
-
-    def config(nw: int, r: int, depth: int, warps_per_sm: int = GEMV_C_WARPS_PER_SM) -> dict:
-        programs = triton.cdiv(N, 16 * r * nw)
-        split = min(blocks, max(1, warps_per_sm * sms // (programs * nw)))
-        split = triton.cdiv(blocks, triton.cdiv(blocks, split))                # no empty splits
-        return dict(NW=nw, R=r, DEPTH=depth, SPLIT_K=split)
-
-    return [config(1, 2, 1), config(1, 1, 2), config(1, 2, 2), config(2, 2, 1), config(4, 1, 2),
-            config(1, 2, 1, GEMV_C_WARPS_PER_SM // 2), config(1, 2, 1, 2 * GEMV_C_WARPS_PER_SM)]
-
-
-@functools.lru_cache(maxsize=None)
-def _gemv_c_default(N: int, K: int, sms: int) -> dict:
-    return gemv_c_configs(N, K, sms)[0]
+def gemv_c_configs() -> list[dict]:
+    """Variant C's configs (NW warps per program, R 16-row tiles per warp, UNROLL, MAXNREG registers per thread,
+    PER_SM programs per SM); the launcher uses the first. On the H200 (27B shapes, 64 GEMVs in one graph, M = 1):
+    the loop unrolled twice issues ~10% fewer instructions (no register copies of the block loaded ahead), capped at
+    128 registers it keeps 16 warps per SM (144 uncapped: 14), and the stream-K grid of one wave: 18.7 µs per GEMV
+    against 20.6 for the split-K kernel before (docs/performance.md, fifth session)."""
+    best = dict(NW=1, R=2, UNROLL=2, MAXNREG=128, PER_SM=GEMV_C_PROGRAMS_PER_SM)
+    return [best, {**best, "PER_SM": 2 * GEMV_C_PROGRAMS_PER_SM}, {**best, "UNROLL": 1, "MAXNREG": None},
+            dict(NW=1, R=1, UNROLL=2, MAXNREG=None, PER_SM=GEMV_C_PROGRAMS_PER_SM), {**best, "NW": 2, "PER_SM": 8}]
 
 
 def gemv_c_supports(x2: torch.Tensor, w: Int4Weight) -> bool:
@@ -785,27 +783,36 @@ def _capability(device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
+def gemv_c_grid(N: int, K: int, config: dict, sms: int) -> tuple[int, int]:
+    """(programs, units per program) of variant C: config["PER"] units per program if given, else a run per
+    resident program slot (PER_SM x SMs)."""
+    nw, r = config.get("NW", 1), config.get("R", 2)
+    units = triton.cdiv(N, 16 * r * nw) * triton.cdiv(K, 128)
+    per = config.get("PER") or triton.cdiv(units, config.get("PER_SM", GEMV_C_PROGRAMS_PER_SM) * sms)
+    return triton.cdiv(units, per), per
+
+
 def _gemv_c(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None):
-    """y [M, N] = x2 [M, K] @ W^T for M <= 8 (variant C). config (NW, R, DEPTH, SPLIT_K, PDL) forces one (R 2,
-    DEPTH 1, PDL on (kernels/pdl.py) if left out); None: the first of gemv_c_configs. Split-K as in variant A:
-    the last split of a row tile sums the partials (one launch)."""
+    """y [M, N] = x2 [M, K] @ W^T for M <= 8 (variant C), one launch. config (gemv_c_configs' keys, PER, PDL) forces
+    one; None: the first of gemv_c_configs. PDL on (kernels/pdl.py) unless config says PDL=False."""
     (M, K), N = x2.shape, y.shape[1]
     assert gemv_c_supports(x2, w), "variant C: M <= 8, group 64 or 128, 16-bit x"
     if x2.stride(0) % 2 or x2.data_ptr() % 16:
         x2 = x2.contiguous()                    # x is read as int32 pairs, 4 at a time
-    if config is None:
-        config = _gemv_c_default(N, K, _sm_count(x2.device) if x2.is_cuda else 132)
-    nw, r, blocks = config["NW"], config.get("R", 2), triton.cdiv(K, 128)
+    config = config or gemv_c_configs()[0]
+    nw, r, blocks = config.get("NW", 1), config.get("R", 2), triton.cdiv(K, 128)
+    programs, per = gemv_c_grid(N, K, config, _sm_count(x2.device) if x2.is_cuda else 132)
     launch = pdl.launch_args(x2.device) if config.get("PDL", True) else {"PDL": False}
-    split = triton.cdiv(blocks, triton.cdiv(blocks, config["SPLIT_K"]))
+    if x2.is_cuda and config.get("MAXNREG"):
+        launch["maxnreg"] = config["MAXNREG"]
     part, count = _splitk_scratch(x2.device)
-    programs = triton.cdiv(N, 16 * r * nw)
-    assert split == 1 or (split * M * N <= SPLITK_FLOATS and programs <= SPLITK_COUNTERS), \
-        "split-K must fit its scratch"
-    _gemv_c_kernel[(programs, split)](x2, w.qweight, w.scales, w.zeros, y, part, count, M, N, K, x2.stride(0) // 2,
-                                      y.stride(0), split, G=w.group_size, FP16=x2.dtype == torch.float16, NW=nw, R=r,
-                                      DEPTH=config.get("DEPTH", 1), EVEN_K=K % 128 == 0, EMULATE=INTERPRET,
-                                      num_warps=nw, num_stages=1, **launch)
+    sharing = triton.cdiv(blocks, per) + 1                  # the most programs that share a row group
+    assert (sharing * M * N <= SPLITK_FLOATS and triton.cdiv(N, 16 * r * nw) <= SPLITK_COUNTERS), \
+        "the partial sums must fit their scratch"
+    _gemv_c_kernel[(programs,)](x2, w.qweight, w.scales, w.zeros, y, part, count, M, N, K, x2.stride(0) // 2,
+                                y.stride(0), per, G=w.group_size, FP16=x2.dtype == torch.float16, NW=nw, R=r,
+                                UNROLL=config.get("UNROLL", 1), EVEN_K=K % 128 == 0, EMULATE=INTERPRET, num_warps=nw,
+                                num_stages=1, **launch)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import torch
 
 from kernels import quant
 from kernels.bench_quant import HIDDEN, LM_HEAD, PROJ
-from kernels.quant import (dequantize_int4_ref, dequantize_int8_ref, gemv_c_configs, int4_linear,
+from kernels.quant import (dequantize_int4_ref, dequantize_int8_ref, gemv_c_configs, gemv_c_grid, int4_linear,
                            int4_linear_ref, int4_linear_triton, int8_embedding, int8_embedding_ref,
                            int8_embedding_triton, int8_linear, int8_linear_ref, int8_linear_triton, pack_int4,
                            pack_int4_codes, pack_int8, tile_group_params, unpack_int4, unpack_int4_codes,
@@ -143,11 +143,13 @@ def linear_c(x, w, config=None):
 
 
 @pytest.mark.parametrize("M,K,G,dtype,config", [
-    (1, 384, 128, torch.float16, None),
-    (8, 320, 64, torch.bfloat16, dict(NW=2, SPLIT_K=2)),        # a padded half block; split-K
-    (3, 640, 64, torch.float16, dict(NW=1, R=1, DEPTH=1, SPLIT_K=3)),
-    (2, 384, 128, torch.bfloat16, dict(NW=2, R=2, DEPTH=1, SPLIT_K=1)),     # the second tile past N = 40
-    (5, 1024, 128, torch.bfloat16, dict(NW=4, SPLIT_K=16)),     # more splits asked than blocks: 8 of 1
+    (1, 384, 128, torch.float16, None),                         # 6 units, one per program: 3 partials per row group
+    (8, 320, 64, torch.bfloat16, dict(NW=2, UNROLL=2, PER=2)),  # a padded half block; runs of 2 of 3 blocks
+    (3, 640, 64, torch.float16, dict(NW=1, R=1, UNROLL=1, PER=4)),      # 3 tiles x 5 blocks: runs cross row groups
+    (2, 384, 128, torch.bfloat16, dict(NW=2, R=2, PER=100)),    # one program does all; the second tile past N = 40
+    (5, 1024, 128, torch.bfloat16, dict(NW=4, R=1, UNROLL=2, PER=3)),
+    (8, 1152, 128, torch.bfloat16, dict(NW=1, R=2, UNROLL=2, PER=7)),   # odd runs, unrolled twice
+    (4, 192, 64, torch.bfloat16, dict(NW=1, R=2, UNROLL=2, PER=1)),     # a padded half block, one block per program
 ])
 def test_int4_gemv_c(M, K, G, dtype, config):
     """Variant C (mma.sync written out for the interpreter: the same fragments), N = 40: a partial row tile."""
@@ -234,14 +236,17 @@ M_GEMV = [1, 2, 4, 8, 16, 32]
 _weights = {}
 
 
-def test_gemv_c_configs_27b():
-    """Variant C's config table at the 27B shapes: valid splits that fit the scratch, about 32 warps per SM."""
+def test_gemv_c_grid_27b():
+    """Variant C's stream-K grid at the 27B shapes: one wave of at most PER_SM programs per SM covering every unit
+    once, with the partials of the programs that share a row group inside the scratch."""
     for N, K in PROJ.values():
-        for c in gemv_c_configs(N, K):
-            assert 1 <= c["SPLIT_K"] <= -(-K // 128) and c["SPLIT_K"] * 8 * N <= quant.SPLITK_FLOATS
-            assert c["NW"] in (1, 2, 4) and c["R"] in (1, 2) and c["DEPTH"] in (1, 2)
-    assert gemv_c_configs(34816, 5120)[0] == dict(NW=1, R=2, DEPTH=1, SPLIT_K=3)      # 1,088 one-warp programs x 3
-    assert gemv_c_configs(5120, 17408)[0] == dict(NW=1, R=2, DEPTH=1, SPLIT_K=23)     # 160 x 23 (136 blocks: 6 each)
+        for c in gemv_c_configs():
+            programs, per = gemv_c_grid(N, K, c, sms=132)
+            units = -(-N // (16 * c["R"] * c["NW"])) * (K // 128)
+            assert programs <= c["PER_SM"] * 132 and (programs - 1) * per < units <= programs * per
+            assert (-(-(K // 128) // per) + 1) * 8 * N <= quant.SPLITK_FLOATS
+    assert gemv_c_grid(34816, 5120, gemv_c_configs()[0], 132) == (2073, 21)    # 1,088 row groups x 40 blocks
+    assert gemv_c_grid(5120, 17408, gemv_c_configs()[0], 132) == (1979, 11)    # 160 x 136
 
 
 def weight_27b(name, bits=4, G=128):
@@ -327,7 +332,7 @@ def test_int4_gemv_c_gpu(name, M):
     N, K = w.shape
     x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
     ref = int4_linear_ref(x, w)
-    for config in [None] + gemv_c_configs(N, K):
+    for config in [None] + gemv_c_configs():
         out = linear_c(x, w, config)
         assert out.dtype == torch.bfloat16 and out.shape == ref.shape
         assert rel_err(out, ref) < 5e-3
@@ -342,7 +347,7 @@ def test_int4_gemv_c_other_dtype_and_group_gpu(dtype, G):
     for M in (1, 5, 8):
         x = torch.randn(M, K, dtype=dtype, device="cuda")
         ref = int4_linear_ref(x, w)
-        for config in (None, dict(NW=1, SPLIT_K=7), dict(NW=2, SPLIT_K=1)):
+        for config in (None, dict(NW=1, PER=7), dict(NW=2, PER=1000)):
             assert rel_err(linear_c(x, w, config), ref) < (2e-3 if dtype == torch.float16 else 5e-3)
 
 
