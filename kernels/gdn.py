@@ -112,8 +112,11 @@ def gated_delta_rule_ref(q, k, v, g, beta, state, slots, cu_seqlens, has_state, 
 
 
 def gdn_decode_ref(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state,
-                   step_ssm=None, step_conv=None):
+                   step_ssm=None, step_conv=None, ba_proj=None):
     """The fused decode step composed from the references (arguments: see gdn_decode)."""
+    if ba_proj is not None:
+        x, w_ba = ba_proj
+        b, a = F.linear(x, w_ba).split(w_ba.shape[0] // 2, dim=-1)
     B, (T, C) = slots.shape[0], qkv.shape
     L = T // B
     _, Hv, K, V = ssm_state.shape
@@ -327,13 +330,31 @@ def gated_delta_rule(q, k, v, g, beta, state, slots, cu_seqlens, has_state, snap
 # ---------------------------------------------------------------- fused decode / verify
 
 @triton.jit
-def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, conv_w, conv_state, conv_slot_stride,
-                   conv_row_stride, A_log, dt_bias, ssm, slots, has_state, counters, out, step_ssm, step_conv, scale,
-                   HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
-                   W: tl.constexpr, BV: tl.constexpr, STORE_STEPS: tl.constexpr, PDL: tl.constexpr):
+def _ba_proj(x_row, w_b_row, w_a_row, H: tl.constexpr, BH: tl.constexpr):
+    """(x . w_b, x . w_a) over H in fp32, rounded to x's dtype like a separate projection's output."""
+    acc_b = tl.zeros((BH,), tl.float32)
+    acc_a = tl.zeros((BH,), tl.float32)
+    for h0 in tl.static_range(0, H, BH):                    # unrolled: every load is issued before the sums
+        offs = h0 + tl.arange(0, BH)
+        ok = offs < H
+        xv = tl.load(x_row + offs, mask=ok, other=0).to(tl.float32)
+        acc_b += xv * tl.load(w_b_row + offs, mask=ok, other=0).to(tl.float32)
+        acc_a += xv * tl.load(w_a_row + offs, mask=ok, other=0).to(tl.float32)
+    dtype = x_row.dtype.element_ty
+    return tl.sum(acc_b).to(dtype).to(tl.float32), tl.sum(acc_a).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, x, x_row_stride, w_ba, conv_w, conv_state,
+                   conv_slot_stride, conv_row_stride, A_log, dt_bias, ssm, slots, has_state, counters, out, step_ssm,
+                   step_conv, scale, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   L: tl.constexpr, W: tl.constexpr, BV: tl.constexpr, STORE_STEPS: tl.constexpr, H: tl.constexpr,
+                   BH: tl.constexpr, BA_PROJ: tl.constexpr, PDL: tl.constexpr):
     """Program per (sequence, v head, V block) holding a [K, BV] fp32 state tile. Each program convolves the
     q/k channels of its qk head and its own v channels itself (a few KB, L2-resident) rather than reading
-    them from a separate conv kernel."""
+    them from a separate conv kernel. With BA_PROJ it also projects its head's b and a from the layer input x
+    (two dot products of H; the weight rows are shared by the head's programs through L2) instead of reading them:
+    two launches fewer per layer than a separate 96-row GEMV."""
     pdl.enter(PDL)
     i_b, i_hv, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // HK)
@@ -357,8 +378,13 @@ def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, conv_w
         k = conv_token(x_rows, qkv_row_stride, win, conv_row_stride, conv_w, HK * K + cq, all_k, live, t, W, True)
         v = conv_token(x_rows, qkv_row_stride, win, conv_row_stride, conv_w, cv, all_v, live, t, W, True)
         row = i_b.to(tl.int64) * L + t
-        g = neg_A * _softplus(tl.load(a + row * a_row_stride + i_hv).to(tl.float32) + dtb)
-        beta = tl.sigmoid(tl.load(b + row * b_row_stride + i_hv).to(tl.float32))
+        if BA_PROJ:
+            b_t, a_t = _ba_proj(x + row * x_row_stride, w_ba + i_hv * H, w_ba + (HV + i_hv) * H, H, BH)
+        else:
+            a_t = tl.load(a + row * a_row_stride + i_hv).to(tl.float32)
+            b_t = tl.load(b + row * b_row_stride + i_hv).to(tl.float32)
+        g = neg_A * _softplus(a_t + dtb)
+        beta = tl.sigmoid(b_t)
         S, o = _delta_rule_step(S, _l2norm(q) * scale, _l2norm(k), v, g, beta)
         tl.store(out + (row * HV + i_hv) * V + ov, o.to(out.dtype.element_ty))
         if STORE_STEPS:
@@ -402,9 +428,17 @@ def _counters(device, n):
 
 
 def gdn_decode_triton(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state,
-                      step_ssm=None, step_conv=None, block_v=None):
+                      step_ssm=None, step_conv=None, ba_proj=None, block_v=None):
     """Triton version of gdn_decode. block_v (V columns per program) defaults to 16 for batch <= 2, else 32."""
     B, (T, C) = slots.shape[0], qkv.shape
+    if ba_proj is not None:
+        x, w_ba = ba_proj
+        assert x.stride(1) == 1 and w_ba.is_contiguous() and w_ba.shape == (2 * ssm_state.shape[1], x.shape[1])
+        a = b = qkv                                 # (not read)
+        H = x.shape[1]
+    else:
+        x = w_ba = qkv                              # (not read)
+        H = 1
     _, HV, K, V = ssm_state.shape
     HK = (C - HV * V) // (2 * K)
     W = conv_weight.shape[1]
@@ -415,16 +449,17 @@ def gdn_decode_triton(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_st
     out = torch.empty((T, HV, V), dtype=qkv.dtype, device=qkv.device)
     steps = step_ssm is not None
     _decode_kernel[(B, HV, V // block_v)](
-        qkv, qkv.stride(0), a, a.stride(0), b, b.stride(0), conv_weight, conv_state, conv_state.stride(0),
-        conv_state.stride(1), A_log, dt_bias, ssm_state, slots, has_state.view(torch.uint8),
+        qkv, qkv.stride(0), a, a.stride(0), b, b.stride(0), x, x.stride(0), w_ba, conv_weight, conv_state,
+        conv_state.stride(0), conv_state.stride(1), A_log, dt_bias, ssm_state, slots, has_state.view(torch.uint8),
         _counters(qkv.device, B * HK), out, step_ssm if steps else out, step_conv if steps else out, K ** -0.5,
-        HK=HK, HV=HV, K=K, V=V, L=T // B, W=W, BV=block_v, STORE_STEPS=steps, num_warps=4,
+        HK=HK, HV=HV, K=K, V=V, L=T // B, W=W, BV=block_v, STORE_STEPS=steps, H=H,
+        BH=min(1024, triton.next_power_of_2(H)), BA_PROJ=ba_proj is not None, num_warps=4,
         **pdl.launch_args(qkv.device))
     return out
 
 
 def gdn_decode(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state,
-               step_ssm=None, step_conv=None):
+               step_ssm=None, step_conv=None, ba_proj=None):
     """One decode (L=1) or verify (L=k+1) step of a GDN layer for B sequences of L tokens each.
 
     qkv [B*L, conv_dim] pre-conv projection rows, a / b [B*L, Hv] (rows may be strided slices of the fused
@@ -432,6 +467,8 @@ def gdn_decode(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, sl
     ssm_state [num_slots, Hv, K, V] fp32; slots [B] int64 in any order; has_state [B] bool.
     Returns o [B*L, Hv, V] in qkv's dtype and advances both states of each slot by the L tokens. Given
     step_ssm [B, L, Hv, K, V] fp32 and step_conv [B, L, W-1, conv_dim], also writes both states after each token.
-    Triton on CUDA (graph capturable), the composed references elsewhere."""
+    ba_proj = (x [B*L, H], w_ba [2 Hv, H]): a and b (then None) are the projections x @ w_ba^T (b rows first),
+    made inside the step. Triton on CUDA (graph capturable), the composed references elsewhere."""
     fn = gdn_decode_triton if qkv.is_cuda else gdn_decode_ref
-    return fn(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state, step_ssm, step_conv)
+    return fn(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state, step_ssm, step_conv,
+              ba_proj)

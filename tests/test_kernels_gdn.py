@@ -217,6 +217,28 @@ def test_gdn_decode(Hk, Hv, L, dtype):
     assert torch.equal(run_decode(gdn_decode, inp, False)[0], run_decode(gdn_decode_ref, inp, False)[0])
 
 
+def with_ba_proj(inp, H):
+    """The decode inputs with b and a made from a layer input x [T, H] and a weight [2 Hv, H] (ba_proj)."""
+    T, Hv = inp["a"].shape
+    x = torch.randn(T, H + 8, dtype=inp["qkv"].dtype, device=inp["qkv"].device)[:, 8:]     # a strided view
+    w_ba = (torch.randn(2 * Hv, H, device=x.device) / H ** 0.5).to(x.dtype)
+    return dict(inp, a=None, b=None, ba_proj=(x, w_ba))
+
+
+@pytest.mark.parametrize("Hk, Hv, L, H, dtype", [(2, 2, 1, 48, torch.float32), (1, 3, 4, 1100, torch.float16)])
+def test_gdn_decode_projects_b_and_a(Hk, Hv, L, H, dtype):
+    """ba_proj: the kernel projects b and a itself (H not a power of two: masked chunks; over 1,024: two chunks)
+    and matches the reference given the same x and weight."""
+    torch.manual_seed(5)
+    inp = with_ba_proj(decode_inputs(2, L, Hk, Hv, 16, 16, dtype, "cpu"), H)
+    ref = run_decode(gdn_decode_ref, inp, L > 1)
+    tri = run_decode(gdn_decode_triton, inp, L > 1, block_v=8)
+    tol = 1e-4 if dtype == torch.float32 else 5e-3
+    for i in range(1, 5 if L > 1 else 3):
+        torch.testing.assert_close(tri[i], ref[i], atol=tol, rtol=tol, equal_nan=True)
+    torch.testing.assert_close(tri[0], ref[0], atol=tol, rtol=tol)
+
+
 # ---------------------------------------------------------------- GPU: bf16 at 27B shapes
 
 gpu = pytest.mark.gpu
@@ -257,10 +279,13 @@ def test_causal_conv1d_update_gpu(B, L):
 
 
 @gpu
-@pytest.mark.parametrize("B, L", [(1, 1), (2, 1), (4, 1), (8, 1), (1, 4), (3, 4)])
-def test_gdn_decode_gpu(B, L):
+@pytest.mark.parametrize("B, L, ba_proj", [(1, 1, False), (2, 1, False), (4, 1, False), (8, 1, False), (1, 4, False),
+                                           (3, 4, False), (1, 1, True), (8, 1, True), (3, 4, True)])
+def test_gdn_decode_gpu(B, L, ba_proj):
     torch.manual_seed(12)
     inp = decode_inputs(B, L, **SHAPE_27B, dtype=torch.bfloat16, device="cuda")
+    if ba_proj:
+        inp = with_ba_proj(inp, 5120)
     steps = L > 1
     ref = run_decode(gdn_decode_ref, inp, steps)
     tri = run_decode(gdn_decode, inp, steps)

@@ -112,15 +112,21 @@ class GatedDeltaNet(nn.Module):
         cfg = self.cfg
         T = x.shape[0]
         hk, hv, dk, dv = cfg.linear_num_k_heads, cfg.linear_num_v_heads, cfg.linear_k_head_dim, cfg.linear_v_head_dim
+        # a 16-bit b|a apart from a quantized in_proj: at decode, the GDN step projects it itself
+        ba_proj = None
         if self.in_proj_ba is None:
             qkv, z, b, a = self.in_proj(x).split([cfg.conv_dim, cfg.linear_value_dim, hv, hv], dim=-1)
         else:
             qkv, z = self.in_proj(x).split([cfg.conv_dim, cfg.linear_value_dim], dim=-1)
-            b, a = self.in_proj_ba(x).split([hv, hv], dim=-1)
+            if batch.decode_len and self.in_proj_ba.scheme == "bf16":
+                b = a = None
+                ba_proj = (x, self.in_proj_ba.weight)
+            else:
+                b, a = self.in_proj_ba(x).split([hv, hv], dim=-1)
         if batch.decode_len:
             # one fused kernel: conv update, gating, L2 norms and the delta-rule steps
             o = ops.gdn_decode(qkv, a, b, self.conv_weight, conv_state, self.A_log, self.dt_bias, ssm_state,
-                               batch.state_slots, batch.has_state)
+                               batch.state_slots, batch.has_state, ba_proj=ba_proj)
         else:
             snap = batch.snapshot
             if snap is not None:     # a snapshot's conv window: the conv_kernel - 1 input rows before it
