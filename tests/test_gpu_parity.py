@@ -1,6 +1,8 @@
 """GPU: our bf16 model (Triton kernels on CUDA) against transformers in the same process."""
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -18,8 +20,26 @@ def rel_err(a, b):
     return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
 
 
+_CPU_BF16 = """import sys, torch
+sys.modules["fla"] = sys.modules["causal_conv1d"] = None
+from transformers import Qwen3_5ForCausalLM
+model = Qwen3_5ForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16).eval()
+with torch.no_grad():
+    torch.save(model(torch.load(sys.argv[2])[None]).logits[0], sys.argv[3])
+"""
+
+
+def hf_bf16_logits_on_cpu(path, ids, tmp_path):
+    """transformers' bf16 logits on the CPU, from a child process in which flash-linear-attention cannot be imported:
+    transformers calls its kernels whenever they import, and they take CUDA tensors only."""
+    torch.save(ids, tmp_path / "ids.pt")
+    subprocess.run([sys.executable, "-c", _CPU_BF16, str(path), str(tmp_path / "ids.pt"), str(tmp_path / "out.pt")],
+                   check=True)
+    return torch.load(tmp_path / "out.pt")
+
+
 @pytest.mark.parametrize("name", ["base", "gqa3_ratio3", "calm128"])
-def test_small_checkpoint_bf16_is_as_close_to_fp32_as_transformers_bf16(checkpoint, name):
+def test_small_checkpoint_bf16_is_as_close_to_fp32_as_transformers_bf16(checkpoint, name, tmp_path):
     """The random fixtures are chaotic: transformers' own bf16 logits differ from its fp32 ones by
     0.1-0.25 (max-abs relative), and by how much depends on where the rounding falls: on gqa3_ratio3 its bf16
     run is 0.127 away on CUDA and 0.243 on the CPU. So the floor is the larger of the two, and ours in bf16 must
@@ -29,9 +49,8 @@ def test_small_checkpoint_bf16_is_as_close_to_fp32_as_transformers_bf16(checkpoi
     ids = torch.randint(0, 600, (300,), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref32 = Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()(ids[None].cuda()).logits[0]
-        bf16 = Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
-        ref16_cpu = bf16(ids[None]).logits[0]
-        ref16 = bf16.cuda()(ids[None].cuda()).logits[0]
+        ref16 = Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()(ids[None].cuda()).logits[0]
+    ref16_cpu = hf_bf16_logits_on_cpu(path, ids, tmp_path)
     eng = Engine(EngineConfig(model=str(path), device="cuda", dtype="bfloat16", max_context=2048))
     try:
         ours = eng.score(ids.tolist())
