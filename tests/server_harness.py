@@ -43,7 +43,8 @@ class Ban:
     def __call__(self, output, logits):
         if self.delay:
             time.sleep(self.delay)
-        logits[self.ids] = float("-inf")
+        if int(torch.isfinite(logits).sum()) > 1:   # a server processor forcing a token (a call's end) wins
+            logits[self.ids] = float("-inf")
         return logits
 
 
@@ -54,7 +55,8 @@ def fail(output, logits):
 class Steering:
     """The server's params hook in tests. `say(text)`: the model's next replies are exactly `text`
     (with thinking on, a reply starts inside <think>: write "...</think>\\n\\nanswer"). `endless()`:
-    the model never stops or closes its thinking by itself (each token `delay` seconds). `failing`:
+    the model never stops or closes its thinking by itself (each token `delay` seconds; a token that the server
+    forces, like the end of a reply after its one tool call, still goes through). `failing`:
     the engine's step raises (every request in flight ends with finish_reason "error")."""
 
     def __init__(self, tokenizer):
