@@ -785,10 +785,13 @@ def _capability(device) -> tuple[int, int]:
 
 def gemv_c_grid(N: int, K: int, config: dict, sms: int) -> tuple[int, int]:
     """(programs, units per program) of variant C: config["PER"] units per program if given, else a run per
-    resident program slot (PER_SM x SMs)."""
-    nw, r = config.get("NW", 1), config.get("R", 2)
-    units = triton.cdiv(N, 16 * r * nw) * triton.cdiv(K, 128)
+    resident program slot (PER_SM x SMs). A run longer than a row group is made whole row groups, so no partial
+    sums are needed where N is large (an int4 LM head: 248,320 rows)."""
+    nw, r, blocks = config.get("NW", 1), config.get("R", 2), triton.cdiv(K, 128)
+    units = triton.cdiv(N, 16 * r * nw) * blocks
     per = config.get("PER") or triton.cdiv(units, config.get("PER_SM", GEMV_C_PROGRAMS_PER_SM) * sms)
+    if per > blocks:
+        per = triton.cdiv(per, blocks) * blocks
     return triton.cdiv(units, per), per
 
 
@@ -806,8 +809,8 @@ def _gemv_c(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | Non
     if x2.is_cuda and config.get("MAXNREG"):
         launch["maxnreg"] = config["MAXNREG"]
     part, count = _splitk_scratch(x2.device)
-    sharing = triton.cdiv(blocks, per) + 1                  # the most programs that share a row group
-    assert (sharing * M * N <= SPLITK_FLOATS and triton.cdiv(N, 16 * r * nw) <= SPLITK_COUNTERS), \
+    parts = 1 if per % blocks == 0 else triton.cdiv(blocks, per) + 1    # the most programs on one row group
+    assert parts == 1 or (parts * M * N <= SPLITK_FLOATS and triton.cdiv(N, 16 * r * nw) <= SPLITK_COUNTERS), \
         "the partial sums must fit their scratch"
     _gemv_c_kernel[(programs,)](x2, w.qweight, w.scales, w.zeros, y, part, count, M, N, K, x2.stride(0) // 2,
                                 y.stride(0), per, G=w.group_size, FP16=x2.dtype == torch.float16, NW=nw, R=r,

@@ -247,6 +247,8 @@ def test_gemv_c_grid_27b():
             assert (-(-(K // 128) // per) + 1) * 8 * N <= quant.SPLITK_FLOATS
     assert gemv_c_grid(34816, 5120, gemv_c_configs()[0], 132) == (2073, 21)    # 1,088 row groups x 40 blocks
     assert gemv_c_grid(5120, 17408, gemv_c_configs()[0], 132) == (1979, 11)    # 160 x 136
+    # an int4 LM head (7,760 row groups x 40 blocks): whole row groups per program, no partial sums to keep
+    assert gemv_c_grid(248320, 5120, gemv_c_configs()[0], 132) == (1940, 160)
 
 
 def weight_27b(name, bits=4, G=128):
