@@ -686,10 +686,11 @@ def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N,
 
     Work split (stream-K): a unit is one K block of one row group (NW warps x R tiles); the units, row group after
     row group, are cut into runs of `per`, one run per program, so that the grid is one wave of equal programs
-    whatever N and K (with a fixed split-K, a second, part-filled wave or two-block programs cost up to a third of
-    a GEMV on the H200). A run ends one row group, covers whole ones and starts another: for each row group it
-    meets, the program sums its blocks and stores them (_store_tile: directly when it had all of the row group's
-    blocks, else as partial number pid - first of the group's programs, which the last to arrive adds in order).
+    whatever N and K (with a fixed split-K, a second, part-filled wave or two-block programs made the 27B shapes
+    up to a fifth slower on the H200). A run ends one row group, covers whole ones and starts another: for each
+    row group it meets, the program sums its blocks and stores them (_store_tile: directly when it had all of the
+    row group's blocks, else as partial number pid - first of the group's programs, which the last to arrive adds in
+    order).
 
     PDL (kernels/pdl.py): lets the next kernel start at once, loads its first weights, then waits for the kernel
     before it, before it reads x or writes anything."""
@@ -759,6 +760,7 @@ def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N,
 
 
 GEMV_C_PROGRAMS_PER_SM = 16     # one-warp programs resident per SM at 128 registers: the grid is one wave of them
+GEMV_C_DEFAULT = dict(NW=1, R=2, UNROLL=2, MAXNREG=128, PER_SM=GEMV_C_PROGRAMS_PER_SM)
 
 
 def gemv_c_configs() -> list[dict]:
@@ -767,7 +769,7 @@ def gemv_c_configs() -> list[dict]:
     the loop unrolled twice issues ~10% fewer instructions (no register copies of the block loaded ahead), capped at
     128 registers it keeps 16 warps per SM (144 uncapped: 14), and the stream-K grid of one wave: 18.7 µs per GEMV
     against 20.6 for the split-K kernel before (docs/performance.md, fifth session)."""
-    best = dict(NW=1, R=2, UNROLL=2, MAXNREG=128, PER_SM=GEMV_C_PROGRAMS_PER_SM)
+    best = GEMV_C_DEFAULT
     return [best, {**best, "PER_SM": 2 * GEMV_C_PROGRAMS_PER_SM}, {**best, "UNROLL": 1, "MAXNREG": None},
             dict(NW=1, R=1, UNROLL=2, MAXNREG=None, PER_SM=GEMV_C_PROGRAMS_PER_SM), {**best, "NW": 2, "PER_SM": 8}]
 
@@ -797,12 +799,12 @@ def gemv_c_grid(N: int, K: int, config: dict, sms: int) -> tuple[int, int]:
 
 def _gemv_c(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None):
     """y [M, N] = x2 [M, K] @ W^T for M <= 8 (variant C), one launch. config (gemv_c_configs' keys, PER, PDL) forces
-    one; None: the first of gemv_c_configs. PDL on (kernels/pdl.py) unless config says PDL=False."""
+    one; None: GEMV_C_DEFAULT (the first of gemv_c_configs). PDL on (kernels/pdl.py) unless config says PDL=False."""
     (M, K), N = x2.shape, y.shape[1]
     assert gemv_c_supports(x2, w), "variant C: M <= 8, group 64 or 128, 16-bit x"
     if x2.stride(0) % 2 or x2.data_ptr() % 16:
         x2 = x2.contiguous()                    # x is read as int32 pairs, 4 at a time
-    config = config or gemv_c_configs()[0]
+    config = config or GEMV_C_DEFAULT
     nw, r, blocks = config.get("NW", 1), config.get("R", 2), triton.cdiv(K, 128)
     programs, per = gemv_c_grid(N, K, config, _sm_count(x2.device) if x2.is_cuda else 132)
     launch = pdl.launch_args(x2.device) if config.get("PDL", True) else {"PDL": False}
