@@ -568,7 +568,7 @@ def _load_block_c(w_ptrs, s_ptrs, z_ptrs, blk, groups, G: tl.constexpr):
 
 
 @triton.jit
-def _load_x_c(x_ptrs, blk, p: tl.constexpr, K, EVEN_K: tl.constexpr):
+def _load_x_plane_c(x_ptrs, blk, p: tl.constexpr, K, EVEN_K: tl.constexpr):
     """The lane's x pairs of plane p of block blk, one 16-byte run: pairs 64 blk + 16 p + 4t + j (k = 2 pair,
     2 pair + 1), j = 0..3; 0 for k past K (the padding codes are not 0); kept in L1 for the other programs."""
     if EVEN_K:
@@ -577,6 +577,13 @@ def _load_x_c(x_ptrs, blk, p: tl.constexpr, K, EVEN_K: tl.constexpr):
         mask = 2 * (blk * 64 + 16 * p + tl.arange(0, 4)[None, :]) < K
         x = tl.load(x_ptrs + blk * 64 + 16 * p, mask=mask, other=0, eviction_policy="evict_last")
     return x
+
+
+@triton.jit
+def _load_x_c(x_ptrs, blk, K, EVEN_K: tl.constexpr):
+    """The lane's x pairs of the four planes of block blk (_load_x_plane_c)."""
+    return (_load_x_plane_c(x_ptrs, blk, 0, K, EVEN_K), _load_x_plane_c(x_ptrs, blk, 1, K, EVEN_K),
+            _load_x_plane_c(x_ptrs, blk, 2, K, EVEN_K), _load_x_plane_c(x_ptrs, blk, 3, K, EVEN_K))
 
 
 @triton.jit
@@ -632,15 +639,11 @@ def _tile_group_c(acc0, acc1, acc2, acc3, d0, d1, d2, d3, e0, e1, f, h: tl.const
 
 
 @triton.jit
-def _block_c(f0, f1, x_ptrs, blk, K, a00, a01, a02, a03, a10, a11, a12, a13, zero, one, G: tl.constexpr,
-             FP16: tl.constexpr, R: tl.constexpr, EVEN_K: tl.constexpr, MAGIC: tl.constexpr, BIAS: tl.constexpr,
-             EMULATE: tl.constexpr):
-    """The work of block blk: its x loads, the x-sum and weight mmas, and per group the scale and zero into the
-    accumulators (tile 0: a0*, tile 1: a1* when R = 2)."""
-    x0 = _load_x_c(x_ptrs, blk, 0, K, EVEN_K)
-    x1 = _load_x_c(x_ptrs, blk, 1, K, EVEN_K)
-    x2 = _load_x_c(x_ptrs, blk, 2, K, EVEN_K)
-    x3 = _load_x_c(x_ptrs, blk, 3, K, EVEN_K)
+def _block_c(f0, f1, xs, a00, a01, a02, a03, a10, a11, a12, a13, zero, one, G: tl.constexpr, FP16: tl.constexpr,
+             R: tl.constexpr, MAGIC: tl.constexpr, BIAS: tl.constexpr, EMULATE: tl.constexpr):
+    """The work of one block (weights f0 / f1, x planes xs): the x-sum and weight mmas, and per group the scale and
+    zero into the accumulators (tile 0: a0*, tile 1: a1* when R = 2)."""
+    x0, x1, x2, x3 = xs
     for h in tl.static_range(2):
         if h == 0 or G == 64:
             d00, d01, d02, d03 = zero, zero, zero, zero
@@ -734,17 +737,18 @@ def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N,
         p1 = _load_block_c(w1, s1, z1, b0, groups, G) if R == 2 else p0
         if PDL:
             tl.extra.cuda.gdc_wait()
+        x0, x1, x2, x3 = _load_x_c(x_ptrs, b0, K, EVEN_K)
         for blk in tl.range(b0, b1, loop_unroll_factor=UNROLL):
-            f0, f1 = p0, p1
+            f0, f1, xs = p0, p1, (x0, x1, x2, x3)
             ahead = tl.minimum(blk + 1, b1 - 1)               # the last block again at the end: no masks to zero-fill
             p0 = _load_block_c(w0, s0, z0, ahead, groups, G)
             p1 = _load_block_c(w1, s1, z1, ahead, groups, G) if R == 2 else p0
+            x0, x1, x2, x3 = _load_x_c(x_ptrs, ahead, K, EVEN_K)
             # a barrier between the loads ahead and this block's work: else they sink down to the loop's end, and no
-            # block is in flight. x loads after it (the work needs them: it cannot move up past the barrier either).
+            # block is in flight.
             tl.debug_barrier()
             a00, a01, a02, a03, a10, a11, a12, a13 = _block_c(
-                f0, f1, x_ptrs, blk, K, a00, a01, a02, a03, a10, a11, a12, a13, zero, one, G, FP16, R, EVEN_K, MAGIC,
-                BIAS, EMULATE)
+                f0, f1, xs, a00, a01, a02, a03, a10, a11, a12, a13, zero, one, G, FP16, R, MAGIC, BIAS, EMULATE)
         cols = tl.join(tl.join(2 * t, 2 * t + 1), tl.join(2 * t, 2 * t + 1))     # [32 NW, 2 (row g / g + 8), 2]
         rows = tl.join(tl.join(row0, row0), tl.join(row0 + 8, row0 + 8))
         y = tl.join(tl.join(a00, a01), tl.join(a02, a03))
