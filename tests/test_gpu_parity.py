@@ -47,8 +47,9 @@ def test_small_checkpoint_bf16_is_as_close_to_fp32_as_transformers_bf16(checkpoi
     from transformers import Qwen3_5ForCausalLM
     path = checkpoint(name)
     ids = torch.randint(0, 600, (300,), generator=torch.Generator().manual_seed(0))
+    hf32 = Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
     with torch.no_grad():
-        ref32 = Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()(ids[None].cuda()).logits[0]
+        ref32 = hf32(ids[None].cuda()).logits[0]
         ref16 = Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()(ids[None].cuda()).logits[0]
     ref16_cpu = hf_bf16_logits_on_cpu(path, ids, tmp_path)
     eng = Engine(EngineConfig(model=str(path), device="cuda", dtype="bfloat16", max_context=2048))
@@ -60,8 +61,16 @@ def test_small_checkpoint_bf16_is_as_close_to_fp32_as_transformers_bf16(checkpoi
         eng.close()
     floor = max(rel_err(ref16.cpu(), ref32.cpu()), rel_err(ref16_cpu, ref32.cpu()))
     assert rel_err(ours, ref32.cpu()) < 1.5 * floor + 1e-2
-    chosen = full[299:299 + 16].gather(1, torch.tensor(out.token_ids)[:, None])[:, 0]
-    assert (torch.tensor([lp.logprob for lp in out.logprobs]) - chosen).abs().max() < 5e-2   # graphs == eager
+    # The decode path (CUDA graphs: GEMVs, split attention, the recurrent GDN step) must be as close to the fp32
+    # truth as the prefill path that scores the same tokens: on these chaotic fixtures two bf16 paths can differ by
+    # 0.07 in a logprob (gqa3_ratio3) without either being wrong, so they are not compared with each other.
+    generated = torch.tensor(out.token_ids)[:, None]
+    with torch.no_grad():
+        truth = torch.log_softmax(hf32(torch.tensor(ids.tolist() + out.token_ids)[None].cuda()).logits[0].float(), -1)
+    truth = truth.cpu()[299:299 + 16].gather(1, generated)[:, 0]
+    decode_err = (torch.tensor([lp.logprob for lp in out.logprobs]) - truth).abs().max().item()
+    prefill_err = (full[299:299 + 16].gather(1, generated)[:, 0] - truth).abs().max().item()
+    assert decode_err < 1.5 * prefill_err + 2e-2, (decode_err, prefill_err)
 
 
 def test_27b_shapes_one_forward_matches_transformers():
