@@ -43,11 +43,12 @@ GEMV variant C (int4, M <= 8, 16-bit x, G = 64 or 128; the default there), one l
 - program = a run of equal length of (row group of NW warps x R tiles, K block) units, row group after row group
   (stream-K): the grid is one wave of GEMV_C_PROGRAMS_PER_SM programs per SM whatever the shape; a row group
   shared by several programs is summed by the last of them to arrive, in order (deterministic). The next block's
-  words and scales are loaded ahead (a barrier keeps them above the work); the loop is unrolled twice (no register
-  copies) and capped at 128 registers (16 one-warp programs resident per SM).
+  words, scales and x are loaded ahead (a barrier keeps them above the work); the loop is unrolled twice (no
+  register copies) and capped at 128 registers (16 one-warp programs resident per SM).
 - ~52 instructions per 1,024 weights (sm_90 SASS, 210 per 4,096 at R = 2: 16 + 8 HMMA, 64 LOP3, 48 SHF), against
-  ~125 for an FMA kernel. On the H200 at 27B shapes, 64 GEMVs of 16 layers replayed in one graph take 18.7 µs
-  each at M = 1 (2.7 TB/s; the split-K grid before: 20.6) (docs/performance.md, fifth session).
+  ~125 for an FMA kernel. On the H200 at 27B shapes, 64 GEMVs of 16 layers replayed in one graph take 16.8 µs
+  each at M = 1 (3.0 TB/s; x loaded after the barrier: 18.7, the split-K grid before that: 20.6)
+  (docs/performance.md, fifth and sixth sessions).
 Large M (prefill): the weight is dequantised in row chunks into a reusable scratch and multiplied by torch.
 """
 
@@ -772,7 +773,7 @@ def gemv_c_configs() -> list[dict]:
     PER_SM programs per SM); the launcher uses the first. On the H200 (27B shapes, 64 GEMVs in one graph, M = 1):
     the loop unrolled twice issues ~10% fewer instructions (no register copies of the block loaded ahead), capped at
     128 registers it keeps 16 warps per SM (144 uncapped: 14), and the stream-K grid of one wave: 18.7 µs per GEMV
-    against 20.6 for the split-K kernel before (docs/performance.md, fifth session)."""
+    against 20.6 for the split-K kernel before (docs/performance.md, fifth session); 16.8 with x loaded ahead."""
     best = GEMV_C_DEFAULT
     return [best, {**best, "PER_SM": 2 * GEMV_C_PROGRAMS_PER_SM}, {**best, "UNROLL": 1, "MAXNREG": None},
             dict(NW=1, R=1, UNROLL=2, MAXNREG=None, PER_SM=GEMV_C_PROGRAMS_PER_SM), {**best, "NW": 2, "PER_SM": 8}]
