@@ -28,16 +28,12 @@ GPU kernels:
   softmax and tl.dot, one program per (query block, q head, sequence), key blocks aligned to pages.
 """
 
-import functools
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from kernels import pdl
-
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+from kernels.runtime import INTERPRET, sm_count
 LOG2E = 1.4426950408889634
 MIN_SPLIT_TOKENS = 256      # fewest context tokens per decode split (at max_seq_len)
 
@@ -330,11 +326,6 @@ def _decode_combine_kernel(o_part_ptr, lse_part_ptr, o_ptr, gate_ptr, stride_ot,
     tl.store(o_ptr + t * stride_ot + head * stride_oh + d, out.to(o_ptr.dtype.element_ty))
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def decode_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, sm_count: int) -> int:
     """Context splits per (sequence, kv head): about two programs per SM, >= MIN_SPLIT_TOKENS each at
     max_seq_len. A Python int, fixed for a batch shape, so the grid can be captured in a CUDA graph."""
@@ -504,6 +495,6 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s
                                  k_scale=k_scale, v_scale=v_scale, gate=gate)
     if max_seq_len is None:
         max_seq_len = block_tables.shape[1] * k_cache.shape[1]
-    splits = decode_num_splits(seq_lens.shape[0], k_cache.shape[2], max_seq_len, _sm_count(q.device))
+    splits = decode_num_splits(seq_lens.shape[0], k_cache.shape[2], max_seq_len, sm_count(q.device))
     return decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, decode_q_len, splits,
                             k_scale=k_scale, v_scale=v_scale, gate=gate)

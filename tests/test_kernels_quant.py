@@ -12,13 +12,15 @@ import functools
 import pytest
 import torch
 
-from kernels import quant
 from kernels.bench_quant import HIDDEN, LM_HEAD, PROJ
-from kernels.quant import (dequantize_int4_ref, dequantize_int8_ref, gemv_c_configs, gemv_c_grid, int4_linear,
-                           int4_linear_ref, int4_linear_triton, int8_embedding, int8_embedding_ref,
-                           int8_embedding_triton, int8_linear, int8_linear_ref, int8_linear_triton, pack_int4,
-                           pack_int4_codes, pack_int8, tile_group_params, unpack_int4, unpack_int4_codes,
-                           untile_group_params, write_group_param_rows, write_int4_rows)
+from kernels.gemv_c import gemv_c_configs, gemv_c_grid
+from kernels.quant import (int4_linear, int4_linear_triton, int8_embedding, int8_embedding_triton, int8_linear,
+                           int8_linear_triton)
+from kernels.quant_format import (dequantize_int4_ref, dequantize_int8_ref, int4_linear_ref, int8_embedding_ref,
+                                  int8_linear_ref, pack_int4, pack_int4_codes, pack_int8, tile_group_params,
+                                  unpack_int4, unpack_int4_codes, untile_group_params, write_group_param_rows,
+                                  write_int4_rows)
+from kernels.splitk import SPLITK_FLOATS
 
 M_CPU = [1, 3, 8, 17, 32, 33, 100]          # GEMV buckets 8 / 16 / 32 and the dequantise + matmul path
 
@@ -244,7 +246,7 @@ def test_gemv_c_grid_27b():
             programs, per = gemv_c_grid(N, K, c, sms=132)
             units = -(-N // (16 * c["R"] * c["NW"])) * (K // 128)
             assert programs <= c["PER_SM"] * 132 and (programs - 1) * per < units <= programs * per
-            assert (-(-(K // 128) // per) + 1) * 8 * N <= quant.SPLITK_FLOATS
+            assert (-(-(K // 128) // per) + 1) * 8 * N <= SPLITK_FLOATS
     assert gemv_c_grid(34816, 5120, gemv_c_configs()[0], 132) == (2073, 21)    # 1,088 row groups x 40 blocks
     assert gemv_c_grid(5120, 17408, gemv_c_configs()[0], 132) == (1979, 11)    # 160 x 136
     # an int4 LM head (7,760 row groups x 40 blocks): whole row groups per program, no partial sums to keep

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from kernels import ops
-from kernels.quant import Int4Weight, Int8Weight, pack_int8, write_group_param_rows, write_int4_rows
+from kernels.quant_format import Int4Weight, Int8Weight, pack_int8, write_group_param_rows, write_int4_rows
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Linear(nn.Module):
         self.group_size = build.group_size
         N, K = self.shape
         if self.scheme == "int4":
-            tiles = -(-N // 16)                         # 16-row tiles: see kernels/quant.py
+            tiles = -(-N // 16)                         # 16-row tiles: see kernels/quant_format.py
             self.register_buffer("qweight", build.empty(tiles, -(-K // 128), 16, 16, dtype=torch.int32).zero_())
             self.register_buffer("scales", build.empty(tiles, K // self.group_size, 16).zero_())
             self.register_buffer("zeros", build.empty(tiles, K // self.group_size, 16).zero_())
@@ -110,7 +110,7 @@ class Linear(nn.Module):
         """W [N, K] in the model dtype (a copy when quantized)."""
         if self.scheme == "bf16":
             return self.weight
-        from kernels.quant import dequantize_int4_ref, dequantize_int8_ref
+        from kernels.quant_format import dequantize_int4_ref, dequantize_int8_ref
         w = self.quantized()
         return dequantize_int4_ref(w) if self.scheme == "int4" else dequantize_int8_ref(w)
 

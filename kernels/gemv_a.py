@@ -1,0 +1,177 @@
+"""GEMV variant A (M <= 32 rows: decode, speculative verify), one launch, CUDA-graph capturable once autotuned:
+- program = (BN weight rows, one K split); y^T tile [BN, BM] = sum of dots v [BN, 32] x x^T [32, BM] with BM
+  = 8, 16 or 32 (M padded): the weights are the tensor-core A operand, so warps split weight rows and nothing
+  is dequantised twice; sum_k x_k comes from a small dot with ones.
+- split-K: each split writes an fp32 partial; the last split of a tile to arrive (atomic counter) sums them in
+  split order, writes y and resets the counter. Deterministic, one launch.
+- autotuned on (N, K, G, bits, M bucket) over (BN, warps, split-K, stages); the interpreter runs one fixed config.
+Int4 and int8 weights (kernels/quant_format.py: the layouts and how codes become floats); for int4 at M <= 8,
+variant C (kernels/gemv_c.py) is the default.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import pdl
+from kernels.quant_format import group_param_offs, int4_row_words, pair_as_float
+from kernels.runtime import INTERPRET, sm_count
+from kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, splitk_scratch, store_tile
+
+
+@triton.jit
+def _int4_dots(w, blk, P0: tl.constexpr, RUNS: tl.constexpr, xt_cols, rm, M, K, ones,
+               USE_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
+    """Over nibble pairs P0 .. P0 + RUNS - 1 of the 16-word block blk: d [BN, BM] = sum_k v x^T and xs [16, BM]
+    (every row sum_k x; a small dot with ones, on a load of its own so that its layout stays apart)."""
+    dtype = xt_cols.dtype.element_ty
+    c = tl.arange(0, 32)
+    d = tl.zeros((BN, BM), tl.float32)
+    xs = tl.zeros((16, BM), tl.float32)
+    for p in tl.static_range(P0, P0 + RUNS):
+        k = blk * 128 + p * 32 + c
+        x_mask = (k[:, None] < K) & (rm[None, :] < M)
+        xt = tl.load(xt_cols + k[:, None], mask=x_mask, other=0.0)
+        d = tl.dot(pair_as_float(w, p, False, dtype, USE_ASM), xt, d, input_precision=DOT_PRECISION)
+        xt = tl.load(xt_cols + k[:, None], mask=x_mask, other=0.0, eviction_policy="evict_last")
+        xs = tl.dot(ones, xt, xs, input_precision=DOT_PRECISION)
+    return d, xs
+
+
+@triton.jit
+def _x_even_odd(xt_cols, k0, rm, M, EVICT: tl.constexpr):
+    """x^T at k0 + 2c and at k0 + 2c + 1 (c < 32) as two [32, BM] tiles; 16-bit x: one 32-bit load per pair."""
+    c = tl.arange(0, 32)
+    x_mask = rm[None, :] < M
+    dtype = xt_cols.dtype.element_ty
+    if dtype == tl.float32:
+        even = tl.load(xt_cols + k0 + 2 * c[:, None], mask=x_mask, other=0.0, eviction_policy=EVICT)
+        odd = tl.load(xt_cols + k0 + 1 + 2 * c[:, None], mask=x_mask, other=0.0, eviction_policy=EVICT)
+    else:
+        pairs = tl.load((xt_cols + k0).to(tl.pointer_type(tl.int32)) + c[:, None], mask=x_mask, other=0,
+                        eviction_policy=EVICT)
+        even = pairs.to(tl.int16).to(dtype, bitcast=True)
+        odd = (pairs >> 16).to(tl.int16).to(dtype, bitcast=True)
+    return even, odd
+
+
+@triton.jit
+def _int8_dots(w, blk, xt_cols, rm, M, ones,
+               USE_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
+    """The 64-k block blk of int8 words: d [BN, BM] = sum_k (v_l + v_h) x^T, xs [16, BM] as in _int4_dots. Bytes
+    (0, 2) of the words are k = 4j, 4j + 2: the even columns of x; bytes (1, 3) the odd ones."""
+    dtype = xt_cols.dtype.element_ty
+    even, odd = _x_even_odd(xt_cols, blk * 64, rm, M, "")
+    d = tl.dot(pair_as_float(w, 0, False, dtype, USE_ASM), even, input_precision=DOT_PRECISION)
+    d = tl.dot(pair_as_float(w, 1, True, dtype, USE_ASM), even, d, input_precision=DOT_PRECISION)
+    d = tl.dot(pair_as_float(w, 2, False, dtype, USE_ASM), odd, d, input_precision=DOT_PRECISION)
+    d = tl.dot(pair_as_float(w, 3, True, dtype, USE_ASM), odd, d, input_precision=DOT_PRECISION)
+    even, odd = _x_even_odd(xt_cols, blk * 64, rm, M, "evict_last")
+    xs = tl.dot(ones, even, input_precision=DOT_PRECISION)
+    xs = tl.dot(ones, odd, xs, input_precision=DOT_PRECISION)
+    return d, xs
+
+
+@triton.jit(do_not_specialize=["M", "M_BUCKET", "SPLIT_K"])
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_ym,
+                 M_BUCKET, SPLIT_K, BITS: tl.constexpr, G: tl.constexpr, USE_ASM: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr):
+    """y[:M, tile] (+)= x @ W^T over this program's K blocks. w_ptr: int32 words, 16 per row and block of
+    128 k (int4) or 64 k (int8). M_BUCKET only keys the autotuner."""
+    pdl.enter(PDL)
+    BLOCK: tl.constexpr = 128 if BITS == 4 else 64
+    GROUPS: tl.constexpr = BLOCK // G if G < BLOCK else 1        # groups per block
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    blocks = tl.cdiv(K, BLOCK)
+    per_split = tl.cdiv(blocks, SPLIT_K)
+    b0 = pid_k * per_split
+    b1 = tl.minimum(b0 + per_split, blocks)
+    rm = tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    row_ok = rn < N
+    groups = K // G
+    if BITS == 4:                                             # (int8 rows are row-major, 16 words per block)
+        w_rows = int4_row_words(w_ptr, rn, blocks)[:, None] + tl.arange(0, 16)[None, :]
+    else:
+        w_rows = w_ptr + rn.to(tl.int64)[:, None] * (blocks * 16) + tl.arange(0, 16)[None, :]
+    BLOCK_WORDS: tl.constexpr = 256 if BITS == 4 else 16
+    xt_cols = x_ptr + rm[None, :] * stride_xm
+    ones = tl.full((16, 32), 1.0, x_ptr.dtype.element_ty)
+    y = tl.zeros((BN, BM), tl.float32)
+    for blk in range(b0, b1):
+        w = tl.load(w_rows + blk * BLOCK_WORDS, mask=row_ok[:, None], other=0)
+        for h in tl.static_range(GROUPS):
+            if BITS == 4:
+                d, xs = _int4_dots(w, blk, h * (4 // GROUPS), 4 // GROUPS, xt_cols, rm, M, K, ones,
+                                   USE_ASM, DOT_PRECISION, BN, BM)
+                g = tl.minimum(blk * GROUPS + h, groups - 1)      # (K padding: x = 0 there)
+                sz = group_param_offs(rn, g, groups)
+                z = tl.load(z_ptr + sz, mask=row_ok, other=0.0).to(tl.float32)
+            else:
+                d, xs = _int8_dots(w, blk, xt_cols, rm, M, ones, USE_ASM, DOT_PRECISION, BN, BM)
+                sz = rn * groups + blk * 64 // G                  # (int8 scales are row-major)
+                z = 384.0                                         # W = 16 s (v_l + v_h) - 400 s
+            s = tl.load(s_ptr + sz, mask=row_ok, other=0.0).to(tl.float32)
+            y += (16.0 * s)[:, None] * d
+            y -= ((16.0 + z) * s)[:, None] * tl.max(xs, axis=0)[None, :]       # every row of xs is sum_k x
+    store_tile(y, rn[:, None], rm[None, :], y_ptr, part_ptr, count_ptr, M, N, stride_ym, pid_n, pid_k, SPLIT_K)
+
+
+def m_bucket(M: int) -> int:
+    """GEMV rows are padded to 8, 16 or 32 (BM): the autotuning bucket."""
+    return 8 if M <= 8 else 16 if M <= 16 else 32
+
+
+def _prune_configs(configs, named_args, **kwargs):
+    """Keep the configs with BM = the M bucket, split-K up to ~8 programs per SM and within the split-K scratch."""
+    args = {**named_args, **kwargs}
+    bucket, N = args["M_BUCKET"], args["N"]
+    sms = sm_count(args["y_ptr"].device)
+    kept = []
+    for cfg in configs:
+        bm, bn, split = cfg.kwargs["BM"], cfg.kwargs["BN"], cfg.kwargs["SPLIT_K"]
+        tiles = triton.cdiv(N, bn)
+        if bm == bucket and (split == 1 or (tiles * split <= 8 * sms and split * bm * N <= SPLITK_FLOATS
+                                            and tiles <= SPLITK_COUNTERS)):
+            kept.append(cfg)
+    return kept
+
+
+def _bench_quick(fn, quantiles):
+    """The autotuner's timer, shorter than Triton's default: one run tunes many shapes x configs."""
+    return triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
+
+
+# (BN, warps): 64 weight rows per warp balance the A-operand extraction, x^T reuse and registers; 4 warps x 64 rows
+# run Hopper's warpgroup MMA. Two pipeline depths for the decode bucket (M <= 8), where latency hiding matters most.
+_TILES = [(32, 1), (64, 1), (128, 2), (256, 4)]
+_CONFIGS = [triton.Config(dict(BM=bm, BN=bn, SPLIT_K=sk), num_warps=nw, num_stages=st)
+            for bm in (8, 16, 32) for bn, nw in _TILES for sk in (1, 2, 4, 8) for st in ((2, 3) if bm == 8 else (2,))]
+# cache_results: the choices are kept in Triton's cache dir, so the app's next start does not tune again
+gemv_tuned = triton.autotune(_CONFIGS, key=["N", "K", "G", "BITS", "M_BUCKET"], do_bench=_bench_quick,
+                              prune_configs_by={"early_config_prune": _prune_configs}, cache_results=True)(_gemv_kernel)
+
+
+def gemv(x2, words, scales, zeros, y, bits: int, group_size: int, config: dict | None):
+    """y [M, N] = x2 [M, K] @ W^T. config (BM, BN, SPLIT_K, optionally num_warps / num_stages) forces one
+    config; None: the autotuner's (a fixed one under the interpreter)."""
+    if bits == 8 and (x2.stride(0) % 2 or x2.data_ptr() % 4):
+        x2 = x2.contiguous()                # 16-bit x is read as 32-bit pairs
+    part, count = splitk_scratch(x2.device)
+    (M, K), N = x2.shape, y.shape[1]
+    args = dict(M=M, N=N, K=K, stride_xm=x2.stride(0), stride_ym=y.stride(0), M_BUCKET=m_bucket(M), BITS=bits,
+                G=group_size, USE_ASM=not INTERPRET, DOT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
+                **pdl.launch_args(x2.device))
+    if config is None and INTERPRET:
+        config = dict(BM=m_bucket(M), BN=32, SPLIT_K=1)
+    assert config is None or config["BM"] >= M and (config["SPLIT_K"] == 1 or (
+        config["SPLIT_K"] * config["BM"] * N <= SPLITK_FLOATS and triton.cdiv(N, config["BN"]) <= SPLITK_COUNTERS)), \
+        "BM must cover all M rows, split-K must fit its scratch"
+    grid = lambda meta: (triton.cdiv(N, meta["BN"]), meta["SPLIT_K"])  # noqa: E731
+    if config is None:
+        gemv_tuned[grid](x2, words, scales, zeros, y, part, count, **args)
+    else:
+        _gemv_kernel[grid](x2, words, scales, zeros, y, part, count, **args, **config)

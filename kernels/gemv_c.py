@@ -1,0 +1,373 @@
+"""GEMV variant C (int4, M <= 8, 16-bit x, G = 64 or 128; the default there), one launch, no autotuner; the int4
+layout and the code-to-float trick are in kernels/quant_format.py:
+- tensor-core mma.sync.m16n8k16 issued by inline PTX on the packed words as they lie: a warp's two 512-byte loads
+  of a tile's block are 16 rows x 128 k of A fragments once a lop3 (and a shift) turn each nibble pair into two
+  16-bit floats B + c (B = 128 in bf16); x (padded to 8 rows) is the B operand, loaded 16 bytes per lane straight
+  into fragments, and the mma's k order is a permutation of the block's that A and B share (kernel docstring).
+  A second mma with A = 1 sums x per group; per group and output y += s D - (B + z) s sum x.
+- the mma needs each lane to hold its fragment: every tensor is 1-D of 32 x warps elements, which Triton lays out
+  one element per lane (checked by the GPU tests; the interpreter runs the mma written out in tl ops).
+- program = a run of equal length of (row group of NW warps x R tiles, K block) units, row group after row group
+  (stream-K): the grid is one wave of GEMV_C_PROGRAMS_PER_SM programs per SM whatever the shape; a row group
+  shared by several programs is summed by the last of them to arrive, in order (deterministic). The next block's
+  words, scales and x are loaded ahead (a barrier keeps them above the work); the loop is unrolled twice (no
+  register copies) and capped at 128 registers (16 one-warp programs resident per SM).
+- ~52 instructions per 1,024 weights (sm_90 SASS, 210 per 4,096 at R = 2: 16 + 8 HMMA, 64 LOP3, 48 SHF), against
+  ~125 for an FMA kernel. On the H200 at 27B shapes, 64 GEMVs of 16 layers replayed in one graph take 16.8 µs
+  each at M = 1 (3.0 TB/s; x loaded after the barrier: 18.7, the split-K grid before that: 20.6)
+  (docs/performance.md, fifth and sixth sessions).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import pdl
+from kernels.quant_format import Int4Weight, code_bits, group_param_offs, int4_row_words, shift
+from kernels.runtime import INTERPRET, sm_count
+from kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, splitk_scratch, store_tile
+
+GEMV_C_MAX_M = 8                # variant C's limit (x rows are the 8 columns of the mma's B operand)
+
+
+@triton.jit
+def _halves_f32(r, FP16: tl.constexpr):
+    """int32 r holding two 16-bit floats -> (low, high) as fp32 (the interpreter's mma)."""
+    if FP16:
+        lo = (r & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = ((r >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    else:
+        lo = (r << 16).to(tl.float32, bitcast=True)
+        hi = (r & -65536).to(tl.float32, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
+def _fragment(r, FP16: tl.constexpr, NW: tl.constexpr):
+    """A register of every lane [32 NW] (lane 4 g + t: the pair at columns 2t, 2t + 1 of row g) -> [NW, 8, 8]."""
+    lo, hi = _halves_f32(r, FP16)
+    return tl.reshape(tl.join(tl.reshape(lo, (NW, 8, 4)), tl.reshape(hi, (NW, 8, 4))), (NW, 8, 8))
+
+
+@triton.jit
+def _mma_emulated(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, FP16: tl.constexpr):
+    """mma.sync m16n8k16 of each warp's 32 lanes, written out for the interpreter: the same fragments in and out."""
+    NW: tl.constexpr = a0.shape[0] // 32
+    B0 = _fragment(b0, FP16, NW)[:, None, :, :]            # [w, 1, n, k]
+    B1 = _fragment(b1, FP16, NW)[:, None, :, :]
+    top = tl.sum(_fragment(a0, FP16, NW)[:, :, None, :] * B0 + _fragment(a2, FP16, NW)[:, :, None, :] * B1, axis=3)
+    bottom = tl.sum(_fragment(a1, FP16, NW)[:, :, None, :] * B0 + _fragment(a3, FP16, NW)[:, :, None, :] * B1, axis=3)
+    d0, d1 = tl.split(tl.reshape(top, (NW, 8, 4, 2)))       # [w, g, t]: columns 2t, 2t + 1 of row g
+    d2, d3 = tl.split(tl.reshape(bottom, (NW, 8, 4, 2)))
+    return (c0 + tl.reshape(d0, (32 * NW,)), c1 + tl.reshape(d1, (32 * NW,)),
+            c2 + tl.reshape(d2, (32 * NW,)), c3 + tl.reshape(d3, (32 * NW,)))
+
+
+@triton.jit
+def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, FP16: tl.constexpr, EMULATE: tl.constexpr):
+    """D = A B + C for each warp: mma.sync.m16n8k16 with A [16, 16] and B [16, 8] 16-bit, C and D fp32, in PTX's
+    fragments (lane 4 g + t holds A rows g / g + 8 at columns 2t, 2t + 1 (a0 / a1) and 2t + 8, 2t + 9 (a2 / a3),
+    B column g at rows 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1), C / D rows g / g + 8 at columns 2t, 2t + 1).
+    Every tensor is [32 NW], element i in lane i % 32 of warp i // 32: Triton's layout of a 1-D tensor of that size."""
+    if EMULATE:
+        d0, d1, d2, d3 = _mma_emulated(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, FP16)
+    else:
+        ASM: tl.constexpr = ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 " if FP16 else
+                             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 ")
+        d0, d1, d2, d3 = tl.inline_asm_elementwise(
+            ASM + "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+            "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+            dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+    return d0, d1, d2, d3
+
+
+@triton.jit
+def _pick(t0, t1, t2, t3, j: tl.constexpr):
+    if j == 0:
+        t = t0
+    elif j == 1:
+        t = t1
+    elif j == 2:
+        t = t2
+    else:
+        t = t3
+    return t
+
+
+@triton.jit
+def _load_block_c(w_ptrs, s_ptrs, z_ptrs, blk, groups, G: tl.constexpr):
+    """Block blk of the lane's tile: words 4t..4t+3 of its rows g and g + 8 (16 bytes each; w_ptrs: row g's), and for
+    h = 0, 1 the scales and zeros of the group of k = 128 blk + 64 h, each a 32-bit word holding rows g and g + 8
+    (s_ptrs / z_ptrs: the rows' words at group 0)."""
+    wa = tl.load(w_ptrs + blk * 256, cache_modifier=".cg")
+    wb = tl.load(w_ptrs + blk * 256 + 128, cache_modifier=".cg")
+    g0 = tl.minimum(blk * 128 // G, groups - 1)                     # (K padding: x = 0 there)
+    s0, z0 = tl.load(s_ptrs + g0 * 8), tl.load(z_ptrs + g0 * 8)
+    if G == 64:
+        g1 = tl.minimum(g0 + 1, groups - 1)
+        s1, z1 = tl.load(s_ptrs + g1 * 8), tl.load(z_ptrs + g1 * 8)
+    else:
+        s1, z1 = s0, z0
+    return wa, wb, s0, z0, s1, z1
+
+
+@triton.jit
+def _load_x_plane_c(x_ptrs, blk, p: tl.constexpr, K, EVEN_K: tl.constexpr):
+    """The lane's x pairs of plane p of block blk, one 16-byte run: pairs 64 blk + 16 p + 4t + j (k = 2 pair,
+    2 pair + 1), j = 0..3; 0 for k past K (the padding codes are not 0); kept in L1 for the other programs."""
+    if EVEN_K:
+        x = tl.load(x_ptrs + blk * 64 + 16 * p, eviction_policy="evict_last")
+    else:
+        mask = 2 * (blk * 64 + 16 * p + tl.arange(0, 4)[None, :]) < K
+        x = tl.load(x_ptrs + blk * 64 + 16 * p, mask=mask, other=0, eviction_policy="evict_last")
+    return x
+
+
+@triton.jit
+def _load_x_c(x_ptrs, blk, K, EVEN_K: tl.constexpr):
+    """The lane's x pairs of the four planes of block blk (_load_x_plane_c)."""
+    return (_load_x_plane_c(x_ptrs, blk, 0, K, EVEN_K), _load_x_plane_c(x_ptrs, blk, 1, K, EVEN_K),
+            _load_x_plane_c(x_ptrs, blk, 2, K, EVEN_K), _load_x_plane_c(x_ptrs, blk, 3, K, EVEN_K))
+
+
+@triton.jit
+def _split_cols(t):
+    """[R, 4] -> its four columns (each lane holds its row's 4: no data moves)."""
+    even, odd = tl.split(tl.reshape(t, (t.shape[0], 2, 2)))
+    c0, c2 = tl.split(even)
+    c1, c3 = tl.split(odd)
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _code_pair_c(w, p: tl.constexpr, MAGIC: tl.constexpr, USE_ASM: tl.constexpr):
+    """The codes in nibbles p and p + 4 of each word w as two 16-bit floats B + c (B = 128 in bf16, 1024 in fp16:
+    MAGIC holds B in both halves, the code fills the low mantissa bits) in one int32, low half from nibble p: a lop3,
+    after a shift for p > 0."""
+    return code_bits(shift(w, -4 * p), 0x000F000F, MAGIC, USE_ASM)
+
+
+@triton.jit
+def _tile_block_c(f, h: tl.constexpr, xe0, xe1, xe2, xe3, xo0, xo1, xo2, xo3, d0, d1, d2, d3,
+                  MAGIC: tl.constexpr, FP16: tl.constexpr, EMULATE: tl.constexpr):
+    """d += the four mmas of half h of one tile's block f (_load_block_c): for plane p = 2h (x pairs xe) and 2h + 1
+    (xo) and m = 0, 1, the codes of plane p of the lane's words 4t + 2m and 4t + 2m + 1 against the x pairs 2m and
+    2m + 1 of the plane (adjacent in the lane's load: the B fragment as it is)."""
+    wa, wb, s0, z0, s1, z1 = f
+    wa0, wa1, wa2, wa3 = _split_cols(wa)
+    wb0, wb1, wb2, wb3 = _split_cols(wb)
+    for p in tl.static_range(2 * h, 2 * h + 2):
+        for m in tl.static_range(2):
+            a_lo, a_hi = _pick(wa0, wa1, wa2, wa3, 2 * m), _pick(wa0, wa1, wa2, wa3, 2 * m + 1)
+            b_lo, b_hi = _pick(wb0, wb1, wb2, wb3, 2 * m), _pick(wb0, wb1, wb2, wb3, 2 * m + 1)
+            if p == 2 * h:
+                x_lo, x_hi = _pick(xe0, xe1, xe2, xe3, 2 * m), _pick(xe0, xe1, xe2, xe3, 2 * m + 1)
+            else:
+                x_lo, x_hi = _pick(xo0, xo1, xo2, xo3, 2 * m), _pick(xo0, xo1, xo2, xo3, 2 * m + 1)
+            d0, d1, d2, d3 = _mma(_code_pair_c(a_lo, p, MAGIC, not EMULATE), _code_pair_c(b_lo, p, MAGIC, not EMULATE),
+                                  _code_pair_c(a_hi, p, MAGIC, not EMULATE), _code_pair_c(b_hi, p, MAGIC, not EMULATE),
+                                  x_lo, x_hi, d0, d1, d2, d3, FP16, EMULATE)
+    return d0, d1, d2, d3
+
+
+@triton.jit
+def _tile_group_c(acc0, acc1, acc2, acc3, d0, d1, d2, d3, e0, e1, f, h: tl.constexpr, BIAS: tl.constexpr,
+                  FP16: tl.constexpr):
+    """acc += s D - (B + z) s sum(x) for the group of half h of block f: D = sum (B + c) x (d0, d1: row g, columns
+    2t, 2t + 1; d2, d3: row g + 8), e0 / e1: the sums of x of columns 2t / 2t + 1."""
+    wa, wb, s0, z0, s1, z1 = f
+    sa, sb = _halves_f32(s0 if h == 0 else s1, FP16)                 # rows g, g + 8
+    za, zb = _halves_f32(z0 if h == 0 else z1, FP16)
+    return (acc0 + sa * d0 - (BIAS + za) * sa * e0, acc1 + sa * d1 - (BIAS + za) * sa * e1,
+            acc2 + sb * d2 - (BIAS + zb) * sb * e0, acc3 + sb * d3 - (BIAS + zb) * sb * e1)
+
+
+@triton.jit
+def _block_c(f0, f1, xs, a00, a01, a02, a03, a10, a11, a12, a13, zero, one, G: tl.constexpr, FP16: tl.constexpr,
+             R: tl.constexpr, MAGIC: tl.constexpr, BIAS: tl.constexpr, EMULATE: tl.constexpr):
+    """The work of one block (weights f0 / f1, x planes xs): the x-sum and weight mmas, and per group the scale and
+    zero into the accumulators (tile 0: a0*, tile 1: a1* when R = 2)."""
+    x0, x1, x2, x3 = xs
+    for h in tl.static_range(2):
+        if h == 0 or G == 64:
+            d00, d01, d02, d03 = zero, zero, zero, zero
+            d10, d11, d12, d13 = zero, zero, zero, zero
+            e0, e1, e2, e3 = zero, zero, zero, zero
+        if h == 0:                                                   # x pairs of planes 2h, 2h + 1
+            xe0, xe1, xe2, xe3 = _split_cols(x0)
+            xo0, xo1, xo2, xo3 = _split_cols(x1)
+        else:
+            xe0, xe1, xe2, xe3 = _split_cols(x2)
+            xo0, xo1, xo2, xo3 = _split_cols(x3)
+        for m in tl.static_range(2):
+            e0, e1, e2, e3 = _mma(one, one, one, one, _pick(xe0, xe1, xe2, xe3, 2 * m),
+                                  _pick(xe0, xe1, xe2, xe3, 2 * m + 1), e0, e1, e2, e3, FP16, EMULATE)
+            e0, e1, e2, e3 = _mma(one, one, one, one, _pick(xo0, xo1, xo2, xo3, 2 * m),
+                                  _pick(xo0, xo1, xo2, xo3, 2 * m + 1), e0, e1, e2, e3, FP16, EMULATE)
+        d00, d01, d02, d03 = _tile_block_c(f0, h, xe0, xe1, xe2, xe3, xo0, xo1, xo2, xo3, d00, d01, d02, d03,
+                                           MAGIC, FP16, EMULATE)
+        if R == 2:
+            d10, d11, d12, d13 = _tile_block_c(f1, h, xe0, xe1, xe2, xe3, xo0, xo1, xo2, xo3, d10, d11, d12, d13,
+                                               MAGIC, FP16, EMULATE)
+        if h == 1 or G == 64:                   # e0 = e2: the sum of x of column 2t, e1 = e3: of 2t + 1
+            a00, a01, a02, a03 = _tile_group_c(a00, a01, a02, a03, d00, d01, d02, d03, e0, e1, f0, h, BIAS, FP16)
+            if R == 2:
+                a10, a11, a12, a13 = _tile_group_c(a10, a11, a12, a13, d10, d11, d12, d13, e0, e1, f1, h, BIAS, FP16)
+    return a00, a01, a02, a03, a10, a11, a12, a13
+
+
+@triton.jit(do_not_specialize=["per"])
+def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_x, stride_ym, per,
+                   G: tl.constexpr, FP16: tl.constexpr, NW: tl.constexpr, R: tl.constexpr, UNROLL: tl.constexpr,
+                   EVEN_K: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr):
+    """y = x @ W^T for this program's run of work units; each warp R 16-row tiles, one mma.sync per 16 rows x 16 k.
+
+    The words serve as A fragments as they lie: lane 4g + t loads words 4t..4t+3 of rows g and g + 8 (16 bytes
+    each; the warp reads the tile's 1 KiB block in two 512-byte runs); word j's nibble plane p holds the codes at
+    k = 32p + 2j + (0, 1), a lop3 (and a shift) make them a 16-bit pair B + c. The mma (p, m) takes plane p of
+    words 4t + 2m and 4t + 2m + 1 as its columns (2t, 2t + 1) and (2t + 8, 2t + 9); its B fragment is x at the same
+    k: x pairs 64 blk + 16p + 4t + 2m and the next, which sit side by side in the lane's 16-byte load of x. The
+    mma's k order is thus a permutation of the block's that A and B share. x row n is B's column n (M <= 8). A
+    second mma with A = 1 (one per (p, m), shared by the warp's tiles) sums x per group and hands every lane the
+    sums of its D columns; then per group y += s D - (B + z) s sum(x).
+
+    Work split (stream-K): a unit is one K block of one row group (NW warps x R tiles); the units, row group after
+    row group, are cut into runs of `per`, one run per program, so that the grid is one wave of equal programs
+    whatever N and K (with a fixed split-K, a second, part-filled wave or two-block programs made the 27B shapes
+    up to a fifth slower on the H200). A run ends one row group, covers whole ones and starts another: for each
+    row group it meets, the program sums its blocks and stores them (store_tile: directly when it had all of the
+    row group's blocks, else as partial number pid - first of the group's programs, which the last to arrive adds in
+    order).
+
+    PDL (kernels/pdl.py): lets the next kernel start at once, loads its first weights, then waits for the kernel
+    before it, before it reads x or writes anything."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    pid = tl.program_id(0)
+    blocks = tl.cdiv(K, 128)
+    groups = K // G
+    u = pid * per
+    u_end = tl.minimum(u + per, tl.cdiv(N, 16 * R * NW) * blocks)
+    i = tl.arange(0, 32 * NW)
+    lane = i % 32
+    g = lane // 4
+    t = lane % 4
+    j4 = tl.arange(0, 4)[None, :]
+    last_tile = (N - 1) // 16 * 16                             # a tile past N: the last one again (not stored)
+    s32, z32 = s_ptr.to(tl.pointer_type(tl.int32)), z_ptr.to(tl.pointer_type(tl.int32))
+    # x row g is B column g; lanes g >= M read row M - 1 again (their columns of y are not stored)
+    x_ptrs = x_ptr.to(tl.pointer_type(tl.int32)) + (tl.minimum(g, M - 1) * stride_x + 4 * t)[:, None] + j4
+    MAGIC: tl.constexpr = 0x64006400 if FP16 else 0x43004300
+    BIAS: tl.constexpr = 1024.0 if FP16 else 128.0
+    one = tl.full((32 * NW,), 0x3C003C00 if FP16 else 0x3F803F80, tl.int32)
+    zero = tl.zeros((32 * NW,), tl.float32)
+    while u < u_end:
+        row_group = u // blocks
+        b0 = u % blocks
+        b1 = tl.minimum(blocks, b0 + u_end - u)
+        row0 = (row_group * NW + i // 32) * (16 * R) + g              # the lane's row g of its warp's first tile
+        r0 = tl.minimum(row0 - g, last_tile) + g
+        w0 = int4_row_words(w_ptr, r0, blocks)[:, None] + (4 * t)[:, None] + j4
+        sz0 = group_param_offs(r0, 0, groups) // 2          # the word of rows g, g + 8 (r0 % 16 = g < 8)
+        s0, z0 = s32 + sz0, z32 + sz0
+        if R == 2:
+            r1 = tl.minimum(row0 + 16 - g, last_tile) + g
+            w1 = int4_row_words(w_ptr, r1, blocks)[:, None] + (4 * t)[:, None] + j4
+            sz1 = group_param_offs(r1, 0, groups) // 2
+            s1, z1 = s32 + sz1, z32 + sz1
+        a00, a01, a02, a03 = zero, zero, zero, zero           # tile 0's y: rows g, g + 8 x columns 2t, 2t + 1
+        a10, a11, a12, a13 = zero, zero, zero, zero           # tile 1's (R = 2)
+        p0 = _load_block_c(w0, s0, z0, b0, groups, G)       # one block in flight
+        p1 = _load_block_c(w1, s1, z1, b0, groups, G) if R == 2 else p0
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        x0, x1, x2, x3 = _load_x_c(x_ptrs, b0, K, EVEN_K)
+        for blk in tl.range(b0, b1, loop_unroll_factor=UNROLL):
+            f0, f1, xs = p0, p1, (x0, x1, x2, x3)
+            ahead = tl.minimum(blk + 1, b1 - 1)               # the last block again at the end: no masks to zero-fill
+            p0 = _load_block_c(w0, s0, z0, ahead, groups, G)
+            p1 = _load_block_c(w1, s1, z1, ahead, groups, G) if R == 2 else p0
+            x0, x1, x2, x3 = _load_x_c(x_ptrs, ahead, K, EVEN_K)
+            # a barrier between the loads ahead and this block's work: else they sink down to the loop's end, and no
+            # block is in flight.
+            tl.debug_barrier()
+            a00, a01, a02, a03, a10, a11, a12, a13 = _block_c(
+                f0, f1, xs, a00, a01, a02, a03, a10, a11, a12, a13, zero, one, G, FP16, R, MAGIC, BIAS, EMULATE)
+        cols = tl.join(tl.join(2 * t, 2 * t + 1), tl.join(2 * t, 2 * t + 1))     # [32 NW, 2 (row g / g + 8), 2]
+        rows = tl.join(tl.join(row0, row0), tl.join(row0 + 8, row0 + 8))
+        y = tl.join(tl.join(a00, a01), tl.join(a02, a03))
+        if R == 2:                                                       # [32 NW, 2, 2, 2 (tile)]
+            y = tl.join(y, tl.join(tl.join(a10, a11), tl.join(a12, a13)))
+            rows = tl.join(rows, rows + 16)
+            cols = tl.join(cols, cols)
+        first = row_group * blocks // per                     # the programs with blocks of this row group
+        last = ((row_group + 1) * blocks - 1) // per
+        store_tile(y, rows, cols, y_ptr, part_ptr, count_ptr, M, N, stride_ym, row_group, pid - first,
+                   last - first + 1)
+        u += b1 - b0
+
+
+GEMV_C_PROGRAMS_PER_SM = 16     # one-warp programs resident per SM at 128 registers: the grid is one wave of them
+GEMV_C_DEFAULT = dict(NW=1, R=2, UNROLL=2, MAXNREG=128, PER_SM=GEMV_C_PROGRAMS_PER_SM)
+
+
+def gemv_c_configs() -> list[dict]:
+    """Variant C's configs (NW warps per program, R 16-row tiles per warp, UNROLL, MAXNREG registers per thread,
+    PER_SM programs per SM); the launcher uses the first. On the H200 (27B shapes, 64 GEMVs in one graph, M = 1):
+    the loop unrolled twice issues ~10% fewer instructions (no register copies of the block loaded ahead), capped at
+    128 registers it keeps 16 warps per SM (144 uncapped: 14), and the stream-K grid of one wave: 18.7 µs per GEMV
+    against 20.6 for the split-K kernel before (docs/performance.md, fifth session); 16.8 with x loaded ahead."""
+    best = GEMV_C_DEFAULT
+    return [best, {**best, "PER_SM": 2 * GEMV_C_PROGRAMS_PER_SM}, {**best, "UNROLL": 1, "MAXNREG": None},
+            dict(NW=1, R=1, UNROLL=2, MAXNREG=None, PER_SM=GEMV_C_PROGRAMS_PER_SM), {**best, "NW": 2, "PER_SM": 8}]
+
+
+def gemv_c_supports(x2: torch.Tensor, w: Int4Weight) -> bool:
+    """Variant C takes M <= 8 rows of 16-bit x, groups of 64 or 128, and needs the bf16 / fp16 mma of sm_80+."""
+    return (x2.shape[0] <= GEMV_C_MAX_M and w.group_size in (64, 128) and x2.dtype in (torch.bfloat16, torch.float16)
+            and (not x2.is_cuda or _capability(x2.device) >= (8, 0)))
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def gemv_c_grid(N: int, K: int, config: dict, sms: int) -> tuple[int, int]:
+    """(programs, units per program) of variant C: config["PER"] units per program if given, else a run per
+    resident program slot (PER_SM x SMs). A run longer than a row group is made whole row groups, so no partial
+    sums are needed where N is large (an int4 LM head: 248,320 rows)."""
+    nw, r, blocks = config.get("NW", 1), config.get("R", 2), triton.cdiv(K, 128)
+    units = triton.cdiv(N, 16 * r * nw) * blocks
+    per = config.get("PER") or triton.cdiv(units, config.get("PER_SM", GEMV_C_PROGRAMS_PER_SM) * sms)
+    if per > blocks:
+        per = triton.cdiv(per, blocks) * blocks
+    return triton.cdiv(units, per), per
+
+
+def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None):
+    """y [M, N] = x2 [M, K] @ W^T for M <= 8 (variant C), one launch. config (gemv_c_configs' keys, PER, PDL) forces
+    one; None: GEMV_C_DEFAULT (the first of gemv_c_configs). PDL on (kernels/pdl.py) unless config says PDL=False."""
+    (M, K), N = x2.shape, y.shape[1]
+    assert gemv_c_supports(x2, w), "variant C: M <= 8, group 64 or 128, 16-bit x"
+    if x2.stride(0) % 2 or x2.data_ptr() % 16:
+        x2 = x2.contiguous()                    # x is read as int32 pairs, 4 at a time
+    config = config or GEMV_C_DEFAULT
+    nw, r, blocks = config.get("NW", 1), config.get("R", 2), triton.cdiv(K, 128)
+    programs, per = gemv_c_grid(N, K, config, sm_count(x2.device) if x2.is_cuda else 132)
+    launch = pdl.launch_args(x2.device) if config.get("PDL", True) else {"PDL": False}
+    if x2.is_cuda and config.get("MAXNREG"):
+        launch["maxnreg"] = config["MAXNREG"]
+    part, count = splitk_scratch(x2.device)
+    parts = 1 if per % blocks == 0 else triton.cdiv(blocks, per) + 1    # the most programs on one row group
+    assert parts == 1 or (parts * M * N <= SPLITK_FLOATS and triton.cdiv(N, 16 * r * nw) <= SPLITK_COUNTERS), \
+        "the partial sums must fit their scratch"
+    _gemv_c_kernel[(programs,)](x2, w.qweight, w.scales, w.zeros, y, part, count, M, N, K, x2.stride(0) // 2,
+                                y.stride(0), per, G=w.group_size, FP16=x2.dtype == torch.float16, NW=nw, R=r,
+                                UNROLL=config.get("UNROLL", 1), EVEN_K=K % 128 == 0, EMULATE=INTERPRET, num_warps=nw,
+                                num_stages=1, **launch)
+
