@@ -124,7 +124,8 @@ def int4_linear_triton(x: torch.Tensor, w: Int4Weight, config: dict | None = Non
 
 
 def int8_linear_triton(x: torch.Tensor, w: Int8Weight, config: dict | None = None) -> torch.Tensor:
-    """x [..., K] -> [..., N] in x's dtype: GEMV for M <= 32 rows (config: see gemv_a.gemv), else dequantise + matmul."""
+    """x [..., K] -> [..., N] in x's dtype: GEMV for M <= 32 rows (config: see gemv_a.gemv), else dequantise +
+    matmul."""
     N, K = w.shape
     x2 = _rows(x, K)
     M = x2.shape[0]
