@@ -107,6 +107,25 @@ def test_a_killed_process_leaves_a_miss_and_its_leftovers_are_cleared(checkpoint
     assert cache.lookup(key) is not None and [p.name for p in root.iterdir()] == [key]
 
 
+@pytest.mark.parametrize("damage", ["truncated shard", "missing shard", "unreadable manifest"])
+def test_a_damaged_entry_is_a_miss_and_is_converted_again(checkpoint, tmp_path, damage):
+    path = checkpoint("base")
+    cache = ConvertCache(tmp_path / "cache", shard_bytes=20_000)
+    key = cache_key(source_identity(path), POLICY)
+    first = dict(converted_weights(path, POLICY, cache=cache))
+    shard = sorted(cache.lookup(key).path.glob("*.safetensors"))[-1]
+    if damage == "truncated shard":
+        shard.write_bytes(shard.read_bytes()[:shard.stat().st_size // 2])
+    elif damage == "missing shard":
+        shard.unlink()
+    else:
+        (shard.parent / "manifest.json").write_text("{not json")
+    assert not cache.has(key) and cache.lookup(key) is None and cache.entries() == []    # removed: a miss
+    second = dict(converted_weights(path, POLICY, cache=cache))
+    assert first.keys() == second.keys() and all(same(first[n], second[n]) for n in first)
+    assert cache.lookup(key) is not None
+
+
 def test_the_key_follows_the_source_and_the_policy(checkpoint, tmp_path):
     path = checkpoint("wrapper_tied_sharded_bf16")
     key = cache_key(source_identity(path), POLICY)

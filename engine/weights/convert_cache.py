@@ -26,7 +26,7 @@ import platformdirs
 import torch
 from safetensors.torch import save_file
 
-from engine.weights.checkpoint import TensorReader, list_tensors
+from engine.weights.checkpoint import CheckpointError, TensorReader, list_tensors
 from engine.weights.formats import ActOrderInt4, WeightSource
 from engine.weights.quantize import DEFAULT_POLICY, Int4, Int8, QuantPolicy, dequantize, quantize_int4, quantize_int8
 
@@ -187,11 +187,23 @@ class ConvertCache:
         self.shard_bytes = shard_bytes
 
     def has(self, key: str) -> bool:
-        """Whether a complete entry for `key` exists (its manifest is written last)."""
-        return (self.root / key / MANIFEST).exists()
+        """Whether a complete, readable entry for `key` exists: its manifest (written last) is there and parses, and
+        its shards hold every byte their headers declare. A damaged entry (a truncated or missing shard, a broken
+        manifest: a full disk, a file removed by hand) is removed, so that it counts as a miss and is converted
+        again from the checkpoint."""
+        path = self.root / key
+        if not (path / MANIFEST).exists():
+            return False
+        try:
+            json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+            list_tensors(path)
+        except (CheckpointError, OSError, ValueError):
+            self.evict(key)
+            return False
+        return True
 
     def lookup(self, key: str) -> CacheEntry | None:
-        """The complete entry for `key`, or None (a miss)."""
+        """The complete entry for `key`, or None (a miss; a damaged entry is removed, see has())."""
         return CacheEntry(self.root / key) if self.has(key) else None
 
     def writer(self, key: str, meta: dict) -> CacheWriter:
