@@ -1,9 +1,9 @@
-"""Weight-only int4 / int8 linear layers and the int8 embedding gather: which kernel runs where, the large-M path
-and the embedding gather. The formats and references are in kernels/quant_format.py, the decode GEMVs in
-kernels/gemv_a.py (variant A: any M <= 32, int4 and int8) and kernels/gemv_c.py (variant C: int4, M <= 8, the
-default there).
+"""Weight-only int4 / int8 linear layers and the int8 embedding gather: which kernel runs where.
 
-Large M (prefill): the weight is dequantised in row chunks into a reusable scratch and multiplied by torch.
+- M <= 32 rows (decode, speculative verify): a GEMV, kernels/gemv_c.py (variant C: int4, M <= 8, the default
+  there) or kernels/gemv_a.py (variant A: int4 and int8, any M <= 32).
+- Large M (prefill): the weight is dequantised in row chunks into a reusable scratch and multiplied by torch.
+- Elsewhere than CUDA: the torch references of kernels/quant_format.py, which also holds the formats.
 """
 
 from __future__ import annotations
