@@ -97,7 +97,10 @@ class GatedDeltaNet(nn.Module):
         hv, h = cfg.linear_num_v_heads, cfg.hidden_size
         qkvz = {"in_proj_qkv": cfg.conv_dim, "in_proj_z": cfg.linear_value_dim}
         ba = {"in_proj_b": hv, "in_proj_a": hv}
-        if build.scheme(f"{prefix}in_proj_qkv.weight", (cfg.conv_dim, h)) == build.scheme(f"{prefix}in_proj_b.weight", (hv, h)):
+        # one fused in_proj when b / a take in_proj's scheme; else (the policy keeps b / a 16-bit) a Linear of their own
+        same_scheme = build.scheme(f"{prefix}in_proj_qkv.weight", (cfg.conv_dim, h)) == \
+            build.scheme(f"{prefix}in_proj_b.weight", (hv, h))
+        if same_scheme:
             self.in_proj, self.in_proj_ba = Linear(h, {**qkvz, **ba}, build, prefix), None
         else:
             self.in_proj, self.in_proj_ba = Linear(h, qkvz, build, prefix), Linear(h, ba, build, prefix)
