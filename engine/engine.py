@@ -125,12 +125,15 @@ class Engine:
             self._warm_up()
 
     def _warm_up(self) -> None:
-        """Run the prefill shapes once (a full chunk and an odd length) so that the first user request
-        does not pay for Triton compiling and tuning kernels; what they cache is dropped."""
-        n = min(self.config.prefill_chunk, self.max_context - 2)
-        for i, length in enumerate((n, 17)):
-            self._progress("Warming up", i, 2)
-            self.generate([(7 * i) % self.model_config.vocab_size for i in range(length)],
+        """Run the prefill shapes once so that the first user request does not pay for Triton compiling and
+        tuning kernels: a full chunk, an odd length, and a short prompt whose step saves the GDN state in passing
+        (a snapshot a page in: what most chat prompts do, a kernel variant of its own). What they cache is
+        dropped."""
+        page = self.cache.page_size
+        lengths = (min(self.config.prefill_chunk, self.max_context - 2), 17, min(page + 33, self.max_context - 2))
+        for i, length in enumerate(lengths):        # prompts with no prefix in common: each one prefills all
+            self._progress("Warming up", i, len(lengths))
+            self.generate([(7 * t + i) % self.model_config.vocab_size for t in range(length)],
                           SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
 
     @classmethod

@@ -295,3 +295,25 @@ def test_nothing_left_to_sample_is_an_error_not_token_zero(eng):
     assert final.finish_reason == "error" and "excluded" in final.error
     with pytest.raises(ValueError, match="seed"):
         eng.submit(prompt(5, 1), SamplingParams(seed=1 << 70))
+
+
+def test_warm_up_runs_the_prefill_variants_a_first_chat_prompt_needs(ckpt, monkeypatch):
+    """On CUDA the engine warms up at load so that a first request compiles no Triton kernel; a short prompt
+    whose prefill step saves the GDN state in passing (what most chat prompts do) uses a kernel variant of its
+    own, so the warm-up must run one (called here on the CPU, where the ops are the references)."""
+    from kernels import gdn, ops
+    steps = []
+    real = ops.gated_delta_rule
+
+    def spy(q, *args):
+        steps.append((q.shape[0], len(args) > 8 and args[8] is not None))     # (tokens, snapshot in the step)
+        return real(q, *args)
+    e = make(ckpt, max_context=1024)
+    try:
+        monkeypatch.setattr(ops, "gated_delta_rule", spy)
+        e._warm_up()
+        assert_idle(e)
+    finally:
+        e.close()
+    assert any(snap and tokens <= gdn.RECURRENT_MAX_TOKENS for tokens, snap in steps), steps
+    assert any(not snap and tokens % 2 for tokens, snap in steps), steps     # the odd length
