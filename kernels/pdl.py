@@ -13,11 +13,12 @@ ENABLED switches it off for comparisons; the GPU and Triton (3.4 on) must suppor
 """
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
+
+from kernels.runtime import INTERPRET
 
 ENABLED = True
 
@@ -25,7 +26,7 @@ ENABLED = True
 @functools.lru_cache(maxsize=None)
 def supported(device: torch.device) -> bool:
     """sm_90+ and a Triton that launches with PDL; never under the interpreter."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    if device.type != "cuda" or INTERPRET:
         return False
     from triton.backends.nvidia.compiler import CUDAOptions   # (here: the CUDA backend only for a CUDA device)
     return (torch.cuda.get_device_capability(device) >= (9, 0) and hasattr(tl.extra.cuda, "gdc_wait")

@@ -89,12 +89,13 @@ def _decode(kind: str, name: str, get: Callable[[str], torch.Tensor]) -> Weight:
 
 
 class CacheEntry:
-    """A complete cached conversion; weights are read one at a time."""
+    """A complete cached conversion; weights are read one at a time. Opening one reads its manifest and checks that
+    its shards hold every byte their headers declare (CheckpointError, OSError or ValueError if not)."""
 
     def __init__(self, path: Path):
         self.path = path
         self.manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-        self._tensors = None
+        self._tensors = list_tensors(path)
         self._readers: dict[str, TensorReader] = {}
 
     @property
@@ -105,8 +106,6 @@ class CacheEntry:
         return list(self.manifest["weights"])
 
     def read(self, name: str, device: str = "cpu") -> Weight:
-        if self._tensors is None:
-            self._tensors = list_tensors(self.path)
         if device not in self._readers:
             self._readers[device] = TensorReader(device)
         reader = self._readers[device]
@@ -187,24 +186,19 @@ class ConvertCache:
         self.shard_bytes = shard_bytes
 
     def has(self, key: str) -> bool:
-        """Whether a complete, readable entry for `key` exists: its manifest (written last) is there and parses, and
-        its shards hold every byte their headers declare. A damaged entry (a truncated or missing shard, a broken
-        manifest: a full disk, a file removed by hand) is removed, so that it counts as a miss and is converted
-        again from the checkpoint."""
-        path = self.root / key
-        if not (path / MANIFEST).exists():
-            return False
-        try:
-            json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-            list_tensors(path)
-        except (CheckpointError, OSError, ValueError):
-            self.evict(key)
-            return False
-        return True
+        return self.lookup(key) is not None
 
     def lookup(self, key: str) -> CacheEntry | None:
-        """The complete entry for `key`, or None (a miss; a damaged entry is removed, see has())."""
-        return CacheEntry(self.root / key) if self.has(key) else None
+        """The complete, readable entry for `key`, or None (a miss). An entry appears whole (its manifest is written
+        last); a damaged one (a truncated or missing shard, a broken manifest: a full disk, a file removed by hand)
+        is removed, so that it counts as a miss and is converted again from the checkpoint."""
+        if not (self.root / key / MANIFEST).exists():
+            return None
+        try:
+            return CacheEntry(self.root / key)
+        except (CheckpointError, OSError, ValueError):
+            self.evict(key)
+            return None
 
     def writer(self, key: str, meta: dict) -> CacheWriter:
         return CacheWriter(self.root, key, meta, self.shard_bytes)
@@ -212,7 +206,8 @@ class ConvertCache:
     def entries(self) -> list[CacheEntry]:
         if not self.root.exists():
             return []
-        return [CacheEntry(p) for p in sorted(self.root.iterdir()) if (p / MANIFEST).exists()]
+        entries = (self.lookup(p.name) for p in sorted(self.root.iterdir()))
+        return [e for e in entries if e is not None]
 
     def size_bytes(self) -> int:
         return sum(e.size_bytes() for e in self.entries())
