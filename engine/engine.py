@@ -29,6 +29,7 @@ from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.streaming import OutputStream, starts_in_reasoning
 from engine.tokenizer import Tokenizer
+from kernels.gdn import RECURRENT_MAX_TOKENS
 
 log = logging.getLogger("qwendesk.engine")
 
@@ -120,17 +121,32 @@ class Engine:
         self._stats = self._collect_stats()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="qwendesk-engine", daemon=True)
+        if self.device.type == "cuda":
+            self._warm_up_linears()
         self._thread.start()
         if self.device.type == "cuda":
             self._warm_up()
 
+    def _warm_up_linears(self) -> None:
+        """Run each quantized weight shape at 2, 16 and 32 rows (a prompt's last step, a short chat turn): the
+        int4 GEMV's build for M > 1 and the autotuned GEMV's M buckets, which otherwise compile and tune on first
+        use (seconds each). Before the loop thread starts: the model is not yet shared."""
+        shapes = {(m.scheme, m.shape): m for m in self.model.modules() if getattr(m, "scheme", "bf16") != "bf16"}
+        with torch.inference_mode():
+            for i, linear in enumerate(shapes.values()):
+                self._progress("Tuning kernels", i, len(shapes))
+                for rows in (2, 16, 32):
+                    linear(torch.zeros(rows, linear.shape[1], dtype=self.dtype, device=self.device))
+
     def _warm_up(self) -> None:
         """Run the prefill shapes once so that the first user request does not pay for Triton compiling and
-        tuning kernels: a full chunk, an odd length, and a short prompt whose step saves the GDN state in passing
-        (a snapshot a page in: what most chat prompts do, a kernel variant of its own). What they cache is
-        dropped."""
+        tuning kernels: a full chunk; a prompt a little past RECURRENT_MAX_TOKENS (fla's chunked kernels tune per
+        4,096 tokens of a step; its last 24 tokens are a step of their own); an odd length; and a short prompt whose
+        step saves the GDN state in passing (a snapshot a page in: what most chat prompts do, a kernel variant of its
+        own). What they cache is dropped."""
         page = self.cache.page_size
-        lengths = (min(self.config.prefill_chunk, self.max_context - 2), 17, min(page + 33, self.max_context - 2))
+        lengths = (min(self.config.prefill_chunk, self.max_context - 2),
+                   min(RECURRENT_MAX_TOKENS + page + 24, self.max_context - 2), 17, min(page + 33, self.max_context - 2))
         for i, length in enumerate(lengths):        # prompts with no prefix in common: each one prefills all
             self._progress("Warming up", i, len(lengths))
             self.generate([(7 * t + i) % self.model_config.vocab_size for t in range(length)],

@@ -317,3 +317,12 @@ def test_warm_up_runs_the_prefill_variants_a_first_chat_prompt_needs(ckpt, monke
         e.close()
     assert any(snap and tokens <= gdn.RECURRENT_MAX_TOKENS for tokens, snap in steps), steps
     assert any(not snap and tokens % 2 for tokens, snap in steps), steps     # the odd length
+
+
+def test_short_prefill_steps_take_the_prefill_kernels():
+    """Decode kernels run one row per sequence (or a verify length the caller names); a prompt's short last step of
+    2..8 rows would otherwise compile a decode-kernel variant per row count on its first use."""
+    from engine.model.batch import build_batch
+    assert build_batch([3, 3], [128, 0], [0, 1], [[0, 1, 2], [3]], 64, "cpu").decode_len == 0
+    assert build_batch([1, 1], [5, 9], [0, 1], [[0], [1]], 64, "cpu").decode_len == 1
+    assert build_batch([3], [5], [0], [[0]], 64, "cpu", decode_len=3).decode_len == 3

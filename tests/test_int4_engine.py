@@ -79,3 +79,19 @@ def test_generation_works_with_int4(engines):
     _, _, quant, _ = engines
     out = quant.generate(list(range(10, 40)), SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     assert len(out.token_ids) == 8
+
+
+def test_warm_up_runs_every_quantized_shape_at_the_gemv_row_buckets(engines, monkeypatch):
+    """On CUDA the int4 GEMV has a build for M > 1 and the int8 / int4 variant A tunes per M bucket (8, 16, 32): a
+    prompt's short last step would compile and tune them on first use (seconds), so the engine runs every quantized
+    weight shape at 2, 16 and 32 rows before serving (called here on the CPU, where the ops are the references)."""
+    from kernels import ops
+    _, _, quant, _ = engines
+    seen = set()
+    for name in ("int4_linear", "int8_linear"):
+        real = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda x, w, real=real, name=name: (seen.add((name, tuple(w.shape), x.shape[0])),
+                                                                         real(x, w))[1])
+    quant._warm_up_linears()
+    shapes = {(m.scheme, m.shape) for m in quant.model.modules() if getattr(m, "scheme", "bf16") != "bf16"}
+    assert {(f"{scheme}_linear", shape, rows) for scheme, shape in shapes for rows in (2, 16, 32)} == seen

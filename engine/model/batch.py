@@ -34,7 +34,7 @@ class ForwardBatch:
     block_tables: torch.Tensor   # [N, max_pages] int32: KV pages of each sequence
     slot_mapping: torch.Tensor   # [T] int64: flat KV slot (page * page_size + offset) of each row
     logits_rows: torch.Tensor | None = None  # rows whose logits are wanted (None: every row)
-    decode_len: int = 0          # L when every sequence has exactly L rows (decode / verify), else 0
+    decode_len: int = 0          # L: every sequence has exactly L rows and the decode kernels run them; 0: prefill
     max_seq_len: int = 0         # upper bound of seq_lens (sizes the decode attention grid)
     snapshot: StateSnapshot | None = None
 
@@ -54,9 +54,16 @@ def build_batch(
     positions: torch.Tensor | None = None,
     snapshots: list[tuple[int, int]] | None = None,
     conv_width: int = 0,
+    decode_len: int | None = None,
 ) -> ForwardBatch:
     """Build a ForwardBatch from per-sequence host lists (text positions unless given). snapshots: per sequence
-    (tokens, slot) for a StateSnapshot, tokens 0 for none; each saved prefix holds at least conv_width - 1 rows."""
+    (tokens, slot) for a StateSnapshot, tokens 0 for none; each saved prefix holds at least conv_width - 1 rows.
+    decode_len: rows per sequence for the decode kernels (speculative verify: k + 1); None: 1 when every sequence
+    has one row (decode), else the prefill kernels. A prompt's short last step (2..8 rows) takes the prefill kernels:
+    the decode kernels compile a variant per row count, seconds on its first use."""
+    if decode_len is None:
+        decode_len = 1 if all(n == 1 for n in query_lens) else 0
+    assert decode_len == 0 or (decode_len <= MAX_DECODE_LEN and all(n == decode_len for n in query_lens))
     cu = [0]
     for n in query_lens:
         cu.append(cu[-1] + n)
@@ -89,7 +96,7 @@ def build_batch(
         block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
         slot_mapping=torch.tensor(slot_map, dtype=torch.int64, device=dev),
         logits_rows=torch.tensor(cu[1:], dtype=torch.int64, device=dev) - 1 if last_only else None,
-        decode_len=query_lens[0] if len(set(query_lens)) == 1 and query_lens[0] <= MAX_DECODE_LEN else 0,
+        decode_len=decode_len,
         max_seq_len=max(c + n for n, c in zip(query_lens, cached_lens)),
         snapshot=snapshot,
     )
