@@ -145,8 +145,8 @@ class Engine:
         step saves the GDN state in passing (a snapshot a page in: what most chat prompts do, a kernel variant of its
         own). What they cache is dropped."""
         page = self.cache.page_size
-        lengths = (min(self.config.prefill_chunk, self.max_context - 2),
-                   min(RECURRENT_MAX_TOKENS + page + 24, self.max_context - 2), 17, min(page + 33, self.max_context - 2))
+        lengths = [min(n, self.max_context - 2) for n in (self.config.prefill_chunk, RECURRENT_MAX_TOKENS + page + 24,
+                                                          17, page + 33)]
         for i, length in enumerate(lengths):        # prompts with no prefix in common: each one prefills all
             self._progress("Warming up", i, len(lengths))
             self.generate([(7 * t + i) % self.model_config.vocab_size for t in range(length)],
