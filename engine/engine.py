@@ -22,6 +22,7 @@ from engine.config import load_model_config
 from engine.kv_cache import CacheTensors
 from engine.memory import MemoryPlan, budget_for, plan_for, plan_memory
 from engine.model import load_model
+from engine.model.linear import Embedding, Linear
 from engine.params import (ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, SamplingParams,
                            StreamEvent, Timings, Usage)
 from engine.runner import ModelRunner
@@ -131,7 +132,8 @@ class Engine:
         """Run each quantized weight shape at 2, 16 and 32 rows (a prompt's last step, a short chat turn): the
         int4 GEMV's build for M > 1 and the autotuned GEMV's M buckets, which otherwise compile and tune on first
         use (seconds each). Before the loop thread starts: the model is not yet shared."""
-        shapes = {(m.scheme, m.shape): m for m in self.model.modules() if getattr(m, "scheme", "bf16") != "bf16"}
+        linears = [m for m in self.model.modules() if isinstance(m, Linear) and not isinstance(m, Embedding)]
+        shapes = {(m.int4_tiles, m.quantized().shape): m for m in linears + [self.model.lm_head] if m.scheme != "bf16"}
         with torch.inference_mode():
             for i, linear in enumerate(shapes.values()):
                 self._progress("Tuning kernels", i, len(shapes))

@@ -429,7 +429,9 @@ def _counters(device, n):
 
 def gdn_decode_triton(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state,
                       step_ssm=None, step_conv=None, ba_proj=None, block_v=None):
-    """Triton version of gdn_decode. block_v (V columns per program) defaults to 16 for batch <= 2, else 32."""
+    """Triton version of gdn_decode. block_v (V columns per program) defaults to 16 for batch <= 2, 32 up to 4,
+    else 64 (48 layers on the H200, 4 warps: 7.4 µs per layer at B = 1 with 16, where 32 and 64 take 8.6; 19.8 µs at
+    B = 8 with 64 against 22.8 with 32; docs/performance.md, seventh session)."""
     B, (T, C) = slots.shape[0], qkv.shape
     if ba_proj is not None:
         x, w_ba = ba_proj
@@ -445,7 +447,7 @@ def gdn_decode_triton(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_st
     assert qkv.stride(1) == a.stride(1) == b.stride(1) == 1 and conv_state.stride(2) == 1
     assert conv_weight.is_contiguous() and ssm_state.is_contiguous() and (step_ssm is None) == (step_conv is None)
     assert step_ssm is None or (step_ssm.is_contiguous() and step_conv.is_contiguous())
-    block_v = min(V, block_v or (16 if B <= 2 else 32))
+    block_v = min(V, block_v or (16 if B <= 2 else 32 if B <= 4 else 64))
     out = torch.empty((T, HV, V), dtype=qkv.dtype, device=qkv.device)
     steps = step_ssm is not None
     _decode_kernel[(B, HV, V // block_v)](

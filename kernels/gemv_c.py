@@ -128,8 +128,11 @@ def _load_x_plane_c(x_ptrs, blk, p: tl.constexpr, K, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _load_x_c(x_ptrs, blk, K, EVEN_K: tl.constexpr):
-    """The lane's x pairs of the four planes of block blk (_load_x_plane_c)."""
+def _load_x_c(x_ptrs, blk, K, EVEN_K: tl.constexpr, X_BLOCKS, X_TWICE: tl.constexpr):
+    """The lane's x pairs of the four planes of block blk (_load_x_plane_c); X_TWICE: x covers the first X_BLOCKS
+    blocks of the weight and again the next X_BLOCKS (an int8 weight as two int4 planes)."""
+    if X_TWICE:
+        blk = tl.where(blk >= X_BLOCKS, blk - X_BLOCKS, blk)
     return (_load_x_plane_c(x_ptrs, blk, 0, K, EVEN_K), _load_x_plane_c(x_ptrs, blk, 1, K, EVEN_K),
             _load_x_plane_c(x_ptrs, blk, 2, K, EVEN_K), _load_x_plane_c(x_ptrs, blk, 3, K, EVEN_K))
 
@@ -223,7 +226,7 @@ def _block_c(f0, f1, xs, a00, a01, a02, a03, a10, a11, a12, a13, zero, one, G: t
 @triton.jit(do_not_specialize=["per"])
 def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_x, stride_ym, per,
                    G: tl.constexpr, FP16: tl.constexpr, NW: tl.constexpr, R: tl.constexpr, UNROLL: tl.constexpr,
-                   EVEN_K: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr):
+                   EVEN_K: tl.constexpr, X_TWICE: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr):
     """y = x @ W^T for this program's run of work units; each warp R 16-row tiles, one mma.sync per 16 rows x 16 k.
 
     The words serve as A fragments as they lie: lane 4g + t loads words 4t..4t+3 of rows g and g + 8 (16 bytes
@@ -244,12 +247,13 @@ def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N,
     order).
 
     PDL (kernels/pdl.py): lets the next kernel start at once, loads its first weights, then waits for the kernel
-    before it, before it reads x or writes anything."""
+    before it, before it reads x or writes anything. X_TWICE: x has K / 2 columns, read for each half of W."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     blocks = tl.cdiv(K, 128)
     groups = K // G
+    x_blocks = blocks // 2                                   # (X_TWICE)
     u = pid * per
     u_end = tl.minimum(u + per, tl.cdiv(N, 16 * R * NW) * blocks)
     i = tl.arange(0, 32 * NW)
@@ -285,13 +289,13 @@ def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N,
         p1 = _load_block_c(w1, s1, z1, b0, groups, G) if R == 2 else p0
         if PDL:
             tl.extra.cuda.gdc_wait()
-        x0, x1, x2, x3 = _load_x_c(x_ptrs, b0, K, EVEN_K)
+        x0, x1, x2, x3 = _load_x_c(x_ptrs, b0, K, EVEN_K, x_blocks, X_TWICE)
         for blk in tl.range(b0, b1, loop_unroll_factor=UNROLL):
             f0, f1, xs = p0, p1, (x0, x1, x2, x3)
             ahead = tl.minimum(blk + 1, b1 - 1)               # the last block again at the end: no masks to zero-fill
             p0 = _load_block_c(w0, s0, z0, ahead, groups, G)
             p1 = _load_block_c(w1, s1, z1, ahead, groups, G) if R == 2 else p0
-            x0, x1, x2, x3 = _load_x_c(x_ptrs, ahead, K, EVEN_K)
+            x0, x1, x2, x3 = _load_x_c(x_ptrs, ahead, K, EVEN_K, x_blocks, X_TWICE)
             # a barrier between the loads ahead and this block's work: else they sink down to the loop's end, and no
             # block is in flight.
             tl.debug_barrier()
@@ -350,10 +354,13 @@ def gemv_c_grid(N: int, K: int, config: dict, sms: int) -> tuple[int, int]:
 
 
 def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None):
-    """y [M, N] = x2 [M, K] @ W^T for M <= 8 (variant C), one launch. config (gemv_c_configs' keys, PER, PDL) forces
-    one; None: GEMV_C_DEFAULT (the first of gemv_c_configs). PDL on (kernels/pdl.py) unless config says PDL=False."""
-    (M, K), N = x2.shape, y.shape[1]
+    """y [M, N] = x2 [M, K / x_repeats] @ W^T for M <= 8 (variant C), one launch. config (gemv_c_configs' keys, PER,
+    PDL) forces one; None: GEMV_C_DEFAULT (the first of gemv_c_configs). PDL on (kernels/pdl.py) unless config says
+    PDL=False."""
+    M, (N, K) = x2.shape[0], w.shape
     assert gemv_c_supports(x2, w), "variant C: M <= 8, group 64 or 128, 16-bit x"
+    assert w.x_repeats in (1, 2) and x2.shape[1] * w.x_repeats == K and (w.x_repeats == 1 or K % 256 == 0), \
+        "x read twice needs whole blocks in each half of W"
     if x2.stride(0) % 2 or x2.data_ptr() % 16:
         x2 = x2.contiguous()                    # x is read as int32 pairs, 4 at a time
     config = config or GEMV_C_DEFAULT
@@ -368,6 +375,7 @@ def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None):
         "the partial sums must fit their scratch"
     _gemv_c_kernel[(programs,)](x2, w.qweight, w.scales, w.zeros, y, part, count, M, N, K, x2.stride(0) // 2,
                                 y.stride(0), per, G=w.group_size, FP16=x2.dtype == torch.float16, NW=nw, R=r,
-                                UNROLL=config.get("UNROLL", 1), EVEN_K=K % 128 == 0, EMULATE=INTERPRET, num_warps=nw,
+                                UNROLL=config.get("UNROLL", 1), EVEN_K=K % 128 == 0, X_TWICE=w.x_repeats == 2,
+                                EMULATE=INTERPRET, num_warps=nw,
                                 num_stages=1, **launch)
 

@@ -102,18 +102,21 @@ def _rows(x: torch.Tensor, K: int) -> torch.Tensor:
 
 def int4_linear_triton(x: torch.Tensor, w: Int4Weight, config: dict | None = None,
                        variant: str | None = None) -> torch.Tensor:
-    """x [..., K] -> [..., N] in x's dtype: GEMV for M <= 32 rows, else dequantise + matmul. The GEMV is variant
-    C where it applies (gemv_c.gemv_c_supports), else A; variant="A" / "C" forces one; config forces one config of
-    the variant that runs (see gemv_a.gemv, gemv_c.gemv)."""
+    """x [..., K / x_repeats] -> [..., N] in x's dtype: GEMV for M <= 32 rows, else dequantise + matmul. The GEMV
+    is variant C where it applies (gemv_c.gemv_c_supports), else A; variant="A" / "C" forces one; config forces one
+    config of the variant that runs (see gemv_a.gemv, gemv_c.gemv). Variant C reads x twice itself where
+    x_repeats = 2 (an int8 weight as int4 planes); the other paths take x repeated."""
     N, K = w.shape
-    x2 = _rows(x, K)
+    x2 = _rows(x, K // w.x_repeats)
     M = x2.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if variant is None:
         variant = "C" if gemv_c.gemv_c_supports(x2, w) else "A"
     if 0 < M <= gemv_c.GEMV_C_MAX_M and variant == "C":
         gemv_c.gemv(x2, w, y, config)
-    elif 0 < M <= GEMV_MAX_M:
+        return y.view(*x.shape[:-1], N)
+    x2 = x2.repeat(1, w.x_repeats) if w.x_repeats > 1 else x2
+    if 0 < M <= GEMV_MAX_M:
         gemv_a.gemv(x2, w.qweight, w.scales, w.zeros, y, 4, w.group_size, config)
     elif M > GEMV_MAX_M:
         def dequantize_rows(out, n0):

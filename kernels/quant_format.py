@@ -43,6 +43,7 @@ class Int4Weight:
     zeros: torch.Tensor         # the same layout and dtype (float zero points)
     group_size: int
     shape: tuple[int, int]      # (N, K)
+    x_repeats: int = 1          # x [.., K / x_repeats] is read this many times along K (int8 as int4 planes: 2)
 
 
 @dataclass
@@ -133,19 +134,20 @@ def unpack_int4(w: Int4Weight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 
 def _int4_dequantize_fp32(w: Int4Weight) -> torch.Tensor:
+    """-> W [N, K / x_repeats] in fp32 (planes summed)."""
     q, s, z = unpack_int4(w)
     s = s.float().repeat_interleave(w.group_size, dim=1)
     z = z.float().repeat_interleave(w.group_size, dim=1)
-    return (q.float() - z) * s
+    return ((q.float() - z) * s).view(w.shape[0], w.x_repeats, -1).sum(1)
 
 
 def dequantize_int4_ref(w: Int4Weight) -> torch.Tensor:
-    """-> W [N, K] in the scales' dtype, computed in fp32."""
+    """-> W [N, K / x_repeats] in the scales' dtype, computed in fp32."""
     return _int4_dequantize_fp32(w).to(w.scales.dtype)
 
 
 def int4_linear_ref(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
-    """x [..., K] -> [..., N]: dequantise and multiply in fp32, cast back to x's dtype."""
+    """x [..., K / x_repeats] -> [..., N]: dequantise and multiply in fp32, cast back to x's dtype."""
     return (x.float() @ _int4_dequantize_fp32(w).t()).to(x.dtype)
 
 
@@ -156,6 +158,25 @@ def pack_int8(q: torch.Tensor, scales: torch.Tensor, group_size: int) -> Int8Wei
         f"int8 [N, K] with K = {K} a multiple of the group size {group_size}, itself a multiple of 64"
     assert scales.shape == (N, K // group_size)
     return Int8Weight(q.contiguous(), scales.contiguous(), group_size, (N, K))
+
+
+def int8_as_int4_planes(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An int8 weight (q int8 [N, K], scales [N, K / G]) as an int4 one over 2K, exactly: with u = q + 128 =
+    16 hi + lo, q s = 16 s (hi - 8) + s (lo - 0). -> (codes uint8 [N, 2K]: hi plane | lo plane, scales 16 s | s,
+    zeros 8 | 0), for pack_int4 and x read twice (x_repeats = 2). The int4 GEMV streams these 4.6% more bytes (G = 128)
+    faster than the int8 GEMV streams its own: 359 against 554 µs for the 27B's LM head on the H200 (M = 1)."""
+    u = q.to(torch.int16) + 128
+    codes = torch.cat([u >> 4, u & 15], dim=1).to(torch.uint8)
+    planes_scales = torch.cat([16 * scales, scales], dim=1)
+    zeros = torch.cat([torch.full_like(scales, 8), torch.zeros_like(scales)], dim=1)
+    return codes, planes_scales, zeros
+
+
+def pack_int8_as_int4(q: torch.Tensor, scales: torch.Tensor, group_size: int) -> Int4Weight:
+    """q int8 [N, K], scales [N, K / G] -> an Int4Weight over 2K with x_repeats = 2 (int8_as_int4_planes)."""
+    w = pack_int4(*int8_as_int4_planes(q, scales), group_size)
+    w.x_repeats = 2
+    return w
 
 
 def _int8_dequantize_fp32(w: Int8Weight) -> torch.Tensor:

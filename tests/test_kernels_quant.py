@@ -17,7 +17,8 @@ from kernels.gemv_c import gemv_c_configs, gemv_c_grid
 from kernels.quant import (int4_linear, int4_linear_triton, int8_embedding, int8_embedding_triton, int8_linear,
                            int8_linear_triton)
 from kernels.quant_format import (dequantize_int4_ref, dequantize_int8_ref, int4_linear_ref, int8_embedding_ref,
-                                  int8_linear_ref, pack_int4, pack_int4_codes, pack_int8, tile_group_params,
+                                  int8_linear_ref, pack_int4, pack_int4_codes, pack_int8, pack_int8_as_int4,
+                                  tile_group_params,
                                   unpack_int4, unpack_int4_codes, untile_group_params, write_group_param_rows,
                                   write_int4_rows)
 from kernels.splitk import SPLITK_FLOATS
@@ -109,6 +110,17 @@ def test_int8_pack_dequant():
     assert torch.equal(dequantize_int8_ref(w), ref)
 
 
+def test_int8_as_int4_planes_is_exact():
+    """An int8 weight as two int4 planes over 2K (codes u >> 4 | u & 15 of u = q + 128, scales 16 s | s, zeros
+    8 | 0) dequantises to the very same weight, every code from -128 to 127 included."""
+    w8, q = random_int8(64, 256, 64, torch.bfloat16)
+    q[0] = torch.arange(-128, 128, dtype=torch.int8)
+    w8 = pack_int8(q, w8.scales, 64)
+    planes = pack_int8_as_int4(q, w8.scales, 64)
+    assert planes.shape == (64, 512) and planes.x_repeats == 2
+    assert torch.equal(dequantize_int4_ref(planes), dequantize_int8_ref(w8))
+
+
 # ---------------------------------------------------------------------------------------------------- CPU kernels
 
 @pytest.mark.parametrize("M", M_CPU)
@@ -187,6 +199,17 @@ def test_int8_linear(M, G):
     w, _ = random_int8(192, 256, G, torch.float32)
     x = torch.randn(M, 256)
     check(int8_linear_triton(x, w), int8_linear_ref(x, w), TOL[torch.float32])
+
+
+@pytest.mark.parametrize("M", [1, 3, 8, 17, 40])
+@pytest.mark.parametrize("G", [64, 128])
+def test_int8_as_int4_planes_linear(M, G):
+    """x read twice by variant C (M <= 8), repeated for variant A and the dequantise + matmul path (fp16: variant
+    A under the interpreter mishandles bf16 x, which the GPU tests cover)."""
+    w8, q = random_int8(96, 256, G, torch.float16, seed=5)
+    planes = pack_int8_as_int4(q, w8.scales, G)
+    x = torch.randn(M, 256).half()
+    check(int4_linear_triton(x, planes), int8_linear_ref(x, w8), TOL[torch.float16])
 
 
 @pytest.mark.parametrize("M", [1, 17, 40])
@@ -288,6 +311,19 @@ def test_int8_lm_head_gpu(M):
     w = weight_27b("lm_head", bits=8)
     x = torch.randn(M, HIDDEN, dtype=torch.bfloat16, device="cuda")
     out, ref = int8_linear(x, w), int8_linear_ref(x, w)
+    assert rel_err(out, ref) < 5e-3
+    check(out, ref, TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", M_GEMV + [512])
+def test_int8_lm_head_as_int4_planes_gpu(M):
+    """The 27B's int8 LM head as the engine holds it: two int4 planes over 2K (variant C reads x twice)."""
+    w8 = weight_27b("lm_head", bits=8)
+    if "planes" not in _weights:
+        _weights["planes"] = pack_int8_as_int4(w8.qweight, w8.scales, w8.group_size)
+    x = torch.randn(M, HIDDEN, dtype=torch.bfloat16, device="cuda")
+    out, ref = int4_linear(x, _weights["planes"]), int8_linear_ref(x, w8)
     assert rel_err(out, ref) < 5e-3
     check(out, ref, TOL[torch.bfloat16])
 

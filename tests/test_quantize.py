@@ -127,7 +127,9 @@ def test_policy_schemes():
 def test_scheme_bytes():
     assert scheme_bytes("int4", (16, 256), 128) == 16 * 128 + 16 * 2 * 4
     assert scheme_bytes("int4", (10, 320), 64) == 16 * 384 // 2 + 16 * 2 * 10      # padded to 16 rows x 384 k
-    assert scheme_bytes("int8", (10, 256), 128) == 10 * 256 + 10 * 2 * 2
+    assert scheme_bytes("int8", (10, 256), 128, table=True) == 10 * 256 + 10 * 2 * 2
+    assert scheme_bytes("int8", (10, 256), 128) == scheme_bytes("int4", (10, 512), 128)   # two int4 planes
+    assert scheme_bytes("int8", (10, 320), 64) == 10 * 320 + 10 * 2 * 5                # K % 128: int8 as it is
     assert scheme_bytes("bf16", (10, 256), 128) == 10 * 256 * 2
     assert scheme_bytes("bf16", (48,), 128, element_size=4) == 192
 

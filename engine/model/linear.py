@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from kernels import ops
-from kernels.quant_format import Int4Weight, Int8Weight, pack_int8, write_group_param_rows, write_int4_rows
+from kernels.quant_format import (Int4Weight, Int8Weight, int8_as_int4_planes, pack_int8, write_group_param_rows,
+                                  write_int4_rows)
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,10 @@ def param(tensor: torch.Tensor) -> nn.Parameter:
 class Linear(nn.Module):
     """y = x W^T with W [out, in] stacked from checkpoint tensors `parts` (name suffix -> rows).
     scheme "bf16": W in the model dtype; "int4": packed codes with per-group scales and zeros;
-    "int8": codes with per-group scales."""
+    "int8": codes with per-group scales, held as two int4 planes over 2K (kernels/quant_format.int8_as_int4_planes:
+    exact, and the int4 GEMV reads them faster than an int8 GEMV reads int8) where K is a multiple of 128."""
+
+    int8_planes = True      # the Embedding gathers rows: row-major int8
 
     def __init__(self, in_features: int, parts: dict[str, int], build: Build, prefix: str):
         super().__init__()
@@ -56,8 +60,10 @@ class Linear(nn.Module):
         self.scheme = schemes.pop()
         self.group_size = build.group_size
         N, K = self.shape
-        if self.scheme == "int4":
-            tiles = -(-N // 16)                         # 16-row tiles: see kernels/quant_format.py
+        self.planes = 2 if self.scheme == "int8" and self.int8_planes and K % 128 == 0 else 1
+        self.int4_tiles = self.scheme == "int4" or self.planes == 2
+        if self.int4_tiles:
+            tiles, K = -(-N // 16), K * self.planes     # 16-row tiles: see kernels/quant_format.py
             self.register_buffer("qweight", build.empty(tiles, -(-K // 128), 16, 16, dtype=torch.int32).zero_())
             self.register_buffer("scales", build.empty(tiles, K // self.group_size, 16).zero_())
             self.register_buffer("zeros", build.empty(tiles, K // self.group_size, 16).zero_())
@@ -68,12 +74,14 @@ class Linear(nn.Module):
             self.weight = param(build.empty(N, K))
 
     def quantized(self) -> Int4Weight | Int8Weight:
-        if self.scheme == "int4":
-            return Int4Weight(self.qweight, self.scales, self.zeros, self.group_size, self.shape)
+        if self.int4_tiles:
+            N, K = self.shape
+            return Int4Weight(self.qweight, self.scales, self.zeros, self.group_size, (N, K * self.planes),
+                              self.planes)
         return Int8Weight(self.qweight, self.scales, self.group_size, self.shape)
 
     def forward(self, x):
-        if self.scheme == "int4":
+        if self.int4_tiles:
             return ops.int4_linear(x, self.quantized())
         if self.scheme == "int8":
             return ops.int8_linear(x, self.quantized())
@@ -98,13 +106,19 @@ class Linear(nn.Module):
         q, s = value[0], value[1]
         if q.shape[1] // s.shape[1] != self.group_size:
             raise ValueError(f"{self.prefix}: group size {q.shape[1] // s.shape[1]}, the model uses {self.group_size}")
-        if self.scheme == "int4":
-            write_int4_rows(self.qweight, row, q.to(self.qweight.device))
-            write_group_param_rows(self.scales, row, s)
-            write_group_param_rows(self.zeros, row, value[2])
+        if self.planes == 2:                # by row chunks: the planes of a whole LM head would take GBs on the way
+            for r in range(0, q.shape[0], 8192):
+                self._write_int4_rows(row + r, *int8_as_int4_planes(q[r:r + 8192], s[r:r + 8192]))
+        elif self.scheme == "int4":
+            self._write_int4_rows(row, q, s, value[2])
         else:
             self.qweight[row:row + q.shape[0]].copy_(pack_int8(q, s, self.group_size).qweight)
             self.scales[row:row + q.shape[0]].copy_(s)
+
+    def _write_int4_rows(self, row: int, q, scales, zeros) -> None:
+        write_int4_rows(self.qweight, row, q.to(self.qweight.device))
+        write_group_param_rows(self.scales, row, scales)
+        write_group_param_rows(self.zeros, row, zeros)
 
     def dequantized(self) -> torch.Tensor:
         """W [N, K] in the model dtype (a copy when quantized)."""
@@ -112,11 +126,13 @@ class Linear(nn.Module):
             return self.weight
         from kernels.quant_format import dequantize_int4_ref, dequantize_int8_ref
         w = self.quantized()
-        return dequantize_int4_ref(w) if self.scheme == "int4" else dequantize_int8_ref(w)
+        return dequantize_int4_ref(w) if isinstance(w, Int4Weight) else dequantize_int8_ref(w)
 
 
 class Embedding(Linear):
     """The token table [vocab, hidden]: looked up by id; also the LM head when embeddings are tied."""
+
+    int8_planes = False
 
     def __init__(self, vocab: int, hidden: int, build: Build, name: str):
         super().__init__(hidden, {name: vocab}, build, prefix="")

@@ -200,13 +200,17 @@ class QuantPolicy:
 DEFAULT_POLICY = QuantPolicy()
 
 
-def scheme_bytes(scheme: str, shape: tuple[int, ...], group_size: int, element_size: int = 2) -> int:
+def scheme_bytes(scheme: str, shape: tuple[int, ...], group_size: int, element_size: int = 2,
+                 table: bool = False) -> int:
     """Device bytes of one tensor under `scheme` (fp16/bf16 scales and zeros; int4 packs two per byte, in tiles of
     16 rows x 128 k, its scales and zeros in tiles of 16 rows: a tensor that is not a whole number of them is counted
-    with its padding)."""
+    with its padding). An int8 linear weight with K a multiple of 128 is held as two int4 planes over 2K
+    (engine/model/linear.py); an int8 `table` (the embedding, gathered by rows) as int8."""
     n = 1
     for d in shape:
         n *= d
+    if scheme == "int8" and not table and len(shape) == 2 and shape[1] % 128 == 0:
+        return scheme_bytes("int4", (shape[0], 2 * shape[1]), group_size)
     if scheme == "int4":
         rows, k = shape[0], n // shape[0]
         tile_rows = -(-rows // 16) * 16
@@ -251,6 +255,7 @@ def policy_bytes(shapes: dict[str, tuple[tuple, int]], policy: QuantPolicy = DEF
     out = dict.fromkeys(SCHEMES, 0)
     for name, (shape, element_size) in shapes.items():
         scheme = policy.scheme(name, shape)
-        out[scheme] += scheme_bytes(scheme, shape, policy.group_size, element_size)
+        table = canonical_name(name)[1] == "embed_tokens.weight"
+        out[scheme] += scheme_bytes(scheme, shape, policy.group_size, element_size, table=table)
     out["total"] = sum(out[s] for s in SCHEMES)
     return out
