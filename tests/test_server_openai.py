@@ -224,6 +224,7 @@ def test_plain_completions(client, steer):
     assert c.text == "Hello world, again." and c.finish_reason == "stop"
     assert c.logprobs.text_offset[0] == len("Hello") and "".join(c.logprobs.tokens) == " world, again."
     steer.reset()
+    steer.endless()             # the random model could sample its stop token: every reply runs to max_tokens
     r = client.completions.create(model=MODEL, prompt=["one", [10, 11, 12]], max_tokens=3)
     assert [c.index for c in r.choices] == [0, 1] and r.usage.completion_tokens == 6
     chunks = list(client.completions.create(model=MODEL, prompt=["a", "b"], max_tokens=3, stream=True,
