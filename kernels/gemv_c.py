@@ -376,6 +376,5 @@ def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None):
     _gemv_c_kernel[(programs,)](x2, w.qweight, w.scales, w.zeros, y, part, count, M, N, K, x2.stride(0) // 2,
                                 y.stride(0), per, G=w.group_size, FP16=x2.dtype == torch.float16, NW=nw, R=r,
                                 UNROLL=config.get("UNROLL", 1), EVEN_K=K % 128 == 0, X_TWICE=w.x_repeats == 2,
-                                EMULATE=INTERPRET, num_warps=nw,
-                                num_stages=1, **launch)
+                                EMULATE=INTERPRET, num_warps=nw, num_stages=1, **launch)
 

@@ -114,16 +114,19 @@ def int4_linear_triton(x: torch.Tensor, w: Int4Weight, config: dict | None = Non
         variant = "C" if gemv_c.gemv_c_supports(x2, w) else "A"
     if 0 < M <= gemv_c.GEMV_C_MAX_M and variant == "C":
         gemv_c.gemv(x2, w, y, config)
-        return y.view(*x.shape[:-1], N)
-    x2 = x2.repeat(1, w.x_repeats) if w.x_repeats > 1 else x2
-    if 0 < M <= GEMV_MAX_M:
-        gemv_a.gemv(x2, w.qweight, w.scales, w.zeros, y, 4, w.group_size, config)
+    elif 0 < M <= GEMV_MAX_M:
+        gemv_a.gemv(_repeated(x2, w), w.qweight, w.scales, w.zeros, y, 4, w.group_size, config)
     elif M > GEMV_MAX_M:
         def dequantize_rows(out, n0):
             _int4_dequant_kernel[(triton.cdiv(out.shape[0], 32), triton.cdiv(K, 128))](
                 w.qweight, w.scales, w.zeros, out, N, K, n0, G=w.group_size, BN=32, num_warps=4)
-        _dequant_matmul(x2, y, dequantize_rows)
+        _dequant_matmul(_repeated(x2, w), y, dequantize_rows)
     return y.view(*x.shape[:-1], N)
+
+
+def _repeated(x2: torch.Tensor, w: Int4Weight) -> torch.Tensor:
+    """x2 [M, K / x_repeats] laid out x_repeats times along K, for the kernels that read x once."""
+    return x2.repeat(1, w.x_repeats) if w.x_repeats > 1 else x2
 
 
 def int8_linear_triton(x: torch.Tensor, w: Int8Weight, config: dict | None = None) -> torch.Tensor:
