@@ -204,8 +204,8 @@ def test_int8_linear(M, G):
 @pytest.mark.parametrize("M", [1, 3, 8, 17, 40])
 @pytest.mark.parametrize("G", [64, 128])
 def test_int8_as_int4_planes_linear(M, G):
-    """x read twice by variant C (M <= 8), repeated for variant A and the dequantise + matmul path (fp16: variant
-    A under the interpreter mishandles bf16 x, which the GPU tests cover)."""
+    """x read twice by variant C (M <= 8), repeated for variant A and the dequantise + matmul path (fp16: Triton's
+    interpreter gets bf16 tl.dot and bf16 arithmetic wrong, which variant A uses; the GPU tests cover bf16)."""
     w8, q = random_int8(96, 256, G, torch.float16, seed=5)
     planes = pack_int8_as_int4(q, w8.scales, G)
     x = torch.randn(M, 256).half()
