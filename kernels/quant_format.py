@@ -29,6 +29,7 @@ word the pairs are bytes (0, 2) and (1, 3): k = 4j, 4j + 2 and 4j + 1, 4j + 3.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -174,9 +175,7 @@ def int8_as_int4_planes(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Te
 
 def pack_int8_as_int4(q: torch.Tensor, scales: torch.Tensor, group_size: int) -> Int4Weight:
     """q int8 [N, K], scales [N, K / G] -> an Int4Weight over 2K with x_repeats = 2 (int8_as_int4_planes)."""
-    w = pack_int4(*int8_as_int4_planes(q, scales), group_size)
-    w.x_repeats = 2
-    return w
+    return dataclasses.replace(pack_int4(*int8_as_int4_planes(q, scales), group_size), x_repeats=2)
 
 
 def _int8_dequantize_fp32(w: Int8Weight) -> torch.Tensor:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from engine.weights.quantize import int8_held_as_planes
 from kernels import ops
 from kernels.quant_format import (Int4Weight, Int8Weight, int8_as_int4_planes, pack_int8, write_group_param_rows,
                                   write_int4_rows)
@@ -45,7 +46,7 @@ class Linear(nn.Module):
     """y = x W^T with W [out, in] stacked from checkpoint tensors `parts` (name suffix -> rows).
     scheme "bf16": W in the model dtype; "int4": packed codes with per-group scales and zeros;
     "int8": codes with per-group scales, held as two int4 planes over 2K (kernels/quant_format.int8_as_int4_planes:
-    exact, and the int4 GEMV reads them faster than an int8 GEMV reads int8) where K is a multiple of 128."""
+    exact, and the int4 GEMV reads them faster than an int8 GEMV reads int8) where int8_held_as_planes says."""
 
     int8_planes = True      # the Embedding gathers rows: row-major int8
 
@@ -60,7 +61,7 @@ class Linear(nn.Module):
         self.scheme = schemes.pop()
         self.group_size = build.group_size
         N, K = self.shape
-        self.planes = 2 if self.scheme == "int8" and self.int8_planes and K % 128 == 0 else 1
+        self.planes = 2 if self.scheme == "int8" and self.int8_planes and int8_held_as_planes(self.shape) else 1
         self.int4_tiles = self.scheme == "int4" or self.planes == 2
         if self.int4_tiles:
             tiles, K = -(-N // 16), K * self.planes     # 16-row tiles: see kernels/quant_format.py

@@ -200,16 +200,22 @@ class QuantPolicy:
 DEFAULT_POLICY = QuantPolicy()
 
 
+def int8_held_as_planes(shape: tuple[int, ...]) -> bool:
+    """Whether an int8 linear weight [N, K] is held as two int4 planes over 2K (engine/model/linear.py): when each
+    half is whole 128-k blocks, as the int4 GEMV reading x twice needs."""
+    return len(shape) == 2 and shape[1] % 128 == 0
+
+
 def scheme_bytes(scheme: str, shape: tuple[int, ...], group_size: int, element_size: int = 2,
                  table: bool = False) -> int:
     """Device bytes of one tensor under `scheme` (fp16/bf16 scales and zeros; int4 packs two per byte, in tiles of
     16 rows x 128 k, its scales and zeros in tiles of 16 rows: a tensor that is not a whole number of them is counted
-    with its padding). An int8 linear weight with K a multiple of 128 is held as two int4 planes over 2K
-    (engine/model/linear.py); an int8 `table` (the embedding, gathered by rows) as int8."""
+    with its padding). An int8 linear weight may be held as two int4 planes (int8_held_as_planes); an int8 `table`
+    (the embedding, gathered by rows) is int8."""
     n = 1
     for d in shape:
         n *= d
-    if scheme == "int8" and not table and len(shape) == 2 and shape[1] % 128 == 0:
+    if scheme == "int8" and not table and int8_held_as_planes(shape):
         return scheme_bytes("int4", (shape[0], 2 * shape[1]), group_size)
     if scheme == "int4":
         rows, k = shape[0], n // shape[0]
