@@ -32,19 +32,24 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, seqs: list[Sequence], query_lens: list[int], all_logits: bool = False,
-                snapshots: list[tuple[int, int]] | None = None) -> torch.Tensor:
+                snapshots: list[tuple[int, int]] | None = None, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Run the next query_lens[i] uncomputed tokens of each sequence; advance num_computed.
         Returns fp32 logits of each sequence's last row [N, V] (or of every row with all_logits).
-        snapshots: per sequence (tokens, slot): also save the GDN state after that many of its rows (0: none)."""
+        snapshots: per sequence (tokens, slot): also save the GDN state after that many of its rows (0: none).
+        input_ids: the step's token ids already on the device (a decode step fed by the last step's sampling, whose
+        tokens the host has not read yet); None: from the sequences' tokens."""
         if self.graphs is not None and not all_logits and not snapshots and self.graphs.fits(seqs, query_lens):
-            logits = self.graphs.run(seqs)
+            logits = self.graphs.run(seqs, input_ids)
         else:
-            ids = [t for s, n in zip(seqs, query_lens) for t in s.tokens[s.num_computed:s.num_computed + n]]
+            if input_ids is None:
+                input_ids = torch.tensor([t for s, n in zip(seqs, query_lens)
+                                          for t in s.tokens[s.num_computed:s.num_computed + n]], dtype=torch.int64,
+                                         device=self.device)
             batch = build_batch(query_lens, [s.num_computed for s in seqs], [s.state_slot for s in seqs],
                                 [s.pages for s in seqs], self.cache.page_size, self.device,
                                 last_only=not all_logits, snapshots=snapshots,
                                 conv_width=self.model.cfg.conv_kernel)
-            hidden = self.model(torch.tensor(ids, dtype=torch.int64, device=self.device), batch, self.cache)
+            hidden = self.model(input_ids, batch, self.cache)
             if batch.logits_rows is not None:
                 hidden = hidden[batch.logits_rows]
             logits = self.model.logits(hidden)
@@ -83,14 +88,7 @@ class ModelRunner:
                 in_prompt[i, torch.tensor(s.prompt, device=dev)] = True
             penalties = Penalties(counts, in_prompt, self._vec(ps, "presence_penalty"),
                                   self._vec(ps, "frequency_penalty"), self._vec(ps, "repetition_penalty"))
-        if penalties is None and all(p.temperature == 0 for p in ps):
-            ids = logits.argmax(-1).tolist()
-        else:       # Triton on CUDA (the same tokens as the torch references, which serve the CPU)
-            ids = sample(logits.contiguous(), self._vec(ps, "temperature"),
-                         torch.tensor([p.top_k for p in ps], device=dev),
-                         self._vec(ps, "top_p"), self._vec(ps, "min_p"),
-                         torch.tensor([s.seed for s in seqs], device=dev),
-                         torch.tensor([len(s.output) for s in seqs], device=dev), penalties).tolist()
+        ids = self.sample_on_device(seqs, logits, penalties=penalties).tolist()
         for i, s in enumerate(seqs):
             if s.forced:
                 ids[i] = s.forced.popleft()
@@ -104,8 +102,31 @@ class ModelRunner:
                     s.logprobs.append(TokenLogprob(ids[i], lp[i], list(zip(top_i[i][:k], top_v[i][:k]))))
         return ids
 
+    @torch.inference_mode()
+    def sample_on_device(self, seqs: list[Sequence], logits: torch.Tensor, ahead: int = 0,
+                         penalties: Penalties | None = None) -> torch.Tensor:
+        """The next token of each sequence [N] int64, on the logits' device, with no host sync: argmax when every
+        one is greedy, else the Triton sampler (the same tokens as the torch references, which serve the CPU).
+        ahead: tokens sampled before these that the outputs do not hold yet (the seeds' step counts them)."""
+        ps = [s.params for s in seqs]
+        if penalties is None and all(p.temperature == 0 for p in ps):
+            return logits.argmax(-1)
+        return sample(logits.contiguous(), self._vec(ps, "temperature"), self._upload([p.top_k for p in ps]),
+                      self._vec(ps, "top_p"), self._vec(ps, "min_p"), self._upload([s.seed for s in seqs]),
+                      self._upload([len(s.output) + ahead for s in seqs]), penalties)
+
     def _vec(self, ps, name):
-        return torch.tensor([float(getattr(p, name)) for p in ps], device=self.device)
+        return self._upload([float(getattr(p, name)) for p in ps])
+
+    def _upload(self, values: list) -> torch.Tensor:
+        """A small host list on the device without waiting for the GPU (see pinned())."""
+        return pinned(torch.tensor(values)).to(self.device, non_blocking=True)
+
+
+def pinned(t: torch.Tensor) -> torch.Tensor:
+    """t in page-locked memory where CUDA is up: a copy from pageable memory to the GPU first waits for all the work
+    queued on the stream, which would make the host wait for a decode step it has just launched."""
+    return t.pin_memory() if torch.cuda.is_available() else t
 
 
 class DecodeGraphs:
@@ -157,23 +178,29 @@ class DecodeGraphs:
         return len(seqs) <= self.buckets[-1] and all(n == 1 for n in query_lens) and \
             all(s.num_computed < self.max_context for s in seqs)
 
-    def run(self, seqs: list[Sequence]) -> torch.Tensor:
+    def run(self, seqs: list[Sequence], input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Replay the bucket's graph for these sequences (input_ids: their tokens on the device, else from the
+        host). Inputs go up from page-locked memory: the host does not wait for a step still running."""
         n = len(seqs)
         b = next(x for x in self.buckets if x >= n)
         pad = b - n
         pos = [s.num_computed for s in seqs]
-        ids = [s.tokens[p] for s, p in zip(seqs, pos)]
         slots = [s.pages[p // self.page] * self.page + p % self.page for s, p in zip(seqs, pos)]
         tables = torch.zeros(b, self.max_pages, dtype=torch.int32)
         for i, s in enumerate(seqs):
             tables[i, :len(s.pages)] = torch.tensor(s.pages, dtype=torch.int32)
-        self.ids[:b].copy_(torch.tensor(ids + [0] * pad), non_blocking=True)
-        self.positions[:, :b].copy_(torch.tensor(pos + [0] * pad).expand(3, -1), non_blocking=True)
-        self.seq_lens[:b].copy_(torch.tensor([p + 1 for p in pos] + [1] * pad), non_blocking=True)
-        self.has_state[:b].copy_(torch.tensor([p > 0 for p in pos] + [False] * pad), non_blocking=True)
-        self.state_slots[:b].copy_(torch.tensor([s.state_slot for s in seqs] + [self.scratch_slot] * pad),
-                                   non_blocking=True)
-        self.slot_mapping[:b].copy_(torch.tensor(slots + [-1] * pad), non_blocking=True)
-        self.block_tables[:b].copy_(tables, non_blocking=True)
+        if input_ids is None:
+            self.ids[:b].copy_(pinned(torch.tensor([s.tokens[p] for s, p in zip(seqs, pos)] + [0] * pad)),
+                               non_blocking=True)
+        else:
+            self.ids[:n].copy_(input_ids)
+        state_slots = [s.state_slot for s in seqs] + [self.scratch_slot] * pad
+        for buf, host in ((self.positions[:, :b], torch.tensor([pos + [0] * pad] * 3)),
+                          (self.seq_lens[:b], torch.tensor([p + 1 for p in pos] + [1] * pad)),
+                          (self.has_state[:b], torch.tensor([p > 0 for p in pos] + [False] * pad)),
+                          (self.state_slots[:b], torch.tensor(state_slots)),
+                          (self.slot_mapping[:b], torch.tensor(slots + [-1] * pad)),
+                          (self.block_tables[:b], tables)):
+            buf.copy_(pinned(host), non_blocking=True)
         self.graphs[b].replay()
         return self.logits[b][:n]

@@ -326,3 +326,39 @@ def test_short_prefill_steps_take_the_prefill_kernels():
     assert build_batch([3, 3], [128, 0], [0, 1], [[0, 1, 2], [3]], 64, "cpu").decode_len == 0
     assert build_batch([1, 1], [5, 9], [0, 1], [[0], [1]], 64, "cpu").decode_len == 1
     assert build_batch([3], [5], [0], [[0]], 64, "cpu", decode_len=3).decode_len == 3
+
+
+def test_decode_with_a_step_in_flight_gives_the_tokens_of_step_by_step(ckpt, eng):
+    """Requests the host need not see before sampling decode with a step in flight (tokens sampled on the device
+    and read while the next step runs); with a logits processor (here one that changes nothing) each step waits for
+    the host. Both give the same tokens: greedy and seeded, batched, ended by length or by a stop token at different
+    steps, past page boundaries (a second turn then reuses the decoded pages and snapshot) and after a cancel."""
+    def same(output, logits):
+        return logits
+
+    long = prompt(40, 50)
+    stop = eng.generate(long, SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)).token_ids[12]
+    kinds = [dict(temperature=0.0, ignore_eos=True, max_tokens=90),
+             dict(temperature=0.9, top_p=0.9, seed=7, ignore_eos=True, max_tokens=75),
+             dict(temperature=0.0, ignore_eos=True, max_tokens=60, stop_token_ids=[stop]),
+             dict(temperature=0.7, seed=3, ignore_eos=True, max_tokens=5)]
+    prompts = [long, prompt(70, 51), long, prompt(9, 52)]
+    results = {}
+    for mode in ("in flight", "step by step"):
+        extra = {} if mode == "in flight" else {"logits_processors": [same]}
+        cancelled = eng.submit(prompt(30, 53), SamplingParams(max_tokens=400, temperature=0.0, **extra))
+        handles = [eng.submit(p, SamplingParams(**k, **extra)) for p, k in zip(prompts, kinds)]
+        events = iter(cancelled)
+        next(events)
+        cancelled.cancel()
+        assert [ev for ev in events][-1].finish_reason == "cancelled"
+        outs = [[t for ev in h for t in ev.token_ids] for h in handles]
+        turn2 = eng.generate(prompts[0] + outs[0] + prompt(5, 54), SamplingParams(max_tokens=6, temperature=0.0,
+                                                                                   **extra))
+        results[mode] = outs, turn2.token_ids
+        assert turn2.usage.cached_tokens >= 128          # the decoded pages and the rolling snapshot serve
+        assert_idle(eng)
+        assert all(h._events.empty() for h in handles + [cancelled])    # nothing after a request's finish
+    assert results["in flight"] == results["step by step"]
+    outs = results["in flight"][0]
+    assert [len(o) for o in outs] == [90, 75, 13, 5] and outs[2][-1] == stop

@@ -144,3 +144,25 @@ def test_int4_engine_on_cuda_agrees_with_the_cpu_reference(checkpoint):
     finally:
         cpu.close()
         gpu.close()
+
+
+def test_decode_in_flight_on_cuda_gives_the_tokens_of_step_by_step(checkpoint):
+    """On CUDA (graphs, inputs from page-locked memory, the next step fed from the device): requests decoding with a
+    step in flight give the tokens of the same requests stepped one at a time (an identity logits processor makes
+    the host see every step), greedy and seeded, batched and ended at different steps."""
+    def same(output, logits):
+        return logits
+
+    eng = Engine(EngineConfig(model=str(checkpoint("calm128")), device="cuda", dtype="bfloat16", max_context=1024,
+                              profile="C4"))
+    kinds = [dict(temperature=0.0, max_tokens=150), dict(temperature=0.9, top_p=0.9, seed=7, max_tokens=120),
+             dict(temperature=0.7, seed=3, max_tokens=9)]
+    prompts = [list(range(5, 69)), list(range(100, 130)), list(range(7, 16))]
+    try:
+        results = []
+        for extra in ({}, {"logits_processors": [same]}):
+            handles = [eng.submit(p, SamplingParams(ignore_eos=True, **k, **extra)) for p, k in zip(prompts, kinds)]
+            results.append([[t for ev in h for t in ev.token_ids] for h in handles])
+    finally:
+        eng.close()
+    assert results[0] == results[1] and [len(o) for o in results[0]] == [150, 120, 9]
