@@ -68,14 +68,21 @@ def state_bytes_per_slot(cfg: ModelConfig, dtype: torch.dtype) -> int:
     return len(cfg.linear_attention_layers) * (conv + ssm)
 
 
+# Triton's autotuner times each config after clearing L2 with a 256 MiB buffer it allocates for the purpose. The
+# engine's warm-up tunes kernels (fla's, the int4 GEMV's) while a prefill chunk's activations are live, on the
+# first start after an install (the results are cached on disk): a 24 GiB plan without it peaked 0.07 GiB above
+# its prediction on a fresh Triton cache (docs/performance.md, eighth session).
+AUTOTUNE_BYTES = 256 * (1 << 20)
+
+
 def workspace_bytes(cfg: ModelConfig, dtype: torch.dtype, prefill_chunk: int, max_batch: int) -> int:
     """Peak activations of one prefill chunk (the MLP's gate|up output dominates), fp32 logits of a
-    decode batch, and the decode graphs' pools."""
+    decode batch, the decode graphs' pools, and Triton's autotuning buffer (AUTOTUNE_BYTES)."""
     it = dtype.itemsize
     chunk = prefill_chunk * (2 * cfg.intermediate_size * it + 6 * cfg.hidden_size * it
                              + (cfg.conv_dim + cfg.linear_value_dim) * 4)
     logits = max(max_batch, 1) * cfg.vocab_size * 4 * 3
-    return chunk + logits + 256 * (1 << 20)
+    return chunk + logits + 256 * (1 << 20) + AUTOTUNE_BYTES
 
 
 def free_memory(device: torch.device) -> int:
