@@ -475,8 +475,17 @@ class Engine:
                 self._finish(seq, reason)
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
-        text, reasoning = seq.stream.finish() if reason in ("stop", "length") else ("", "")
-        self.scheduler.remove(seq)
+        """End a request: give back what it holds and send its finish event. The event goes out even when the
+        ending itself fails (the detokenizer's flush, the cache release), as an error: else the caller would wait
+        for ever, and a failed step's _fail_all would stop at the first such request and take the loop down."""
+        text = reasoning = ""
+        try:
+            if reason in ("stop", "length"):
+                text, reasoning = seq.stream.finish()
+            self.scheduler.remove(seq)
+        except Exception as e:
+            log.exception("ending request %d failed", seq.id)
+            reason, error = "error", error or f"{type(e).__name__}: {e}"
         self._seqs.pop(seq.id, None)
         now = time.perf_counter()
         n_out = len(seq.output)

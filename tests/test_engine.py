@@ -50,7 +50,8 @@ def assert_idle(e):
 def test_batched_equals_alone(ckpt, eng):
     lens = [5, 70, 33, 130, 1, 64]
     news = [12, 3, 20, 7, 9, 16]
-    handles = [eng.submit(prompt(n, i), SamplingParams(max_tokens=m, **GREEDY)) for i, (n, m) in enumerate(zip(lens, news))]
+    handles = [eng.submit(prompt(n, i), SamplingParams(max_tokens=m, **GREEDY))
+               for i, (n, m) in enumerate(zip(lens, news))]
     batched = [[t for ev in h for t in ev.token_ids] for h in handles]
     alone_engine = make(ckpt, profile="C1", max_context=1024)
     try:
@@ -362,3 +363,39 @@ def test_decode_with_a_step_in_flight_gives_the_tokens_of_step_by_step(ckpt, eng
     assert results["in flight"] == results["step by step"]
     outs = results["in flight"][0]
     assert [len(o) for o in outs] == [90, 75, 13, 5] and outs[2][-1] == stop
+
+
+def test_a_failing_release_after_a_failed_step_still_ends_every_request(ckpt, monkeypatch):
+    """A step fails, and then giving back the first request's cache fails too: every request still gets its finish
+    event (an error), and the engine serves the next one."""
+    e = make(ckpt, profile="C2", max_context=256)
+    try:
+        runner_forward, release = e.runner.forward, e.scheduler._release
+        state = {"forward": 0, "release": 0}
+
+        def failing_forward(*args, **kw):
+            state["forward"] += 1
+            if state["forward"] == 3:
+                raise RuntimeError("step failed")
+            return runner_forward(*args, **kw)
+
+        def failing_release(seq):
+            state["release"] += 1
+            if state["release"] == 1:
+                raise RuntimeError("release failed")
+            return release(seq)
+
+        monkeypatch.setattr(e.runner, "forward", failing_forward)
+        monkeypatch.setattr(e.scheduler, "_release", failing_release)
+        handles = [e.submit(prompt(8, i), SamplingParams(max_tokens=20, **GREEDY)) for i in range(2)]
+        finals = []
+        reader = threading.Thread(target=lambda: finals.extend([ev for ev in h][-1] for h in handles), daemon=True)
+        reader.start()
+        reader.join(timeout=60)
+        assert not reader.is_alive(), "a request never got its finish event"
+        assert [f.finish_reason for f in finals] == ["error", "error"]
+        assert all("step failed" in f.error for f in finals) and state["release"] >= 2
+        after = e.generate(prompt(8, 5), SamplingParams(max_tokens=3, **GREEDY))
+        assert after.finish_reason == "length" and len(after.token_ids) == 3
+    finally:
+        e.close()
