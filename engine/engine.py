@@ -32,6 +32,7 @@ from engine.sequence import Sequence
 from engine.streaming import OutputStream, starts_in_reasoning
 from engine.tokenizer import Tokenizer
 from kernels.gdn import RECURRENT_MAX_TOKENS
+from kernels.quant import WARM_UP_ROWS
 
 log = logging.getLogger("qwendesk.engine")
 
@@ -156,15 +157,15 @@ class Engine:
             self._warm_up()
 
     def _warm_up_linears(self) -> None:
-        """Run each quantized weight shape at 2, 16 and 32 rows (a prompt's last step, a short chat turn): the
-        int4 GEMV's build for M > 1 and the autotuned GEMV's M buckets, which otherwise compile and tune on first
-        use (seconds each). Before the loop thread starts: the model is not yet shared."""
+        """Run each quantized weight shape at WARM_UP_ROWS (2 .. FUSED_MAX_M rows: a prompt's last step, a short chat
+        turn): the int4 GEMV's build for M > 1 and the autotuned kernels' M buckets, which otherwise compile and tune
+        on first use (seconds each). Before the loop thread starts: the model is not yet shared."""
         linears = [m for m in self.model.modules() if isinstance(m, Linear) and not isinstance(m, Embedding)]
         shapes = {(m.int4_tiles, m.quantized().shape): m for m in linears + [self.model.lm_head] if m.scheme != "bf16"}
         with torch.inference_mode():
             for i, linear in enumerate(shapes.values()):
                 self._progress("Tuning kernels", i, len(shapes))
-                for rows in (2, 16, 32):
+                for rows in WARM_UP_ROWS:
                     linear(torch.zeros(rows, linear.shape[1], dtype=self.dtype, device=self.device))
 
     def _warm_up(self) -> None:

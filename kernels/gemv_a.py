@@ -1,10 +1,12 @@
-"""GEMV variant A (M <= 32 rows: decode, speculative verify), one launch, CUDA-graph capturable once autotuned:
-- program = (BN weight rows, one K split); y^T tile [BN, BM] = sum of dots v [BN, 32] x x^T [32, BM] with BM
-  = 8, 16 or 32 (M padded): the weights are the tensor-core A operand, so warps split weight rows and nothing
-  is dequantised twice; sum_k x_k comes from a small dot with ones.
-- split-K: each split writes an fp32 partial; the last split of a tile to arrive (atomic counter) sums them in
-  split order, writes y and resets the counter. Deterministic, one launch.
-- autotuned on (N, K, G, bits, M bucket) over (BN, warps, split-K, stages); the interpreter runs one fixed config.
+"""GEMV variant A (M <= 32 rows: decode, speculative verify; one launch, CUDA-graph capturable once autotuned), and
+the same kernel tiled over M as the fused GEMM of short prefill steps (up to quant.FUSED_MAX_M rows):
+- program = (BN weight rows, one K split, BM rows of x); y^T tile [BN, BM] = sum of dots v [BN, 32] x x^T [32, BM]
+  with BM = 8, 16 or 32 (M padded) for a GEMV, 64 or 128 per M tile above: the weights are the tensor-core A
+  operand, so warps split weight rows and nothing is dequantised twice within a program; sum_k x_k comes from a
+  small dot with ones. The programs of one weight tile's M tiles run side by side and share its words through L2.
+- split-K (GEMV only): each split writes an fp32 partial; the last split of a tile to arrive (atomic counter) sums
+  them in split order, writes y and resets the counter. Deterministic, one launch.
+- autotuned on (N, K, G, bits, M bucket) over (BM, BN, warps, split-K, stages); the interpreter runs one fixed config.
 Int4 and int8 weights (kernels/quant_format.py: the layouts and how codes become floats); for int4 at M <= 8,
 variant C (kernels/gemv_c.py) is the default.
 """
@@ -85,11 +87,12 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K
     GROUPS: tl.constexpr = BLOCK // G if G < BLOCK else 1        # groups per block
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
     blocks = tl.cdiv(K, BLOCK)
     per_split = tl.cdiv(blocks, SPLIT_K)
     b0 = pid_k * per_split
     b1 = tl.minimum(b0 + per_split, blocks)
-    rm = tl.arange(0, BM)
+    rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     row_ok = rn < N
     groups = K // G
@@ -120,13 +123,18 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K
     store_tile(y, rn[:, None], rm[None, :], y_ptr, part_ptr, count_ptr, M, N, stride_ym, pid_n, pid_k, SPLIT_K)
 
 
+GEMV_BUCKETS = (8, 16, 32)       # a GEMV's rows are padded to one of these (its BM)
+M_BUCKETS = GEMV_BUCKETS + (64, 128, 256, 512, 1024)     # the autotuning buckets: M rounded up to one of these
+
+
 def m_bucket(M: int) -> int:
-    """GEMV rows are padded to 8, 16 or 32 (BM): the autotuning bucket."""
-    return 8 if M <= 8 else 16 if M <= 16 else 32
+    """The autotuning bucket of M rows: the GEMV's BM up to 32, the next power of two above."""
+    return next((b for b in M_BUCKETS if M <= b), M_BUCKETS[-1])
 
 
 def _prune_configs(configs, named_args, **kwargs):
-    """Keep the configs with BM = the M bucket, split-K up to ~8 programs per SM and within the split-K scratch."""
+    """Keep the configs with BM = the M bucket (a GEMV: split-K up to ~8 programs per SM and within the split-K
+    scratch), or, above 32 rows, M tiles of BM <= the bucket without split-K."""
     args = {**named_args, **kwargs}
     bucket, N = args["M_BUCKET"], args["N"]
     sms = sm_count(args["y_ptr"].device)
@@ -134,8 +142,12 @@ def _prune_configs(configs, named_args, **kwargs):
     for cfg in configs:
         bm, bn, split = cfg.kwargs["BM"], cfg.kwargs["BN"], cfg.kwargs["SPLIT_K"]
         tiles = triton.cdiv(N, bn)
-        if bm == bucket and (split == 1 or (tiles * split <= 8 * sms and split * bm * N <= SPLITK_FLOATS
-                                            and tiles <= SPLITK_COUNTERS)):
+        if bucket in GEMV_BUCKETS:
+            ok = bm == bucket and (split == 1 or (tiles * split <= 8 * sms and split * bm * N <= SPLITK_FLOATS
+                                                   and tiles <= SPLITK_COUNTERS))
+        else:
+            ok = bm not in GEMV_BUCKETS and bm <= bucket and split == 1
+        if ok:
             kept.append(cfg)
     return kept
 
@@ -149,15 +161,20 @@ def _bench_quick(fn, quantiles):
 # run Hopper's warpgroup MMA. Two pipeline depths for the decode bucket (M <= 8), where latency hiding matters most.
 _TILES = [(32, 1), (64, 1), (128, 2), (256, 4)]
 _CONFIGS = [triton.Config(dict(BM=bm, BN=bn, SPLIT_K=sk), num_warps=nw, num_stages=st)
-            for bm in (8, 16, 32) for bn, nw in _TILES for sk in (1, 2, 4, 8) for st in ((2, 3) if bm == 8 else (2,))]
+            for bm in GEMV_BUCKETS for bn, nw in _TILES for sk in (1, 2, 4, 8) for st in ((2, 3) if bm == 8 else (2,))]
+# M tiles (a short prefill step): two [BN, BM] fp32 accumulators per program, at most 128 registers per thread
+_CONFIGS += [triton.Config(dict(BM=bm, BN=bn, SPLIT_K=1), num_warps=nw, num_stages=st)
+             for bm, bn, nw in ((64, 64, 4), (64, 128, 4), (64, 128, 8), (128, 64, 4), (128, 64, 8), (128, 128, 8))
+             for st in (2, 3)]
 # cache_results: the choices are kept in Triton's cache dir, so the app's next start does not tune again
 gemv_tuned = triton.autotune(_CONFIGS, key=["N", "K", "G", "BITS", "M_BUCKET"], do_bench=_bench_quick,
                               prune_configs_by={"early_config_prune": _prune_configs}, cache_results=True)(_gemv_kernel)
 
 
 def gemv(x2, words, scales, zeros, y, bits: int, group_size: int, config: dict | None):
-    """y [M, N] = x2 [M, K] @ W^T. config (BM, BN, SPLIT_K, optionally num_warps / num_stages) forces one
-    config; None: the autotuner's (a fixed one under the interpreter)."""
+    """y [M, N] = x2 [M, K] @ W^T, M rows in tiles of BM (one tile up to 32 rows). config (BM, BN, SPLIT_K,
+    optionally num_warps / num_stages) forces one config; None: the autotuner's (a fixed one under the
+    interpreter)."""
     if bits == 8 and (x2.stride(0) % 2 or x2.data_ptr() % 4):
         x2 = x2.contiguous()                # 16-bit x is read as 32-bit pairs
     part, count = splitk_scratch(x2.device)
@@ -166,11 +183,11 @@ def gemv(x2, words, scales, zeros, y, bits: int, group_size: int, config: dict |
                 G=group_size, USE_ASM=not INTERPRET, DOT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
                 **pdl.launch_args(x2.device))
     if config is None and INTERPRET:
-        config = dict(BM=m_bucket(M), BN=32, SPLIT_K=1)
-    assert config is None or config["BM"] >= M and (config["SPLIT_K"] == 1 or (
+        config = dict(BM=min(m_bucket(M), 64), BN=32, SPLIT_K=1)
+    assert config is None or config["SPLIT_K"] == 1 or (config["BM"] >= M and (
         config["SPLIT_K"] * config["BM"] * N <= SPLITK_FLOATS and triton.cdiv(N, config["BN"]) <= SPLITK_COUNTERS)), \
-        "BM must cover all M rows, split-K must fit its scratch"
-    grid = lambda meta: (triton.cdiv(N, meta["BN"]), meta["SPLIT_K"])  # noqa: E731
+        "split-K needs one M tile and must fit its scratch"
+    grid = lambda meta: (triton.cdiv(N, meta["BN"]), meta["SPLIT_K"], triton.cdiv(M, meta["BM"]))  # noqa: E731
     if config is None:
         gemv_tuned[grid](x2, words, scales, zeros, y, part, count, **args)
     else:

@@ -2,7 +2,10 @@
 
 - M <= 32 rows (decode, speculative verify): a GEMV, kernels/gemv_c.py (variant C: int4, M <= 8, the default
   there) or kernels/gemv_a.py (variant A: int4 and int8, any M <= 32).
-- Large M (prefill): the weight is dequantised in row chunks into a reusable scratch and multiplied by torch.
+- int4, 32 < M <= FUSED_MAX_M (a short prompt, a chat turn): variant A tiled over M, a fused GEMM that reads the
+  packed words once per weight tile. Dequantising the whole weight into a scratch and handing it to cuBLAS costs
+  four launches per projection and writes and reads 16-bit weights, four times the packed bytes.
+- Larger M (prefill): the weight is dequantised in row chunks into a reusable scratch and multiplied by torch.
 - Elsewhere than CUDA: the torch references of kernels/quant_format.py, which also holds the formats.
 """
 
@@ -16,7 +19,11 @@ from kernels import gemv_a, gemv_c, pdl
 from kernels.quant_format import (Int4Weight, Int8Weight, group_param_offs, int4_linear_ref, int4_row_words,
                                   int8_embedding_ref, int8_linear_ref, pair_as_float)
 
-GEMV_MAX_M = 32                 # above: dequantise + torch matmul
+GEMV_MAX_M = 32                 # above: int4 the fused GEMM, int8 dequantise + torch matmul
+FUSED_MAX_M = 128               # int4, above: dequantise + torch matmul (measured: docs/performance.md)
+# row counts that reach each build and autotuning bucket of int4_linear / int8_linear up to FUSED_MAX_M (the engine
+# runs every weight shape at these before serving, else a first use compiles or tunes, for seconds)
+WARM_UP_ROWS = (2,) + tuple(b for b in gemv_a.M_BUCKETS if 8 < b <= FUSED_MAX_M)
 DEQUANT_SCRATCH = 1 << 25       # elements of the dequantised-weight scratch of the large-M path (64 MiB bf16)
 
 _dequant: dict = {}
@@ -102,8 +109,9 @@ def _rows(x: torch.Tensor, K: int) -> torch.Tensor:
 
 def int4_linear_triton(x: torch.Tensor, w: Int4Weight, config: dict | None = None,
                        variant: str | None = None) -> torch.Tensor:
-    """x [..., K / x_repeats] -> [..., N] in x's dtype: GEMV for M <= 32 rows, else dequantise + matmul. The GEMV
-    is variant C where it applies (gemv_c.gemv_c_supports), else A; variant="A" / "C" forces one; config forces one
+    """x [..., K / x_repeats] -> [..., N] in x's dtype: GEMV for M <= 32 rows, the fused GEMM (variant A tiled
+    over M) up to FUSED_MAX_M, else dequantise + matmul. The GEMV is variant C where it applies
+    (gemv_c.gemv_c_supports), else A; variant="A" / "C" forces one; config forces one
     config of the variant that runs (see gemv_a.gemv, gemv_c.gemv). Variant C reads x twice itself where
     x_repeats = 2 (an int8 weight as int4 planes); the other paths take x repeated."""
     N, K = w.shape
@@ -114,9 +122,9 @@ def int4_linear_triton(x: torch.Tensor, w: Int4Weight, config: dict | None = Non
         variant = "C" if gemv_c.gemv_c_supports(x2, w) else "A"
     if 0 < M <= gemv_c.GEMV_C_MAX_M and variant == "C":
         gemv_c.gemv(x2, w, y, config)
-    elif 0 < M <= GEMV_MAX_M:
+    elif 0 < M <= FUSED_MAX_M:
         gemv_a.gemv(_repeated(x2, w), w.qweight, w.scales, w.zeros, y, 4, w.group_size, config)
-    elif M > GEMV_MAX_M:
+    elif M > FUSED_MAX_M:
         def dequantize_rows(out, n0):
             _int4_dequant_kernel[(triton.cdiv(out.shape[0], 32), triton.cdiv(K, 128))](
                 w.qweight, w.scales, w.zeros, out, N, K, n0, G=w.group_size, BN=32, num_warps=4)

@@ -83,10 +83,14 @@ def test_generation_works_with_int4(engines):
 
 
 def test_warm_up_runs_every_quantized_shape_at_the_gemv_row_buckets(engines, monkeypatch):
-    """On CUDA the int4 GEMV has a build for M > 1 and the int8 / int4 variant A tunes per M bucket (8, 16, 32): a
-    prompt's short last step would compile and tune them on first use (seconds), so the engine runs every quantized
-    weight shape at 2, 16 and 32 rows before serving (called here on the CPU, where the ops are the references)."""
+    """On CUDA the int4 GEMV has a build for M > 1 and the int8 / int4 variant A tunes per M bucket (16, 32, and the
+    fused GEMM's 64 .. FUSED_MAX_M): a prompt's short last step or a chat turn would compile and tune them on first
+    use (seconds), so the engine runs every quantized weight shape at one row count per bucket before serving
+    (called here on the CPU, where the ops are the references)."""
     from kernels import ops
+    from kernels.gemv_a import m_bucket
+    from kernels.quant import FUSED_MAX_M, WARM_UP_ROWS
+    assert WARM_UP_ROWS[0] == 2 and {m_bucket(m) for m in range(9, FUSED_MAX_M + 1)} == set(WARM_UP_ROWS[1:])
     _, _, quant, _ = engines
     seen = set()
     for name in ("int4_linear", "int8_linear"):
@@ -98,4 +102,4 @@ def test_warm_up_runs_every_quantized_shape_at_the_gemv_row_buckets(engines, mon
     served = [m for name, m in model.named_modules() if hasattr(m, "scheme") and m.scheme != "bf16" and name != "embed"]
     kernels = {("int4_linear" if m.int4_tiles else "int8_linear", tuple(m.quantized().shape))
                for m in served + [model.lm_head]}
-    assert {(kernel, shape, rows) for kernel, shape in kernels for rows in (2, 16, 32)} == seen
+    assert {(kernel, shape, rows) for kernel, shape in kernels for rows in WARM_UP_ROWS} == seen

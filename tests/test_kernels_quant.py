@@ -23,7 +23,7 @@ from kernels.quant_format import (dequantize_int4_ref, dequantize_int8_ref, int4
                                   write_int4_rows)
 from kernels.splitk import SPLITK_FLOATS
 
-M_CPU = [1, 3, 8, 17, 32, 33, 100]          # GEMV buckets 8 / 16 / 32 and the dequantise + matmul path
+M_CPU = [1, 3, 8, 17, 32, 33, 100, 300]     # GEMV buckets 8 / 16 / 32, the fused GEMM (M tiles), dequantise + matmul
 
 
 pytestmark = pytest.mark.usefixtures("poisoned_outputs")   # see tests/conftest.py
@@ -150,6 +150,18 @@ def test_int4_gemv_configs(config):
     ref = int4_linear_ref(x, w)
     check(int4_linear_triton(x, w, config, variant="A"), ref, TOL[torch.float32])
     check(int4_linear_triton(x, w, config, variant="A"), ref, TOL[torch.float32])     # counters were reset
+
+
+@pytest.mark.parametrize("M,config", [
+    (70, dict(BM=64, BN=64, SPLIT_K=1)),          # two M tiles, the second part-filled
+    (130, dict(BM=128, BN=128, SPLIT_K=1)),       # a weight tile wider than N
+    (64, dict(BM=64, BN=32, SPLIT_K=1)),          # exactly one M tile
+])
+def test_int4_fused_gemm_m_tiles(M, config):
+    """Variant A tiled over M (the fused GEMM of short prefill steps): every M tile's rows, none written twice."""
+    w, _ = random_int4(192, 320, 64, torch.float32, seed=4)
+    x = torch.randn(M, 320)
+    check(int4_linear_triton(x, w, config, variant="A"), int4_linear_ref(x, w), TOL[torch.float32])
 
 
 def linear_c(x, w, config=None):
@@ -347,6 +359,22 @@ def test_gemv_forced_configs_gpu(bits, M, tile, split):
     for _ in range(2):                                       # the split-K counters reset themselves
         out = linear(x, w, config)
         assert rel_err(out, ref) < 5e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [33, 100, 128])
+@pytest.mark.parametrize("name", ["mlp_down", "gdn_in_qkvz"])
+def test_int4_fused_gemm_configs_gpu(name, M):
+    """Every M-tile config the autotuner may pick for the fused GEMM (and its own pick) at the 27B shapes, bf16."""
+    from kernels.gemv_a import _CONFIGS
+    w = weight_27b(name)
+    x = torch.randn(M, w.shape[1], dtype=torch.bfloat16, device="cuda")
+    ref = int4_linear_ref(x, w)
+    assert rel_err(int4_linear_triton(x, w, variant="A"), ref) < 5e-3
+    for cfg in _CONFIGS:
+        if cfg.kwargs["BM"] >= 64:
+            config = dict(cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            assert rel_err(int4_linear_triton(x, w, config, variant="A"), ref) < 5e-3, config
 
 
 @pytest.mark.gpu
