@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from kernels import gemv_a, pdl
 from kernels.bench import Case, graph_replay, time_us
-from kernels.gemv_c import GEMV_C_MAX_M, gemv_c_configs, gemv_c_grid
+from kernels.gemv_c import GEMV_C_DEFAULT, GEMV_C_MAX_M, gemv_c_configs, gemv_c_grid
 from kernels.quant import int4_linear, int4_linear_triton, int8_embedding, int8_linear
 from kernels.quant_format import pack_int4, pack_int8
 
@@ -154,6 +154,15 @@ def _step_cases():
                               f"[graph, PDL {'on' if with_pdl else 'off'}]", int4_step, bytes=nbytes,
                               baseline=bf16_step, target=GEMV_TARGET + "; >= 2.8x bf16 (vs ref)", target_frac=0.8))
         pdl.ENABLED = True
+        # fewer programs per SM leave room for the next GEMV's programs, which then load their first weights while
+        # this one's last programs finish (with 16 per SM at 128 registers the register file is full until they exit)
+        for per_sm in (8, 12):
+            cfg = {**GEMV_C_DEFAULT, "PER_SM": per_sm}
+            int4_step = graph_replay(lambda xs=xs, cfg=cfg: [int4_linear_triton(xs[w.shape[1]], w, cfg)
+                                                             for w in int4_ws])
+            cases.append(Case("quant", f"int4 decode GEMVs of 16 layers, 64 launches, M={M} [graph, PDL on, "
+                              f"{per_sm} programs per SM]", int4_step, bytes=nbytes, baseline=bf16_step,
+                              target=GEMV_TARGET + "; >= 2.8x bf16 (vs ref)", target_frac=0.8))
     return cases
 
 
