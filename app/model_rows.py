@@ -183,7 +183,9 @@ class LocalModelRow(QFrame):
         text.setSpacing(2)
         text.addWidget(label(model.name, "rowTitle"))
         details = f"{SOURCE_TEXT[model.source]}   ·   {human_bytes(model.size_bytes)}   ·   " \
-                  f"{model.layers} layers, hidden {model.hidden}" + ("   ·   vision weights" if model.has_vision else "")
+                  f"{model.layers} layers, hidden {model.hidden}"
+        if model.has_vision:
+            details += "   ·   vision weights"
         text.addWidget(label(details, "muted"))
         text.addWidget(ElidedLabel(model.path, "path", Qt.TextElideMode.ElideMiddle))
         row.addLayout(text, 1)

@@ -48,7 +48,8 @@ def cases() -> list[Case]:
 
         def qk_ref(q=q, k=k, hw=hw, freqs=freqs, axis=axis, positions=positions):
             cos, sin = rope_cos_sin(positions, freqs, axis)
-            return apply_rope_ref(rms_norm_ref(q, hw, EPS), cos, sin), apply_rope_ref(rms_norm_ref(k, hw, EPS), cos, sin)
+            return (apply_rope_ref(rms_norm_ref(q, hw, EPS), cos, sin),
+                    apply_rope_ref(rms_norm_ref(k, hw, EPS), cos, sin))
 
         heads = T * (HQ + HK) * HD * 2
         out.append(_case("qk_norm_rope 24+4x256 rot64", T,

@@ -13,6 +13,6 @@ from kernels.rope import qk_norm_rope
 
 linear = F.linear
 
-__all__ = ["add_rms_norm", "causal_conv1d", "gated_delta_rule", "gated_rms_norm", "gdn_decode",
-           "gdn_gating", "int4_linear", "int8_embedding", "int8_linear", "linear", "paged_attention", "qk_norm_rope", "rms_norm", "silu_mul",
-           "store_kv"]
+__all__ = ["add_rms_norm", "causal_conv1d", "gated_delta_rule", "gated_rms_norm", "gdn_decode", "gdn_gating",
+           "int4_linear", "int8_embedding", "int8_linear", "linear", "paged_attention", "qk_norm_rope", "rms_norm",
+           "silu_mul", "store_kv"]

@@ -193,7 +193,8 @@ class ChatSession(QObject):
         settings = self.settings()
         history = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
         for m in self.store.messages(self.current.id):
-            if m.role == "notice" or (m.role == "assistant" and (m.status == "error" or not (m.content or m.tool_calls))):
+            failed_or_empty = m.status == "error" or not (m.content or m.tool_calls)
+            if m.role == "notice" or (m.role == "assistant" and failed_or_empty):
                 continue
             entry = {"role": m.role, "content": m.content}
             if m.attachments and self._vision():

@@ -1,9 +1,10 @@
 """DownloadManager: the downloads the Models page shows, on the GUI thread.
 
 Each download runs as a DownloadJob on its own thread; the job's reports go into a plain queue
-that the manager drains on its clock (jobs never touch a Qt object). The manager adds what needs a clock (speed, ETA, "stalled" when no byte has
-arrived for a while) and keeps a record per download in the store, so a download paused (or
-running) when the app closes is there, with its partial files, at the next start.
+that the manager drains on its clock (jobs never touch a Qt object). The manager adds what needs a
+clock (speed, ETA, "stalled" when no byte has arrived for a while) and keeps a record per download in
+the store, so a download paused (or running) when the app closes is there, with its partial files, at
+the next start.
 """
 
 from __future__ import annotations

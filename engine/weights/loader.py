@@ -79,7 +79,8 @@ def load_weights(model, path: str | Path, device, keep_vision: bool = True, poli
         shape = targets[name][2]
         if tuple(source.shapes[full]) != tuple(shape):
             source.close()
-            raise CheckpointError(f"tensor {name} has shape {list(source.shapes[full])}, config.json implies {list(shape)}")
+            raise CheckpointError(f"tensor {name} has shape {list(source.shapes[full])}, "
+                                  f"config.json implies {list(shape)}")
     wanted = {full: name for name, full in found.items()}
     if keep_vision:
         wanted.update({full: None for full in vision.values()})
