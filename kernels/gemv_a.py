@@ -124,11 +124,11 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K
 
 
 GEMV_BUCKETS = (8, 16, 32)       # a GEMV's rows are padded to one of these (its BM)
-M_BUCKETS = GEMV_BUCKETS + (64, 128, 256, 512, 1024)     # the autotuning buckets: M rounded up to one of these
+M_BUCKETS = GEMV_BUCKETS + (64, 128)     # the autotuning buckets: M rounded up to one of these (quant.FUSED_MAX_M)
 
 
 def m_bucket(M: int) -> int:
-    """The autotuning bucket of M rows: the GEMV's BM up to 32, the next power of two above."""
+    """The autotuning bucket of M rows: the GEMV's BM up to 32, then 64 and 128 (any M above: 128)."""
     return next((b for b in M_BUCKETS if M <= b), M_BUCKETS[-1])
 
 
