@@ -3,8 +3,8 @@
 - M <= 32 rows (decode, speculative verify): a GEMV, kernels/gemv_c.py (variant C: int4, M <= 8, the default
   there) or kernels/gemv_a.py (variant A: int4 and int8, any M <= 32).
 - int4, 32 < M <= FUSED_MAX_M (a short prompt, a chat turn): variant A tiled over M, a fused GEMM that reads the
-  packed words once per weight tile. Dequantising the whole weight into a scratch and handing it to cuBLAS costs
-  four launches per projection and writes and reads 16-bit weights, four times the packed bytes.
+  packed words once per weight tile. Dequantising the weight into a scratch for cuBLAS takes two launches per
+  scratch chunk and writes and reads 16-bit weights, four times the packed bytes.
 - Larger M (prefill): the weight is dequantised in row chunks into a reusable scratch and multiplied by torch.
 - Elsewhere than CUDA: the torch references of kernels/quant_format.py, which also holds the formats.
 """
