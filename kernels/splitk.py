@@ -14,28 +14,34 @@ _splitk: dict = {}
 
 
 @triton.jit
-def store_tile(y, rows, cols, y_ptr, part_ptr, count_ptr, M, N, stride_ym, tile, part, parts):
-    """Store the fp32 tile y (any shape; rows / cols broadcast to it: its weight rows and x rows), partial sum
-    number `part` of `parts` (K splits) of row tile `tile`, into y [M, N].
-
-    With parts > 1 each writes its partial to part_ptr [parts, M, N]; the last to arrive at the tile's counter sums
-    the partials in order (deterministic), writes y and resets the counter for the next launch."""
-    mask = (rows < N) & (cols < M)
-    y_offs = cols * stride_ym + rows
-    if parts == 1:
-        tl.store(y_ptr + y_offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-    else:
+def reduce_tile(y, rows, cols, part_ptr, count_ptr, M, N, tile, part, parts):
+    """The fp32 tile y (any shape; rows / cols broadcast to it: its weight rows and x rows) as partial sum number
+    `part` of `parts` (K splits) of row tile `tile` of y [M, N] -> (the tile's whole sum, whether this program
+    holds it): with parts > 1 each writes its partial to part_ptr [parts, M, N]; the last to arrive at the tile's
+    counter sums the partials in order (deterministic) and resets the counter for the next launch."""
+    total = y
+    done = parts == 1
+    if parts > 1:
+        mask = (rows < N) & (cols < M)
         offs = cols * N + rows
         tl.store(part_ptr + part * M * N + offs, y, mask=mask)
         tl.debug_barrier()                      # every thread's partial is written before the release below
         arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == parts - 1:
+        done = arrived == parts - 1
+        if done:
             total = tl.zeros_like(y)
             for s in range(parts):
                 total += tl.load(part_ptr + s * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(y_ptr + y_offs, total.to(y_ptr.dtype.element_ty), mask=mask)
             tl.atomic_xchg(count_ptr + tile, 0)
+    return total, done
 
+
+@triton.jit
+def store_tile(y, rows, cols, y_ptr, part_ptr, count_ptr, M, N, stride_ym, tile, part, parts):
+    """Store the tile y (reduce_tile's arguments) into y [M, N], by the program that holds its whole sum."""
+    total, done = reduce_tile(y, rows, cols, part_ptr, count_ptr, M, N, tile, part, parts)
+    if done:
+        tl.store(y_ptr + cols * stride_ym + rows, total.to(y_ptr.dtype.element_ty), mask=(rows < N) & (cols < M))
 
 def splitk_scratch(device: torch.device):
     """(fp32 partials, zeroed int32 counters) shared by all GEMV launches on the device. Allocated on the first
