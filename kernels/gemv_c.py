@@ -29,7 +29,7 @@ import triton.language as tl
 from kernels import pdl
 from kernels.quant_format import Int4Weight, code_bits, group_param_offs, int4_row_words, shift
 from kernels.runtime import INTERPRET, sm_count
-from kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, splitk_scratch, store_tile
+from kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, reduce_tile, splitk_scratch, store_tile
 
 GEMV_C_MAX_M = 8                # variant C's limit (x rows are the 8 columns of the mma's B operand)
 
@@ -223,10 +223,23 @@ def _block_c(f0, f1, xs, a00, a01, a02, a03, a10, a11, a12, a13, zero, one, G: t
     return a00, a01, a02, a03, a10, a11, a12, a13
 
 
+@triton.jit
+def _store_swiglu(total, rows, cols, y_ptr, M, N, stride_ym):
+    """y [M, N] = silu(gate) * up from the fp32 sums [..., 2 (gate / up)], with the unfused path's roundings: both
+    rounded to y's dtype as the projection's output, silu rounded before the product (kernels/activation.py)."""
+    dtype = y_ptr.dtype.element_ty
+    gate, up = tl.split(total)
+    gate = gate.to(dtype).to(tl.float32)
+    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    out = silu * up.to(dtype).to(tl.float32)
+    tl.store(y_ptr + cols * stride_ym + rows, out.to(dtype), mask=(rows < N) & (cols < M))
+
+
 @triton.jit(do_not_specialize=["per"])
 def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_x, stride_ym, per,
                    G: tl.constexpr, FP16: tl.constexpr, NW: tl.constexpr, R: tl.constexpr, UNROLL: tl.constexpr,
-                   EVEN_K: tl.constexpr, X_TWICE: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr):
+                   EVEN_K: tl.constexpr, X_TWICE: tl.constexpr, GLU: tl.constexpr, EMULATE: tl.constexpr,
+                   PDL: tl.constexpr):
     """y = x @ W^T for this program's run of work units; each warp R 16-row tiles, one mma.sync per 16 rows x 16 k.
 
     The words serve as A fragments as they lie: lane 4g + t loads words 4t..4t+3 of rows g and g + 8 (16 bytes
@@ -255,7 +268,13 @@ def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N,
     groups = K // G
     x_blocks = blocks // 2                                   # (X_TWICE)
     u = pid * per
-    u_end = tl.minimum(u + per, tl.cdiv(N, 16 * R * NW) * blocks)
+    if GLU:                         # a warp's tiles: a gate tile and the up tile N rows below (row groups of NW tiles)
+        TILES: tl.constexpr = 1
+        TILE1: tl.constexpr = 0
+    else:                           # R tiles one after the other
+        TILES: tl.constexpr = R
+        TILE1: tl.constexpr = 16
+    u_end = tl.minimum(u + per, tl.cdiv(N, 16 * TILES * NW) * blocks)
     i = tl.arange(0, 32 * NW)
     lane = i % 32
     g = lane // 4
@@ -273,13 +292,15 @@ def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N,
         row_group = u // blocks
         b0 = u % blocks
         b1 = tl.minimum(blocks, b0 + u_end - u)
-        row0 = (row_group * NW + i // 32) * (16 * R) + g              # the lane's row g of its warp's first tile
+        row0 = (row_group * NW + i // 32) * (16 * TILES) + g           # the lane's row g of its warp's first tile
         r0 = tl.minimum(row0 - g, last_tile) + g
         w0 = int4_row_words(w_ptr, r0, blocks)[:, None] + (4 * t)[:, None] + j4
         sz0 = group_param_offs(r0, 0, groups) // 2          # the word of rows g, g + 8 (r0 % 16 = g < 8)
         s0, z0 = s32 + sz0, z32 + sz0
         if R == 2:
-            r1 = tl.minimum(row0 + 16 - g, last_tile) + g
+            r1 = tl.minimum(row0 + TILE1 - g, last_tile) + g
+            if GLU:
+                r1 += N
             w1 = int4_row_words(w_ptr, r1, blocks)[:, None] + (4 * t)[:, None] + j4
             sz1 = group_param_offs(r1, 0, groups) // 2
             s1, z1 = s32 + sz1, z32 + sz1
@@ -304,14 +325,21 @@ def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N,
         cols = tl.join(tl.join(2 * t, 2 * t + 1), tl.join(2 * t, 2 * t + 1))     # [32 NW, 2 (row g / g + 8), 2]
         rows = tl.join(tl.join(row0, row0), tl.join(row0 + 8, row0 + 8))
         y = tl.join(tl.join(a00, a01), tl.join(a02, a03))
-        if R == 2:                                                       # [32 NW, 2, 2, 2 (tile)]
-            y = tl.join(y, tl.join(tl.join(a10, a11), tl.join(a12, a13)))
-            rows = tl.join(rows, rows + 16)
-            cols = tl.join(cols, cols)
         first = row_group * blocks // per                     # the programs with blocks of this row group
         last = ((row_group + 1) * blocks - 1) // per
-        store_tile(y, rows, cols, y_ptr, part_ptr, count_ptr, M, N, stride_ym, row_group, pid - first,
-                   last - first + 1)
+        if GLU:                                             # [32 NW, 2, 2, 2 (gate / up)], the partials over 2N rows
+            y = tl.join(y, tl.join(tl.join(a10, a11), tl.join(a12, a13)))
+            total, done = reduce_tile(y, tl.join(rows, rows + N), tl.join(cols, cols), part_ptr, count_ptr, M, 2 * N,
+                                      row_group, pid - first, last - first + 1)
+            if done:
+                _store_swiglu(total, rows, cols, y_ptr, M, N, stride_ym)
+        else:
+            if R == 2:                                                   # [32 NW, 2, 2, 2 (tile)]
+                y = tl.join(y, tl.join(tl.join(a10, a11), tl.join(a12, a13)))
+                rows = tl.join(rows, rows + 16)
+                cols = tl.join(cols, cols)
+            store_tile(y, rows, cols, y_ptr, part_ptr, count_ptr, M, N, stride_ym, row_group, pid - first,
+                       last - first + 1)
         u += b1 - b0
 
 
@@ -353,10 +381,11 @@ def gemv_c_grid(N: int, K: int, config: dict, sms: int) -> tuple[int, int]:
     return triton.cdiv(units, per), per
 
 
-def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None):
+def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None, swiglu: bool = False):
     """y [M, N] = x2 [M, K / x_repeats] @ W^T for M <= 8 (variant C), one launch. config (gemv_c_configs' keys, PER,
     PDL) forces one; None: GEMV_C_DEFAULT (the first of gemv_c_configs). PDL on (kernels/pdl.py) unless config says
-    PDL=False."""
+    PDL=False. swiglu: W is gate | up stacked by rows and y [M, N / 2] = silu(x2 @ gate^T) * (x2 @ up^T), made in
+    the epilogue (each warp's two tiles: a gate tile and the up tile N / 2 rows below; R = 2)."""
     M, (N, K) = x2.shape[0], w.shape
     assert gemv_c_supports(x2, w), "variant C: M <= 8, group 64 or 128, 16-bit x"
     assert w.x_repeats in (1, 2) and x2.shape[1] * w.x_repeats == K and (w.x_repeats == 1 or K % 256 == 0), \
@@ -365,7 +394,8 @@ def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None):
         x2 = x2.contiguous()                    # x is read as int32 pairs, 4 at a time
     config = config or GEMV_C_DEFAULT
     nw, r, blocks = config.get("NW", 1), config.get("R", 2), triton.cdiv(K, 128)
-    programs, per = gemv_c_grid(N, K, config, sm_count(x2.device) if x2.is_cuda else 132)
+    assert not swiglu or (r == 2 and N % 32 == 0), "SwiGLU: two tiles per warp, gate and up in whole tiles"
+    programs, per = gemv_c_grid(N, K, config, sm_count(x2.device) if x2.is_cuda else 132)  # (the same with swiglu)
     launch = pdl.launch_args(x2.device) if config.get("PDL", True) else {"PDL": False}
     if x2.is_cuda and config.get("MAXNREG"):
         launch["maxnreg"] = config["MAXNREG"]
@@ -373,8 +403,8 @@ def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None):
     parts = 1 if per % blocks == 0 else triton.cdiv(blocks, per) + 1    # the most programs on one row group
     assert parts == 1 or (parts * M * N <= SPLITK_FLOATS and triton.cdiv(N, 16 * r * nw) <= SPLITK_COUNTERS), \
         "the partial sums must fit their scratch"
-    _gemv_c_kernel[(programs,)](x2, w.qweight, w.scales, w.zeros, y, part, count, M, N, K, x2.stride(0) // 2,
-                                y.stride(0), per, G=w.group_size, FP16=x2.dtype == torch.float16, NW=nw, R=r,
-                                UNROLL=config.get("UNROLL", 1), EVEN_K=K % 128 == 0, X_TWICE=w.x_repeats == 2,
-                                EMULATE=INTERPRET, num_warps=nw, num_stages=1, **launch)
-
+    _gemv_c_kernel[(programs,)](x2, w.qweight, w.scales, w.zeros, y, part, count, M, N // 2 if swiglu else N, K,
+                                x2.stride(0) // 2, y.stride(0), per, G=w.group_size, FP16=x2.dtype == torch.float16,
+                                NW=nw, R=r, UNROLL=config.get("UNROLL", 1), EVEN_K=K % 128 == 0,
+                                X_TWICE=w.x_repeats == 2, GLU=swiglu, EMULATE=INTERPRET, num_warps=nw, num_stages=1,
+                                **launch)

@@ -6,6 +6,7 @@
   packed words once per weight tile. Dequantising the weight into a scratch for cuBLAS takes two launches per
   scratch chunk and writes and reads 16-bit weights, four times the packed bytes.
 - Larger M (prefill): the weight is dequantised in row chunks into a reusable scratch and multiplied by torch.
+- int4_swiglu: the MLP's gate|up projection and SwiGLU, at decode in variant C's epilogue.
 - Elsewhere than CUDA: the torch references of kernels/quant_format.py, which also holds the formats.
 """
 
@@ -16,6 +17,7 @@ import triton
 import triton.language as tl
 
 from kernels import gemv_a, gemv_c, pdl
+from kernels.activation import silu_mul
 from kernels.quant_format import (Int4Weight, Int8Weight, group_param_offs, int4_linear_ref, int4_row_words,
                                   int8_embedding_ref, int8_linear_ref, pair_as_float)
 
@@ -164,6 +166,19 @@ def int8_embedding_triton(ids: torch.Tensor, w: Int8Weight) -> torch.Tensor:
             flat, w.qweight, w.scales, out, K, G=w.group_size, BLOCK=BLOCK, num_warps=4,
             **pdl.launch_args(ids.device))
     return out.view(*ids.shape, K)
+
+
+def int4_swiglu(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
+    """silu(x @ gate^T) * (x @ up^T) for W = gate | up stacked by rows (the MLP's fused gate_up), [..., N / 2]. On
+    CUDA where variant C runs (decode, M <= 8) in the GEMV's epilogue: one launch, and N / 2 outputs written instead
+    of N; elsewhere the linear, then silu_mul (the same roundings either way)."""
+    N, K = w.shape
+    x2 = _rows(x, K)
+    if x.is_cuda and 0 < x2.shape[0] <= gemv_c.GEMV_C_MAX_M and gemv_c.gemv_c_supports(x2, w) and N % 32 == 0:
+        y = torch.empty(x2.shape[0], N // 2, dtype=x.dtype, device=x.device)
+        gemv_c.gemv(x2, w, y, None, swiglu=True)
+        return y.view(*x.shape[:-1], N // 2)
+    return silu_mul(int4_linear(x, w))
 
 
 def int4_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from kernels.bench_quant import HIDDEN, LM_HEAD, PROJ
-from kernels.gemv_c import gemv_c_configs, gemv_c_grid
-from kernels.quant import (int4_linear, int4_linear_triton, int8_embedding, int8_embedding_triton, int8_linear,
-                           int8_linear_triton)
+from kernels.activation import silu_mul, silu_mul_ref
+from kernels.gemv_c import gemv, gemv_c_configs, gemv_c_grid
+from kernels.quant import (int4_linear, int4_linear_triton, int4_swiglu, int8_embedding, int8_embedding_triton,
+                           int8_linear, int8_linear_triton)
 from kernels.quant_format import (dequantize_int4_ref, dequantize_int8_ref, int4_linear_ref, int8_embedding_ref,
                                   int8_linear_ref, pack_int4, pack_int4_codes, pack_int8, pack_int8_as_int4,
                                   tile_group_params,
@@ -185,6 +186,21 @@ def test_int4_gemv_c(M, K, G, dtype, config):
     check(linear_c(x, w, config), ref, TOL[dtype])
     check(linear_c(x, w, config), ref, TOL[dtype])              # the split-K counters were reset
 
+
+
+@pytest.mark.parametrize("M,K,config", [
+    (1, 640, None),                                     # 15 one-block programs: 6 partials per row group
+    (3, 640, dict(NW=1, R=2, UNROLL=2, PER=3)),         # runs cross row groups
+    (8, 384, dict(NW=2, R=2, UNROLL=1, PER=100)),       # one program, two warps, no partials
+])
+def test_int4_gemv_c_swiglu(M, K, config):
+    """SwiGLU in variant C's epilogue (gate rows 0..47, up rows 48..95): the projection's values, then silu_mul."""
+    w, _ = random_int4(96, K, 128, torch.float16, seed=12)
+    x = torch.randn(M, K).half()
+    y = torch.empty(M, 48, dtype=torch.float16)
+    gemv(x, w, y, config, swiglu=True)
+    check(y, silu_mul_ref(linear_c(x, w, config)), TOL[torch.float16])
+    check(int4_swiglu(x, w), silu_mul_ref(int4_linear_ref(x, w)), TOL[torch.float16])    # (the CPU path)
 
 def test_int4_gemv_c_strided_x():
     """x from a column slice of a wider buffer: read as int32 pairs, 4 at a time, so it is copied when misaligned."""
@@ -407,6 +423,25 @@ def test_int4_gemv_c_gpu(name, M):
         check(out, ref, TOL[torch.bfloat16])
 
 
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 2, 5, 8])
+def test_int4_swiglu_gpu(M):
+    """SwiGLU in the GEMV's epilogue at the 27B gate|up shape, with every two-tile variant C config: as close to the
+    fp32 reference as the projection followed by silu_mul. Not the same bits: a warp pairs a gate tile with its up
+    tile, not with the next gate tile, so a gate row's K splits differ from the unfused launch's."""
+    w = weight_27b("mlp_gate_up")
+    x = torch.randn(M, w.shape[1], dtype=torch.bfloat16, device="cuda")
+    ref = silu_mul_ref(int4_linear_ref(x, w))
+    unfused = rel_err(silu_mul(int4_linear(x, w)), ref)
+    outs = [int4_swiglu(x, w)]
+    for config in [c for c in gemv_c_configs() if c.get("R", 2) == 2]:      # (a gate tile and its up tile per warp)
+        outs.append(torch.empty(M, w.shape[0] // 2, dtype=torch.bfloat16, device="cuda"))
+        gemv(x, w, outs[-1], config, swiglu=True)
+    for out in outs:
+        check(out, ref, TOL[torch.bfloat16])
+        assert rel_err(out, ref) < 1.5 * unfused + 1e-4, (rel_err(out, ref), unfused)
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,G", [(torch.float16, 128), (torch.float16, 64), (torch.bfloat16, 64)])
 def test_int4_gemv_c_other_dtype_and_group_gpu(dtype, G):
@@ -437,7 +472,7 @@ def test_gemv_cuda_graph_gpu(M):
     xh = torch.randn(M, HIDDEN, dtype=torch.bfloat16, device="cuda")
 
     def step():
-        return [int4_linear(x, w) for x, w in zip(xs, ws)] + [int8_linear(xh, head)]
+        return [int4_linear(x, w) for x, w in zip(xs, ws)] + [int8_linear(xh, head), int4_swiglu(xs[2], ws[2])]
 
     step()                                       # autotune and allocate the scratch outside the capture
     torch.cuda.synchronize()
