@@ -29,7 +29,7 @@ import triton.language as tl
 from kernels import pdl
 from kernels.quant_format import Int4Weight, code_bits, group_param_offs, int4_row_words, shift
 from kernels.runtime import INTERPRET, sm_count
-from kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, reduce_tile, splitk_scratch, store_tile
+from kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, arrive, splitk_scratch, store_tile
 
 GEMV_C_MAX_M = 8                # variant C's limit (x rows are the 8 columns of the mma's B operand)
 
@@ -237,7 +237,8 @@ def _store_swiglu(total, rows, cols, y_ptr, M, N, stride_ym):
 
 @triton.jit(do_not_specialize=["per"])
 def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_x, stride_ym, per,
-                   G: tl.constexpr, FP16: tl.constexpr, NW: tl.constexpr, R: tl.constexpr, UNROLL: tl.constexpr,
+                   G: tl.constexpr, FP16: tl.constexpr, NW: tl.constexpr, R: tl.constexpr,
+                   UNROLL: tl.constexpr,
                    EVEN_K: tl.constexpr, X_TWICE: tl.constexpr, GLU: tl.constexpr, EMULATE: tl.constexpr,
                    PDL: tl.constexpr):
     """y = x @ W^T for this program's run of work units; each warp R 16-row tiles, one mma.sync per 16 rows x 16 k.
@@ -329,10 +330,13 @@ def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N,
         last = ((row_group + 1) * blocks - 1) // per
         if GLU:                                             # [32 NW, 2, 2, 2 (gate / up)], the partials over 2N rows
             y = tl.join(y, tl.join(tl.join(a10, a11), tl.join(a12, a13)))
-            total, done = reduce_tile(y, tl.join(rows, rows + N), tl.join(cols, cols), part_ptr, count_ptr, M, 2 * N,
-                                      row_group, pid - first, last - first + 1)
-            if done:
-                _store_swiglu(total, rows, cols, y_ptr, M, N, stride_ym)
+            if first == last:
+                _store_swiglu(y, rows, cols, y_ptr, M, N, stride_ym)
+            else:
+                total, done = arrive(y, tl.join(rows, rows + N), tl.join(cols, cols), part_ptr, count_ptr, M, 2 * N,
+                                     row_group, pid - first, last - first + 1)
+                if done:
+                    _store_swiglu(total, rows, cols, y_ptr, M, N, stride_ym)
         else:
             if R == 2:                                                   # [32 NW, 2, 2, 2 (tile)]
                 y = tl.join(y, tl.join(tl.join(a10, a11), tl.join(a12, a13)))
