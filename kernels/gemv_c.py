@@ -237,8 +237,7 @@ def _store_swiglu(total, rows, cols, y_ptr, M, N, stride_ym):
 
 @triton.jit(do_not_specialize=["per"])
 def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_x, stride_ym, per,
-                   G: tl.constexpr, FP16: tl.constexpr, NW: tl.constexpr, R: tl.constexpr,
-                   UNROLL: tl.constexpr,
+                   G: tl.constexpr, FP16: tl.constexpr, NW: tl.constexpr, R: tl.constexpr, UNROLL: tl.constexpr,
                    EVEN_K: tl.constexpr, X_TWICE: tl.constexpr, GLU: tl.constexpr, EMULATE: tl.constexpr,
                    PDL: tl.constexpr):
     """y = x @ W^T for this program's run of work units; each warp R 16-row tiles, one mma.sync per 16 rows x 16 k.
