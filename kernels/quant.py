@@ -174,7 +174,7 @@ def int4_swiglu(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     of N; elsewhere the linear, then silu_mul (the same roundings either way)."""
     N, K = w.shape
     x2 = _rows(x, K)
-    if x.is_cuda and 0 < x2.shape[0] <= gemv_c.GEMV_C_MAX_M and gemv_c.gemv_c_supports(x2, w) and N % 32 == 0:
+    if x.is_cuda and x2.shape[0] > 0 and gemv_c.gemv_c_supports(x2, w) and N % 32 == 0:     # (supports: M <= 8)
         y = torch.empty(x2.shape[0], N // 2, dtype=x.dtype, device=x.device)
         gemv_c.gemv(x2, w, y, None, swiglu=True)
         return y.view(*x.shape[:-1], N // 2)

@@ -63,6 +63,7 @@ def arrive(y, rows, cols, part_ptr, count_ptr, M, N, tile, part, parts):
         tl.atomic_xchg(count_ptr + tile, 0)
     return total, last
 
+
 def splitk_scratch(device: torch.device):
     """(fp32 partials, zeroed int32 counters) shared by all GEMV launches on the device. Allocated on the first
     call: warm up before capturing a CUDA graph (the autotuner needs that too)."""

@@ -187,7 +187,6 @@ def test_int4_gemv_c(M, K, G, dtype, config):
     check(linear_c(x, w, config), ref, TOL[dtype])              # the split-K counters were reset
 
 
-
 @pytest.mark.parametrize("M,K,config", [
     (1, 640, None),                                     # 15 one-block programs: 6 partials per row group
     (3, 640, dict(NW=1, R=2, UNROLL=2, PER=3)),         # runs cross row groups
@@ -201,6 +200,7 @@ def test_int4_gemv_c_swiglu(M, K, config):
     gemv(x, w, y, config, swiglu=True)
     check(y, silu_mul_ref(linear_c(x, w, config)), TOL[torch.float16])
     check(int4_swiglu(x, w), silu_mul_ref(int4_linear_ref(x, w)), TOL[torch.float16])    # (the CPU path)
+
 
 def test_int4_gemv_c_strided_x():
     """x from a column slice of a wider buffer: read as int32 pairs, 4 at a time, so it is copied when misaligned."""
@@ -423,7 +423,6 @@ def test_int4_gemv_c_gpu(name, M):
         check(out, ref, TOL[torch.bfloat16])
 
 
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 2, 5, 8])
 def test_int4_swiglu_gpu(M):
@@ -441,6 +440,7 @@ def test_int4_swiglu_gpu(M):
     for out in outs:
         check(out, ref, TOL[torch.bfloat16])
         assert rel_err(out, ref) < 1.5 * unfused + 1e-4, (rel_err(out, ref), unfused)
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,G", [(torch.float16, 128), (torch.float16, 64), (torch.bfloat16, 64)])
