@@ -106,6 +106,18 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, R, H, sx_t
 
 
 @triton.jit
+def gated_norm_tile(x, g, w, eps, N: tl.constexpr, ROUND_WY: tl.constexpr, dtype: tl.constexpr):
+    """gated_rms_norm_ref over the rows of fp32 tiles x, g [ROWS, BLOCK] (w [BLOCK]; zeros past N), with its
+    roundings to dtype; -> fp32. Shared with the fused GDN decode step (kernels/gdn.py)."""
+    r = tl.math.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+    y = (x * r[:, None]).to(dtype).to(tl.float32)
+    y = w[None, :] * y
+    if ROUND_WY:                                             # weight * y is rounded when both share a dtype
+        y = y.to(dtype).to(tl.float32)
+    return y * (g / (1.0 + tl.exp(-g)))
+
+
+@triton.jit
 def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, out_ptr, R, H, sx_t, sx_h, sg_t, sg_h, eps,
                            N: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
                            ROUND_WY: tl.constexpr, PDL: tl.constexpr):
@@ -116,16 +128,16 @@ def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, out_ptr, R, H, sx_t, sx_h, sg_t,
     g_offs, _ = _row_tile(rows, cols, R, H, sg_t, sg_h, N)
     dtype = out_ptr.dtype.element_ty
     x = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
-    r = tl.math.rsqrt(tl.sum(x * x, axis=1) / N + eps)
-    y = (x * r[:, None]).to(dtype).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-    y = w[None, :] * y
-    if ROUND_WY:                                             # weight * y is rounded when both share a dtype
-        y = y.to(dtype).to(tl.float32)
     g = tl.load(g_ptr + g_offs, mask=mask, other=0.0).to(tl.float32)
-    y = y * (g / (1.0 + tl.exp(-g)))
+    y = gated_norm_tile(x, g, w, eps, N, ROUND_WY, dtype)
     out = rows.to(tl.int64)[:, None] * N + cols[None, :]
     tl.store(out_ptr + out, y.to(dtype), mask=mask)
+
+
+def rounds_weight_product(weight: torch.Tensor, x: torch.Tensor) -> bool:
+    """gated_rms_norm_ref rounds weight * y to x's dtype when the weight's dtype promotes to it (ROUND_WY)."""
+    return torch.promote_types(weight.dtype, x.dtype) == x.dtype
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -156,7 +168,7 @@ def gated_rms_norm_triton(x: torch.Tensor, gate: torch.Tensor, weight: torch.Ten
     T, H, N = xr.shape
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     block, rows, warps = _config(N)
-    round_wy = torch.promote_types(weight.dtype, x.dtype) == x.dtype
+    round_wy = rounds_weight_product(weight, x)
     _gated_rms_norm_kernel[(triton.cdiv(T * H, rows),)](
         xr, gr, weight, out, T * H, H, xr.stride(0), xr.stride(1), gr.stride(0), gr.stride(1), eps,
         N=N, BLOCK=block, ROWS=rows, ROUND_WY=round_wy, num_warps=warps,
