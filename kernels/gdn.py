@@ -11,8 +11,9 @@ GPU paths:
   pool; when fla is not importable, a Triton kernel that walks the tokens one by one (correct, slow on
   long prompts).
 - decode / speculative verify, `gdn_decode`: one fused kernel from the raw projection rows (conv update
-  + SiLU, q/k L2 norm, gating, L delta-rule steps), CUDA-graph capturable, optionally keeping the state
-  after every token so that the engine can roll back to any accepted draft position.
+  + SiLU, q/k L2 norm, gating, L delta-rule steps; for up to two sequences the gated output norm too),
+  CUDA-graph capturable, optionally keeping the state after every token so that the engine can roll back
+  to any accepted draft position.
 """
 
 import functools
@@ -24,6 +25,7 @@ import triton.language as tl
 
 from kernels import pdl
 from kernels.conv1d import causal_conv1d_ref, conv_token, store_conv_window
+from kernels.norm import gated_norm_tile, gated_rms_norm_ref, gated_rms_norm_triton, rounds_weight_product
 
 
 def gdn_gating_ref(a, b, A_log, dt_bias):
@@ -112,8 +114,12 @@ def gated_delta_rule_ref(q, k, v, g, beta, state, slots, cu_seqlens, has_state, 
 
 
 def gdn_decode_ref(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state,
-                   step_ssm=None, step_conv=None, ba_proj=None):
+                   step_ssm=None, step_conv=None, ba_proj=None, norm=None):
     """The fused decode step composed from the references (arguments: see gdn_decode)."""
+    if norm is not None:
+        o = gdn_decode_ref(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state, step_ssm,
+                           step_conv, ba_proj)
+        return gated_rms_norm_ref(o, *norm)
     if ba_proj is not None:
         x, w_ba = ba_proj
         b, a = F.linear(x, w_ba).split(w_ba.shape[0] // 2, dim=-1)
@@ -347,14 +353,16 @@ def _ba_proj(x_row, w_b_row, w_a_row, H: tl.constexpr, BH: tl.constexpr):
 @triton.jit
 def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, x, x_row_stride, w_ba, conv_w, conv_state,
                    conv_slot_stride, conv_row_stride, A_log, dt_bias, ssm, slots, has_state, counters, out, step_ssm,
-                   step_conv, scale, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   L: tl.constexpr, W: tl.constexpr, BV: tl.constexpr, STORE_STEPS: tl.constexpr, H: tl.constexpr,
-                   BH: tl.constexpr, BA_PROJ: tl.constexpr, PDL: tl.constexpr):
+                   step_conv, z, z_row_stride, norm_w, eps, scale, HK: tl.constexpr, HV: tl.constexpr,
+                   K: tl.constexpr, V: tl.constexpr, L: tl.constexpr, W: tl.constexpr, BV: tl.constexpr,
+                   STORE_STEPS: tl.constexpr, H: tl.constexpr, BH: tl.constexpr, BA_PROJ: tl.constexpr,
+                   NORM: tl.constexpr, ROUND_WY: tl.constexpr, PDL: tl.constexpr):
     """Program per (sequence, v head, V block) holding a [K, BV] fp32 state tile. Each program convolves the
     q/k channels of its qk head and its own v channels itself (a few KB, L2-resident) rather than reading
     them from a separate conv kernel. With BA_PROJ it also projects its head's b and a from the layer input x
     (two dot products of H; the weight rows are shared by the head's programs through L2) instead of reading them:
-    two launches fewer per layer than a separate 96-row GEMV."""
+    two launches fewer per layer than a separate 96-row GEMV. With NORM the last program of a qk head applies the
+    gated RMSNorm to its v heads' outputs in place (o / rms(o) * w * silu(z)): one launch fewer per layer."""
     pdl.enter(PDL)
     i_b, i_hv, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // HK)
@@ -398,8 +406,9 @@ def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, x, x_r
             store_conv_window(x_rows, qkv_row_stride, win, conv_row_stride, conv_steps + t * (W - 1) * C, C,
                               cv, all_v, live, t, W)
     store_conv_window(x_rows, qkv_row_stride, win, conv_row_stride, win, conv_row_stride, cv, all_v, live, L - 1, W)
-    # The q/k channels are read by every program of the (sequence, qk head) group: the last of them to get
-    # here writes them (an arrival counter, reset by that program, so nothing is overwritten while still read).
+    # The q/k channels are read by every program of the (sequence, qk head) group, and the gated norm needs all of
+    # its v heads' outputs: the last of them to get here does both (an arrival counter, reset by that program, so
+    # nothing is overwritten while still read; the outputs it reads were stored before the others arrived).
     tl.debug_barrier()
     arrived = tl.atomic_add(counters + i_b * HK + i_h, 1)
     last = arrived == (HV // HK) * (V // BV) - 1
@@ -412,6 +421,19 @@ def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, x, x_r
                               cqk, qk_mask, live, t, W)
     store_conv_window(x_rows, qkv_row_stride, win, conv_row_stride, win, conv_row_stride, cqk, qk_mask, live,
                       L - 1, W)
+    if NORM:
+        if last:
+            cols = tl.arange(0, V)
+            w = tl.load(norm_w + cols).to(tl.float32)
+            for t in tl.static_range(L):
+                row = i_b.to(tl.int64) * L + t
+                for j in tl.static_range(HV // HK):
+                    hv = i_h * (HV // HK) + j
+                    p_o = out + (row * HV + hv) * V + cols[None, :]
+                    o_h = tl.load(p_o, cache_modifier=".cg").to(tl.float32)
+                    z_h = tl.load(z + row * z_row_stride + hv * V + cols[None, :]).to(tl.float32)
+                    tl.store(p_o, gated_norm_tile(o_h, z_h, w, eps, V, ROUND_WY, out.dtype.element_ty)
+                             .to(out.dtype.element_ty))
     tl.store(counters + i_b * HK + i_h, 0, mask=last)
 
 
@@ -427,12 +449,28 @@ def _counters(device, n):
     return buf
 
 
+FUSED_NORM_MAX_B = 2           # the gated norm inside the step up to this batch; a kernel of its own above
+
+
+def decode_block_v(B: int, fused_norm: bool) -> int:
+    """V columns per program of the decode step for B sequences. Unfused: 16 for B <= 2, 32 up to 4, else 64 (48
+    layers on the H200, 4 warps: 7.4 µs per layer at B = 1 with 16, where 32 and 64 take 8.6; 19.8 µs at B = 8 with
+    64 against 22.8 with 32; docs/performance.md, seventh session). With the norm fused: 32 (half the programs wait
+    for their head's last one)."""
+    if fused_norm:
+        return 32
+    return 16 if B <= 2 else 32 if B <= 4 else 64
+
+
 def gdn_decode_triton(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state,
-                      step_ssm=None, step_conv=None, ba_proj=None, block_v=None):
-    """Triton version of gdn_decode. block_v (V columns per program) defaults to 16 for batch <= 2, 32 up to 4,
-    else 64 (48 layers on the H200, 4 warps: 7.4 µs per layer at B = 1 with 16, where 32 and 64 take 8.6; 19.8 µs at
-    B = 8 with 64 against 22.8 with 32; docs/performance.md, seventh session)."""
+                      step_ssm=None, step_conv=None, ba_proj=None, norm=None, block_v=None):
+    """Triton version of gdn_decode (block_v: V columns per program; default decode_block_v's). The gated norm runs
+    in the step's last programs up to FUSED_NORM_MAX_B sequences, else as its own kernel after it."""
     B, (T, C) = slots.shape[0], qkv.shape
+    if norm is not None and B > FUSED_NORM_MAX_B:
+        o = gdn_decode_triton(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state,
+                              step_ssm, step_conv, ba_proj, block_v=block_v)
+        return gated_rms_norm_triton(o, *norm)
     if ba_proj is not None:
         x, w_ba = ba_proj
         assert x.stride(1) == 1 and w_ba.is_contiguous() and w_ba.shape == (2 * ssm_state.shape[1], x.shape[1])
@@ -447,21 +485,27 @@ def gdn_decode_triton(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_st
     assert qkv.stride(1) == a.stride(1) == b.stride(1) == 1 and conv_state.stride(2) == 1
     assert conv_weight.is_contiguous() and ssm_state.is_contiguous() and (step_ssm is None) == (step_conv is None)
     assert step_ssm is None or (step_ssm.is_contiguous() and step_conv.is_contiguous())
-    block_v = min(V, block_v or (16 if B <= 2 else 32 if B <= 4 else 64))
     out = torch.empty((T, HV, V), dtype=qkv.dtype, device=qkv.device)
+    if norm is not None:
+        z, norm_w, eps = norm
+        assert z.shape == out.shape and z.stride(2) == 1 and z.stride(1) == V and norm_w.shape == (V,)
+        z_row_stride, round_wy = z.stride(0), rounds_weight_product(norm_w, out)
+    else:
+        z, norm_w, eps, z_row_stride, round_wy = out, out, 0.0, 0, False     # (not read)
+    block_v = min(V, block_v or decode_block_v(B, norm is not None))
     steps = step_ssm is not None
     _decode_kernel[(B, HV, V // block_v)](
         qkv, qkv.stride(0), a, a.stride(0), b, b.stride(0), x, x.stride(0), w_ba, conv_weight, conv_state,
         conv_state.stride(0), conv_state.stride(1), A_log, dt_bias, ssm_state, slots, has_state.view(torch.uint8),
-        _counters(qkv.device, B * HK), out, step_ssm if steps else out, step_conv if steps else out, K ** -0.5,
-        HK=HK, HV=HV, K=K, V=V, L=T // B, W=W, BV=block_v, STORE_STEPS=steps, H=H,
-        BH=min(1024, triton.next_power_of_2(H)), BA_PROJ=ba_proj is not None, num_warps=4,
-        **pdl.launch_args(qkv.device))
+        _counters(qkv.device, B * HK), out, step_ssm if steps else out, step_conv if steps else out, z, z_row_stride,
+        norm_w, eps, K ** -0.5, HK=HK, HV=HV, K=K, V=V, L=T // B, W=W, BV=block_v, STORE_STEPS=steps, H=H,
+        BH=min(1024, triton.next_power_of_2(H)), BA_PROJ=ba_proj is not None, NORM=norm is not None,
+        ROUND_WY=round_wy, num_warps=4, **pdl.launch_args(qkv.device))
     return out
 
 
 def gdn_decode(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state,
-               step_ssm=None, step_conv=None, ba_proj=None):
+               step_ssm=None, step_conv=None, ba_proj=None, norm=None):
     """One decode (L=1) or verify (L=k+1) step of a GDN layer for B sequences of L tokens each.
 
     qkv [B*L, conv_dim] pre-conv projection rows, a / b [B*L, Hv] (rows may be strided slices of the fused
@@ -470,7 +514,8 @@ def gdn_decode(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, sl
     Returns o [B*L, Hv, V] in qkv's dtype and advances both states of each slot by the L tokens. Given
     step_ssm [B, L, Hv, K, V] fp32 and step_conv [B, L, W-1, conv_dim], also writes both states after each token.
     ba_proj = (x [B*L, H], w_ba [2 Hv, H]): a and b (then None) are the projections x @ w_ba^T (b rows first),
-    made inside the step. Triton on CUDA (graph capturable), the composed references elsewhere."""
+    made inside the step. norm = (z [B*L, Hv, V], weight [V], eps): o is returned through the gated RMSNorm
+    (gated_rms_norm(o, z, weight, eps)). Triton on CUDA (graph capturable), the composed references elsewhere."""
     fn = gdn_decode_triton if qkv.is_cuda else gdn_decode_ref
     return fn(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state, step_ssm, step_conv,
-              ba_proj)
+              ba_proj, norm)

@@ -10,9 +10,10 @@ import torch
 
 from kernels.conv1d import (causal_conv1d, causal_conv1d_ref, causal_conv1d_triton, causal_conv1d_update,
                             causal_conv1d_update_ref, causal_conv1d_update_triton)
-from kernels.gdn import (_fla_chunk, gated_delta_rule, gated_delta_rule_fla, gated_delta_rule_ref, gdn_decode,
-                         gdn_decode_ref, gdn_decode_triton, gdn_gating, gdn_gating_ref, gdn_gating_triton,
-                         recurrent_gated_delta_rule_triton)
+from kernels.gdn import (FUSED_NORM_MAX_B, _fla_chunk, decode_block_v, gated_delta_rule, gated_delta_rule_fla,
+                         gated_delta_rule_ref, gdn_decode, gdn_decode_ref, gdn_decode_triton, gdn_gating,
+                         gdn_gating_ref, gdn_gating_triton, recurrent_gated_delta_rule_triton)
+from kernels.norm import gated_rms_norm_triton
 
 W = 4
 SHAPE_27B = dict(Hk=16, Hv=48, K=128, V=128)
@@ -239,6 +240,56 @@ def test_gdn_decode_projects_b_and_a(Hk, Hv, L, H, dtype):
     torch.testing.assert_close(tri[0], ref[0], atol=tol, rtol=tol)
 
 
+def with_norm(inp, w_dtype=None):
+    """A gated norm's inputs for the decode outputs: z [T, Hv, V] as a column slice of a wider projection (strided
+    rows, like in_proj's z), a weight of the activation dtype (or w_dtype) and eps."""
+    T, dtype = inp["qkv"].shape[0], inp["qkv"].dtype
+    _, Hv, _, V = inp["ssm_state"].shape
+    z = torch.randn(T, Hv * V + 24, dtype=dtype, device=inp["qkv"].device)[:, 24:].view(T, Hv, V)
+    w = (1 + 0.2 * torch.randn(V, device=z.device)).to(w_dtype or dtype)
+    return z, w, 1e-6
+
+
+def assert_fused_norm(inp, steps, tol, block_v=None):
+    """gdn_decode with norm: close to the references, and to the step (same V blocks) followed by the gated norm
+    kernel. In the interpreter: the same bits as that, states included. On the GPU the two kernels' sums of squares
+    may add in another order, and the compiler may contract the state update into other FMAs when the step carries
+    the norm (its states differed from the plain step's in the last bits on the H200): states against the
+    references there, as in test_gdn_decode_gpu."""
+    B = inp["slots"].shape[0]
+    block_v = block_v or decode_block_v(B, B <= FUSED_NORM_MAX_B)
+    norm = with_norm(inp)
+    ref = run_decode(gdn_decode_ref, inp, steps, norm=norm)
+    fused = run_decode(gdn_decode_triton, inp, steps, norm=norm, block_v=block_v)
+    plain = run_decode(gdn_decode_triton, inp, steps, block_v=block_v)
+    unfused = gated_rms_norm_triton(plain[0], *norm)
+    if not fused[0].is_cuda:
+        torch.testing.assert_close(fused[0], ref[0], atol=tol, rtol=tol)
+        assert torch.equal(fused[0], unfused)
+        for got, want in zip(fused[1:], plain[1:]):
+            assert got is None or torch.equal(got.nan_to_num(), want.nan_to_num())
+        return
+    slots = inp["slots"]
+    assert rel_err(fused[0], ref[0]) < tol
+    torch.testing.assert_close(fused[0], unfused, atol=1e-2, rtol=1e-2)
+    check_pool(fused[1], ref[1], slots, 0)                 # conv windows are copies of the inputs: exact
+    assert rel_err(fused[2][slots], ref[2][slots]) < 1e-2
+    assert_untouched(fused[2], slots)
+    if steps:
+        assert rel_err(fused[3], ref[3]) < 1e-2
+        torch.testing.assert_close(fused[4], ref[4], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("B, Hk, Hv, L, dtype", [(2, 2, 2, 1, torch.float32), (1, 1, 3, 1, torch.float16),
+                                                  (2, 1, 3, 4, torch.float32), (3, 1, 3, 1, torch.float32)])
+def test_gdn_decode_fused_norm(B, Hk, Hv, L, dtype):
+    """norm: up to FUSED_NORM_MAX_B (2) sequences the last program of each qk head normalises its v heads' outputs
+    (two V blocks each here); B = 3 takes the norm kernel after the step."""
+    torch.manual_seed(6)
+    assert_fused_norm(decode_inputs(B, L, Hk, Hv, 16, 16, dtype, "cpu"), L > 1, 1e-4 if dtype == torch.float32
+                      else 5e-3, block_v=8)
+
+
 # ---------------------------------------------------------------- GPU: bf16 at 27B shapes
 
 gpu = pytest.mark.gpu
@@ -297,6 +348,17 @@ def test_gdn_decode_gpu(B, L, ba_proj):
     if steps:
         assert rel_err(tri[3], ref[3]) < 1e-2
         torch.testing.assert_close(tri[4], ref[4], atol=0, rtol=0)
+
+
+@gpu
+@pytest.mark.parametrize("B, L, block_v", [(1, 1, None), (2, 1, None), (1, 1, 16), (1, 4, None), (8, 1, None),
+                                            (3, 4, None)])
+def test_gdn_decode_fused_norm_gpu(B, L, block_v):
+    """The gated norm at the 27B shapes (with ba_proj, as the int4 model runs it): fused into the step up to
+    FUSED_NORM_MAX_B sequences, a kernel of its own above."""
+    torch.manual_seed(13)
+    inp = with_ba_proj(decode_inputs(B, L, **SHAPE_27B, dtype=torch.bfloat16, device="cuda"), 5120)
+    assert_fused_norm(inp, L > 1, 2e-2, block_v=block_v)
 
 
 @gpu

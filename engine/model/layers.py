@@ -128,22 +128,24 @@ class GatedDeltaNet(nn.Module):
                 ba_proj = (x, self.in_proj_ba.weight)
             else:
                 b, a = self.in_proj_ba(x).split([hv, hv], dim=-1)
+        z = z.view(T, hv, dv)
         if batch.decode_len:
-            # one fused kernel: conv update, gating, L2 norms and the delta-rule steps
+            # one fused kernel: conv update, gating, L2 norms, the delta-rule steps and the gated norm
             o = ops.gdn_decode(qkv, a, b, self.conv_weight, conv_state, self.A_log, self.dt_bias, ssm_state,
-                               batch.state_slots, batch.has_state, ba_proj=ba_proj)
-        else:
-            snap = batch.snapshot
-            if snap is not None:     # a snapshot's conv window: the conv_kernel - 1 input rows before it
-                conv_state[snap.conv_slots] = qkv[snap.conv_rows]
-            qkv = ops.causal_conv1d(qkv, self.conv_weight, conv_state, batch.state_slots, batch.cu_seqlens,
-                                    batch.has_state)
-            q, k, v = qkv.split([cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim], dim=-1)
-            g, beta = ops.gdn_gating(a, b, self.A_log, self.dt_bias)
-            o = ops.gated_delta_rule(q.view(T, hk, dk), k.view(T, hk, dk), v.reshape(T, hv, dv), g, beta,
-                                     ssm_state, batch.state_slots, batch.cu_seqlens, batch.has_state,
-                                     *((snap.tokens, snap.slots) if snap is not None else ()))
-        o = ops.gated_rms_norm(o, z.view(T, hv, dv), self.norm_weight, cfg.rms_norm_eps)
+                               batch.state_slots, batch.has_state, ba_proj=ba_proj,
+                               norm=(z, self.norm_weight, cfg.rms_norm_eps))
+            return self.out_proj(o.reshape(T, hv * dv))
+        snap = batch.snapshot
+        if snap is not None:     # a snapshot's conv window: the conv_kernel - 1 input rows before it
+            conv_state[snap.conv_slots] = qkv[snap.conv_rows]
+        qkv = ops.causal_conv1d(qkv, self.conv_weight, conv_state, batch.state_slots, batch.cu_seqlens,
+                                batch.has_state)
+        q, k, v = qkv.split([cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim], dim=-1)
+        g, beta = ops.gdn_gating(a, b, self.A_log, self.dt_bias)
+        o = ops.gated_delta_rule(q.view(T, hk, dk), k.view(T, hk, dk), v.reshape(T, hv, dv), g, beta,
+                                 ssm_state, batch.state_slots, batch.cu_seqlens, batch.has_state,
+                                 *((snap.tokens, snap.slots) if snap is not None else ()))
+        o = ops.gated_rms_norm(o, z, self.norm_weight, cfg.rms_norm_eps)
         return self.out_proj(o.reshape(T, hv * dv))
 
     def checkpoint_slices(self):
