@@ -240,13 +240,13 @@ def test_gdn_decode_projects_b_and_a(Hk, Hv, L, H, dtype):
     torch.testing.assert_close(tri[0], ref[0], atol=tol, rtol=tol)
 
 
-def with_norm(inp, w_dtype=None):
+def with_norm(inp):
     """A gated norm's inputs for the decode outputs: z [T, Hv, V] as a column slice of a wider projection (strided
-    rows, like in_proj's z), a weight of the activation dtype (or w_dtype) and eps."""
+    rows, like in_proj's z), a weight of the activation dtype and eps."""
     T, dtype = inp["qkv"].shape[0], inp["qkv"].dtype
     _, Hv, _, V = inp["ssm_state"].shape
     z = torch.randn(T, Hv * V + 24, dtype=dtype, device=inp["qkv"].device)[:, 24:].view(T, Hv, V)
-    w = (1 + 0.2 * torch.randn(V, device=z.device)).to(w_dtype or dtype)
+    w = (1 + 0.2 * torch.randn(V, device=z.device)).to(dtype)
     return z, w, 1e-6
 
 
