@@ -22,7 +22,7 @@ from kernels.quant_format import (dequantize_int4_ref, dequantize_int8_ref, int4
                                   tile_group_params,
                                   unpack_int4, unpack_int4_codes, untile_group_params, write_group_param_rows,
                                   write_int4_rows)
-from kernels.splitk import SPLITK_FLOATS
+from kernels.splitk import SPLITK_FLOATS, splitk_scratch
 
 M_CPU = [1, 3, 8, 17, 32, 33, 100, 300]     # GEMV buckets 8 / 16 / 32, the fused GEMM (M tiles), dequantise + matmul
 
@@ -151,6 +151,12 @@ def test_int4_gemv_configs(config):
     ref = int4_linear_ref(x, w)
     check(int4_linear_triton(x, w, config, variant="A"), ref, TOL[torch.float32])
     check(int4_linear_triton(x, w, config, variant="A"), ref, TOL[torch.float32])     # counters were reset
+    assert_splitk_scratch_clean(x.device)
+
+
+def assert_splitk_scratch_clean(device):
+    """Between launches every split-K counter is 0 again (what the next launch relies on)."""
+    assert not bool(splitk_scratch(device)[1].any())
 
 
 @pytest.mark.parametrize("M,config", [
@@ -185,6 +191,7 @@ def test_int4_gemv_c(M, K, G, dtype, config):
     ref = int4_linear_ref(x, w)
     check(linear_c(x, w, config), ref, TOL[dtype])
     check(linear_c(x, w, config), ref, TOL[dtype])              # the split-K counters were reset
+    assert_splitk_scratch_clean(x.device)
 
 
 @pytest.mark.parametrize("M,K,config", [
@@ -421,6 +428,25 @@ def test_int4_gemv_c_gpu(name, M):
         assert out.dtype == torch.bfloat16 and out.shape == ref.shape
         assert rel_err(out, ref) < 5e-3
         check(out, ref, TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 8])
+def test_splitk_repeats_bit_for_bit_gpu(M):
+    """The split-K sum is deterministic: launched back to back at every 27B shape, each GEMV gives the same bits every
+    time, and the counters are reset after."""
+    for name in PROJ:
+        w = weight_27b(name)
+        x = torch.randn(M, w.shape[1], dtype=torch.bfloat16, device="cuda")
+        first = linear_c(x, w)
+        outs = [linear_c(x, w) for _ in range(20)]
+        assert all(torch.equal(out, first) for out in outs), name
+        assert_splitk_scratch_clean(x.device)
+    w = weight_27b("mlp_gate_up")
+    x = torch.randn(M, w.shape[1], dtype=torch.bfloat16, device="cuda")
+    first = int4_swiglu(x, w)
+    assert all(torch.equal(int4_swiglu(x, w), first) for _ in range(20))
+    assert_splitk_scratch_clean(x.device)
 
 
 @pytest.mark.gpu
