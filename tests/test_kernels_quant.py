@@ -151,10 +151,10 @@ def test_int4_gemv_configs(config):
     ref = int4_linear_ref(x, w)
     check(int4_linear_triton(x, w, config, variant="A"), ref, TOL[torch.float32])
     check(int4_linear_triton(x, w, config, variant="A"), ref, TOL[torch.float32])     # counters were reset
-    assert_splitk_scratch_clean(x.device)
+    assert_splitk_counters_reset(x.device)
 
 
-def assert_splitk_scratch_clean(device):
+def assert_splitk_counters_reset(device):
     """Between launches every split-K counter is 0 again (what the next launch relies on)."""
     assert not bool(splitk_scratch(device)[1].any())
 
@@ -191,7 +191,7 @@ def test_int4_gemv_c(M, K, G, dtype, config):
     ref = int4_linear_ref(x, w)
     check(linear_c(x, w, config), ref, TOL[dtype])
     check(linear_c(x, w, config), ref, TOL[dtype])              # the split-K counters were reset
-    assert_splitk_scratch_clean(x.device)
+    assert_splitk_counters_reset(x.device)
 
 
 @pytest.mark.parametrize("M,K,config", [
@@ -434,19 +434,19 @@ def test_int4_gemv_c_gpu(name, M):
 @pytest.mark.parametrize("M", [1, 8])
 def test_splitk_repeats_bit_for_bit_gpu(M):
     """The split-K sum is deterministic: launched back to back at every 27B shape, each GEMV gives the same bits every
-    time, and the counters are reset after."""
+    time, and the split-K counters are 0 after."""
     for name in PROJ:
         w = weight_27b(name)
         x = torch.randn(M, w.shape[1], dtype=torch.bfloat16, device="cuda")
         first = linear_c(x, w)
         outs = [linear_c(x, w) for _ in range(20)]
         assert all(torch.equal(out, first) for out in outs), name
-        assert_splitk_scratch_clean(x.device)
+        assert_splitk_counters_reset(x.device)
     w = weight_27b("mlp_gate_up")
     x = torch.randn(M, w.shape[1], dtype=torch.bfloat16, device="cuda")
     first = int4_swiglu(x, w)
     assert all(torch.equal(int4_swiglu(x, w), first) for _ in range(20))
-    assert_splitk_scratch_clean(x.device)
+    assert_splitk_counters_reset(x.device)
 
 
 @pytest.mark.gpu
