@@ -73,24 +73,23 @@ def test_small_checkpoint_bf16_is_as_close_to_fp32_as_transformers_bf16(checkpoi
     assert decode_err < 1.5 * prefill_err + 2e-2, (decode_err, prefill_err)
 
 
-def test_27b_shapes_one_forward_matches_transformers():
-    """All 64 layers at the real 27B widths, transformers' own random init copied into ours (bf16)."""
+def test_27b_shapes_one_forward_is_as_close_to_fp32_as_transformers_bf16():
+    """All 64 layers at the real 27B widths, transformers' own random init copied into ours (bf16). As on the small
+    fixtures, two bf16 paths of a random net differ by far more than a kernel error (0.117 max-abs relative, ours
+    against transformers), so the truth is transformers in fp32 and the floor its own bf16 run: built in fp32
+    (108 GB), scored, cast to bf16 in place, scored again, then copied into ours."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
     raw = text_config("27b")
     torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)     # built in fp32 and cast, the two copies would not fit 141 GB
-    try:
-        with torch.device("cuda"):
-            hf = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**{k: v for k, v in raw.items() if k != "model_type"}))
-    finally:
-        torch.set_default_dtype(default)
-    hf = hf.to(torch.bfloat16).eval()
-    ours = Qwen3_5Model(parse_model_config(raw), torch.bfloat16, "cuda")
-    load_state_dict(ours, hf.state_dict())
+    with torch.device("cuda"):
+        hf = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**{k: v for k, v in raw.items() if k != "model_type"})).eval()
     ids = torch.randint(0, 248000, (512,), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ref = hf(ids[None].cuda(), logits_to_keep=64).logits[0].float()
+        ref32 = hf(ids[None].cuda(), logits_to_keep=64).logits[0].float().cpu()
+        hf = hf.to(torch.bfloat16)
+        ref16 = hf(ids[None].cuda(), logits_to_keep=64).logits[0].float().cpu()
+    ours = Qwen3_5Model(parse_model_config(raw), torch.bfloat16, "cuda")
+    load_state_dict(ours, hf.state_dict())
     del hf
     torch.cuda.empty_cache()
     eng = Engine.from_model(EngineConfig(model="", device="cuda", max_context=1024), ours, _tokenizer())
@@ -98,9 +97,10 @@ def test_27b_shapes_one_forward_matches_transformers():
         got = eng.score(ids.tolist())[-64:]
     finally:
         eng.close()
-    err = rel_err(got, ref.cpu())
-    print(f"27B shapes, bf16, ours vs transformers: max-abs relative error {err:.4f}")
-    assert err < 2e-2
+    floor, err = rel_err(ref16, ref32), rel_err(got, ref32)
+    print(f"27B shapes, max-abs relative error against transformers fp32: ours bf16 {err:.4f}, transformers bf16 "
+          f"{floor:.4f}; ours against transformers bf16 {rel_err(got, ref16):.4f}")
+    assert err < 1.5 * floor + 1e-2
 
 
 def _tokenizer():
