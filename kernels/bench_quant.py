@@ -4,7 +4,7 @@ GEMV cases (decode M = 1, C8 M = 8, verify M = 32) are counted by the bytes they
 scales + zeros + activations in and out; the baseline is torch's bf16 F.linear on a bf16 weight of the same
 shape, so "vs ref" is the speed-up over bf16. At M = 1 and 8 both int4 GEMV variants run: A (tensor-core dots,
 autotuned: its config in the name as BN, warps, stages, split-K) and C (mma.sync on the words as they lie) with
-each of its configs (gemv_c.gemv_c_configs: cfg1 is the default), each replayed from a CUDA graph (kernel time,
+each of its configs (gemv_mma.gemv_mma_configs: cfg1 is the default), each replayed from a CUDA graph (kernel time,
 cold L2: the baseline replayed the same way) and the defaults also eager (plus the Python launch).
 Cold L2 here means just after do_bench's L2 flush, whose dirty lines are written back while the case runs: these
 GEMV numbers read low (bf16 cuBLAS included); the engine's decode step is the measure that counts. `layer` cases
@@ -21,9 +21,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels import gemv_a, pdl
+from kernels import gemv_dot, pdl
 from kernels.bench import Case, graph_replay, time_us
-from kernels.gemv_c import GEMV_C_DEFAULT, GEMV_C_MAX_M, gemv_c_configs, gemv_c_grid
+from kernels.gemv_mma import GEMV_MMA_DEFAULT, GEMV_MMA_MAX_M, gemv_mma_configs, gemv_mma_grid
 from kernels.quant import int4_linear, int4_linear_triton, int8_embedding, int8_linear
 from kernels.quant_format import pack_int4, pack_int8
 
@@ -70,7 +70,7 @@ def _gemv_bytes(w, M) -> int:
 def _tuned(fn) -> str:
     """Run fn once (the autotuner picks its config) and describe the GEMV config it used."""
     fn()
-    cfg = gemv_a.gemv_tuned.best_config
+    cfg = gemv_dot.gemv_tuned.best_config
     kw = cfg.kwargs
     return f"BN{kw['BN']} w{cfg.num_warps} s{cfg.num_stages} k{kw['SPLIT_K']}"
 
@@ -87,13 +87,13 @@ def _gemv_cases(int4_w, bf16_w):
             variant_a = lambda x=x, w=w: int4_linear_triton(x, w, variant="A")  # noqa: E731
             kw = dict(bytes=_gemv_bytes(w, M), target=GEMV_TARGET, target_frac=0.8)
             cases.append(Case("quant", f"{tag} [A {_tuned(variant_a)}, eager]", variant_a, baseline=eager_bf16, **kw))
-            if M > GEMV_C_MAX_M:
+            if M > GEMV_MMA_MAX_M:
                 continue
             graph_bf16 = graph_replay(eager_bf16)
             cases.append(Case("quant", f"{tag} [A, graph]", graph_replay(variant_a), baseline=graph_bf16, **kw))
-            for i, cfg in enumerate(gemv_c_configs(), 1):
+            for i, cfg in enumerate(gemv_mma_configs(), 1):
                 variant_c = lambda x=x, w=w, cfg=cfg: int4_linear_triton(x, w, cfg, variant="C")  # noqa: E731
-                programs, per = gemv_c_grid(N, K, cfg, sms)
+                programs, per = gemv_mma_grid(N, K, cfg, sms)
                 name_c = (f"C cfg{i} NW{cfg['NW']} R{cfg['R']} U{cfg['UNROLL']} reg{cfg['MAXNREG']} "
                           f"{programs}x{per}")
                 cases.append(Case("quant", f"{tag} [{name_c}, graph]", graph_replay(variant_c), baseline=graph_bf16,
@@ -157,7 +157,7 @@ def _step_cases():
         # fewer programs per SM leave room for the next GEMV's programs, which then load their first weights while
         # this one's last programs finish (with 16 per SM at 128 registers the register file is full until they exit)
         for per_sm in (8, 12):
-            cfg = {**GEMV_C_DEFAULT, "PER_SM": per_sm}
+            cfg = {**GEMV_MMA_DEFAULT, "PER_SM": per_sm}
             int4_step = graph_replay(lambda xs=xs, cfg=cfg: [int4_linear_triton(xs[w.shape[1]], w, cfg)
                                                              for w in int4_ws])
             cases.append(Case("quant", f"int4 decode GEMVs of 16 layers, 64 launches, M={M} [graph, PDL on, "

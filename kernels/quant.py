@@ -1,12 +1,12 @@
 """Weight-only int4 / int8 linear layers and the int8 embedding gather: which kernel runs where.
 
-- M <= 32 rows (decode, speculative verify): a GEMV, kernels/gemv_c.py (variant C: int4, M <= 8, the default
-  there) or kernels/gemv_a.py (variant A: int4 and int8, any M <= 32).
-- int4, 32 < M <= FUSED_MAX_M (a short prompt, a chat turn): variant A tiled over M, a fused GEMM that reads the
+- M <= 32 rows (decode, speculative verify): a GEMV, kernels/gemv_mma.py (the mma GEMV: int4, M <= 8, the default
+  there) or kernels/gemv_dot.py (the dot GEMV: int4 and int8, any M <= 32).
+- int4, 32 < M <= FUSED_MAX_M (a short prompt, a chat turn): the dot GEMV tiled over M, a fused GEMM that reads the
   packed words once per weight tile. Dequantising the weight into a scratch for cuBLAS takes two launches per
   scratch chunk and writes and reads 16-bit weights, four times the packed bytes.
 - Larger M (prefill): the weight is dequantised in row chunks into a reusable scratch and multiplied by torch.
-- int4_swiglu: the MLP's gate|up projection and SwiGLU, at decode in variant C's epilogue.
+- int4_swiglu: the MLP's gate|up projection and SwiGLU, at decode in the mma GEMV's epilogue.
 - Elsewhere than CUDA: the torch references of kernels/quant_format.py, which also holds the formats.
 """
 
@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import gemv_a, gemv_c, pdl
+from kernels import gemv_dot, gemv_mma, pdl
 from kernels.activation import silu_mul
 from kernels.quant_format import (Int4Weight, Int8Weight, group_param_offs, int4_linear_ref, int4_row_words,
                                   int8_embedding_ref, int8_linear_ref, pair_as_float)
@@ -25,7 +25,7 @@ GEMV_MAX_M = 32                 # above: int4 the fused GEMM, int8 dequantise + 
 FUSED_MAX_M = 128               # int4, above: dequantise + torch matmul (measured: docs/performance.md)
 # row counts that reach each build and autotuning bucket of int4_linear / int8_linear up to FUSED_MAX_M (the engine
 # runs every weight shape at these before serving, else a first use compiles or tunes, for seconds)
-WARM_UP_ROWS = (2,) + tuple(b for b in gemv_a.M_BUCKETS if 8 < b <= FUSED_MAX_M)
+WARM_UP_ROWS = (2,) + tuple(b for b in gemv_dot.M_BUCKETS if 8 < b <= FUSED_MAX_M)
 DEQUANT_SCRATCH = 1 << 25       # elements of the dequantised-weight scratch of the large-M path (64 MiB bf16)
 
 _dequant: dict = {}
@@ -111,21 +111,21 @@ def _rows(x: torch.Tensor, K: int) -> torch.Tensor:
 
 def int4_linear_triton(x: torch.Tensor, w: Int4Weight, config: dict | None = None,
                        variant: str | None = None) -> torch.Tensor:
-    """x [..., K / x_repeats] -> [..., N] in x's dtype: GEMV for M <= 32 rows, the fused GEMM (variant A tiled
-    over M) up to FUSED_MAX_M, else dequantise + matmul. The GEMV is variant C where it applies
-    (gemv_c.gemv_c_supports), else A; variant="A" / "C" forces one; config forces one
-    config of the variant that runs (see gemv_a.gemv, gemv_c.gemv). Variant C reads x twice itself where
+    """x [..., K / x_repeats] -> [..., N] in x's dtype: GEMV for M <= 32 rows, the fused GEMM (the dot GEMV tiled
+    over M) up to FUSED_MAX_M, else dequantise + matmul. The GEMV is the mma GEMV where it applies
+    (gemv_mma.gemv_mma_supports), else A; variant="A" / "C" forces one; config forces one
+    config of the variant that runs (see gemv_dot.gemv, gemv_mma.gemv). The mma GEMV reads x twice itself where
     x_repeats = 2 (an int8 weight as int4 planes); the other paths take x repeated."""
     N, K = w.shape
     x2 = _rows(x, K // w.x_repeats)
     M = x2.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if variant is None:
-        variant = "C" if gemv_c.gemv_c_supports(x2, w) else "A"
-    if 0 < M <= gemv_c.GEMV_C_MAX_M and variant == "C":
-        gemv_c.gemv(x2, w, y, config)
+        variant = "C" if gemv_mma.gemv_mma_supports(x2, w) else "A"
+    if 0 < M <= gemv_mma.GEMV_MMA_MAX_M and variant == "C":
+        gemv_mma.gemv(x2, w, y, config)
     elif 0 < M <= FUSED_MAX_M:
-        gemv_a.gemv(_repeated(x2, w), w.qweight, w.scales, w.zeros, y, 4, w.group_size, config)
+        gemv_dot.gemv(_repeated(x2, w), w.qweight, w.scales, w.zeros, y, 4, w.group_size, config)
     elif M > FUSED_MAX_M:
         def dequantize_rows(out, n0):
             _int4_dequant_kernel[(triton.cdiv(out.shape[0], 32), triton.cdiv(K, 128))](
@@ -140,14 +140,14 @@ def _repeated(x2: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 
 
 def int8_linear_triton(x: torch.Tensor, w: Int8Weight, config: dict | None = None) -> torch.Tensor:
-    """x [..., K] -> [..., N] in x's dtype: GEMV for M <= 32 rows (config: see gemv_a.gemv), else dequantise +
+    """x [..., K] -> [..., N] in x's dtype: GEMV for M <= 32 rows (config: see gemv_dot.gemv), else dequantise +
     matmul."""
     N, K = w.shape
     x2 = _rows(x, K)
     M = x2.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if 0 < M <= GEMV_MAX_M:
-        gemv_a.gemv(x2, w.qweight.view(torch.int32), w.scales, w.scales, y, 8, w.group_size, config)
+        gemv_dot.gemv(x2, w.qweight.view(torch.int32), w.scales, w.scales, y, 8, w.group_size, config)
     elif M > GEMV_MAX_M:
         def dequantize_rows(out, n0):
             _int8_dequant_kernel[(triton.cdiv(out.shape[0], 32), K // 64)](
@@ -170,13 +170,13 @@ def int8_embedding_triton(ids: torch.Tensor, w: Int8Weight) -> torch.Tensor:
 
 def int4_swiglu(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     """silu(x @ gate^T) * (x @ up^T) for W = gate | up stacked by rows (the MLP's fused gate_up), [..., N / 2]. On
-    CUDA where variant C runs (decode, M <= 8) in the GEMV's epilogue: one launch, and N / 2 outputs written instead
+    CUDA where the mma GEMV runs (decode, M <= 8) in the GEMV's epilogue: one launch, and N / 2 outputs written instead
     of N; elsewhere the linear, then silu_mul (the same roundings either way)."""
     N, K = w.shape
     x2 = _rows(x, K)
-    if x.is_cuda and x2.shape[0] > 0 and gemv_c.gemv_c_supports(x2, w) and N % 32 == 0:     # (supports: M <= 8)
+    if x.is_cuda and x2.shape[0] > 0 and gemv_mma.gemv_mma_supports(x2, w) and N % 32 == 0:     # (supports: M <= 8)
         y = torch.empty(x2.shape[0], N // 2, dtype=x.dtype, device=x.device)
-        gemv_c.gemv(x2, w, y, None, swiglu=True)
+        gemv_mma.gemv(x2, w, y, None, swiglu=True)
         return y.view(*x.shape[:-1], N // 2)
     return silu_mul(int4_linear(x, w))
 

@@ -14,7 +14,7 @@ import torch
 
 from kernels.bench_quant import HIDDEN, LM_HEAD, PROJ
 from kernels.activation import silu_mul, silu_mul_ref
-from kernels.gemv_c import gemv, gemv_c_configs, gemv_c_grid
+from kernels.gemv_mma import gemv, gemv_mma_configs, gemv_mma_grid
 from kernels.quant import (int4_linear, int4_linear_triton, int4_swiglu, int8_embedding, int8_embedding_triton,
                            int8_linear, int8_linear_triton)
 from kernels.quant_format import (dequantize_int4_ref, dequantize_int8_ref, int4_linear_ref, int8_embedding_ref,
@@ -165,7 +165,7 @@ def assert_splitk_counters_reset(device):
     (64, dict(BM=64, BN=32, SPLIT_K=1)),          # exactly one M tile
 ])
 def test_int4_fused_gemm_m_tiles(M, config):
-    """Variant A tiled over M (the fused GEMM of short prefill steps): every M tile's rows, none written twice."""
+    """The dot GEMV tiled over M (the fused GEMM of short prefill steps): every M tile's rows, none written twice."""
     w, _ = random_int4(192, 320, 64, torch.float32, seed=4)
     x = torch.randn(M, 320)
     check(int4_linear_triton(x, w, config, variant="A"), int4_linear_ref(x, w), TOL[torch.float32])
@@ -184,8 +184,8 @@ def linear_c(x, w, config=None):
     (8, 1152, 128, torch.bfloat16, dict(NW=1, R=2, UNROLL=2, PER=7)),   # odd runs, unrolled twice
     (4, 192, 64, torch.bfloat16, dict(NW=1, R=2, UNROLL=2, PER=1)),     # a padded half block, one block per program
 ])
-def test_int4_gemv_c(M, K, G, dtype, config):
-    """Variant C (mma.sync written out for the interpreter: the same fragments), N = 40: a partial row tile."""
+def test_int4_gemv_mma(M, K, G, dtype, config):
+    """The mma GEMV (mma.sync written out for the interpreter: the same fragments), N = 40: a partial row tile."""
     w, _ = random_int4(40, K, G, dtype, seed=10)
     x = torch.randn(M, K).to(dtype)
     ref = int4_linear_ref(x, w)
@@ -199,8 +199,8 @@ def test_int4_gemv_c(M, K, G, dtype, config):
     (3, 640, dict(NW=1, R=2, UNROLL=2, PER=3)),         # runs cross row groups
     (8, 384, dict(NW=2, R=2, UNROLL=1, PER=100)),       # one program, two warps, no partials
 ])
-def test_int4_gemv_c_swiglu(M, K, config):
-    """SwiGLU in variant C's epilogue (gate rows 0..47, up rows 48..95): the projection's values, then silu_mul."""
+def test_int4_gemv_mma_swiglu(M, K, config):
+    """SwiGLU in the mma GEMV's epilogue (gate rows 0..47, up rows 48..95): the projection's values, then silu_mul."""
     w, _ = random_int4(96, K, 128, torch.float16, seed=12)
     x = torch.randn(M, K).half()
     y = torch.empty(M, 48, dtype=torch.float16)
@@ -209,7 +209,7 @@ def test_int4_gemv_c_swiglu(M, K, config):
     check(int4_swiglu(x, w), silu_mul_ref(int4_linear_ref(x, w)), TOL[torch.float16])    # (the CPU path)
 
 
-def test_int4_gemv_c_strided_x():
+def test_int4_gemv_mma_strided_x():
     """x from a column slice of a wider buffer: read as int32 pairs, 4 at a time, so it is copied when misaligned."""
     w, _ = random_int4(32, 256, 128, torch.float16, seed=11)
     for extra in (3, 8, 16):
@@ -218,7 +218,7 @@ def test_int4_gemv_c_strided_x():
 
 
 def test_gemv_variant_switch():
-    """The default: variant C for 16-bit x, M <= 8 and group 64 / 128; else A."""
+    """The default: the mma GEMV for 16-bit x, M <= 8 and group 64 / 128; else the dot GEMV."""
     w32, _ = random_int4(32, 128, 64, torch.float32, seed=9)
     w16, _ = random_int4(32, 128, 64, torch.float16, seed=9)
     w16_g32, _ = random_int4(32, 128, 32, torch.float16, seed=9)
@@ -239,8 +239,8 @@ def test_int8_linear(M, G):
 @pytest.mark.parametrize("M", [1, 3, 8, 17, 40])
 @pytest.mark.parametrize("G", [64, 128])
 def test_int8_as_int4_planes_linear(M, G):
-    """x read twice by variant C (M <= 8), repeated for variant A and the dequantise + matmul path (fp16: Triton's
-    interpreter gets bf16 tl.dot and bf16 arithmetic wrong, which variant A uses; the GPU tests cover bf16)."""
+    """x read twice by the mma GEMV (M <= 8), repeated for the dot GEMV and the dequantise + matmul path (fp16: Triton's
+    interpreter gets bf16 tl.dot and bf16 arithmetic wrong, which the dot GEMV uses; the GPU tests cover bf16)."""
     w8, q = random_int8(96, 256, G, torch.float16, seed=5)
     planes = pack_int8_as_int4(q, w8.scales, G)
     x = torch.randn(M, 256).half()
@@ -296,19 +296,19 @@ M_GEMV = [1, 2, 4, 8, 16, 32]
 _weights = {}
 
 
-def test_gemv_c_grid_27b():
-    """Variant C's stream-K grid at the 27B shapes: one wave of at most PER_SM programs per SM covering every unit
+def test_gemv_mma_grid_27b():
+    """The mma GEMV's stream-K grid at the 27B shapes: one wave of at most PER_SM programs per SM covering every unit
     once, with the partials of the programs that share a row group inside the scratch."""
     for N, K in PROJ.values():
-        for c in gemv_c_configs():
-            programs, per = gemv_c_grid(N, K, c, sms=132)
+        for c in gemv_mma_configs():
+            programs, per = gemv_mma_grid(N, K, c, sms=132)
             units = -(-N // (16 * c["R"] * c["NW"])) * (K // 128)
             assert programs <= c["PER_SM"] * 132 and (programs - 1) * per < units <= programs * per
             assert (-(-(K // 128) // per) + 1) * 8 * N <= SPLITK_FLOATS
-    assert gemv_c_grid(34816, 5120, gemv_c_configs()[0], 132) == (2073, 21)    # 1,088 row groups x 40 blocks
-    assert gemv_c_grid(5120, 17408, gemv_c_configs()[0], 132) == (1979, 11)    # 160 x 136
+    assert gemv_mma_grid(34816, 5120, gemv_mma_configs()[0], 132) == (2073, 21)    # 1,088 row groups x 40 blocks
+    assert gemv_mma_grid(5120, 17408, gemv_mma_configs()[0], 132) == (1979, 11)    # 160 x 136
     # an int4 LM head (7,760 row groups x 40 blocks): whole row groups per program, no partial sums to keep
-    assert gemv_c_grid(248320, 5120, gemv_c_configs()[0], 132) == (1940, 160)
+    assert gemv_mma_grid(248320, 5120, gemv_mma_configs()[0], 132) == (1940, 160)
 
 
 def weight_27b(name, bits=4, G=128):
@@ -353,7 +353,7 @@ def test_int8_lm_head_gpu(M):
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", M_GEMV + [512])
 def test_int8_lm_head_as_int4_planes_gpu(M):
-    """The 27B's int8 LM head as the engine holds it: two int4 planes over 2K (variant C reads x twice)."""
+    """The 27B's int8 LM head as the engine holds it: two int4 planes over 2K (the mma GEMV reads x twice)."""
     w8 = weight_27b("lm_head", bits=8)
     if "planes" not in _weights:
         _weights["planes"] = pack_int8_as_int4(w8.qweight, w8.scales, w8.group_size)
@@ -389,7 +389,7 @@ def test_gemv_forced_configs_gpu(bits, M, tile, split):
 @pytest.mark.parametrize("name", ["mlp_down", "gdn_in_qkvz"])
 def test_int4_fused_gemm_configs_gpu(name, M):
     """Every M-tile config the autotuner may pick for the fused GEMM (and its own pick) at the 27B shapes, bf16."""
-    from kernels.gemv_a import _CONFIGS
+    from kernels.gemv_dot import _CONFIGS
     w = weight_27b(name)
     x = torch.randn(M, w.shape[1], dtype=torch.bfloat16, device="cuda")
     ref = int4_linear_ref(x, w)
@@ -416,14 +416,14 @@ def test_int4_other_dtype_and_group_gpu(dtype, G):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(PROJ))
 @pytest.mark.parametrize("M", [1, 2, 3, 4, 8])
-def test_int4_gemv_c_gpu(name, M):
-    """Variant C with its default and each benchmarked config at the 27B shapes, bf16: the inline mma.sync relies on
+def test_int4_gemv_mma_gpu(name, M):
+    """The mma GEMV with its default and each benchmarked config at the 27B shapes, bf16: the inline mma.sync relies on
     Triton laying a [32 NW] tensor out one element per lane, which only the GPU can check."""
     w = weight_27b(name)
     N, K = w.shape
     x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
     ref = int4_linear_ref(x, w)
-    for config in [None] + gemv_c_configs():
+    for config in [None] + gemv_mma_configs():
         out = linear_c(x, w, config)
         assert out.dtype == torch.bfloat16 and out.shape == ref.shape
         assert rel_err(out, ref) < 5e-3
@@ -452,15 +452,15 @@ def test_splitk_repeats_bit_for_bit_gpu(M):
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 2, 5, 8])
 def test_int4_swiglu_gpu(M):
-    """SwiGLU in the GEMV's epilogue at the 27B gate|up shape, with every two-tile variant C config: as close to the
-    fp32 reference as the projection followed by silu_mul. Not the same bits: a warp pairs a gate tile with its up
+    """SwiGLU in the GEMV's epilogue at the 27B gate|up shape, with every two-tile config of the mma GEMV: as close to
+    the fp32 reference as the projection followed by silu_mul. Not the same bits: a warp pairs a gate tile with its up
     tile, not with the next gate tile, so a gate row's K splits differ from the unfused launch's."""
     w = weight_27b("mlp_gate_up")
     x = torch.randn(M, w.shape[1], dtype=torch.bfloat16, device="cuda")
     ref = silu_mul_ref(int4_linear_ref(x, w))
     unfused = rel_err(silu_mul(int4_linear(x, w)), ref)
     outs = [int4_swiglu(x, w)]
-    for config in [c for c in gemv_c_configs() if c.get("R", 2) == 2]:      # (a gate tile and its up tile per warp)
+    for config in [c for c in gemv_mma_configs() if c.get("R", 2) == 2]:      # (a gate tile and its up tile per warp)
         outs.append(torch.empty(M, w.shape[0] // 2, dtype=torch.bfloat16, device="cuda"))
         gemv(x, w, outs[-1], config, swiglu=True)
     for out in outs:
@@ -470,7 +470,7 @@ def test_int4_swiglu_gpu(M):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,G", [(torch.float16, 128), (torch.float16, 64), (torch.bfloat16, 64)])
-def test_int4_gemv_c_other_dtype_and_group_gpu(dtype, G):
+def test_int4_gemv_mma_other_dtype_and_group_gpu(dtype, G):
     N, K = PROJ["attn_o"]
     w = random_int4(N, K, G, dtype, "cuda", seed=5)[0]
     for M in (1, 5, 8):

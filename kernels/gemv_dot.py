@@ -1,4 +1,4 @@
-"""GEMV variant A (M <= 32 rows: decode, speculative verify; one launch, CUDA-graph capturable once autotuned), and
+"""The dot GEMV (M <= 32 rows: decode, speculative verify; one launch, CUDA-graph capturable once autotuned), and
 the same kernel tiled over M as the fused GEMM of short prefill steps (up to quant.FUSED_MAX_M rows):
 - program = (BN weight rows, one K split, BM rows of x); y^T tile [BN, BM] = sum of dots v [BN, 32] x x^T [32, BM]
   with BM = 8, 16 or 32 (M padded) for a GEMV, 64 or 128 per M tile above: the weights are the tensor-core A
@@ -8,7 +8,7 @@ the same kernel tiled over M as the fused GEMM of short prefill steps (up to qua
   them in split order, writes y and resets the counter. Deterministic, one launch.
 - autotuned on (N, K, G, bits, M bucket) over (BM, BN, warps, split-K, stages); the interpreter runs one fixed config.
 Int4 and int8 weights (kernels/quant_format.py: the layouts and how codes become floats); for int4 at M <= 8,
-variant C (kernels/gemv_c.py) is the default.
+the mma GEMV (kernels/gemv_mma.py) is the default.
 """
 
 from __future__ import annotations

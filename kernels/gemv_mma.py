@@ -1,4 +1,4 @@
-"""GEMV variant C (int4, M <= 8, 16-bit x, G = 64 or 128; the default there), one launch, no autotuner; the int4
+"""The mma GEMV (int4, M <= 8, 16-bit x, G = 64 or 128; the default there), one launch, no autotuner; the int4
 layout and the code-to-float trick are in kernels/quant_format.py:
 - tensor-core mma.sync.m16n8k16 issued by inline PTX on the packed words as they lie: a warp's two 512-byte loads
   of a tile's block are 16 rows x 128 k of A fragments once a lop3 (and a shift) turn each nibble pair into two
@@ -8,7 +8,7 @@ layout and the code-to-float trick are in kernels/quant_format.py:
 - the mma needs each lane to hold its fragment: every tensor is 1-D of 32 x warps elements, which Triton lays out
   one element per lane (checked by the GPU tests; the interpreter runs the mma written out in tl ops).
 - program = a run of equal length of (row group of NW warps x R tiles, K block) units, row group after row group
-  (stream-K): the grid is one wave of GEMV_C_PROGRAMS_PER_SM programs per SM whatever the shape; a row group
+  (stream-K): the grid is one wave of GEMV_MMA_PROGRAMS_PER_SM programs per SM whatever the shape; a row group
   shared by several programs is summed by the last of them to arrive, in order (deterministic). The next block's
   words, scales and x are loaded ahead (a barrier keeps them above the work); the loop is unrolled twice (no
   register copies) and capped at 128 registers (16 one-warp programs resident per SM).
@@ -31,7 +31,7 @@ from kernels.quant_format import Int4Weight, code_bits, group_param_offs, int4_r
 from kernels.runtime import INTERPRET, sm_count
 from kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, arrive, splitk_scratch, store_tile
 
-GEMV_C_MAX_M = 8                # variant C's limit (x rows are the 8 columns of the mma's B operand)
+GEMV_MMA_MAX_M = 8                # the mma GEMV's limit (x rows are the 8 columns of the mma's B operand)
 
 
 @triton.jit
@@ -236,7 +236,7 @@ def _store_swiglu(total, rows, cols, y_ptr, M, N, stride_ym):
 
 
 @triton.jit(do_not_specialize=["per"])
-def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_x, stride_ym, per,
+def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_x, stride_ym, per,
                    G: tl.constexpr, FP16: tl.constexpr, NW: tl.constexpr, R: tl.constexpr, UNROLL: tl.constexpr,
                    EVEN_K: tl.constexpr, X_TWICE: tl.constexpr, GLU: tl.constexpr, EMULATE: tl.constexpr,
                    PDL: tl.constexpr):
@@ -346,24 +346,24 @@ def _gemv_c_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N,
         u += b1 - b0
 
 
-GEMV_C_PROGRAMS_PER_SM = 16     # one-warp programs resident per SM at 128 registers: the grid is one wave of them
-GEMV_C_DEFAULT = dict(NW=1, R=2, UNROLL=2, MAXNREG=128, PER_SM=GEMV_C_PROGRAMS_PER_SM)
+GEMV_MMA_PROGRAMS_PER_SM = 16     # one-warp programs resident per SM at 128 registers: the grid is one wave of them
+GEMV_MMA_DEFAULT = dict(NW=1, R=2, UNROLL=2, MAXNREG=128, PER_SM=GEMV_MMA_PROGRAMS_PER_SM)
 
 
-def gemv_c_configs() -> list[dict]:
-    """Variant C's configs (NW warps per program, R 16-row tiles per warp, UNROLL, MAXNREG registers per thread,
+def gemv_mma_configs() -> list[dict]:
+    """The mma GEMV's configs (NW warps per program, R 16-row tiles per warp, UNROLL, MAXNREG registers per thread,
     PER_SM programs per SM); the launcher uses the first. On the H200 (27B shapes, 64 GEMVs in one graph, M = 1):
     the loop unrolled twice issues ~10% fewer instructions (no register copies of the block loaded ahead), capped at
     128 registers it keeps 16 warps per SM (144 uncapped: 14), and the stream-K grid of one wave: 18.7 µs per GEMV
     against 20.6 for the split-K kernel before (docs/performance.md, fifth session); 16.8 with x loaded ahead."""
-    best = GEMV_C_DEFAULT
-    return [best, {**best, "PER_SM": 2 * GEMV_C_PROGRAMS_PER_SM}, {**best, "UNROLL": 1, "MAXNREG": None},
-            dict(NW=1, R=1, UNROLL=2, MAXNREG=None, PER_SM=GEMV_C_PROGRAMS_PER_SM), {**best, "NW": 2, "PER_SM": 8}]
+    best = GEMV_MMA_DEFAULT
+    return [best, {**best, "PER_SM": 2 * GEMV_MMA_PROGRAMS_PER_SM}, {**best, "UNROLL": 1, "MAXNREG": None},
+            dict(NW=1, R=1, UNROLL=2, MAXNREG=None, PER_SM=GEMV_MMA_PROGRAMS_PER_SM), {**best, "NW": 2, "PER_SM": 8}]
 
 
-def gemv_c_supports(x2: torch.Tensor, w: Int4Weight) -> bool:
-    """Variant C takes M <= 8 rows of 16-bit x, groups of 64 or 128, and needs the bf16 / fp16 mma of sm_80+."""
-    return (x2.shape[0] <= GEMV_C_MAX_M and w.group_size in (64, 128) and x2.dtype in (torch.bfloat16, torch.float16)
+def gemv_mma_supports(x2: torch.Tensor, w: Int4Weight) -> bool:
+    """The mma GEMV takes M <= 8 rows of 16-bit x, groups of 64 or 128, and needs the bf16 / fp16 mma of sm_80+."""
+    return (x2.shape[0] <= GEMV_MMA_MAX_M and w.group_size in (64, 128) and x2.dtype in (torch.bfloat16, torch.float16)
             and (not x2.is_cuda or _capability(x2.device) >= (8, 0)))
 
 
@@ -372,33 +372,33 @@ def _capability(device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-def gemv_c_grid(N: int, K: int, config: dict, sms: int) -> tuple[int, int]:
-    """(programs, units per program) of variant C: config["PER"] units per program if given, else a run per
+def gemv_mma_grid(N: int, K: int, config: dict, sms: int) -> tuple[int, int]:
+    """(programs, units per program) of the mma GEMV: config["PER"] units per program if given, else a run per
     resident program slot (PER_SM x SMs). A run longer than a row group is made whole row groups, so no partial
     sums are needed where N is large (an int4 LM head: 248,320 rows)."""
     nw, r, blocks = config.get("NW", 1), config.get("R", 2), triton.cdiv(K, 128)
     units = triton.cdiv(N, 16 * r * nw) * blocks
-    per = config.get("PER") or triton.cdiv(units, config.get("PER_SM", GEMV_C_PROGRAMS_PER_SM) * sms)
+    per = config.get("PER") or triton.cdiv(units, config.get("PER_SM", GEMV_MMA_PROGRAMS_PER_SM) * sms)
     if per > blocks:
         per = triton.cdiv(per, blocks) * blocks
     return triton.cdiv(units, per), per
 
 
 def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None, swiglu: bool = False):
-    """y [M, N] = x2 [M, K / x_repeats] @ W^T for M <= 8 (variant C), one launch. config (gemv_c_configs' keys, PER,
-    PDL) forces one; None: GEMV_C_DEFAULT (the first of gemv_c_configs). PDL on (kernels/pdl.py) unless config says
-    PDL=False. swiglu: W is gate | up stacked by rows and y [M, N / 2] = silu(x2 @ gate^T) * (x2 @ up^T), made in
-    the epilogue (each warp's two tiles: a gate tile and the up tile N / 2 rows below; R = 2)."""
+    """y [M, N] = x2 [M, K / x_repeats] @ W^T for M <= 8 (the mma GEMV), one launch. config (gemv_mma_configs' keys,
+    PER, PDL) forces one; None: GEMV_MMA_DEFAULT (the first of gemv_mma_configs). PDL on (kernels/pdl.py) unless
+    config says PDL=False. swiglu: W is gate | up stacked by rows and y [M, N / 2] = silu(x2 @ gate^T) * (x2 @ up^T),
+    made in the epilogue (each warp's two tiles: a gate tile and the up tile N / 2 rows below; R = 2)."""
     M, (N, K) = x2.shape[0], w.shape
-    assert gemv_c_supports(x2, w), "variant C: M <= 8, group 64 or 128, 16-bit x"
+    assert gemv_mma_supports(x2, w), "the mma GEMV: M <= 8, group 64 or 128, 16-bit x"
     assert w.x_repeats in (1, 2) and x2.shape[1] * w.x_repeats == K and (w.x_repeats == 1 or K % 256 == 0), \
         "x read twice needs whole blocks in each half of W"
     if x2.stride(0) % 2 or x2.data_ptr() % 16:
         x2 = x2.contiguous()                    # x is read as int32 pairs, 4 at a time
-    config = config or GEMV_C_DEFAULT
+    config = config or GEMV_MMA_DEFAULT
     nw, r, blocks = config.get("NW", 1), config.get("R", 2), triton.cdiv(K, 128)
     assert not swiglu or (r == 2 and N % 32 == 0), "SwiGLU: two tiles per warp, gate and up in whole tiles"
-    programs, per = gemv_c_grid(N, K, config, sm_count(x2.device) if x2.is_cuda else 132)  # (the same with swiglu)
+    programs, per = gemv_mma_grid(N, K, config, sm_count(x2.device) if x2.is_cuda else 132)  # (the same with swiglu)
     launch = pdl.launch_args(x2.device) if config.get("PDL", True) else {"PDL": False}
     if x2.is_cuda and config.get("MAXNREG"):
         launch["maxnreg"] = config["MAXNREG"]
@@ -406,7 +406,7 @@ def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None, 
     parts = 1 if per % blocks == 0 else triton.cdiv(blocks, per) + 1    # the most programs on one row group
     assert parts == 1 or (parts * M * N <= SPLITK_FLOATS and triton.cdiv(N, 16 * r * nw) <= SPLITK_COUNTERS), \
         "the partial sums must fit their scratch"
-    _gemv_c_kernel[(programs,)](x2, w.qweight, w.scales, w.zeros, y, part, count, M, N // 2 if swiglu else N, K,
+    _gemv_mma_kernel[(programs,)](x2, w.qweight, w.scales, w.zeros, y, part, count, M, N // 2 if swiglu else N, K,
                                 x2.stride(0) // 2, y.stride(0), per, G=w.group_size, FP16=x2.dtype == torch.float16,
                                 NW=nw, R=r, UNROLL=config.get("UNROLL", 1), EVEN_K=K % 128 == 0,
                                 X_TWICE=w.x_repeats == 2, GLU=swiglu, EMULATE=INTERPRET, num_warps=nw, num_stages=1,
