@@ -1,9 +1,26 @@
-"""The engine's public API: what the desktop app imports (besides engine.server for the endpoint)."""
+"""The engine's public surface: everything the desktop app and the HTTP server use, and nothing else.
 
-from engine.engine import Engine
+app/ imports the engine only from here; engine/server/ takes what it needs of the engine from here too.
+"""
+
+from engine.config import ModelConfig, UnsupportedModelError, load_model_config, parse_model_config
+from engine.device import DeviceInfo, probe
+from engine.engine import Engine, RequestHandle
 from engine.memory import MemoryPlan, plan_for
-from engine.params import (ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, SamplingParams,
+from engine.params import (PROFILES, ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, SamplingParams,
                            StreamEvent, Timings, TokenLogprob, Usage)
 
-__all__ = ["ContextLengthError", "Engine", "EngineConfig", "GenerateOutput", "MemoryPlan", "QueueFullError",
-           "SamplingParams", "StreamEvent", "Timings", "TokenLogprob", "Usage", "plan_for"]
+
+def serve(engine: Engine, model_id: str, host: str, port: int, api_key: str | None = None):
+    """Start the OpenAI- and Anthropic-compatible endpoint around a loaded engine on its own thread; returns the
+    running server (`.port` is the port it listens on, `.stop()` ends it). FastAPI is imported only here, so a
+    build without it can still run the engine (ImportError says so)."""
+    from engine.server import ServerSettings, ServerThread, create_app
+    app = create_app(ServerSettings(model_id=model_id, host=host, port=port, api_key=api_key), engine)
+    return ServerThread(app, host, port).start()
+
+
+__all__ = ["PROFILES", "ContextLengthError", "DeviceInfo", "Engine", "EngineConfig", "GenerateOutput", "MemoryPlan",
+           "ModelConfig", "QueueFullError", "RequestHandle", "SamplingParams", "StreamEvent", "Timings",
+           "TokenLogprob", "UnsupportedModelError", "Usage", "load_model_config", "parse_model_config", "plan_for",
+           "probe", "serve"]

@@ -1,10 +1,11 @@
 """The 24 GB card, simulated on a bigger GPU: `qwendesk-bench --simulate-gb 24`.
 
 The process is capped with torch.cuda.set_per_process_memory_fraction (an allocation past the
-cap fails as it would on the small card) and the engine plans with the same cap. With the 27B in
-int4 and the vision tower's bytes reserved, three scenarios must load and decode: C1 with 32K
-tokens of bf16 KV, C1 with int8 KV at the largest context the plan allows (>= 170K wanted), and
-C8 with 8K tokens each. For each, the plan's prediction is printed beside the measured peak.
+cap fails as it would on the small card) and the engine plans with the same cap. The model is loaded as the
+app loads it: the weights the planner picks for the card (int4 for the 27B on 24 GiB), no MTP module and no
+vision tower (both load only when used). Three scenarios must load and decode: C1 with 32K tokens of bf16 KV,
+C1 with int8 KV at the largest context the plan allows (>= 170K wanted), and C8 with 8K tokens each. For each,
+the plan's prediction is printed beside the measured peak.
 """
 
 from __future__ import annotations
@@ -21,32 +22,16 @@ SCENARIOS = [
 ]
 
 
-def vision_bytes(raw_text: dict) -> int:
-    """The 27B's vision tower in 16-bit (27 blocks, hidden 1152), as the default policy keeps it."""
-    from engine.config import VisionConfig
-    from engine.weights.quantize import _vision_shapes
-    v = VisionConfig(depth=27, hidden_size=1152, num_heads=16, intermediate_size=4304, patch_size=16,
-                     temporal_patch_size=2, spatial_merge_size=2, in_channels=3,
-                     out_hidden_size=raw_text["hidden_size"], num_position_embeddings=2304)
-    total = 0
-    for shape in _vision_shapes(v).values():
-        n = 1
-        for d in shape:
-            n *= d
-        total += 2 * n
-    return total
-
-
 def simulate(raw: dict, gb: float) -> dict:
-    from engine.api import Engine, EngineConfig, SamplingParams
-    from engine.bench import bench_tokenizer, build_random_model, rand_ids
+    from engine.api import Engine, EngineConfig, SamplingParams, parse_model_config, plan_for
+    from engine.random_model import bench_tokenizer, build_random_model, rand_ids
 
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(gb * GIB / total)
-    model = build_random_model(raw, "int4", check=False)   # the speed bench checks the kernels
-    reserve = torch.empty(vision_bytes(raw), dtype=torch.uint8, device="cuda")   # the vision tower's place
+    weights = plan_for(EngineConfig(model="", gpu_memory_gb=gb), model=parse_model_config(raw)).weights
+    model = build_random_model(raw, weights, check=False)   # the speed bench checks the kernels
     held = torch.cuda.memory_allocated()
-    print(f"simulated card: {gb:.0f} GiB; int4 weights + vision reserve hold {held / GIB:.2f} GiB", flush=True)
+    print(f"simulated card: {gb:.0f} GiB; {weights} weights hold {held / GIB:.2f} GiB", flush=True)
     tok = bench_tokenizer()
     rows = []
     for name, fields, prompt_len, requests in SCENARIOS:
@@ -70,9 +55,8 @@ def simulate(raw: dict, gb: float) -> dict:
             row.update(ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
         rows.append(row)
         print(row, flush=True)
-    del reserve
     print(f"\n{'scenario':32s} {'ok':>4s} {'context':>8s} {'predicted':>10s} {'peak':>8s}")
     for r in rows:
         print(f"{r['scenario']:32s} {str(r['ok']):>4s} {r.get('max_context', 0):8d} "
               f"{r.get('predicted_gib', 0):9.2f}G {r.get('peak_gib', 0):7.2f}G {r.get('error', '')}")
-    return {"gb": gb, "held_gib": held / GIB, "scenarios": rows}
+    return {"gb": gb, "weights": weights, "held_gib": held / GIB, "scenarios": rows}

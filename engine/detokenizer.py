@@ -9,15 +9,13 @@ split character, so a step costs O(1), not a decode of the whole sequence.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from engine.tokenizer import Tokenizer
+from collections.abc import Callable
 
 
 class StreamDetokenizer:
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False):
-        self.tokenizer = tokenizer
+    def __init__(self, decode: Callable[..., str], skip_special_tokens: bool = False):
+        """decode(ids, skip_special_tokens=...) -> text: the tokenizer's decoder."""
+        self.decode = decode
         self.skip_special_tokens = skip_special_tokens
         self._window: list[int] = []
         self._read = 0  # _window[:_read] is context, already emitted
@@ -41,4 +39,4 @@ class StreamDetokenizer:
         return text[len(context):]
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens) if ids else ""
+        return self.decode(ids, skip_special_tokens=self.skip_special_tokens) if ids else ""

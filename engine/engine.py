@@ -21,6 +21,7 @@ from engine.cache_manager import CacheManager, PrefixHit
 from engine.chat.template import ChatTemplate
 from engine.config import load_model_config
 from engine.kv_cache import CacheTensors
+from engine.device import probe, resolve_device, resolve_dtype
 from engine.memory import MemoryPlan, budget_for, plan_for, plan_memory
 from engine.model import load_model
 from engine.model.linear import Embedding, Linear
@@ -35,25 +36,6 @@ from kernels.gdn import RECURRENT_MAX_TOKENS
 from kernels.quant import WARM_UP_ROWS
 
 log = logging.getLogger("qwendesk.engine")
-
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' was asked for but no CUDA GPU is available")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if name not in DTYPES:
-        raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, not {name!r}")
-    return DTYPES[name]
-
 
 @dataclass
 class StepInFlight:
@@ -107,10 +89,13 @@ class Engine:
         self._progress = progress or (lambda stage, done, total: None)
         self.config = config
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.dtype = resolve_dtype(config.dtype, self.device.type)
         if _parts is None:
             self.model_config = load_model_config(config.model)
-            self.weights = self._choose_weights(config)      # refuses, with what would fit, before loading
+            planned = plan_for(config, probe(config.device), model=self.model_config)   # decides weights="auto"
+            if not planned.fits:
+                raise MemoryError(planned.message)     # refused, with what would fit, before loading anything
+            self.weights = planned.weights
             self.tokenizer = Tokenizer.from_checkpoint(config.model)
             self.template = ChatTemplate.from_checkpoint(config.model)
             self.model, self.vision_weights = load_model(config.model, self.device, self.dtype, mtp=config.mtp,
@@ -121,11 +106,13 @@ class Engine:
             self.model_config, self.vision_weights = self.model.cfg, {}
             self.weights = "int4" if any(getattr(m, "scheme", "") == "int4" for m in self.model.modules()) else "bf16"
         # the weights are in memory now: plan the cache from what is actually free
+        held = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         self._plan = plan_memory(self.model_config, config, self.dtype, weights_bytes=0,
-                                 budget_bytes=budget_for(config, self.device), mtp=self.model.mtp is not None,
-                                 on_gpu=self.device.type == "cuda")
+                                 budget_bytes=budget_for(config, probe(config.device), held),
+                                 mtp=self.model.mtp is not None, on_gpu=self.device.type == "cuda")
         if not self._plan.fits:
             raise MemoryError(self._plan.message)
+        self._plan.weights = self.weights
         self._plan.weights_bytes = sum(t.numel() * t.element_size()
                                        for t in [*self.model.parameters(), *self.model.buffers()])
         self.max_context = self._plan.max_context
@@ -161,7 +148,7 @@ class Engine:
         turn): the int4 GEMV's build for M > 1 and the autotuned kernels' M buckets, which otherwise compile and tune
         on first use (seconds each). Before the loop thread starts: the model is not yet shared."""
         linears = [m for m in self.model.modules() if isinstance(m, Linear) and not isinstance(m, Embedding)]
-        shapes = {(m.int4_tiles, m.quantized().shape): m for m in linears + [self.model.lm_head] if m.scheme != "bf16"}
+        shapes = {(m.int4_tiles, m.quantized().shape): m for m in linears + [self.model.lm_head] if m.scheme != "float"}
         with torch.inference_mode():
             for i, linear in enumerate(shapes.values()):
                 self._progress("Tuning kernels", i, len(shapes))
@@ -186,16 +173,6 @@ class Engine:
     def from_model(cls, config: EngineConfig, model, tokenizer, template=None) -> "Engine":
         """An engine around an already built model (benchmarks with random weights)."""
         return cls(config, _parts=(model, tokenizer, template))
-
-    def _choose_weights(self, config: EngineConfig) -> str:
-        """bf16 or int4: `auto` takes 16-bit weights when the plan fits, else int4 (on a GPU)."""
-        options = [config.weights] if config.weights != "auto" else \
-            (["bf16", "int4"] if self.device.type == "cuda" else ["bf16"])
-        for weights in options:
-            plan = plan_for(config, self.device, self.dtype, weights=weights)
-            if plan.fits:
-                return weights
-        raise MemoryError(plan.message)
 
     # ---- public API (any thread) ---------------------------------------------------------
     def encode_prompt(self, prompt, tools=None, **template_kwargs) -> list[int]:

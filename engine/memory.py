@@ -5,19 +5,21 @@ The concurrency profile C splits the budget: every running sequence may reach `m
 tokens, so the KV pool holds C * max_context tokens (plus up to a quarter more where memory is
 left over, for cached prefixes), and the state pool holds C live slots, snapshots for prefix
 reuse and one scratch slot.
-`plan_memory` works from the checkpoint's headers alone (no weights loaded), so the GUI can show
-what a profile means before loading anything.
+`plan_for` works from the model's config alone (no weights loaded), so the app can show what a
+profile means, and whether the weights load as 16-bit or int4, before anything is loaded or downloaded.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.config import ModelConfig, load_model_config
-from engine.params import EngineConfig
+from engine.device import DeviceInfo, probe, resolve_dtype
+from engine.model.shapes import model_tensor_shapes
+from engine.params import PROFILES, EngineConfig
+from engine.weights.policy import policy_bytes
 
 GIB = 1 << 30
 PREFIX_EXTRA = 1.25          # at most this many KV pages per reserved page (the rest: cached prefixes)
@@ -38,6 +40,7 @@ class MemoryPlan:
     snapshots: int
     kv_bytes_per_token: int
     state_bytes_per_slot: int
+    weights: str = "bf16"       # bf16 (16-bit) | int4: what the weights are loaded as
     fits: bool = True
     message: str = ""
     alternatives: list[str] = field(default_factory=list)
@@ -83,31 +86,6 @@ def workspace_bytes(cfg: ModelConfig, dtype: torch.dtype, prefill_chunk: int, ma
                              + (cfg.conv_dim + cfg.linear_value_dim) * 4)
     logits = max(max_batch, 1) * cfg.vocab_size * 4 * 3
     return chunk + logits + 256 * (1 << 20) + AUTOTUNE_BYTES
-
-
-def free_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
-    except (ValueError, OSError, AttributeError):
-        return 8 * GIB
-
-
-def checkpoint_weight_bytes(path, dtype: torch.dtype, mtp: bool, vision: bool) -> int:
-    """Bytes the loaded weights take at `dtype`, from the checkpoint's headers."""
-    from engine.weights.checkpoint import list_tensors
-    from engine.weights.checkpoint import canonical_name
-    total = 0
-    for name, info in list_tensors(path).items():
-        kind, _ = canonical_name(name)
-        if (kind == "mtp" and not mtp) or (kind == "vision" and not vision):
-            continue
-        n = 1
-        for d in info.shape:
-            n *= d
-        total += n * dtype.itemsize
-    return total
 
 
 def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, weights_bytes: int,
@@ -163,7 +141,7 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
 
 def _alternatives(cfg, config, dtype, weights_bytes, budget_bytes, mtp, on_gpu) -> list[str]:
     out = []
-    for profile in ("C1", "C2", "C4", "C8"):
+    for profile in PROFILES:
         for kv in ("bf16", "int8"):
             alt = EngineConfig(**{**config.__dict__, "profile": profile, "kv_dtype": kv, "max_context": None})
             p = plan_memory(cfg, alt, dtype, weights_bytes=weights_bytes, budget_bytes=budget_bytes, mtp=mtp,
@@ -173,34 +151,42 @@ def _alternatives(cfg, config, dtype, weights_bytes, budget_bytes, mtp, on_gpu) 
     return out
 
 
-def budget_for(config: EngineConfig, device: torch.device) -> int:
-    """Bytes the engine may plan with: what is free, capped by config.gpu_memory_gb (less what this
-    process already holds, so a simulated card counts the weights already loaded)."""
-    free = free_memory(device)
+def budget_for(config: EngineConfig, device: DeviceInfo, held_bytes: int = 0) -> int:
+    """Bytes the engine may plan with: what the device offers, capped by config.gpu_memory_gb (less `held_bytes`,
+    what this process already holds, so that a simulated card counts the weights already loaded)."""
     if config.gpu_memory_gb is None:
-        return free
-    held = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-    return min(free, int(config.gpu_memory_gb * GIB) - held)
+        return device.free_bytes
+    return min(device.free_bytes, int(config.gpu_memory_gb * GIB) - held_bytes)
 
 
-def weight_bytes_for(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, policy) -> int:
-    mtp = config.mtp and cfg.num_mtp_layers > 0
-    vision = config.vision and cfg.vision is not None
-    if policy is None:
-        return checkpoint_weight_bytes(config.model, dtype, mtp, vision)
-    from engine.weights.quantize import model_tensor_shapes, policy_bytes
-    return policy_bytes(model_tensor_shapes(cfg, with_mtp=mtp, with_vision=vision), policy)["total"]
+def weight_bytes(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, weights: str) -> int:
+    """Device bytes of the weights the engine loads (MTP only with speculation, the vision tower only with vision)
+    under `weights` (bf16: 16-bit, or int4 per the default policy), from the model's tensor shapes."""
+    shapes = model_tensor_shapes(cfg, with_mtp=config.mtp and cfg.num_mtp_layers > 0,
+                                 with_vision=config.vision and cfg.vision is not None)
+    if weights == "int4":
+        return policy_bytes(shapes, config.policy("int4"))["total"]
+    # a tensor listed at 16 bits takes the activation dtype; fp32 ones (A_log, ...) stay fp32
+    return sum(torch.Size(shape).numel() * (dtype.itemsize if size == 2 else size) for shape, size in shapes.values())
 
 
-def plan_for(config: EngineConfig, device: torch.device | str = "auto", dtype: torch.dtype | None = None,
-             budget_bytes: int | None = None, weights: str | None = None) -> MemoryPlan:
-    """Plan from a checkpoint's config and headers alone (nothing loaded). weights: bf16 | int4
-    (default: the config's; auto plans 16-bit)."""
-    from engine.engine import resolve_device, resolve_dtype
-    dev = resolve_device(device) if isinstance(device, str) else device
-    dtype = dtype or resolve_dtype(config.dtype, dev)
-    cfg = load_model_config(config.model)
-    weights_bytes = weight_bytes_for(cfg, config, dtype, config.policy(weights))
-    budget = budget_bytes if budget_bytes is not None else budget_for(config, dev)
-    return plan_memory(cfg, config, dtype, weights_bytes=weights_bytes, budget_bytes=budget,
-                       mtp=config.mtp and cfg.num_mtp_layers > 0, on_gpu=dev.type == "cuda")
+def plan_for(config: EngineConfig, device: DeviceInfo | None = None, budget_bytes: int | None = None,
+             model: ModelConfig | None = None) -> MemoryPlan:
+    """The plan the engine will load with, from the model's config alone (nothing loaded). This is where
+    `weights="auto"` is decided: 16-bit weights when their plan fits, else int4 (on a GPU); the plan says which
+    (`plan.weights`). device: the device's memory (default: probe config.device now); budget_bytes: plan with this
+    instead; model: the architecture when config.model is not a checkpoint on disk (a catalog entry)."""
+    device = device or probe(config.device)
+    dtype = resolve_dtype(config.dtype, device.kind)
+    cfg = model or load_model_config(config.model)
+    budget = budget_bytes if budget_bytes is not None else budget_for(config, device)
+    choices = [config.weights] if config.weights != "auto" else ["bf16", "int4"] if device.on_gpu else ["bf16"]
+    config.policy(choices[0])                                  # refuses an unknown weights setting
+    for weights in choices:
+        plan = plan_memory(cfg, config, dtype, weights_bytes=weight_bytes(cfg, config, dtype, weights),
+                           budget_bytes=budget, mtp=config.mtp and cfg.num_mtp_layers > 0, on_gpu=device.on_gpu,
+                           explain=weights == choices[-1])
+        plan.weights = weights
+        if plan.fits:
+            return plan
+    return plan

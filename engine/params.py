@@ -25,12 +25,12 @@ class EngineConfig:
     page_size: int = 64             # tokens per KV page
     snapshots: int | None = None    # GDN state snapshots kept for prefix reuse (None: from memory)
     cuda_graphs: bool = True        # capture decode in CUDA graphs (CUDA only)
-    mtp: bool = True                # load the MTP module when the checkpoint has it
-    vision: bool = True             # keep the vision tower's weights
+    mtp: bool = False               # load the MTP module (when the checkpoint has it): only speculation uses it
+    vision: bool = False            # load the vision tower's weights: nothing uses them until images are encoded
 
     def policy(self, weights: str | None = None):
         """The quantization policy for `weights` (default: this config's); None for 16-bit weights."""
-        from engine.weights.quantize import QuantPolicy
+        from engine.weights.policy import QuantPolicy
         weights = weights or self.weights
         if weights not in ("auto", "bf16", "int4"):
             raise ValueError(f"weights must be auto, bf16 or int4, not {weights!r}")

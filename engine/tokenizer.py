@@ -50,7 +50,7 @@ class Tokenizer:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     def detokenizer(self, skip_special_tokens: bool = False) -> StreamDetokenizer:
-        return StreamDetokenizer(self, skip_special_tokens)
+        return StreamDetokenizer(self.decode, skip_special_tokens)
 
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)

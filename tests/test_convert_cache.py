@@ -14,7 +14,8 @@ from engine.weights import convert_cache
 from engine.weights.convert_cache import (ConvertCache, _decode, _encode, cache_key, convert, converted_weights,
                                           default_root, source_identity)
 from engine.weights.formats import ActOrderInt4
-from engine.weights.quantize import Int4, Int8, QuantPolicy, dequantize
+from engine.weights.policy import QuantPolicy
+from engine.weights.quantize import Int4, Int8, dequantize
 
 POLICY = QuantPolicy(group_size=32)       # the tiny checkpoint's K (64, 96, 128) are multiples of 32
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,7 +88,7 @@ def test_a_killed_process_leaves_a_miss_and_its_leftovers_are_cleared(checkpoint
     script = textwrap.dedent(f"""
         import os
         from engine.weights.convert_cache import ConvertCache, converted_weights
-        from engine.weights.quantize import QuantPolicy
+        from engine.weights.policy import QuantPolicy
         def die(done, total):
             if done == 30:
                 os._exit(9)                          # no cleanup: like a crash or a kill
@@ -131,7 +132,7 @@ def test_the_key_follows_the_source_and_the_policy(checkpoint, tmp_path):
     key = cache_key(source_identity(path), POLICY)
     assert key == cache_key(source_identity(path), QuantPolicy(group_size=32))
     assert key != cache_key(source_identity(path), QuantPolicy(group_size=32, method="rtn"))
-    assert key != cache_key(source_identity(path), QuantPolicy(group_size=32, mtp="bf16"))
+    assert key != cache_key(source_identity(path), QuantPolicy(group_size=32, mtp="float"))
     shard = sorted(path.glob("*.safetensors"))[1]
     st = shard.stat()
     os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))      # the shard was replaced
@@ -161,9 +162,9 @@ def test_convert_keeps_exact_int4_and_dequantizes_it_for_other_schemes():
     int4 = Int4(torch.randint(0, 16, (8, 64), generator=g, dtype=torch.uint8), torch.rand(8, 2).half(),
                 torch.full((8, 2), 8.0).half())
     assert convert(int4, "int4", POLICY) is int4
-    assert torch.equal(convert(int4, "bf16", POLICY), dequantize(int4, torch.bfloat16))
+    assert torch.equal(convert(int4, "float", POLICY), dequantize(int4, torch.bfloat16))
     perm = torch.randperm(64, generator=g)
-    W = convert(ActOrderInt4(int4, perm), "bf16", POLICY)
+    W = convert(ActOrderInt4(int4, perm), "float", POLICY)
     assert torch.equal(W[:, perm], dequantize(int4, torch.bfloat16))
     assert isinstance(convert(W.float(), "int8", POLICY), Int8)
     per_channel = Int4(torch.randint(0, 16, (8, 256), generator=g, dtype=torch.uint8),    # GPTQ group_size -1

@@ -2,11 +2,13 @@
 16-bit self, and the second load comes from the conversion cache."""
 
 import time
+from dataclasses import replace
 
 import pytest
 import torch
 
 from engine.api import Engine, EngineConfig, SamplingParams
+from engine.device import probe
 from engine.memory import plan_for
 
 
@@ -31,7 +33,7 @@ def test_int4_weights_are_really_quantized(engines):
     schemes = {m.prefix + "|".join(m.parts): m.scheme for m in quant.model.modules() if hasattr(m, "scheme")}
     assert schemes["layers.0.linear_attn.in_proj_qkv|in_proj_z"] == "int4"
     assert schemes["layers.0.mlp.gate_proj|up_proj"] == "int4" and schemes["layers.0.mlp.down_proj"] == "int4"
-    assert schemes["layers.0.linear_attn.in_proj_b|in_proj_a"] == "bf16"
+    assert schemes["layers.0.linear_attn.in_proj_b|in_proj_a"] == "float"
     assert schemes["layers.3.self_attn.q_proj|k_proj|v_proj"] == "int4"
     assert schemes["embed_tokens"] == "int8" and schemes["lm_head"] == "int8"
     assert quant.model.lm_head.planes == 2 and quant.model.embed.planes == 1     # the table gathers rows
@@ -71,8 +73,8 @@ def test_second_load_hits_the_conversion_cache(engines):
 
 def test_plan_counts_int4_bytes(checkpoint):
     cfg = EngineConfig(model=str(checkpoint("base")), device="cpu", quant_group=64, max_context=512)
-    bf16 = plan_for(cfg, "cpu", weights="bf16")
-    int4 = plan_for(cfg, "cpu", weights="int4")
+    bf16 = plan_for(replace(cfg, weights="bf16"), probe("cpu"))
+    int4 = plan_for(replace(cfg, weights="int4"), probe("cpu"))
     assert int4.weights_bytes < bf16.weights_bytes
 
 
@@ -83,12 +85,12 @@ def test_generation_works_with_int4(engines):
 
 
 def test_warm_up_runs_every_quantized_shape_at_the_gemv_row_buckets(engines, monkeypatch):
-    """On CUDA the int4 GEMV has a build for M > 1 and the int8 / int4 variant A tunes per M bucket (16, 32, and the
+    """On CUDA the int4 GEMV has a build for M > 1 and the dot GEMV (int8 and int4) tunes per M bucket (16, 32, and the
     fused GEMM's 64 .. FUSED_MAX_M): a prompt's short last step or a chat turn would compile and tune them on first
     use (seconds), so the engine runs every quantized weight shape at one row count per bucket before serving
     (called here on the CPU, where the ops are the references)."""
     from kernels import ops
-    from kernels.gemv_a import m_bucket
+    from kernels.gemv_dot import m_bucket
     from kernels.quant import FUSED_MAX_M, WARM_UP_ROWS
     assert WARM_UP_ROWS[0] == 2 and {m_bucket(m) for m in range(9, FUSED_MAX_M + 1)} == set(WARM_UP_ROWS[1:])
     _, _, quant, _ = engines
@@ -99,7 +101,8 @@ def test_warm_up_runs_every_quantized_shape_at_the_gemv_row_buckets(engines, mon
                                                                          real(x, w))[1])
     quant._warm_up_linears()
     model = quant.model
-    served = [m for name, m in model.named_modules() if hasattr(m, "scheme") and m.scheme != "bf16" and name != "embed"]
+    served = [m for name, m in model.named_modules()
+              if hasattr(m, "scheme") and m.scheme != "float" and name != "embed"]
     kernels = {("int4_linear" if m.int4_tiles else "int8_linear", tuple(m.quantized().shape))
                for m in served + [model.lm_head]}
     assert {(kernel, shape, rows) for kernel, shape in kernels for rows in WARM_UP_ROWS} == seen

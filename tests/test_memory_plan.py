@@ -6,17 +6,16 @@ import torch
 from engine.config import parse_model_config
 from engine.memory import GIB, plan_memory
 from engine.params import EngineConfig
-from engine.weights.quantize import DEFAULT_POLICY, model_tensor_shapes, policy_bytes
-from engine.bench import text_config
-from engine.bench_memory import vision_bytes
+from engine.model.shapes import model_tensor_shapes
+from engine.weights.policy import DEFAULT_POLICY, policy_bytes
+from engine.random_model import text_config
 
 CFG = parse_model_config(text_config("27b"))
 INT4 = policy_bytes(model_tensor_shapes(CFG, with_mtp=False, with_vision=False), DEFAULT_POLICY)["total"]
-VISION = vision_bytes(text_config("27b"))
 BF16 = sum(2 * torch.Size(s).numel() for s, _ in model_tensor_shapes(CFG, with_mtp=False, with_vision=False).values())
 
 
-def plan(budget_gib=24.0, weights=INT4 + VISION, **fields):
+def plan(budget_gib=24.0, weights=INT4, **fields):
     return plan_memory(CFG, EngineConfig(model="", **fields), torch.bfloat16, weights_bytes=weights,
                        budget_bytes=int(budget_gib * GIB), mtp=False, on_gpu=True)
 

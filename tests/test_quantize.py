@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from engine.config import parse_model_config
+from engine.model.shapes import model_tensor_shapes
 from engine.weights import quantize
-from engine.weights.quantize import (DEFAULT_POLICY, Int4, QuantPolicy, dequantize, model_tensor_shapes,
-                                     policy_bytes, quantize_int4, quantize_int8, scheme_bytes)
+from engine.weights.policy import DEFAULT_POLICY, QuantPolicy, policy_bytes, scheme_bytes
+from engine.weights.quantize import Int4, dequantize, quantize_int4, quantize_int8
 
 
 def llm_like_weight(n, k, seed=0):
@@ -98,8 +99,8 @@ def test_policy_schemes():
         "model.language_model.layers.0.linear_attn.in_proj_qkv.weight": "int4",
         "model.language_model.layers.0.linear_attn.in_proj_z.weight": "int4",
         "model.language_model.layers.0.linear_attn.out_proj.weight": "int4",
-        "model.language_model.layers.0.linear_attn.in_proj_a.weight": "bf16",
-        "model.language_model.layers.0.linear_attn.in_proj_b.weight": "bf16",
+        "model.language_model.layers.0.linear_attn.in_proj_a.weight": "float",
+        "model.language_model.layers.0.linear_attn.in_proj_b.weight": "float",
         "model.language_model.layers.3.self_attn.q_proj.weight": "int4",
         "model.layers.3.self_attn.o_proj.weight": "int4",
         "layers.1.mlp.down_proj.weight": "int4",
@@ -107,18 +108,18 @@ def test_policy_schemes():
         "lm_head.weight": "int8",
         "mtp.fc.weight": "int4",
         "mtp.layers.0.mlp.gate_proj.weight": "int4",
-        "model.visual.blocks.0.attn.qkv.weight": "bf16",
-        "model.language_model.layers.0.input_layernorm.weight": "bf16",
+        "model.visual.blocks.0.attn.qkv.weight": "float",
+        "model.language_model.layers.0.input_layernorm.weight": "float",
     }
     for name, scheme in cases.items():
         assert p.scheme(name, (256, 512)) == scheme, name
-    assert p.scheme("model.language_model.layers.0.linear_attn.conv1d.weight", (256, 1, 4)) == "bf16"
-    assert p.scheme("model.language_model.layers.0.linear_attn.A_log", (48,)) == "bf16"
-    assert p.scheme("layers.1.mlp.down_proj.weight", (64, 200)) == "bf16"          # K not a multiple of G
-    custom = QuantPolicy(mtp="bf16", vision="int4", embeddings="bf16")
-    assert custom.scheme("mtp.fc.weight", (256, 512)) == "bf16"
+    assert p.scheme("model.language_model.layers.0.linear_attn.conv1d.weight", (256, 1, 4)) == "float"
+    assert p.scheme("model.language_model.layers.0.linear_attn.A_log", (48,)) == "float"
+    assert p.scheme("layers.1.mlp.down_proj.weight", (64, 200)) == "float"          # K not a multiple of G
+    custom = QuantPolicy(mtp="float", vision="int4", embeddings="float")
+    assert custom.scheme("mtp.fc.weight", (256, 512)) == "float"
     assert custom.scheme("model.visual.blocks.0.mlp.linear_fc1.weight", (256, 1152)) == "int4"
-    assert custom.scheme("model.visual.pos_embed.weight", (2304, 1152)) == "bf16"
+    assert custom.scheme("model.visual.pos_embed.weight", (2304, 1152)) == "float"
     assert custom.key() != p.key()
     with pytest.raises(ValueError):
         QuantPolicy(linear="int3")
@@ -130,8 +131,8 @@ def test_scheme_bytes():
     assert scheme_bytes("int8", (10, 256), 128, table=True) == 10 * 256 + 10 * 2 * 2
     assert scheme_bytes("int8", (10, 256), 128) == scheme_bytes("int4", (10, 512), 128)   # two int4 planes
     assert scheme_bytes("int8", (10, 320), 64) == 10 * 320 + 10 * 2 * 5                # K % 128: int8 as it is
-    assert scheme_bytes("bf16", (10, 256), 128) == 10 * 256 * 2
-    assert scheme_bytes("bf16", (48,), 128, element_size=4) == 192
+    assert scheme_bytes("float", (10, 256), 128) == 10 * 256 * 2
+    assert scheme_bytes("float", (48,), 128, element_size=4) == 192
 
 
 QWEN36_27B = {
@@ -151,9 +152,9 @@ def test_default_policy_bytes_for_the_27b():
     shapes = model_tensor_shapes(parse_model_config(QWEN36_27B))
     b = policy_bytes(shapes)
     print("\n27B default policy bytes:", {k: f"{v / 2**30:.2f} GiB" for k, v in b.items()})
-    assert sum(b[s] for s in ("int4", "int8", "bf16")) == b["total"]
+    assert sum(b[s] for s in ("int4", "int8", "float")) == b["total"]
     params = sum(torch.Size(s).numel() for s, _ in shapes.values())
     assert 27.5e9 < params < 28e9
     assert 15 * 2**30 < b["total"] < 16 * 2**30          # 15.56 GiB
     text_only = policy_bytes(model_tensor_shapes(parse_model_config(QWEN36_27B), with_vision=False))
-    assert text_only["int4"] == b["int4"] and text_only["bf16"] < b["bf16"]
+    assert text_only["int4"] == b["int4"] and text_only["float"] < b["float"]

@@ -123,7 +123,7 @@ class GatedDeltaNet(nn.Module):
             qkv, z, b, a = self.in_proj(x).split([cfg.conv_dim, cfg.linear_value_dim, hv, hv], dim=-1)
         else:
             qkv, z = self.in_proj(x).split([cfg.conv_dim, cfg.linear_value_dim], dim=-1)
-            if batch.decode_len and self.in_proj_ba.scheme == "bf16":
+            if batch.decode_len and self.in_proj_ba.scheme == "float":
                 b = a = None
                 ba_proj = (x, self.in_proj_ba.weight)
             else:

@@ -1,6 +1,6 @@
 """Weights that may be stored quantized: Linear (16-bit, int4 or int8) and the token Embedding.
 
-Which scheme a weight gets comes from the quantization policy (engine/weights/quantize.py),
+Which scheme a weight gets comes from the quantization policy (engine/weights/policy.py),
 asked with the weight's checkpoint name. A Linear can stack several checkpoint tensors by rows
 (fused projections); quantization runs along K only, so each part packs independently into
 its rows.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.weights.quantize import int8_held_as_planes
+from engine.weights.policy import int8_held_as_planes
 from kernels import ops
 from kernels.quant_format import (Int4Weight, Int8Weight, int8_as_int4_planes, pack_int8, write_group_param_rows,
                                   write_int4_rows)
@@ -28,7 +28,7 @@ class Build:
     policy: object = None
 
     def scheme(self, name: str, shape: tuple[int, int]) -> str:
-        return "bf16" if self.policy is None else self.policy.scheme(name, shape)
+        return "float" if self.policy is None else self.policy.scheme(name, shape)
 
     @property
     def group_size(self) -> int:
@@ -44,7 +44,7 @@ def param(tensor: torch.Tensor) -> nn.Parameter:
 
 class Linear(nn.Module):
     """y = x W^T with W [out, in] stacked from checkpoint tensors `parts` (name suffix -> rows).
-    scheme "bf16": W in the model dtype; "int4": packed codes with per-group scales and zeros;
+    scheme "float": W in the model dtype; "int4": packed codes with per-group scales and zeros;
     "int8": codes with per-group scales, held as two int4 planes over 2K (kernels/quant_format.int8_as_int4_planes:
     exact, and the int4 GEMV reads them faster than an int8 GEMV reads int8) where int8_held_as_planes says."""
 
@@ -99,7 +99,7 @@ class Linear(nn.Module):
     def load_rows(self, row: int, value) -> None:
         """Fill rows [row, row + n) from a float tensor or a quantized (q, scales[, zeros]) tuple
         (engine/weights/quantize.Int4 / Int8) of the same scheme."""
-        if self.scheme == "bf16":
+        if self.scheme == "float":
             self.weight[row:row + value.shape[0]].copy_(value.reshape(value.shape[0], -1))
             return
         if isinstance(value, torch.Tensor):
@@ -123,7 +123,7 @@ class Linear(nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         """W [N, K] in the model dtype (a copy when quantized)."""
-        if self.scheme == "bf16":
+        if self.scheme == "float":
             return self.weight
         from kernels.quant_format import dequantize_int4_ref, dequantize_int8_ref
         w = self.quantized()

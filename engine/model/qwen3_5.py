@@ -30,7 +30,7 @@ class Rotary(nn.Module):
 
 class Qwen3_5Model(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device, with_mtp: bool = False, policy=None):
-        """policy: engine.weights.quantize.QuantPolicy deciding which weights are int4 / int8 (None: all dtype)."""
+        """policy: engine.weights.policy.QuantPolicy deciding which weights are int4 / int8 (None: all dtype)."""
         super().__init__()
         self.cfg = cfg
         self.dtype = dtype

@@ -7,8 +7,8 @@ the policy and FORMAT_VERSION. An entry is written in a temporary directory and 
 once complete, so an interrupted conversion leaves no entry (a miss), never half of one.
 
 Stored form of one weight `name`: a float tensor as `name`; Int4 as `name.q4` (uint8 [N, K/2], low nibble
-= even k), `name.scales`, `name.zeros`; Int8 as `name.q8`, `name.scales`; ActOrderInt4 as its Int4 plus
-`name.perm`.
+= even k), `name.scales`, `name.zeros`; Int8 as `name.q8`, `name.scales` (act-order GPTQ weights never reach the
+cache: `convert` requantizes them).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from safetensors.torch import save_file
 
 from engine.weights.checkpoint import CheckpointError, TensorReader, list_tensors
 from engine.weights.formats import ActOrderInt4, WeightSource
-from engine.weights.quantize import DEFAULT_POLICY, Int4, Int8, QuantPolicy, dequantize, quantize_int4, quantize_int8
+from engine.weights.policy import DEFAULT_POLICY, QuantPolicy
+from engine.weights.quantize import Int4, Int8, dequantize, quantize_int4, quantize_int8
 
 FORMAT_VERSION = 2
 CACHE_ENV = "QWENDESK_CACHE_DIR"
@@ -68,13 +69,9 @@ def _encode(name: str, value: Weight) -> tuple[str, dict[str, torch.Tensor]]:
         return "float", {name: value}
     if isinstance(value, Int8):
         return "int8", {f"{name}.q8": value.q, f"{name}.scales": value.scales}
-    extra = {}
-    if isinstance(value, ActOrderInt4):
-        value, extra = value.weight, {f"{name}.perm": value.perm}
     q = value.q
     packed = q[:, 0::2] | (q[:, 1::2] << 4)
-    return ("act_order_int4" if extra else "int4"), {f"{name}.q4": packed, f"{name}.scales": value.scales,
-                                                     f"{name}.zeros": value.zeros, **extra}
+    return "int4", {f"{name}.q4": packed, f"{name}.scales": value.scales, f"{name}.zeros": value.zeros}
 
 
 def _decode(kind: str, name: str, get: Callable[[str], torch.Tensor]) -> Weight:
@@ -84,8 +81,7 @@ def _decode(kind: str, name: str, get: Callable[[str], torch.Tensor]) -> Weight:
         return Int8(get(f"{name}.q8"), get(f"{name}.scales"))
     packed = get(f"{name}.q4")
     q = torch.stack([packed & 15, packed >> 4], dim=2).reshape(packed.shape[0], -1)
-    weight = Int4(q, get(f"{name}.scales"), get(f"{name}.zeros"))
-    return ActOrderInt4(weight, get(f"{name}.perm")) if kind == "act_order_int4" else weight
+    return Int4(q, get(f"{name}.scales"), get(f"{name}.zeros"))
 
 
 class CacheEntry:

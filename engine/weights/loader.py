@@ -67,7 +67,7 @@ def load_weights(model, path: str | Path, device, keep_vision: bool = True, poli
     """
     from engine.weights.convert_cache import ConvertCache, cache_key, convert, converted_weights, source_identity
     from engine.weights.formats import WeightSource
-    from engine.weights.quantize import DEFAULT_POLICY
+    from engine.weights.policy import DEFAULT_POLICY
     reader_device = str(device) if torch.device(device).type == "cuda" else "cpu"
     source = WeightSource(path, reader_device)
     try:
@@ -87,7 +87,7 @@ def load_weights(model, path: str | Path, device, keep_vision: bool = True, poli
     if policy is None:
         stage = "Loading weights"
         # 16-bit targets: int4 sources (GPTQ / AWQ) are dequantized, FP8 ones already are by the reader
-        stream = ((full, convert(source.read(full), "bf16", DEFAULT_POLICY)) for full in wanted)
+        stream = ((full, convert(source.read(full), "float", DEFAULT_POLICY)) for full in wanted)
     else:
         source.close()
         cache = cache or ConvertCache()

@@ -1,0 +1,65 @@
+"""The device the engine runs on: which one `auto` means, its dtype, and the memory it offers.
+
+Decided here once; the planner, the engine and the app (through engine.api) all ask this module.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DEVICES = ("auto", "cuda", "cpu")
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """A device as the planner sees it."""
+    kind: str               # cuda | cpu
+    name: str
+    total_bytes: int
+    free_bytes: int         # what it offers now (on the CPU: half the available RAM)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.kind == "cuda"
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} · {self.total_bytes / GIB:.0f} GB"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' was asked for but no CUDA GPU is available")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {name!r}")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, kind: str) -> torch.dtype:
+    """The activation dtype: `auto` is bf16 on a GPU and fp32 on the CPU."""
+    if name == "auto":
+        return torch.bfloat16 if kind == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, not {name!r}")
+    return DTYPES[name]
+
+
+def probe(name: str = "auto") -> DeviceInfo:
+    """The device `name` resolves to, with its memory now."""
+    device = resolve_device(name)
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return DeviceInfo("cuda", torch.cuda.get_device_name(device), total, free)
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        total, free = os.sysconf("SC_PHYS_PAGES") * page, os.sysconf("SC_AVPHYS_PAGES") * page // 2
+    except (ValueError, OSError, AttributeError):
+        total, free = 16 * GIB, 8 * GIB
+    return DeviceInfo("cpu", "CPU", total, free)

@@ -1,0 +1,89 @@
+"""Models at real shapes with random weights, for the benchmarks (no checkpoint needed): the published 27B's
+shape, and a 9B-style one; a stand-in tokenizer; random prompts."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+SHAPES = {
+    # Qwen3.6-27B (published config)
+    "27b": dict(hidden_size=5120, num_hidden_layers=64, intermediate_size=17408, num_attention_heads=24,
+                num_key_value_heads=4, linear_num_value_heads=48),
+    # transformers' Qwen3_5TextConfig defaults ("Qwen3.5-9B style")
+    "9b": dict(hidden_size=4096, num_hidden_layers=32, intermediate_size=12288, num_attention_heads=16,
+               num_key_value_heads=4, linear_num_value_heads=32),
+}
+
+
+def text_config(shape: str) -> dict:
+    return {"model_type": "qwen3_5_text", "vocab_size": 248320, "head_dim": 256, "linear_num_key_heads": 16,
+            "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+            "full_attention_interval": 4, "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
+            "tie_word_embeddings": False, "mtp_num_hidden_layers": 0, "eos_token_id": 248046,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                "mrope_section": [11, 11, 10]}, **SHAPES[shape]}
+
+
+@torch.no_grad()
+def randomize_(model, seed: int = 0) -> None:
+    """Fill every weight with random values of a realistic scale (never time on zeros); quantized
+    weights get random codes, scales and zeros."""
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("A_log"):
+            p.copy_(torch.empty_like(p).uniform_(1, 16, generator=gen).log())
+        elif p.dim() == 1:
+            p.normal_(0, 0.1, generator=gen)
+            if name.endswith("norm_weight"):
+                p.add_(1)
+        else:
+            p.normal_(0, 1 / math.sqrt(p.shape[-1]), generator=gen)
+    for name, b in model.named_buffers():
+        if name.endswith("qweight"):
+            info = torch.iinfo(b.dtype)
+            b.copy_(torch.randint(info.min, info.max, b.shape, generator=gen, device=device, dtype=b.dtype))
+        elif name.endswith("scales"):
+            b.uniform_(0.5, 1.5, generator=gen).mul_(0.01)
+        elif name.endswith("zeros"):
+            b.uniform_(7, 9, generator=gen)
+
+
+def build_random_model(raw: dict, weights: str, check: bool = True):
+    from engine.config import parse_model_config
+    from engine.model.qwen3_5 import Qwen3_5Model
+    from engine.params import EngineConfig
+    policy = EngineConfig(model="").policy(weights)
+    model = Qwen3_5Model(parse_model_config(raw), torch.bfloat16, "cuda", policy=policy)
+    randomize_(model)
+    if policy is not None and check:
+        check_quantized_linear(model)
+    return model
+
+
+def check_quantized_linear(model) -> None:
+    """The int4 / int8 kernels against dequantize + matmul on this model's own weights (M = 1, 8, 64)."""
+    for lin in (model.layers[0].mlp.gate_up, model.layers[3].attn.qkv, model.lm_head):
+        w = lin.dequantized().float()
+        for m in (1, 8, 64):
+            x = torch.randn(m, lin.shape[1], device=w.device, dtype=torch.bfloat16)
+            ref = x.float() @ w.T
+            err = ((lin(x).float() - ref).norm() / ref.norm()).item()
+            if not err < 2e-2:
+                raise AssertionError(f"{lin.prefix}{'|'.join(lin.parts)} ({lin.scheme}) M={m}: rel err {err:.3g}")
+    print("quantized linears match dequantize + matmul", flush=True)
+
+
+def bench_tokenizer():
+    """A stand-in tokenizer: the benchmark feeds token ids; text only needs to decode."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import WordLevel
+
+    from engine.tokenizer import Tokenizer
+    return Tokenizer(HFTokenizer(WordLevel({f"t{i}": i for i in range(1024)}, unk_token="t0")))
+
+
+def rand_ids(n, seed):
+    return torch.randint(0, 248000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
