@@ -1,4 +1,8 @@
-"""The model catalog (resources/catalog.json) and the recommendation for a GPU."""
+"""The model catalog (resources/catalog.json), what each entry runs as on this machine, and the recommendation.
+
+What an entry runs as (16-bit or int4 weights, how much context) is the engine's decision (engine.api.plan_for),
+made from the entry's architecture before anything is downloaded, exactly as the engine will make it at load.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,9 @@ import json
 from dataclasses import dataclass
 
 from app.paths import resources_dir
+from engine.api import DeviceInfo, EngineConfig, MemoryPlan, ModelConfig, parse_model_config, plan_for
 
-GB = 1_000_000_000
+USEFUL_CONTEXT = 32768      # a recommendation must leave at least this much context at C1
 
 
 @dataclass(frozen=True)
@@ -15,34 +20,45 @@ class CatalogEntry:
     id: str              # Hugging Face repository id
     name: str
     variant: str         # FP8 | BF16
-    params: str
+    params: str          # the size, also the key of its architecture
     download_gb: float
-    vram_gb: float
-    loads_as: str        # int4 | bf16
-    load: str            # how it loads, in words
     summary: str
     recommend: bool      # a candidate for the recommendation
     source: str          # where the repository id was confirmed
+    architecture: ModelConfig
 
     @property
     def title(self) -> str:
         return f"{self.name} {self.variant}"
 
-    @property
-    def folder_name(self) -> str:
-        return self.id.split("/")[-1]
-
 
 def load_catalog() -> list[CatalogEntry]:
     data = json.loads((resources_dir() / "catalog.json").read_text(encoding="utf-8"))
-    return [CatalogEntry(**entry) for entry in data["models"]]
+    architectures = {size: parse_model_config(raw) for size, raw in data["architectures"].items()}
+    return [CatalogEntry(**entry, architecture=architectures[entry["params"]]) for entry in data["models"]]
 
 
-def recommend(catalog: list[CatalogEntry], gpu_bytes: int | None) -> CatalogEntry:
-    """The best recommendable model whose VRAM need fits the GPU; the smallest one without a GPU."""
+def plan_entry(entry: CatalogEntry, config: EngineConfig, device: DeviceInfo) -> MemoryPlan:
+    """The plan the engine would load `entry` with on `device` under `config` (the app's engine settings)."""
+    return plan_for(config, device, model=entry.architecture)
+
+
+def runs_as(plan: MemoryPlan, device: DeviceInfo) -> str:
+    """What a plan means, in a few words for a card."""
+    if not plan.fits:
+        return "Too large for this GPU" if device.on_gpu else "Too large for this computer"
+    weights = "int4" if plan.weights == "int4" else "16-bit"
+    where = "" if device.on_gpu else " on the CPU"
+    return f"Runs as {weights}{where} with up to {plan.max_context // 1024}K tokens of context"
+
+
+def recommend(catalog: list[CatalogEntry], plans: dict[str, MemoryPlan], device: DeviceInfo) -> CatalogEntry:
+    """The best recommendable entry (the catalog lists the best first) whose plan fits this GPU with a useful
+    context; without a GPU, or when none does, the smallest one."""
     candidates = [e for e in catalog if e.recommend]
-    if gpu_bytes:
-        for entry in candidates:                      # the catalog lists the best first
-            if entry.vram_gb * GB <= gpu_bytes:
+    if device.on_gpu:
+        for entry in candidates:
+            plan = plans[entry.id]
+            if plan.fits and plan.max_context >= USEFUL_CONTEXT:
                 return entry
-    return min(candidates, key=lambda e: e.vram_gb)
+    return min(candidates, key=lambda e: plans[e.id].weights_bytes)

@@ -1,5 +1,4 @@
-"""The local OpenAI- and Anthropic-compatible endpoint: engine.server's app around the loaded
-engine, served by its ServerThread."""
+"""The local OpenAI- and Anthropic-compatible endpoint around the loaded engine (engine.api.serve)."""
 
 from __future__ import annotations
 
@@ -29,14 +28,11 @@ class EndpointStatus:
 
 def start_endpoint(engine, settings: EndpointSettings, model_id: str):
     """-> (server or None, EndpointStatus). Never raises: a failure is a status message."""
+    from engine.api import serve
     try:
-        from engine.server import ServerSettings, ServerThread, create_app
+        server = serve(engine, model_id, settings.host, settings.port, settings.api_key or None)
     except ImportError:
         return None, EndpointStatus(False, message=UNAVAILABLE)
-    try:
-        app = create_app(ServerSettings(model_id=model_id, host=settings.host, port=settings.port,
-                                        api_key=settings.api_key or None), engine)
-        server = ServerThread(app, settings.host, settings.port).start()
     except (OSError, RuntimeError) as e:
         return None, EndpointStatus(False, message=f"The endpoint could not listen on "
                                                    f"{settings.host}:{settings.port}: {e}")

@@ -13,14 +13,14 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from PySide6.QtCore import QThread, Signal
 
 from app.endpoint import EndpointSettings, EndpointStatus, start_endpoint
 from app.generation import ReplyResult, metrics_from_engine
-from engine.api import ContextLengthError, Engine, EngineConfig, QueueFullError
+from engine.api import ContextLengthError, Engine, EngineConfig, MemoryPlan, QueueFullError, plan_for
 
 log = logging.getLogger("qwendesk.app")
 
@@ -35,7 +35,7 @@ class LoadedModel:
     device: str             # cuda | cpu
     profile: str
     max_context: int
-    plan: object            # engine.memory.MemoryPlan
+    plan: MemoryPlan        # what the engine runs with (weights, context, memory)
     load_seconds: float
 
 
@@ -59,6 +59,12 @@ def _arguments(arguments) -> dict:
         except ValueError:
             return {"arguments": arguments}
     return arguments if isinstance(arguments, dict) else {"value": arguments}
+
+
+def weights_text(plan: MemoryPlan) -> str:
+    """How the planned weights load, in words: "int4 weights (14.6 GiB)"."""
+    kind = "int4" if plan.weights == "int4" else "16-bit"
+    return f"{kind} weights ({plan.weights_bytes / (1 << 30):.1f} GiB)"
 
 
 class EngineThread(QThread):
@@ -151,20 +157,19 @@ class EngineThread(QThread):
         self.state_changed.emit(state, detail)
 
     def _load(self, config: EngineConfig) -> None:
-        from engine.memory import plan_for
-
         self._close_engine()
         started = time.monotonic()
         name = Path(config.model).name
         self._set_state("loading", name)
         try:
             self.load_progress.emit("Checking the memory plan", 0.0)
-            plan = plan_for(config)
+            plan = plan_for(config)                # the engine's own decision, weights="auto" included
             if not plan.fits:
                 raise MemoryError(plan.message)
-            self.load_progress.emit("Loading weights", time.monotonic() - started)
-            engine = Engine(config, progress=lambda stage, done, total: self.load_progress.emit(
-                f"{stage} ({done} of {total})" if total > 1 else stage, time.monotonic() - started))
+            self.load_progress.emit(f"Loading {weights_text(plan)}", time.monotonic() - started)
+            engine = Engine(replace(config, weights=plan.weights),
+                            progress=lambda stage, done, total: self.load_progress.emit(
+                                f"{stage} ({done} of {total})" if total > 1 else stage, time.monotonic() - started))
         except MemoryError as e:
             return self._fail(f"{name} does not fit: {e}")
         except (OSError, ValueError, RuntimeError, KeyError) as e:

@@ -1,15 +1,15 @@
 """Checkpoints on this computer: the app's downloads, the Hugging Face cache and folders the
-user added. A checkpoint is a directory with a config.json of a Qwen3.5-family model type."""
+user added. A checkpoint is a directory with safetensors and a config.json the engine supports."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-SUPPORTED_TYPES = ("qwen3_5", "qwen3_5_text")
+from engine.api import ModelConfig, load_model_config
+
 DOWNLOAD_MARKER = ".qwendesk-download.json"   # written by the download manager when verified
 
 
@@ -19,9 +19,7 @@ class LocalModel:
     path: str
     source: str          # downloads | hf-cache | folder
     size_bytes: int
-    layers: int
-    hidden: int
-    has_vision: bool
+    architecture: ModelConfig
 
     @property
     def deletable(self) -> bool:
@@ -29,17 +27,12 @@ class LocalModel:
         return self.source in ("downloads", "hf-cache")
 
 
-def checkpoint_info(path: Path) -> dict | None:
-    """The text config of a supported checkpoint, else None."""
+def checkpoint_config(path: Path) -> ModelConfig | None:
+    """The architecture of a checkpoint the engine supports, else None."""
     try:
-        raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return load_model_config(path)
+    except (OSError, ValueError):          # no or broken config.json, an unsupported model (UnsupportedModelError)
         return None
-    if raw.get("model_type") not in SUPPORTED_TYPES:
-        return None
-    text = raw.get("text_config", raw)
-    return {"layers": text.get("num_hidden_layers", 0), "hidden": text.get("hidden_size", 0),
-            "vision": "vision_config" in raw}
 
 
 def folder_size(path: Path) -> int:
@@ -54,10 +47,10 @@ def folder_size(path: Path) -> int:
 
 
 def _model(path: Path, name: str, source: str) -> LocalModel | None:
-    info = checkpoint_info(path)
-    if info is None or not any(path.glob("*.safetensors")):
+    architecture = checkpoint_config(path)
+    if architecture is None or not any(path.glob("*.safetensors")):
         return None
-    return LocalModel(name, str(path), source, folder_size(path), info["layers"], info["hidden"], info["vision"])
+    return LocalModel(name, str(path), source, folder_size(path), architecture)
 
 
 def scan_downloads(models_dir: Path) -> list[LocalModel]:

@@ -11,13 +11,13 @@ from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 def build_context():
     from app.catalog import load_catalog
     from app.context import AppContext
-    from app.gpu import detect_gpu
     from app.paths import database_path, models_dir
     from app.settings import AppSettings
     from app.store import Store
+    from engine.api import probe
 
     store = Store(database_path())
-    return AppContext(store=store, settings=AppSettings.load(store), models_dir=models_dir(), gpu=detect_gpu(),
+    return AppContext(store=store, settings=AppSettings.load(store), models_dir=models_dir(), device=probe(),
                       catalog=load_catalog())
 
 

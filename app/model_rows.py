@@ -40,7 +40,7 @@ class CatalogCard(QFrame):
     download_requested = Signal(str)       # repo id
     load_requested = Signal(str)           # checkpoint directory
 
-    def __init__(self, entry: CatalogEntry, recommended: bool, parent=None):
+    def __init__(self, entry: CatalogEntry, recommended: bool, runs_as: str, parent=None):
         super().__init__(parent)
         self.entry = entry
         self.local_path = ""
@@ -59,10 +59,9 @@ class CatalogCard(QFrame):
         column.addLayout(top)
         column.addWidget(label(entry.id, "mono"))
         column.addWidget(label(entry.summary, "body", wrap=True))
-        facts = (f"Download {entry.download_gb:g} GB   ·   Needs {entry.vram_gb:g} GB GPU memory   ·   "
-                 f"Runs as {entry.loads_as}")
-        column.addWidget(label(facts, "facts", wrap=True))
-        column.addWidget(label(entry.load, "muted", wrap=True))
+        self.facts = label("", "facts", wrap=True)
+        column.addWidget(self.facts)
+        self.set_runs_as(runs_as)
         bottom = QHBoxLayout()
         self.state = label("", "muted")
         self.button = text_button("Download", "download", "primary")
@@ -70,6 +69,9 @@ class CatalogCard(QFrame):
         bottom.addWidget(self.state, 1)
         bottom.addWidget(self.button)
         column.addLayout(bottom)
+
+    def set_runs_as(self, runs_as: str) -> None:
+        self.facts.setText(f"Download {self.entry.download_gb:g} GB   ·   {runs_as}")
 
     def set_state(self, local_path: str, download: DownloadStatus | None, loaded: bool) -> None:
         self.local_path = local_path
@@ -169,7 +171,7 @@ class LocalModelRow(QFrame):
     load_requested = Signal(str)
     delete_requested = Signal(object)      # LocalModel
 
-    def __init__(self, model: LocalModel, parent=None):
+    def __init__(self, model: LocalModel, runs_as: str, parent=None):
         super().__init__(parent)
         self.model = model
         self.setObjectName("localRow")
@@ -182,11 +184,14 @@ class LocalModelRow(QFrame):
         text = QVBoxLayout()
         text.setSpacing(2)
         text.addWidget(label(model.name, "rowTitle"))
+        arch = model.architecture
         details = f"{SOURCE_TEXT[model.source]}   ·   {human_bytes(model.size_bytes)}   ·   " \
-                  f"{model.layers} layers, hidden {model.hidden}"
-        if model.has_vision:
+                  f"{arch.num_layers} layers, hidden {arch.hidden_size}"
+        if arch.vision is not None:
             details += "   ·   vision weights"
         text.addWidget(label(details, "muted"))
+        self.runs_as = label(runs_as, "facts")
+        text.addWidget(self.runs_as)
         text.addWidget(ElidedLabel(model.path, "path", Qt.TextElideMode.ElideMiddle))
         row.addLayout(text, 1)
         self.load = text_button("Load", "play", "primary")
@@ -199,6 +204,9 @@ class LocalModelRow(QFrame):
         self.delete.setSizePolicy(keep_place)
         self.delete.setVisible(model.deletable)
         row.addWidget(self.delete)
+
+    def set_runs_as(self, runs_as: str) -> None:
+        self.runs_as.setText(runs_as)
 
     def set_engine_state(self, loaded_path: str, loading_path: str) -> None:
         if self.model.path == loading_path:

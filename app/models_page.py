@@ -15,12 +15,13 @@ from PySide6.QtWidgets import (
 )
 
 from app import dialogs, icons
-from app.catalog import recommend
+from app.catalog import recommend, runs_as
 from app.context import AppContext
 from app.downloads import DownloadManager
 from app.local_models import LocalModel, delete_model, scan_all
 from app.model_rows import CatalogCard, DownloadRow, LocalModelRow
 from app.widgets import Banner, Card, label, page_header, scrolling_page, text_button
+from engine.api import MemoryPlan, ModelConfig, plan_for
 
 
 class ModelsPage(QWidget):
@@ -33,7 +34,8 @@ class ModelsPage(QWidget):
         self.local: list[LocalModel] = []
         self.loaded_path = ""
         self.loading_path = ""
-        self.recommended = recommend(context.catalog, context.gpu.total_bytes if context.gpu else None)
+        self.catalog_plans = {e.id: self.plan(e.id, e.architecture) for e in context.catalog}
+        self.recommended = recommend(context.catalog, self.catalog_plans, context.device)
         self.download_rows: dict[str, DownloadRow] = {}
         self.local_rows: list[LocalModelRow] = []
         self.cards: list[CatalogCard] = []
@@ -81,7 +83,8 @@ class ModelsPage(QWidget):
         grid.setHorizontalSpacing(12)
         grid.setVerticalSpacing(12)
         for i, entry in enumerate(self.context.catalog):
-            card = CatalogCard(entry, entry is self.recommended)
+            card = CatalogCard(entry, entry is self.recommended, runs_as(self.catalog_plans[entry.id],
+                                                                         self.context.device))
             card.download_requested.connect(self.download)
             card.load_requested.connect(self.load_requested)
             grid.addWidget(card, i // 2, i % 2)
@@ -98,14 +101,15 @@ class ModelsPage(QWidget):
         row.addWidget(glyph, 0, Qt.AlignmentFlag.AlignTop)
         text = QVBoxLayout()
         text.setSpacing(4)
-        gpu = self.context.gpu
-        text.addWidget(label(gpu.label if gpu else "No CUDA GPU found", "cardTitle"))
-        text.addWidget(label("Models run on this GPU." if gpu else
+        device = self.context.device
+        text.addWidget(label(device.label if device.on_gpu else "No CUDA GPU found", "cardTitle"))
+        text.addWidget(label("Models run on this GPU." if device.on_gpu else
                              "Models run on the CPU: slow, and only small models are practical.", "muted", wrap=True))
         entry = self.recommended
-        needs = f"needs {entry.vram_gb:g} GB of GPU memory" if gpu else "runs on the CPU"
+        runs = runs_as(self.catalog_plans[entry.id], device)
+        runs = runs[0].lower() + runs[1:]
         self.recommendation = label(
-            f"Recommended for this machine: <b>{entry.title}</b>, a {entry.download_gb:g} GB download that {needs}. "
+            f"Recommended for this machine: <b>{entry.title}</b>, a {entry.download_gb:g} GB download that {runs}. "
             f"{entry.summary}", "body", wrap=True)
         text.addWidget(self.recommendation)
         row.addLayout(text, 1)
@@ -133,6 +137,20 @@ class ModelsPage(QWidget):
         card.body.addLayout(row)
         return card
 
+    # ---- plans ---------------------------------------------------------------------------------
+    def plan(self, model_id: str, architecture: ModelConfig) -> MemoryPlan:
+        """What the engine would load a model as on this machine with the app's engine settings (the whole device:
+        its memory before any model was loaded)."""
+        return plan_for(self.context.settings.engine_config(model_id), self.context.device, model=architecture)
+
+    def refresh_plans(self) -> None:
+        """The engine settings changed: say again what each model runs as."""
+        self.catalog_plans = {e.id: self.plan(e.id, e.architecture) for e in self.context.catalog}
+        for card in self.cards:
+            card.set_runs_as(runs_as(self.catalog_plans[card.entry.id], self.context.device))
+        for row in self.local_rows:
+            row.set_runs_as(runs_as(self.plan(row.model.path, row.model.architecture), self.context.device))
+
     # ---- state ---------------------------------------------------------------------------------
     def set_engine_state(self, loaded_path: str, loading_path: str) -> None:
         self.loaded_path, self.loading_path = loaded_path, loading_path
@@ -147,7 +165,7 @@ class ModelsPage(QWidget):
             row.deleteLater()
         self.local_rows = []
         for model in self.local:
-            row = LocalModelRow(model)
+            row = LocalModelRow(model, runs_as(self.plan(model.path, model.architecture), self.context.device))
             row.load_requested.connect(self.load_requested)
             row.delete_requested.connect(self.confirm_delete)
             row.set_engine_state(self.loaded_path, self.loading_path)

@@ -1,6 +1,6 @@
-"""What each concurrency profile means for a checkpoint on this machine: context per request,
-memory, and whether it fits. Plans come from the engine's planner (engine.memory.plan_for),
-which reads only the checkpoint's headers."""
+"""What each concurrency profile means for a checkpoint on this machine: the weights it loads as, context
+per request, memory, and whether it fits. Plans come from the engine's planner (engine.api.plan_for), which
+reads only the checkpoint's config."""
 
 from __future__ import annotations
 
@@ -8,14 +8,13 @@ import json
 from dataclasses import dataclass
 
 from app.paths import resources_dir
-from engine.api import EngineConfig
-
-PROFILES = ("C1", "C2", "C4", "C8")
+from engine.api import PROFILES, EngineConfig, plan_for
 
 
 @dataclass(frozen=True)
 class ProfilePlan:
     profile: str
+    weights: str            # bf16 | int4: what the engine decided the weights load as
     fits: bool
     max_context: int
     total_bytes: int
@@ -31,8 +30,6 @@ def profile_descriptions() -> dict[str, dict]:
 def plan_profiles(config: EngineConfig, loaded_plan=None) -> list[ProfilePlan]:
     """Plans for every profile with `config`'s other settings. With a model loaded, the budget
     is what was free before its weights (its plan's budget plus the weights), not what is free now."""
-    from engine.api import plan_for
-
     budget = loaded_plan.budget_bytes + loaded_plan.weights_bytes if loaded_plan is not None else None
     plans = []
     for profile in PROFILES:
@@ -40,8 +37,8 @@ def plan_profiles(config: EngineConfig, loaded_plan=None) -> list[ProfilePlan]:
         try:
             plan = plan_for(alt, budget_bytes=budget)
         except (OSError, ValueError) as e:
-            plans.append(ProfilePlan(profile, False, 0, 0, budget or 0, str(e)))
+            plans.append(ProfilePlan(profile, config.weights, False, 0, 0, budget or 0, str(e)))
             continue
-        plans.append(ProfilePlan(profile, plan.fits, plan.max_context, plan.total_bytes, plan.budget_bytes,
-                                 plan.message))
+        plans.append(ProfilePlan(profile, plan.weights, plan.fits, plan.max_context, plan.total_bytes,
+                                 plan.budget_bytes, plan.message))
     return plans

@@ -1,5 +1,5 @@
-"""The table of concurrency profiles on the Settings page: what each one gives a request (context)
-and takes from the machine (memory), and whether it fits."""
+"""The table of concurrency profiles on the Settings page: the weights the engine loads, what each profile
+gives a request (context) and takes from the machine (memory), and whether it fits."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from app.formatting import human_gib, human_tokens
 from app.profile_plans import ProfilePlan
 from app.widgets import label
 
-HEADERS = ("Profile", "Together", "Context per request", "Memory", "")
+WEIGHTS_TEXT = {"bf16": "16-bit", "int4": "int4"}
+HEADERS = ("Profile", "Together", "Weights", "Context per request", "Memory", "")
 
 
 class ProfileTable(QWidget):
@@ -49,6 +50,7 @@ class ProfileTable(QWidget):
         count = int(plan.profile[1:])
         cells = (f"{plan.profile}  {self.descriptions[plan.profile]['title']}",
                  f"{count} request{'s' if count > 1 else ''}",
+                 WEIGHTS_TEXT.get(plan.weights, plan.weights),
                  f"{human_tokens(plan.max_context)} tokens" if plan.fits else "does not fit",
                  human_gib(plan.total_bytes) if plan.total_bytes else "–",
                  "✓ fits" if plan.fits else "✗")

@@ -12,7 +12,7 @@ from engine.api import EngineConfig, SamplingParams
 SETTINGS_KEY = "app_settings"
 
 # changing one of these needs the engine reloaded
-RELOAD_FIELDS = ("device", "profile", "kv_dtype", "max_context", "speculation")
+RELOAD_FIELDS = ("device", "weights", "profile", "kv_dtype", "max_context", "speculation")
 ENDPOINT_FIELDS = ("endpoint_enabled", "endpoint_host", "endpoint_port", "endpoint_api_key")
 REMOTE_FIELDS = ("remote_enabled", "remote_base_url", "remote_api_key", "remote_model")
 
@@ -24,6 +24,7 @@ THINKING_BUDGETS = {"low": 1024, "medium": 4096, "high": None}
 class AppSettings:
     # engine
     device: str = "auto"                 # auto | cuda | cpu
+    weights: str = "auto"                # auto (the engine decides: 16-bit if it fits, else int4) | bf16 | int4
     profile: str = "C1"
     kv_dtype: str = "bf16"               # bf16 | int8
     max_context: int | None = None       # None: as much as memory allows
@@ -69,8 +70,8 @@ class AppSettings:
         return {f.name for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)}
 
     def engine_config(self, model_path: str) -> EngineConfig:
-        return EngineConfig(model=model_path, device=self.device, profile=self.profile, kv_dtype=self.kv_dtype,
-                            max_context=self.max_context)
+        return EngineConfig(model=model_path, device=self.device, weights=self.weights, profile=self.profile,
+                            kv_dtype=self.kv_dtype, max_context=self.max_context)
 
     def sampling_params(self, thinking: bool) -> SamplingParams:
         return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,

@@ -25,12 +25,15 @@ from PySide6.QtWidgets import (
 
 from app.endpoint import EndpointSettings, EndpointStatus
 from app.formatting import human_gib
-from app.profile_plans import PROFILES, plan_profiles, profile_descriptions
+from app.profile_plans import plan_profiles, profile_descriptions
 from app.profile_table import ProfileTable
 from app.settings import RELOAD_FIELDS, AppSettings
 from app.widgets import Card, Form, label, page_header, scrolling_page, text_button
+from engine.api import PROFILES
 
 WIDE, NARROW, BUTTON, GAP = 360, 130, 104, 8
+WEIGHTS = (("auto", "Automatic: 16-bit when it fits, else int4"), ("bf16", "16-bit: exact, twice the memory"),
+           ("int4", "int4: a quarter of the memory, fastest decode"))
 EFFORTS = (("low", "Low: up to about 1K thinking tokens"), ("medium", "Medium: up to about 4K"),
            ("high", "High: no limit"))
 
@@ -92,6 +95,9 @@ class SettingsPage(QWidget):
         self.device = QComboBox()
         for value, text in (("auto", "Automatic (GPU when there is one)"), ("cuda", "GPU (CUDA)"), ("cpu", "CPU")):
             self.device.addItem(text, value)
+        self.weights = QComboBox()
+        for value, text in WEIGHTS:
+            self.weights.addItem(text, value)
         self.kv_dtype = QComboBox()
         self.kv_dtype.addItem("bf16: exact", "bf16")
         self.kv_dtype.addItem("int8: half the memory, about twice the context", "int8")
@@ -106,12 +112,13 @@ class SettingsPage(QWidget):
         self.speculation.setEnabled(False)
         self.speculation.setToolTip("Speculative decoding with the model's MTP head arrives with the engine's "
                                     "speculation support.")
-        for widget in (self.device, self.kv_dtype, self.speculation, self.max_context):
+        for widget in (self.device, self.weights, self.kv_dtype, self.speculation, self.max_context):
             widget.setFixedWidth(WIDE)
-        for widget in (self.device, self.kv_dtype, self.speculation):
+        for widget in (self.device, self.weights, self.kv_dtype, self.speculation):
             widget.currentIndexChanged.connect(lambda *_: self._engine_edited())
         self.max_context.valueChanged.connect(lambda *_: self._engine_edited())
         form.addRow("Device", self.device)
+        form.addRow("Weights", self.weights)
         form.addRow("KV cache", self.kv_dtype)
         form.addRow("Max context", self.max_context)
         form.addRow("Speculation", self.speculation)
@@ -266,6 +273,7 @@ class SettingsPage(QWidget):
         self._loading = True
         self.profile_buttons[s.profile].setChecked(True)
         self.device.setCurrentIndex(self.device.findData(s.device))
+        self.weights.setCurrentIndex(self.weights.findData(s.weights))
         self.kv_dtype.setCurrentIndex(self.kv_dtype.findData(s.kv_dtype))
         self.max_context.setValue(s.max_context or 0)
         self.speculation.setCurrentIndex(self.speculation.findData(s.speculation))
@@ -295,7 +303,8 @@ class SettingsPage(QWidget):
         """The app's settings with the page's fields as the page shows them."""
         profile = next(p for p, b in self.profile_buttons.items() if b.isChecked())
         return self.current().copy(
-            profile=profile, device=self.device.currentData(), kv_dtype=self.kv_dtype.currentData(),
+            profile=profile, device=self.device.currentData(), weights=self.weights.currentData(),
+            kv_dtype=self.kv_dtype.currentData(),
             max_context=self.max_context.value() or None, speculation=self.speculation.currentData(),
             temperature=round(self.temperature.value(), 2), top_p=round(self.top_p.value(), 2),
             top_k=self.top_k.value(), min_p=round(self.min_p.value(), 2),

@@ -74,7 +74,7 @@ class MainWindow(QMainWindow):
         if context.settings.endpoint_enabled:
             self.engine.set_endpoint(self._endpoint_settings())
         self._apply_backend()
-        if context.gpu is None:
+        if not context.device.on_gpu:
             self.chat.show_banner("warning", "No CUDA GPU found: models run on the CPU. Expect a few tokens per "
                                              "second at best; fine for the smallest models.")
         last = context.settings.last_model
@@ -210,6 +210,7 @@ class MainWindow(QMainWindow):
     def _settings_changed(self, settings: AppSettings, changed: set) -> None:
         self.context.save_settings(settings)
         if changed & set(RELOAD_FIELDS):
+            self.models.refresh_plans()
             path = self.loading_path or (self.engine.model.path if self.engine.model else "")
             if path:
                 self.load_model(path)

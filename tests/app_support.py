@@ -43,16 +43,19 @@ def seeded_replies(monkeypatch, seed: int = 3, **overrides) -> None:
     monkeypatch.setattr(AppSettings, "sampling_params", seeded)
 
 
-def make_context(tmp_path: Path, gpu=None, hub_endpoint: str | None = None, **settings):
-    """An AppContext over tmp_path (database, models folder, empty HF cache)."""
+def make_context(tmp_path: Path, device=None, hub_endpoint: str | None = None, **settings):
+    """An AppContext over tmp_path (database, models folder, empty HF cache); `device`: a simulated one
+    (engine.api.DeviceInfo), else this machine's."""
     from app.catalog import load_catalog
     from app.context import AppContext
     from app.settings import AppSettings
     from app.store import Store
+    from engine.api import probe
 
     store = Store(tmp_path / "data" / "qwendesk.sqlite3")
     saved = AppSettings.load(store)
-    return AppContext(store=store, settings=saved.copy(**settings), models_dir=tmp_path / "data" / "models", gpu=gpu,
+    return AppContext(store=store, settings=saved.copy(**settings), models_dir=tmp_path / "data" / "models",
+                      device=device or probe(),
                       hf_cache_dir=tmp_path / "hf-cache", hub_endpoint=hub_endpoint, catalog=load_catalog())
 
 

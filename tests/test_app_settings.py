@@ -30,7 +30,8 @@ def test_profile_change_reloads_the_engine(window, qtbot):
     page = window.settings_page
     window.show_page("settings")
     assert not page.apply_engine.isEnabled()
-    plans = [page.plans.cell_text(row, 2) for row in range(1, 5)]
+    plans = [page.plans.cell_text(row, 3) for row in range(1, 5)]
+    assert {page.plans.cell_text(row, 2) for row in range(1, 5)} == {"16-bit"}   # the CPU keeps 16-bit weights
     assert all(text.endswith("tokens") for text in plans)             # every profile fits the tiny model
     screenshot(window, "settings")
     page.profile_buttons["C2"].click()

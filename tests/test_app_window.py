@@ -7,8 +7,9 @@ import time
 
 from PySide6.QtCore import QCoreApplication
 
-from app.catalog import GB, load_catalog, recommend
-from app.gpu import GpuInfo
+from app.catalog import load_catalog, recommend
+from app.settings import AppSettings
+from engine.api import DeviceInfo, plan_for
 from app.single_instance import SingleInstance, instance_key
 from tests.app_support import (
     make_context,
@@ -20,12 +21,23 @@ from tests.app_support import (
 )
 
 
+GIB = 1 << 30
+RTX3090 = DeviceInfo("cuda", "NVIDIA GeForce RTX 3090", 24 * GIB, int(23.5 * GIB))   # free: the desktop takes some
+
+
+def card(gib: float) -> DeviceInfo:
+    return DeviceInfo("cuda", f"a {gib:g} GiB GPU", int(gib * GIB), int((gib - 0.5) * GIB))
+
+
 def test_first_run_opens_models_with_a_recommendation(app_env, qtbot):
-    rtx3090 = GpuInfo("NVIDIA GeForce RTX 3090", 24 << 30)
-    window = open_window(qtbot, make_context(app_env, gpu=rtx3090))
+    window = open_window(qtbot, make_context(app_env, device=RTX3090))
     assert window.current_page == "models"
     assert "Qwen3.6 27B FP8" in window.models.recommendation.text()
+    assert "runs as int4" in window.models.recommendation.text()
     assert window.models.cards[0].entry.id == "Qwen/Qwen3.6-27B-FP8"
+    assert "Runs as int4" in window.models.cards[0].facts.text()          # the engine's decision, not the catalog's
+    small = next(c for c in window.models.cards if c.entry.id == "Qwen/Qwen3.5-0.8B")
+    assert "Runs as 16-bit" in small.facts.text()
     assert "Load a model" in window.chat.composer.status.text()
     screenshot(window, "first_run_models")
     page_screenshot(window.models, "models_full_first_run")
@@ -36,17 +48,22 @@ def test_first_run_opens_models_with_a_recommendation(app_env, qtbot):
 
 
 def test_recommendation_follows_gpu_memory():
-    catalog = load_catalog()
-    assert recommend(catalog, int(24 * GB * 1.07)).id == "Qwen/Qwen3.6-27B-FP8"
-    assert recommend(catalog, 16 * GB).id == "Qwen/Qwen3.5-9B"
-    assert recommend(catalog, 6 * GB).id == "Qwen/Qwen3.5-4B"
-    assert recommend(catalog, None).id == "Qwen/Qwen3.5-0.8B"
+    catalog, config = load_catalog(), AppSettings()
+
+    def recommended(device):
+        plans = {e.id: plan_for(config.engine_config(e.id), device, model=e.architecture) for e in catalog}
+        return recommend(catalog, plans, device).id
+
+    assert recommended(RTX3090) == "Qwen/Qwen3.6-27B-FP8"
+    assert recommended(card(16)) == "Qwen/Qwen3.5-9B"
+    assert recommended(card(6)) == "Qwen/Qwen3.5-4B"
+    assert recommended(DeviceInfo("cpu", "CPU", 32 * GIB, 16 * GIB)) == "Qwen/Qwen3.5-0.8B"
 
 
 def test_catalog_entries_are_confirmed_qwen_checkpoints():
     for entry in load_catalog():
-        assert entry.id.startswith("Qwen/Qwen3.") and entry.source and entry.download_gb > 0 and entry.vram_gb > 0
-        assert entry.loads_as in ("int4", "bf16")
+        assert entry.id.startswith("Qwen/Qwen3.") and entry.source and entry.download_gb > 0
+        assert entry.architecture.model_type == "qwen3_5_text" and entry.params in entry.id
 
 
 def test_a_model_that_cannot_load_is_a_message(app_env, qtbot, tmp_path):

@@ -1,0 +1,48 @@
+"""The layering ARCHITECTURE.md promises, checked on the source: app/ knows the engine only through engine.api,
+the HTTP server takes what it needs of the engine from engine.api too, the engine never imports Qt or the app, and
+the kernels import neither."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def imports(package: str):
+    """(file, imported module) for every import in a package, lazy ones inside functions included."""
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    yield path.relative_to(ROOT).as_posix(), alias.name
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                yield path.relative_to(ROOT).as_posix(), node.module
+
+
+def top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_the_app_imports_the_engine_only_through_its_api():
+    bad = [(f, m) for f, m in imports("app") if top(m) in ("engine", "kernels") and m != "engine.api"]
+    assert bad == []
+
+
+def test_the_server_takes_the_engine_from_its_api():
+    bad = [(f, m) for f, m in imports("engine/server")
+           if top(m) in ("engine", "kernels") and m != "engine.api" and not m.startswith("engine.server")]
+    assert bad == []
+
+
+@pytest.mark.parametrize("package, banned", [("engine", ("app", "PySide6")), ("kernels", ("app", "engine", "PySide6"))])
+def test_lower_floors_never_import_upper_ones(package, banned):
+    bad = [(f, m) for f, m in imports(package) if top(m) in banned]
+    assert bad == []
+
+
+def test_the_checker_sees_lazy_imports(tmp_path):
+    """A guard against a checker that passes by seeing nothing: the app does import engine.api, some of it lazily."""
+    found = {m for f, m in imports("app") if top(m) == "engine"}
+    assert found == {"engine.api"}
