@@ -3,7 +3,8 @@
 Decode is counted by the recurrent state it must read and write (48 v heads x 128 x 128 fp32 = 3 MiB per
 sequence and layer); the `x48_graph` cases replay one CUDA graph of 48 layers (48 separate state pools), so
 their time is per token, not per layer. `split` cases run conv update + a recurrent kernel (two launches)
-instead of the fused kernel, to show what fusing the conv saves.
+instead of the fused kernel, to show what fusing the conv saves. `verify` reads the state once and writes only
+its rows' replay inputs; `replay` advances 48 layers' states by the accepted rows in one launch.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import torch
 
 from kernels.bench import Case, graph_replay
 from kernels.conv1d import causal_conv1d, causal_conv1d_ref, causal_conv1d_update
-from kernels.gdn import (RECURRENT_MAX_TOKENS, _fla_chunk, gated_delta_rule, gated_delta_rule_fla, gated_delta_rule_ref,
-                         gdn_decode, gdn_decode_ref, gdn_gating_ref, recurrent_gated_delta_rule_triton)
+from kernels.gdn import (RECURRENT_MAX_TOKENS, VerifyRows, _fla_chunk, gated_delta_rule, gated_delta_rule_fla,
+                         gated_delta_rule_ref, gdn_decode, gdn_decode_ref, gdn_gating_ref, gdn_replay,
+                         recurrent_gated_delta_rule_triton)
 
 HK, HV, K, V, W = 16, 48, 128, 128, 4
 CONV_DIM = 2 * HK * K + HV * V                   # q | k | v channels: 10240
@@ -64,6 +66,19 @@ def _fla_recurrent_baseline(B, L):
                                                     use_qk_l2norm_in_kernel=True)
 
 
+def _replay(B, L):
+    """gdn_replay of L verify rows per sequence over 48 layers' state pools (3 rows accepted each)."""
+    conv = torch.randn(LAYERS, B + 2, W - 1, CONV_DIM, dtype=torch.bfloat16, device=DEV)
+    ssm = 0.1 * torch.randn(LAYERS, B + 2, HV, K, V, device=DEV)
+    rows = VerifyRows.allocate(LAYERS, B, L, CONV_DIM, HV, torch.bfloat16, DEV)
+    rows.qkv.normal_()
+    rows.gb[..., 0, :].uniform_(-1, 0)
+    rows.gb[..., 1, :].uniform_(0, 1)
+    slots = torch.arange(B, device=DEV)
+    accepted = torch.full((B,), 3, dtype=torch.int32, device=DEV)
+    return graph_replay(lambda: gdn_replay(conv, ssm, slots, accepted, rows))
+
+
 def _decode_cases():
     cases = []
     target = ">= 50% of copy bw (state read + write)"
@@ -84,14 +99,14 @@ def _decode_cases():
                           bytes=LAYERS * 2 * B * STATE_BYTES, target=target + ", 48 layers in one graph",
                           target_frac=0.5))
     L = 4
-    x = _decode_inputs(1, L)
-    cases.append(Case("gdn", "verify_b1_L4", lambda: gdn_decode(**x), bytes=2 * STATE_BYTES, target=target,
-                      target_frac=0.5))
-    steps = dict(step_ssm=torch.empty(1, L, HV, K, V, device=DEV),
-                 step_conv=torch.empty(1, L, W - 1, CONV_DIM, dtype=torch.bfloat16, device=DEV))
-    cases.append(Case("gdn", "verify_b1_L4_step_states", lambda: gdn_decode(**x, **steps),
-                      bytes=(2 + L) * STATE_BYTES, baseline=lambda: gdn_decode_ref(**x, **steps),
-                      target=target + " + L step writes", target_frac=0.5))
+    for B in (1, 8):
+        x = _decode_inputs(B, L)
+        rows = VerifyRows.allocate(1, B, L, CONV_DIM, HV, torch.bfloat16, DEV)
+        cases.append(Case("gdn", f"verify_b{B}_L{L}", lambda x=x, rows=rows: gdn_decode(**x, verify=rows.layer(0)),
+                          bytes=B * STATE_BYTES, target=">= 50% of copy bw (state read)", target_frac=0.5))
+        cases.append(Case("gdn", f"replay_b{B}_L{L}_x48 (us per round)", _replay(B, L),
+                          bytes=LAYERS * 2 * B * STATE_BYTES, target=target + ", 48 layers in one launch",
+                          target_frac=0.5))
     return cases
 
 

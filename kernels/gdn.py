@@ -12,11 +12,15 @@ GPU paths:
   long prompts).
 - decode / speculative verify, `gdn_decode`: one fused kernel from the raw projection rows (conv update
   + SiLU, q/k L2 norm, gating, L delta-rule steps; for up to two sequences the gated output norm too),
-  CUDA-graph capturable, optionally keeping the state after every token so that the engine can roll back
-  to any accepted draft position.
+  CUDA-graph capturable.
+- speculative verify keeps the round's start state in the slot: `gdn_decode(..., verify=VerifyRows)` writes
+  no state, only each row's small inputs (raw row, normalised q / k, v, g, beta); once the engine knows how
+  many rows were accepted, `gdn_replay` advances every layer's state by those rows in one launch. So a
+  sequence's speculation costs one state slot and O(k) rows per layer, never k + 1 copies of its state.
 """
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -113,12 +117,30 @@ def gated_delta_rule_ref(q, k, v, g, beta, state, slots, cu_seqlens, has_state, 
     return out
 
 
+@dataclass
+class VerifyRows:
+    """What a verify step keeps of each of its rows for a later replay (one layer's slice, or all layers stacked
+    in front): the raw projection row (conv input), the conv outputs as the delta rule takes them (q normalised and
+    scaled, k normalised, v), and g, beta."""
+    raw: torch.Tensor       # [..., B, L, C] in the activation dtype
+    qkv: torch.Tensor       # [..., B, L, C] fp32
+    gb: torch.Tensor        # [..., B, L, 2, Hv] fp32: g, beta
+
+    @classmethod
+    def allocate(cls, layers: int, B: int, L: int, C: int, Hv: int, dtype, device) -> "VerifyRows":
+        return cls(torch.zeros(layers, B, L, C, dtype=dtype, device=device),
+                   torch.zeros(layers, B, L, C, device=device), torch.zeros(layers, B, L, 2, Hv, device=device))
+
+    def layer(self, i: int) -> "VerifyRows":
+        return VerifyRows(self.raw[i], self.qkv[i], self.gb[i])
+
+
 def gdn_decode_ref(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state,
-                   step_ssm=None, step_conv=None, ba_proj=None, norm=None):
+                   verify=None, ba_proj=None, norm=None):
     """The fused decode step composed from the references (arguments: see gdn_decode)."""
     if norm is not None:
-        o = gdn_decode_ref(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state, step_ssm,
-                           step_conv, ba_proj)
+        o = gdn_decode_ref(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state, verify,
+                           ba_proj)
         return gated_rms_norm_ref(o, *norm)
     if ba_proj is not None:
         x, w_ba = ba_proj
@@ -127,22 +149,54 @@ def gdn_decode_ref(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state
     L = T // B
     _, Hv, K, V = ssm_state.shape
     Hk = (C - Hv * V) // (2 * K)
-    if step_ssm is None:
-        cu = torch.arange(B + 1, dtype=torch.int32, device=qkv.device) * L
+    cu = torch.arange(B + 1, dtype=torch.int32, device=qkv.device) * L
+    if verify is None:
         x = causal_conv1d_ref(qkv, conv_weight, conv_state, slots, cu, has_state)
         q, k, v = x.split([Hk * K, Hk * K, Hv * V], dim=-1)
         g, beta = gdn_gating_ref(a, b, A_log, dt_bias)
         return gated_delta_rule_ref(q.reshape(T, Hk, K), k.reshape(T, Hk, K), v.reshape(T, Hv, V), g, beta,
                                     ssm_state, slots, cu, has_state)
-    out = qkv.new_empty(T, Hv, V)
-    for t in range(L):                       # token by token, keeping the states after each
-        rows = torch.arange(B, device=qkv.device) * L + t
-        live = has_state if t == 0 else torch.ones_like(has_state)
-        out[rows] = gdn_decode_ref(qkv[rows], a[rows], b[rows], conv_weight, conv_state, A_log, dt_bias, ssm_state,
-                                   slots, live)
-        step_ssm[:, t] = ssm_state[slots]
-        step_conv[:, t] = conv_state[slots]
-    return out
+    # verify: the same step on copies of the states; the pools keep the round's start state
+    local = torch.arange(B, device=qkv.device)
+    x = causal_conv1d_ref(qkv, conv_weight, conv_state[slots].clone(), local, cu, has_state)
+    q, k, v = x.split([Hk * K, Hk * K, Hv * V], dim=-1)
+    g, beta = gdn_gating_ref(a, b, A_log, dt_bias)
+    qn = l2norm(q.float().reshape(T, Hk, K)) * K ** -0.5
+    kn = l2norm(k.float().reshape(T, Hk, K))
+    verify.raw.copy_(qkv.reshape(B, L, C))
+    verify.qkv.copy_(torch.cat([qn.reshape(T, -1), kn.reshape(T, -1), v.float()], dim=-1).reshape(B, L, C))
+    verify.gb.copy_(torch.stack([g, beta], dim=1).reshape(B, L, 2, Hv))
+    return gated_delta_rule_ref(q.reshape(T, Hk, K), k.reshape(T, Hk, K), v.reshape(T, Hv, V), g, beta,
+                                ssm_state[slots].clone(), local, cu, has_state)
+
+
+def gdn_replay_ref(conv_state, ssm_state, slots, accepted, rows: VerifyRows, snap_rows=None, snap_slots=None):
+    """Advance every layer's state of each sequence by its first accepted[i] verify rows (1..L), from the
+    round's start state in its slot. conv_state [NL, S, W-1, C], ssm_state [NL, S, Hv, K, V]; rows stacked by
+    layer. snap_rows / snap_slots [B]: where snap_rows[i] >= 0, the state after row snap_rows[i] (< accepted[i])
+    is also written to slot snap_slots[i] (a rolling prefix-cache snapshot inside the accepted run)."""
+    NL, B, L, C = rows.qkv.shape
+    Hv, K, V = ssm_state.shape[2:]
+    Hk = (C - Hv * V) // (2 * K)
+    snaps = snap_rows.tolist() if snap_rows is not None else [-1] * B
+    for i, (slot, n) in enumerate(zip(slots.tolist(), accepted.tolist())):
+        q, k, v = rows.qkv[:, i].split([Hk * K, Hk * K, Hv * V], dim=-1)
+        q = q.reshape(NL, L, Hk, K).repeat_interleave(Hv // Hk, dim=2)
+        k = k.reshape(NL, L, Hk, K).repeat_interleave(Hv // Hk, dim=2)
+        v = v.reshape(NL, L, Hv, V)
+        g, beta = rows.gb[:, i, :, 0], rows.gb[:, i, :, 1]                     # [NL, L, Hv]
+        windows = torch.cat([conv_state[:, slot], rows.raw[:, i]], dim=1)      # [NL, W-1+L, C]
+        W1 = conv_state.shape[2]
+        S = ssm_state[:, slot].clone()
+        for t in range(n):
+            S = S * g[:, t].exp()[..., None, None]
+            delta = (v[:, t] - (S * k[:, t, :, :, None]).sum(2)) * beta[:, t, :, None]
+            S = S + k[:, t, :, :, None] * delta[:, :, None, :]
+            if t == snaps[i]:
+                ssm_state[:, snap_slots[i]] = S
+                conv_state[:, snap_slots[i]] = windows[:, t + 1:t + 1 + W1]
+        ssm_state[:, slot] = S
+        conv_state[:, slot] = windows[:, n:n + W1]
 
 
 # ---------------------------------------------------------------- Triton building blocks
@@ -352,17 +406,20 @@ def _ba_proj(x_row, w_b_row, w_a_row, H: tl.constexpr, BH: tl.constexpr):
 
 @triton.jit
 def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, x, x_row_stride, w_ba, conv_w, conv_state,
-                   conv_slot_stride, conv_row_stride, A_log, dt_bias, ssm, slots, has_state, counters, out, step_ssm,
-                   step_conv, z, z_row_stride, norm_w, eps, scale, HK: tl.constexpr, HV: tl.constexpr,
+                   conv_slot_stride, conv_row_stride, A_log, dt_bias, ssm, slots, has_state, counters, out, keep_raw,
+                   keep_qkv, keep_gb, z, z_row_stride, norm_w, eps, scale, HK: tl.constexpr, HV: tl.constexpr,
                    K: tl.constexpr, V: tl.constexpr, L: tl.constexpr, W: tl.constexpr, BV: tl.constexpr,
-                   STORE_STEPS: tl.constexpr, H: tl.constexpr, BH: tl.constexpr, BA_PROJ: tl.constexpr,
+                   VERIFY: tl.constexpr, H: tl.constexpr, BH: tl.constexpr, BA_PROJ: tl.constexpr,
                    NORM: tl.constexpr, ROUND_WY: tl.constexpr, PDL: tl.constexpr):
     """Program per (sequence, v head, V block) holding a [K, BV] fp32 state tile. Each program convolves the
     q/k channels of its qk head and its own v channels itself (a few KB, L2-resident) rather than reading
     them from a separate conv kernel. With BA_PROJ it also projects its head's b and a from the layer input x
     (two dot products of H; the weight rows are shared by the head's programs through L2) instead of reading them:
     two launches fewer per layer than a separate 96-row GEMV. With NORM the last program of a qk head applies the
-    gated RMSNorm to its v heads' outputs in place (o / rms(o) * w * silu(z)): one launch fewer per layer."""
+    gated RMSNorm to its v heads' outputs in place (o / rms(o) * w * silu(z)): one launch fewer per layer.
+    With VERIFY the states stay as they are and each row's replay inputs are kept instead (VerifyRows): every
+    program its own v columns, the first program of each qk head the head's q / k, the first of each v head g and
+    beta."""
     pdl.enter(PDL)
     i_b, i_hv, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // HK)
@@ -393,19 +450,27 @@ def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, x, x_r
             b_t = tl.load(b + row * b_row_stride + i_hv).to(tl.float32)
         g = neg_A * _softplus(a_t + dtb)
         beta = tl.sigmoid(b_t)
-        S, o = _delta_rule_step(S, _l2norm(q) * scale, _l2norm(k), v, g, beta)
+        qn = _l2norm(q) * scale
+        kn = _l2norm(k)
+        S, o = _delta_rule_step(S, qn, kn, v, g, beta)
         tl.store(out + (row * HV + i_hv) * V + ov, o.to(out.dtype.element_ty))
-        if STORE_STEPS:
-            tl.store(step_ssm + (row * HV + i_hv) * K * V + ok[:, None] * V + ov[None, :], S)
-    tl.store(p_S, S)
-
-    # Conv windows. The v channels belong to this program alone.
-    conv_steps = step_conv + i_b.to(tl.int64) * L * (W - 1) * C          # [L, W-1, C] of this sequence
-    if STORE_STEPS:
-        for t in tl.static_range(L):
-            store_conv_window(x_rows, qkv_row_stride, win, conv_row_stride, conv_steps + t * (W - 1) * C, C,
-                              cv, all_v, live, t, W)
-    store_conv_window(x_rows, qkv_row_stride, win, conv_row_stride, win, conv_row_stride, cv, all_v, live, L - 1, W)
+        if VERIFY:
+            tl.store(keep_qkv + row * C + cv, v)
+            tl.store(keep_raw + row * C + cv, tl.load(x_rows + t * qkv_row_stride + cv))
+            first_of_head = (i_hv % (HV // HK) == 0) & (i_v == 0)
+            if first_of_head:
+                tl.store(keep_qkv + row * C + cq, qn)
+                tl.store(keep_qkv + row * C + HK * K + cq, kn)
+                tl.store(keep_raw + row * C + cq, tl.load(x_rows + t * qkv_row_stride + cq))
+                tl.store(keep_raw + row * C + HK * K + cq, tl.load(x_rows + t * qkv_row_stride + HK * K + cq))
+            if i_v == 0:
+                tl.store(keep_gb + row * 2 * HV + i_hv, g)
+                tl.store(keep_gb + row * 2 * HV + HV + i_hv, beta)
+    if not VERIFY:
+        tl.store(p_S, S)
+        # Conv windows. The v channels belong to this program alone.
+        store_conv_window(x_rows, qkv_row_stride, win, conv_row_stride, win, conv_row_stride, cv, all_v, live, L - 1,
+                          W)
     # The q/k channels are read by every program of the (sequence, qk head) group, and the gated norm needs all of
     # its v heads' outputs: the last of them to get here does both (an arrival counter, reset by that program, so
     # nothing is overwritten while still read; the outputs it reads were stored before the others arrived).
@@ -415,12 +480,9 @@ def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, x, x_r
     o2 = tl.arange(0, 2 * K)
     cqk = tl.where(o2 < K, i_h * K + o2, HK * K + i_h * K + o2 - K)
     qk_mask = tl.where(last, o2 < 2 * K, False)
-    if STORE_STEPS:
-        for t in tl.static_range(L):
-            store_conv_window(x_rows, qkv_row_stride, win, conv_row_stride, conv_steps + t * (W - 1) * C, C,
-                              cqk, qk_mask, live, t, W)
-    store_conv_window(x_rows, qkv_row_stride, win, conv_row_stride, win, conv_row_stride, cqk, qk_mask, live,
-                      L - 1, W)
+    if not VERIFY:
+        store_conv_window(x_rows, qkv_row_stride, win, conv_row_stride, win, conv_row_stride, cqk, qk_mask, live,
+                          L - 1, W)
     if NORM:
         if last:
             cols = tl.arange(0, V)
@@ -463,13 +525,13 @@ def decode_block_v(B: int, fused_norm: bool) -> int:
 
 
 def gdn_decode_triton(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state,
-                      step_ssm=None, step_conv=None, ba_proj=None, norm=None, block_v=None):
+                      verify=None, ba_proj=None, norm=None, block_v=None):
     """Triton version of gdn_decode (block_v: V columns per program; default decode_block_v's). The gated norm runs
     in the step's last programs up to FUSED_NORM_MAX_B sequences, else as its own kernel after it."""
     B, (T, C) = slots.shape[0], qkv.shape
     if norm is not None and B > FUSED_NORM_MAX_B:
         o = gdn_decode_triton(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state,
-                              step_ssm, step_conv, ba_proj, block_v=block_v)
+                              verify, ba_proj, block_v=block_v)
         return gated_rms_norm_triton(o, *norm)
     if ba_proj is not None:
         x, w_ba = ba_proj
@@ -483,8 +545,8 @@ def gdn_decode_triton(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_st
     HK = (C - HV * V) // (2 * K)
     W = conv_weight.shape[1]
     assert qkv.stride(1) == a.stride(1) == b.stride(1) == 1 and conv_state.stride(2) == 1
-    assert conv_weight.is_contiguous() and ssm_state.is_contiguous() and (step_ssm is None) == (step_conv is None)
-    assert step_ssm is None or (step_ssm.is_contiguous() and step_conv.is_contiguous())
+    assert conv_weight.is_contiguous() and ssm_state.is_contiguous()
+    assert verify is None or all(t.is_contiguous() for t in (verify.raw, verify.qkv, verify.gb))
     out = torch.empty((T, HV, V), dtype=qkv.dtype, device=qkv.device)
     if norm is not None:
         z, norm_w, eps = norm
@@ -493,29 +555,113 @@ def gdn_decode_triton(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_st
     else:
         z, norm_w, eps, z_row_stride, round_wy = out, out, 0.0, 0, False     # (not read)
     block_v = min(V, block_v or decode_block_v(B, norm is not None))
-    steps = step_ssm is not None
+    keep = (verify.raw, verify.qkv, verify.gb) if verify is not None else (out, out, out)
     _decode_kernel[(B, HV, V // block_v)](
         qkv, qkv.stride(0), a, a.stride(0), b, b.stride(0), x, x.stride(0), w_ba, conv_weight, conv_state,
         conv_state.stride(0), conv_state.stride(1), A_log, dt_bias, ssm_state, slots, has_state.view(torch.uint8),
-        _counters(qkv.device, B * HK), out, step_ssm if steps else out, step_conv if steps else out, z, z_row_stride,
-        norm_w, eps, K ** -0.5, HK=HK, HV=HV, K=K, V=V, L=T // B, W=W, BV=block_v, STORE_STEPS=steps, H=H,
+        _counters(qkv.device, B * HK), out, *keep, z, z_row_stride,
+        norm_w, eps, K ** -0.5, HK=HK, HV=HV, K=K, V=V, L=T // B, W=W, BV=block_v, VERIFY=verify is not None, H=H,
         BH=min(1024, triton.next_power_of_2(H)), BA_PROJ=ba_proj is not None, NORM=norm is not None,
         ROUND_WY=round_wy, num_warps=4, **pdl.launch_args(qkv.device))
     return out
 
 
+@triton.jit
+def _replay_kernel(ssm, ssm_layer_stride, slots, accepted, snap_rows, snap_slots, qkv, gb, B,
+                   HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
+                   BV: tl.constexpr):
+    """Program per (layer x sequence, v head, V block): the [K, BV] state tile advanced by the sequence's accepted
+    rows (the same delta-rule step as the verify), written back; the snapshot row's state also to its slot."""
+    pid = tl.program_id(0)
+    i_l, i_b = pid // B, pid % B
+    i_hv, i_v = tl.program_id(1), tl.program_id(2)
+    i_h = i_hv // (HV // HK)
+    C = 2 * HK * K + HV * V
+    slot = tl.load(slots + i_b).to(tl.int64)
+    n = tl.load(accepted + i_b)
+    snap_t = tl.load(snap_rows + i_b)
+    snap_slot = tl.load(snap_slots + i_b).to(tl.int64)
+    ok = tl.arange(0, K)
+    ov = i_v * BV + tl.arange(0, BV)
+    tile = ok[:, None] * V + ov[None, :]
+    layer = ssm + i_l.to(tl.int64) * ssm_layer_stride
+    p_S = layer + (slot * HV + i_hv) * K * V + tile
+    S = tl.load(p_S)
+    rows = qkv + (i_l * B + i_b).to(tl.int64) * L * C
+    gbs = gb + (i_l * B + i_b).to(tl.int64) * L * 2 * HV
+    for t in tl.static_range(L):
+        if t < n:
+            k = tl.load(rows + t * C + HK * K + i_h * K + ok)
+            v = tl.load(rows + t * C + 2 * HK * K + i_hv * V + ov)
+            g = tl.load(gbs + t * 2 * HV + i_hv)
+            beta = tl.load(gbs + t * 2 * HV + HV + i_hv)
+            S, _ = _delta_rule_step(S, k, k, v, g, beta)
+            if t == snap_t:
+                tl.store(layer + (snap_slot * HV + i_hv) * K * V + tile, S)
+    tl.store(p_S, S)
+
+
+def _replay_windows(conv_state, slots, accepted, raw, snap_rows, snap_slots):
+    """Conv windows after the accepted rows (and after each snapshot row): the last W-1 raw inputs up to there, from
+    the round's start window followed by the verify rows. Gathers only: no sync, graph capturable."""
+    NL, B, L, C = raw.shape
+    W1 = conv_state.shape[2]
+    ext = torch.cat([conv_state[:, slots], raw.to(conv_state.dtype)], dim=2)            # [NL, B, W-1+L, C]
+    offs = torch.arange(W1, device=raw.device)
+
+    def window_after(count):                                                            # [NL, B, W-1, C]
+        idx = (count.long()[:, None] + offs)[None, :, :, None].expand(NL, B, W1, C)
+        return ext.gather(2, idx)
+
+    if snap_rows is not None:
+        conv_state[:, snap_slots] = window_after(snap_rows.clamp(min=0) + 1)
+    conv_state[:, slots] = window_after(accepted)
+
+
+def gdn_replay_triton(conv_state, ssm_state, slots, accepted, rows: VerifyRows, snap_rows=None, snap_slots=None):
+    """Triton version of gdn_replay_ref: one launch for every layer's recurrent state, gathers for the windows.
+    Where snap_rows is -1, snap_slots must name a slot nothing reads (the scratch slot): its window is written."""
+    NL, B, L, C = rows.qkv.shape
+    HV, K, V = ssm_state.shape[2:]
+    HK = (C - HV * V) // (2 * K)
+    assert ssm_state.is_contiguous() and rows.qkv.is_contiguous() and rows.gb.is_contiguous()
+    if snap_rows is None:
+        snap_rows = torch.full_like(accepted, -1)
+        snap_slots_k = slots
+    else:
+        snap_slots_k = snap_slots
+    block_v = min(V, 64 if B > 4 else 32)
+    _replay_kernel[(NL * B, HV, V // block_v)](
+        ssm_state, ssm_state.stride(0), slots, accepted, snap_rows, snap_slots_k, rows.qkv, rows.gb, B,
+        HK=HK, HV=HV, K=K, V=V, L=L, BV=block_v, num_warps=4)
+    _replay_windows(conv_state, slots, accepted, rows.raw,
+                    None if snap_slots is None else snap_rows, snap_slots)
+
+
+def gdn_replay(conv_state, ssm_state, slots, accepted, rows: VerifyRows, snap_rows=None, snap_slots=None):
+    """After a verify step: advance each sequence's GDN state, in every layer, by its accepted[i] rows (int32,
+    1..L) from the start state its slot kept, and its conv window likewise. conv_state [NL, S, W-1, C] and
+    ssm_state [NL, S, Hv, K, V] are the layer-stacked pools, rows the layer-stacked VerifyRows of the step.
+    snap_rows / snap_slots [B] (optional): also save the states after row snap_rows[i] into slot snap_slots[i]
+    (-1: none; on CUDA that sequence's snap_slots entry must then be a slot nothing reads). Triton on CUDA (graph
+    capturable), the reference elsewhere."""
+    fn = gdn_replay_triton if ssm_state.is_cuda else gdn_replay_ref
+    return fn(conv_state, ssm_state, slots, accepted, rows, snap_rows, snap_slots)
+
+
 def gdn_decode(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state,
-               step_ssm=None, step_conv=None, ba_proj=None, norm=None):
+               verify=None, ba_proj=None, norm=None):
     """One decode (L=1) or verify (L=k+1) step of a GDN layer for B sequences of L tokens each.
 
     qkv [B*L, conv_dim] pre-conv projection rows, a / b [B*L, Hv] (rows may be strided slices of the fused
     in_proj output); conv_weight [conv_dim, W]; conv_state [num_slots, W-1, conv_dim]; A_log, dt_bias [Hv] fp32;
     ssm_state [num_slots, Hv, K, V] fp32; slots [B] int64 in any order; has_state [B] bool.
-    Returns o [B*L, Hv, V] in qkv's dtype and advances both states of each slot by the L tokens. Given
-    step_ssm [B, L, Hv, K, V] fp32 and step_conv [B, L, W-1, conv_dim], also writes both states after each token.
+    Returns o [B*L, Hv, V] in qkv's dtype and advances both states of each slot by the L tokens. With verify
+    (a VerifyRows of this layer, [B, L, ...]) the states are left as they are and each row's replay inputs are
+    kept there instead (gdn_replay applies the accepted ones).
     ba_proj = (x [B*L, H], w_ba [2 Hv, H]): a and b (then None) are the projections x @ w_ba^T (b rows first),
     made inside the step. norm = (z [B*L, Hv, V], weight [V], eps): o is returned through the gated RMSNorm
     (gated_rms_norm(o, z, weight, eps)). Triton on CUDA (graph capturable), the composed references elsewhere."""
     fn = gdn_decode_triton if qkv.is_cuda else gdn_decode_ref
-    return fn(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state, step_ssm, step_conv,
-              ba_proj, norm)
+    return fn(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state, verify, ba_proj,
+              norm)

@@ -5,14 +5,17 @@ shapes (16 qk heads, 48 v heads, head dim 128, conv width 4), fla's chunked pref
 State slots that a kernel must neither read (has_state False) nor write (not in the batch) hold NaN.
 """
 
+import functools
+
 import pytest
 import torch
 
 from kernels.conv1d import (causal_conv1d, causal_conv1d_ref, causal_conv1d_triton, causal_conv1d_update,
                             causal_conv1d_update_ref, causal_conv1d_update_triton)
-from kernels.gdn import (FUSED_NORM_MAX_B, _fla_chunk, decode_block_v, gated_delta_rule, gated_delta_rule_fla,
-                         gated_delta_rule_ref, gdn_decode, gdn_decode_ref, gdn_decode_triton, gdn_gating,
-                         gdn_gating_ref, gdn_gating_triton, recurrent_gated_delta_rule_triton)
+from kernels.gdn import (FUSED_NORM_MAX_B, VerifyRows, _fla_chunk, decode_block_v, gated_delta_rule,
+                         gated_delta_rule_fla, gated_delta_rule_ref, gdn_decode, gdn_decode_ref, gdn_decode_triton,
+                         gdn_gating, gdn_gating_ref, gdn_gating_triton, gdn_replay, gdn_replay_ref, gdn_replay_triton,
+                         recurrent_gated_delta_rule_triton)
 from kernels.norm import gated_rms_norm_triton
 
 W = 4
@@ -75,17 +78,26 @@ def decode_inputs(B, L, Hk, Hv, K, V, dtype, device, has_state=None, num_slots=N
                 dt_bias=0.5 * torch.randn(Hv, device=device), ssm_state=ssm_state, slots=slots, has_state=live)
 
 
-def run_decode(fn, inp, steps, **kw):
-    """Run a decode implementation on copies of the pools; returns (o, conv_state, ssm_state, step_ssm, step_conv)."""
+def nan_rows(B, L, C, Hv, dtype, device) -> VerifyRows:
+    rows = VerifyRows.allocate(1, B, L, C, Hv, dtype, device).layer(0)
+    for t in (rows.raw, rows.qkv, rows.gb):
+        t.fill_(float("nan"))
+    return rows
+
+
+def run_decode(fn, inp, verify, **kw):
+    """Run a decode implementation on copies of the pools; returns (o, conv_state, ssm_state, verify rows or None).
+    verify: a verify step (the states stay, each row's replay inputs are kept)."""
     x = dict(inp, conv_state=inp["conv_state"].clone(), ssm_state=inp["ssm_state"].clone())
     B, (T, C) = x["slots"].shape[0], x["qkv"].shape
-    L, (_, Hv, K, V) = T // B, x["ssm_state"].shape
-    step_ssm = step_conv = None
-    if steps:
-        step_ssm = torch.full((B, L, Hv, K, V), float("nan"), device=x["qkv"].device)
-        step_conv = torch.full((B, L, W - 1, C), float("nan"), dtype=x["conv_state"].dtype, device=x["qkv"].device)
-    o = fn(**x, step_ssm=step_ssm, step_conv=step_conv, **kw)
-    return o, x["conv_state"], x["ssm_state"], step_ssm, step_conv
+    rows = nan_rows(B, T // B, C, x["ssm_state"].shape[1], x["qkv"].dtype, x["qkv"].device) if verify else None
+    o = fn(**x, verify=rows, **kw)
+    return o, x["conv_state"], x["ssm_state"], rows
+
+
+def assert_rows_close(got: VerifyRows, want: VerifyRows, tol):
+    for a, b in ((got.raw, want.raw), (got.qkv, want.qkv), (got.gb, want.gb)):
+        torch.testing.assert_close(a, b, atol=tol, rtol=tol)
 
 
 def prefill_inputs(lens, has_state, Hk, Hv, K, V, dtype, device):
@@ -199,23 +211,85 @@ def test_snapshot_inside_a_prefill_step():
 @pytest.mark.parametrize("Hk, Hv, L, dtype", [(2, 2, 1, torch.float32), (1, 3, 1, torch.float16),
                                                (2, 2, 4, torch.float32), (1, 3, 4, torch.float32)])
 def test_gdn_decode(Hk, Hv, L, dtype):
-    """L=1: plain decode. L=4: verify with per-step states, against the references run token by token."""
+    """L=1: plain decode; L=4: L tokens per sequence in one step; against the references. A verify step gives the
+    same outputs, leaves both pools as they were and keeps each row's replay inputs."""
     torch.manual_seed(4)
     inp = decode_inputs(3, L, Hk, Hv, 16, 16, dtype, "cpu")
-    steps = L > 1
-    ref = run_decode(gdn_decode_ref, inp, steps)
-    tri = run_decode(gdn_decode_triton, inp, steps, block_v=8)   # two V blocks: 2 * Hv/Hk programs per qk head
+    ref = run_decode(gdn_decode_ref, inp, False)
+    tri = run_decode(gdn_decode_triton, inp, False, block_v=8)   # two V blocks: 2 * Hv/Hk programs per qk head
     tol = 1e-4 if dtype == torch.float32 else 5e-3
     torch.testing.assert_close(tri[0], ref[0], atol=tol, rtol=tol)
     check_pool(tri[1], ref[1], inp["slots"], tol)
     check_pool(tri[2], ref[2], inp["slots"], tol)
-    if steps:
-        torch.testing.assert_close(tri[3], ref[3], atol=tol, rtol=tol)
-        torch.testing.assert_close(tri[4], ref[4], atol=tol, rtol=tol)
-        torch.testing.assert_close(tri[2][inp["slots"]], tri[3][:, -1])      # final state == last step
-        once = run_decode(gdn_decode_ref, inp, False)                        # all L tokens in one ref call
-        torch.testing.assert_close(once[0], ref[0], atol=tol, rtol=tol)
     assert torch.equal(run_decode(gdn_decode, inp, False)[0], run_decode(gdn_decode_ref, inp, False)[0])
+    ref_v = run_decode(gdn_decode_ref, inp, True)
+    tri_v = run_decode(gdn_decode_triton, inp, True, block_v=8)
+    for v in (ref_v, tri_v):
+        torch.testing.assert_close(v[0], ref[0], atol=tol, rtol=tol)
+        assert torch.equal(v[1].nan_to_num(), inp["conv_state"].nan_to_num())      # nothing written
+        assert torch.equal(v[2].nan_to_num(), inp["ssm_state"].nan_to_num())
+    assert_rows_close(tri_v[3], ref_v[3], tol)
+
+
+def verify_then_replay(decode, replay, NL, B, L, Hk, Hv, K, V, dtype, device, accepted, snap_rows):
+    """NL layers of one model state: a verify step of L rows per sequence in every layer, then a replay of
+    accepted[i] rows (snapshots after snap_rows[i], -1: none). Returns (layer inputs, slots, pools before, pools
+    after, snapshot slots)."""
+    layers = [decode_inputs(B, L, Hk, Hv, K, V, dtype, device, has_state=[True] * B, num_slots=B + 4)
+              for _ in range(NL)]
+    slots = layers[0]["slots"]
+    conv = torch.stack([x["conv_state"] for x in layers])     # each layer's live rows moved to the first's slots
+    ssm = torch.stack([x["ssm_state"] for x in layers])
+    for j, x in enumerate(layers):
+        conv[j], ssm[j] = conv[0].clone(), ssm[0].clone()
+        conv[j][slots], ssm[j][slots] = x["conv_state"][x["slots"]], x["ssm_state"][x["slots"]]
+    free = [i for i in range(B + 4) if i not in slots.tolist()]
+    snap_slots = torch.tensor([free[i] if r >= 0 else free[-1] for i, r in enumerate(snap_rows)], device=device)
+    for j in range(NL):
+        layers[j] = dict(layers[j], slots=slots)
+    before = conv.clone(), ssm.clone()
+    C = layers[0]["qkv"].shape[1]
+    rows = VerifyRows.allocate(NL, B, L, C, Hv, dtype, device)
+    for j, x in enumerate(layers):
+        decode(**dict(x, conv_state=conv[j], ssm_state=ssm[j]), verify=rows.layer(j))
+    assert torch.equal(conv.nan_to_num(), before[0].nan_to_num()) and torch.equal(ssm.nan_to_num(),
+                                                                                  before[1].nan_to_num())
+    replay(conv, ssm, slots, torch.tensor(accepted, dtype=torch.int32, device=device), rows,
+           torch.tensor(snap_rows, dtype=torch.int32, device=device), snap_slots)
+    return layers, slots, before, (conv, ssm), snap_slots
+
+
+def plain_states(layer, slot, conv, ssm, rows: int, B: int, L: int):
+    """One sequence's (conv window, state) after its first `rows` rows, by plain decode steps of one token."""
+    conv, ssm = conv.clone(), ssm.clone()
+    i = layer["slots"].tolist().index(slot)
+    for t in range(rows):
+        r = slice(i * L + t, i * L + t + 1)
+        gdn_decode_ref(layer["qkv"][r], layer["a"][r], layer["b"][r], layer["conv_weight"], conv, layer["A_log"],
+                       layer["dt_bias"], ssm, layer["slots"][i:i + 1], torch.tensor([True]))
+    return conv[slot], ssm[slot]
+
+
+@pytest.mark.parametrize("impl", ["ref", "triton"])
+def test_verify_then_replay_equals_plain_steps(impl):
+    """After a verify step of L rows, replaying n of them leaves every layer's conv window and recurrent state as n
+    plain one-token steps would (n = 1 .. L); a snapshot inside the accepted run holds the state after its row."""
+    torch.manual_seed(7)
+    NL, B, L = 2, 3, 4
+    accepted, snap_rows = [1, 4, 3], [-1, 1, 0]
+    decode = gdn_decode_ref if impl == "ref" else functools.partial(gdn_decode_triton, block_v=8)
+    replay = gdn_replay_ref if impl == "ref" else gdn_replay_triton
+    layers, slots, (conv0, ssm0), (conv, ssm), snap_slots = verify_then_replay(
+        decode, replay, NL, B, L, 1, 3, 16, 16, torch.float32, "cpu", accepted, snap_rows)
+    for j, x in enumerate(layers):
+        for i, slot in enumerate(slots.tolist()):
+            want_conv, want_ssm = plain_states(x, slot, conv0[j], ssm0[j], accepted[i], B, L)
+            torch.testing.assert_close(conv[j, slot], want_conv, atol=1e-6, rtol=1e-6)
+            torch.testing.assert_close(ssm[j, slot], want_ssm, atol=1e-5, rtol=1e-5)
+            if snap_rows[i] >= 0:
+                snap_conv, snap_ssm = plain_states(x, slot, conv0[j], ssm0[j], snap_rows[i] + 1, B, L)
+                torch.testing.assert_close(conv[j, snap_slots[i]], snap_conv, atol=1e-6, rtol=1e-6)
+                torch.testing.assert_close(ssm[j, snap_slots[i]], snap_ssm, atol=1e-5, rtol=1e-5)
 
 
 def with_ba_proj(inp, H):
@@ -235,9 +309,11 @@ def test_gdn_decode_projects_b_and_a(Hk, Hv, L, H, dtype):
     ref = run_decode(gdn_decode_ref, inp, L > 1)
     tri = run_decode(gdn_decode_triton, inp, L > 1, block_v=8)
     tol = 1e-4 if dtype == torch.float32 else 5e-3
-    for i in range(1, 5 if L > 1 else 3):
+    for i in (1, 2):
         torch.testing.assert_close(tri[i], ref[i], atol=tol, rtol=tol, equal_nan=True)
     torch.testing.assert_close(tri[0], ref[0], atol=tol, rtol=tol)
+    if L > 1:
+        assert_rows_close(tri[3], ref[3], tol)
 
 
 def with_norm(inp):
@@ -266,8 +342,10 @@ def assert_fused_norm(inp, steps, tol, block_v=None):
     if not fused[0].is_cuda:
         torch.testing.assert_close(fused[0], ref[0], atol=tol, rtol=tol)
         assert torch.equal(fused[0], unfused)
-        for got, want in zip(fused[1:], plain[1:]):
-            assert got is None or torch.equal(got.nan_to_num(), want.nan_to_num())
+        for got, want in zip(fused[1:3], plain[1:3]):
+            assert torch.equal(got.nan_to_num(), want.nan_to_num())
+        if steps:
+            assert_rows_close(fused[3], plain[3], 0)
         return
     slots = inp["slots"]
     assert rel_err(fused[0], ref[0]) < tol
@@ -276,8 +354,7 @@ def assert_fused_norm(inp, steps, tol, block_v=None):
     assert rel_err(fused[2][slots], ref[2][slots]) < 1e-2
     assert_untouched(fused[2], slots)
     if steps:
-        assert rel_err(fused[3], ref[3]) < 1e-2
-        torch.testing.assert_close(fused[4], ref[4], atol=0, rtol=0)
+        assert_verify_rows_gpu(fused[3], ref[3])
 
 
 @pytest.mark.parametrize("B, Hk, Hv, L, dtype", [(2, 2, 2, 1, torch.float32), (1, 1, 3, 1, torch.float16),
@@ -293,6 +370,33 @@ def test_gdn_decode_fused_norm(B, Hk, Hv, L, dtype):
 # ---------------------------------------------------------------- GPU: bf16 at 27B shapes
 
 gpu = pytest.mark.gpu
+
+
+def assert_verify_rows_gpu(got: VerifyRows, want: VerifyRows):
+    """Verify rows of the Triton step against the references' on the GPU: raw rows are copies (exact); q, k, v,
+    g and beta are computed in fp32 by different code (close)."""
+    torch.testing.assert_close(got.raw, want.raw, atol=0, rtol=0)
+    assert rel_err(got.qkv, want.qkv) < 1e-3 and rel_err(got.gb, want.gb) < 1e-4
+
+
+@gpu
+@pytest.mark.parametrize("B, L", [(1, 4), (8, 6)])
+def test_verify_then_replay_gpu(B, L):
+    """The replay at the 27B shapes (48 layers in one launch) against plain steps, with a snapshot inside."""
+    torch.manual_seed(17)
+    accepted = [1 + (i * 3) % L for i in range(B)]
+    snap_rows = [a - 2 if a > 1 else -1 for a in accepted]
+    layers, slots, (conv0, ssm0), (conv, ssm), snap_slots = verify_then_replay(
+        gdn_decode, gdn_replay, 3, B, L, **SHAPE_27B, dtype=torch.bfloat16, device="cuda", accepted=accepted,
+        snap_rows=snap_rows)
+    for j, x in enumerate(layers):
+        for i, slot in enumerate(slots.tolist()):
+            want_conv, want_ssm = plain_states(x, slot, conv0[j], ssm0[j], accepted[i], B, L)
+            torch.testing.assert_close(conv[j, slot], want_conv, atol=0, rtol=0)
+            assert rel_err(ssm[j, slot], want_ssm) < 1e-2
+            if snap_rows[i] >= 0:
+                _, snap_ssm = plain_states(x, slot, conv0[j], ssm0[j], snap_rows[i] + 1, B, L)
+                assert rel_err(ssm[j, snap_slots[i]], snap_ssm) < 1e-2
 
 
 @gpu
@@ -337,17 +441,17 @@ def test_gdn_decode_gpu(B, L, ba_proj):
     inp = decode_inputs(B, L, **SHAPE_27B, dtype=torch.bfloat16, device="cuda")
     if ba_proj:
         inp = with_ba_proj(inp, 5120)
-    steps = L > 1
-    ref = run_decode(gdn_decode_ref, inp, steps)
-    tri = run_decode(gdn_decode, inp, steps)
+    ref = run_decode(gdn_decode_ref, inp, False)
+    tri = run_decode(gdn_decode, inp, False)
     slots = inp["slots"]
     assert tri[0].dtype == torch.bfloat16 and rel_err(tri[0], ref[0]) < 2e-2
     assert rel_err(tri[2][slots], ref[2][slots]) < 1e-2
     check_pool(tri[1], ref[1], slots, 0)                 # conv windows are copies of the inputs: exact
     assert_untouched(tri[2], slots)
-    if steps:
-        assert rel_err(tri[3], ref[3]) < 1e-2
-        torch.testing.assert_close(tri[4], ref[4], atol=0, rtol=0)
+    if L > 1:
+        ref_v, tri_v = run_decode(gdn_decode_ref, inp, True), run_decode(gdn_decode, inp, True)
+        assert rel_err(tri_v[0], ref[0]) < 2e-2
+        assert_verify_rows_gpu(tri_v[3], ref_v[3])
 
 
 @gpu
@@ -430,20 +534,18 @@ def test_decode_cuda_graph(B, L):
     conv_x = projection_rows(B * L, 10240, 48, torch.bfloat16, "cuda")[0]
     pools = [inp["conv_state"], inp["ssm_state"]]
     start = [p.clone() for p in pools]
-    steps = [None, None]
-    if L > 1:
-        steps = [torch.zeros(B, L, 48, 128, 128, device="cuda"),
-                 torch.zeros(B, L, W - 1, 10240, dtype=torch.bfloat16, device="cuda")]
+    rows = VerifyRows.allocate(1, B, L, 10240, 48, torch.bfloat16, "cuda").layer(0) if L > 1 else None
+    steps = [rows.raw, rows.qkv, rows.gb] if rows is not None else []
 
     def step():
-        o = gdn_decode(**inp, step_ssm=steps[0], step_conv=steps[1])
+        o = gdn_decode(**inp, verify=rows)
         return o, causal_conv1d_update(conv_x, inp["conv_weight"], inp["conv_state"], inp["slots"], inp["has_state"])
 
     def restore():
         for p, s in zip(pools, start):
             p.copy_(s)
 
-    eager = [t.clone() for t in (*step(), *pools, *(s for s in steps if s is not None))]
+    eager = [t.clone() for t in (*step(), *pools, *steps)]
     restore()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -456,6 +558,6 @@ def test_decode_cuda_graph(B, L):
     restore()
     graph.replay()
     torch.cuda.synchronize()
-    replayed = [*outs, *pools, *(s for s in steps if s is not None)]
+    replayed = [*outs, *pools, *steps]
     for got, want in zip(replayed, eager):
         assert torch.equal(got.nan_to_num(), want.nan_to_num())
