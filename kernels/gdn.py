@@ -567,7 +567,8 @@ def gdn_decode_triton(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_st
 
 
 @triton.jit
-def _replay_kernel(ssm, ssm_layer_stride, slots, accepted, snap_rows, snap_slots, qkv, gb, B,
+def _replay_kernel(ssm, ssm_layer_stride, slots, accepted, snap_rows, snap_slots, qkv, qkv_layer_stride, gb,
+                   gb_layer_stride, B,
                    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
                    BV: tl.constexpr):
     """Program per (layer x sequence, v head, V block): the [K, BV] state tile advanced by the sequence's accepted
@@ -587,8 +588,8 @@ def _replay_kernel(ssm, ssm_layer_stride, slots, accepted, snap_rows, snap_slots
     layer = ssm + i_l.to(tl.int64) * ssm_layer_stride
     p_S = layer + (slot * HV + i_hv) * K * V + tile
     S = tl.load(p_S)
-    rows = qkv + (i_l * B + i_b).to(tl.int64) * L * C
-    gbs = gb + (i_l * B + i_b).to(tl.int64) * L * 2 * HV
+    rows = qkv + i_l.to(tl.int64) * qkv_layer_stride + i_b * L * C
+    gbs = gb + i_l.to(tl.int64) * gb_layer_stride + i_b * L * 2 * HV
     for t in tl.static_range(L):
         if t < n:
             k = tl.load(rows + t * C + HK * K + i_h * K + ok)
@@ -624,7 +625,7 @@ def gdn_replay_triton(conv_state, ssm_state, slots, accepted, rows: VerifyRows, 
     NL, B, L, C = rows.qkv.shape
     HV, K, V = ssm_state.shape[2:]
     HK = (C - HV * V) // (2 * K)
-    assert ssm_state.is_contiguous() and rows.qkv.is_contiguous() and rows.gb.is_contiguous()
+    assert ssm_state.is_contiguous() and rows.qkv[0].is_contiguous() and rows.gb[0].is_contiguous()
     if snap_rows is None:
         snap_rows = torch.full_like(accepted, -1)
         snap_slots_k = slots
@@ -632,7 +633,8 @@ def gdn_replay_triton(conv_state, ssm_state, slots, accepted, rows: VerifyRows, 
         snap_slots_k = snap_slots
     block_v = min(V, 64 if B > 4 else 32)
     _replay_kernel[(NL * B, HV, V // block_v)](
-        ssm_state, ssm_state.stride(0), slots, accepted, snap_rows, snap_slots_k, rows.qkv, rows.gb, B,
+        ssm_state, ssm_state.stride(0), slots, accepted, snap_rows, snap_slots_k, rows.qkv, rows.qkv.stride(0),
+        rows.gb, rows.gb.stride(0), B,
         HK=HK, HV=HV, K=K, V=V, L=L, BV=block_v, num_warps=4)
     _replay_windows(conv_state, slots, accepted, rows.raw,
                     None if snap_slots is None else snap_rows, snap_slots)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.gdn import VerifyRows
+
 MAX_DECODE_LEN = 8   # rows per sequence the decode kernels take (1, or k+1 for speculative verify)
 
 
@@ -37,6 +39,7 @@ class ForwardBatch:
     decode_len: int = 0          # L: every sequence has exactly L rows and the decode kernels run them; 0: prefill
     max_seq_len: int = 0         # upper bound of seq_lens (sizes the decode attention grid)
     snapshot: StateSnapshot | None = None
+    verify: VerifyRows | None = None  # speculative verify: GDN layers keep their state, fill these rows (stacked)
 
     @property
     def num_seqs(self) -> int:

@@ -112,7 +112,8 @@ class GatedDeltaNet(nn.Module):
         self.norm_weight = param(build.empty(cfg.linear_v_head_dim))
         self.out_proj = Linear(cfg.linear_value_dim, {"out_proj": h}, build, prefix)
 
-    def forward(self, x, batch: ForwardBatch, pools):
+    def forward(self, x, batch: ForwardBatch, pools, verify=None):
+        """verify: this layer's VerifyRows in a speculative verify step (the states stay as they are)."""
         conv_state, ssm_state = pools
         cfg = self.cfg
         T = x.shape[0]
@@ -132,7 +133,7 @@ class GatedDeltaNet(nn.Module):
         if batch.decode_len:
             # one fused kernel: conv update, gating, L2 norms, the delta-rule steps and the gated norm
             o = ops.gdn_decode(qkv, a, b, self.conv_weight, conv_state, self.A_log, self.dt_bias, ssm_state,
-                               batch.state_slots, batch.has_state, ba_proj=ba_proj,
+                               batch.state_slots, batch.has_state, verify=verify, ba_proj=ba_proj,
                                norm=(z, self.norm_weight, cfg.rms_norm_eps))
             return self.out_proj(o.reshape(T, hv * dv))
         snap = batch.snapshot
@@ -173,14 +174,15 @@ class DecoderLayer(nn.Module):
         self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, build)
         self.mlp = MLP(cfg, build, prefix + "mlp.")
 
-    def forward(self, x, residual, batch, rope, pools):
+    def forward(self, x, residual, batch, rope, pools, verify=None):
         """Pre-norm block with the residual carried separately (fused add + norm).
-        pools: this layer's cache (KV pools for attention, conv/recurrent state for GDN)."""
+        pools: this layer's cache (KV pools for attention, conv/recurrent state for GDN); verify: a GDN layer's
+        VerifyRows in a speculative verify step."""
         h, residual = self.input_norm.add_forward(x, residual)
         if self.kind == "full_attention":
             h = self.attn(h, batch, rope, pools)
         else:
-            h = self.gdn(h, batch, pools)
+            h = self.gdn(h, batch, pools, verify)
         h, residual = self.post_norm.add_forward(h, residual)
         return self.mlp(h), residual
 

@@ -88,6 +88,21 @@ class Linear(nn.Module):
             return ops.int8_linear(x, self.quantized())
         return ops.linear(x, self.weight)
 
+    def first_rows(self, x, n: int):
+        """x W[:n]^T: only the first n output rows (n a multiple of 16, the int4 row tile), reading only their
+        weights: the draft head over the most frequent tokens (engine/speculative.py)."""
+        if n >= self.shape[0]:
+            return self(x)
+        assert n % 16 == 0, "the first rows are taken in whole 16-row tiles"
+        if self.int4_tiles:
+            t = n // 16
+            return ops.int4_linear(x, Int4Weight(self.qweight[:t], self.scales[:t], self.zeros[:t], self.group_size,
+                                                 (n, self.shape[1] * self.planes), self.planes))
+        if self.scheme == "int8":
+            w = Int8Weight(self.qweight[:n], self.scales[:n], self.group_size, (n, self.shape[1]))
+            return ops.int8_linear(x, w)
+        return ops.linear(x, self.weight[:n])
+
     def checkpoint_slices(self, prefix: str | None = None):
         prefix = self.prefix if prefix is None else prefix
         row = 0

@@ -65,8 +65,11 @@ class Qwen3_5Model(nn.Module):
         rope = self.rotary()
         residual = None
         for layer, idx in zip(self.layers, self._cache_index):
-            pools = cache.attention_layer(idx) if layer.kind == "full_attention" else cache.gdn_layer(idx)
-            x, residual = layer(x, residual, batch, rope, pools)
+            if layer.kind == "full_attention":
+                x, residual = layer(x, residual, batch, rope, cache.attention_layer(idx))
+            else:
+                verify = batch.verify.layer(idx) if batch.verify is not None else None
+                x, residual = layer(x, residual, batch, rope, cache.gdn_layer(idx), verify)
         h, _ = self.norm.add_forward(x, residual)
         return h
 

@@ -1,0 +1,89 @@
+"""Which drafted tokens a speculative round keeps, on the device, with no host sync.
+
+Greedy rows keep the longest prefix of drafts equal to the target's argmax, then the target's next token. Sampled rows
+use speculative rejection sampling: draft d_j (drawn from the draft distribution q_j) is kept with probability
+min(1, p_j(d_j) / q_j(d_j)), p_j the target's distribution at that position after the request's temperature, top-k,
+top-p and min-p; at the first rejection the token is drawn from max(0, p_j - q_j) renormalised, and when every draft
+is kept a bonus token is drawn from the last row's p. The kept tokens are then distributed exactly as tokens sampled
+one by one from p (Leviathan et al., Chen et al. 2023). Randomness is counter-based (kernels/sampling.py), so a
+seeded request reproduces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.sampling import filtered_probs_ref, random_uniform_ref
+
+# counter streams: a request's draws at generation step s use counter 4 s + stream
+DRAFT, ACCEPT, RESIDUAL = 0, 1, 2
+
+
+@dataclass
+class Sampling:
+    """Per-row sampling parameters on the device ([B] each)."""
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+    seeds: torch.Tensor
+    steps: torch.Tensor          # tokens the request has generated before this round
+
+    def rows(self, index: torch.Tensor) -> "Sampling":
+        return Sampling(*(t[index] for t in (self.temperature, self.top_k, self.top_p, self.min_p, self.seeds,
+                                             self.steps)))
+
+
+def _uniforms(s: Sampling, offset: int, stream: int, n: int) -> torch.Tensor:
+    return random_uniform_ref(s.seeds, 4 * (s.steps + offset) + stream, n)
+
+
+def draft_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
+    """The draft distribution q over the draft vocabulary [B, Vd] (rows with temperature 0: unused)."""
+    return filtered_probs_ref(logits, s.temperature, s.top_k, s.top_p, s.min_p)
+
+
+def pick_draft(logits: torch.Tensor, s: Sampling, j: int, sampled: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Draft token j (1-based) of each row from the draft head's logits [B, Vd]: argmax for greedy rows, a draw
+    from q for sampled ones. Returns (tokens [B], q [B, Vd] or None when every row is greedy)."""
+    greedy = logits.argmax(-1)
+    if not sampled:
+        return greedy, None
+    q = draft_probs(logits, s)
+    race = (q / -torch.log(_uniforms(s, j, DRAFT, q.shape[-1]))).argmax(-1)
+    return torch.where(s.temperature > 0, race, greedy), q
+
+
+def accept(drafts: torch.Tensor, target_logits: torch.Tensor, s: Sampling, q: torch.Tensor | None):
+    """drafts [B, k]; target_logits [B, k + 1, V] fp32 (row i predicts the token after the i-th verify input);
+    q [B, k, Vd] the draft distributions (None: every row greedy). Returns (kept [B] int: leading drafts kept,
+    tokens [B, k + 1]: tokens[:, :kept + 1] are the round's new tokens)."""
+    B, k = drafts.shape
+    targets = target_logits.argmax(-1)                                             # [B, k + 1]
+    kept = (drafts == targets[:, :k]).int().cumprod(1).sum(1)
+    if q is None:
+        return kept, targets
+    V = target_logits.shape[-1]
+    rows = torch.arange(B, device=drafts.device)
+    flat = target_logits.reshape(B * (k + 1), V)
+    expand = s.rows(rows.repeat_interleave(k + 1))
+    p = filtered_probs_ref(flat, expand.temperature, expand.top_k, expand.top_p, expand.min_p).view(B, k + 1, V)
+    q_full = torch.zeros(B, k, V, device=q.device, dtype=q.dtype)
+    q_full[..., :q.shape[-1]] = q
+    p_d = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)                        # [B, k]
+    q_d = q_full.gather(-1, drafts[..., None]).squeeze(-1)
+    u = torch.stack([_uniforms(s, j + 1, ACCEPT, 1)[:, 0] for j in range(k)], 1)
+    ok = (u * q_d <= p_d).int().cumprod(1)
+    sampled_kept = ok.sum(1)
+    # the token after the kept drafts: from the residual at the first rejection, from p after the last draft
+    at = sampled_kept.clamp(max=k)
+    p_at = p[rows, at]
+    residual = torch.where((at < k)[:, None], (p_at - q_full[rows, at.clamp(max=k - 1)]).clamp(min=0), p_at)
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_at)
+    u_extra = torch.stack([_uniforms(s, j + 1, RESIDUAL, V) for j in range(k + 1)], 1)[rows, at]
+    extra = (residual / -torch.log(u_extra)).argmax(-1)
+    tokens = torch.cat([drafts, drafts[:, :1]], 1).scatter(1, at[:, None], extra[:, None])
+    sampled = s.temperature > 0
+    return torch.where(sampled, sampled_kept, kept), torch.where(sampled[:, None], tokens, targets)
