@@ -175,7 +175,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, residual, batch, rope, pools):
         """Pre-norm block with the residual carried separately (fused add + norm).
-        pools: this layer's cache (KV pools for attention, conv/recurrent state for GDN)."""
+        pools: this layer's part of the CacheTensors (KV pages for attention, conv/recurrent state for GDN)."""
         h, residual = self.input_norm.add_forward(x, residual)
         if self.kind == "full_attention":
             h = self.attn(h, batch, rope, pools)
