@@ -86,9 +86,10 @@ def bench_ours(model, args, bw) -> dict:
 
 
 def profile(model, out_dir: str) -> None:
-    """Where a short prefill spends its time: the engine's TTFT at 512 tokens, then one 512-token forward called
-    directly on an idle engine's cache: host issue time (until the Python call returns), wall time and GPU time
-    (events), the top kernels, and the top Python functions (cProfile) of the host side."""
+    """Where a short prefill spends its time: the engine's TTFT at 512 tokens, then one 512-token forward of the
+    model called directly (on pools of its own: 8 pages, 1 state slot): host issue time (until the Python call
+    returns), wall time and GPU time (events), the top kernels, and the top Python functions (cProfile) of the host
+    side."""
     import cProfile
     import os
     import pstats
@@ -97,6 +98,7 @@ def profile(model, out_dir: str) -> None:
     from torch.profiler import profile as torch_profile
 
     from engine.api import Engine, EngineConfig
+    from engine.kv_cache import CacheTensors
     from engine.model.batch import build_batch
     from kernels import gdn
     eng = Engine.from_model(EngineConfig(model="", device="cuda", max_context=4096), model, bench_tokenizer())
@@ -104,13 +106,13 @@ def profile(model, out_dir: str) -> None:
     ttft = [run(eng, [rand_ids(512, 2 + i)], 1)[0].timings.ttft_ms for i in range(3)]
     print(f"engine TTFT at 512 tokens: {', '.join(f'{t:.1f}' for t in ttft)} ms")
 
-    cache = eng.cache                                        # the engine is idle: borrow pages 0..7 and slot 0
+    pools = CacheTensors.allocate(model.cfg, 8, eng.config.page_size, 1, model.dtype, "cuda")
     ids = torch.tensor(rand_ids(512, 9), device="cuda")
 
     def forward():
-        batch = build_batch([512], [0], [0], [list(range(8))], cache.page_size, "cuda")
+        batch = build_batch([512], [0], [0], [list(range(8))], pools.page_size, "cuda")
         with torch.inference_mode():
-            return model.logits(model(ids, batch, cache)[batch.logits_rows])
+            return model.logits(model(ids, batch, pools)[batch.logits_rows])
 
     default = gdn.RECURRENT_MAX_TOKENS
     for limit in (0, 512):                                  # GDN prefill by fla, then by the recurrent kernel

@@ -7,13 +7,9 @@ up to its end; when the last sequence using it finishes, it stays in the index a
 (evictable, least recently used first) until its memory is needed.
 
 Snapshots. Gated DeltaNet state is cumulative, so reusing a prefix of length b also needs the
-GDN state exactly after b tokens. Snapshots are copies of a sequence's state slot taken at page
-boundaries, kept in extra slots under the same chained hash, least recently used evicted first:
-  - at the boundary just before the prompt's last `<|im_start|>` (where the next turn of a chat
-    diverges: the template re-renders the assistant turn), the prefill is split there;
-  - during decode, the latest boundary passed (one rolling snapshot per sequence) becomes the
-    end-of-turn snapshot when the sequence finishes.
-A prefix hit needs both the pages and a snapshot at the same boundary.
+GDN state exactly after b tokens: engine.snapshots.Snapshots keeps copies of it at page boundaries
+under the same chained hash, in the state slots above the live ones. A prefix hit needs both the
+pages and a snapshot at the same boundary; a page leaving the index takes its snapshot with it.
 
 Memory is promised up front: admission reserves every page a sequence can still need
 (prompt + max new tokens), so a running sequence never runs out of pages.
@@ -24,9 +20,10 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.kv_cache import CacheTensors, IdPool
+from engine.snapshots import Snapshots
 
 
 def chain_hashes(tokens: list[int], page_size: int, prev: bytes = b"") -> list[bytes]:
@@ -41,16 +38,17 @@ def chain_hashes(tokens: list[int], page_size: int, prev: bytes = b"") -> list[b
 
 @dataclass
 class PrefixHit:
-    pages: list[int]
-    tokens: int          # prefix length reused (a multiple of the page size)
-    snapshot: int        # slot holding the GDN state after `tokens` tokens (-1: none)
+    pages: list[int] = field(default_factory=list)
+    tokens: int = 0                 # prefix length reused (a multiple of the page size)
+    snapshot: bytes | None = None   # key of the snapshot holding the GDN state after `tokens` tokens (None: no hit)
 
 
 class CacheManager:
-    def __init__(self, cache: CacheTensors, num_seq_slots: int):
-        self.cache = cache
-        self.page_size = cache.page_size
-        n = cache.num_pages
+    def __init__(self, pools: CacheTensors, num_seq_slots: int):
+        """State slots: 0 .. num_seq_slots - 1 for live sequences, then snapshots, the last one scratch."""
+        self.pools = pools
+        self.page_size = pools.page_size
+        n = pools.num_pages
         self.free_pages = list(range(n - 1, -1, -1))
         self.refs = [0] * n
         self.page_key: dict[int, bytes] = {}                      # page -> hash it is indexed under
@@ -58,15 +56,14 @@ class CacheManager:
         self.cached: OrderedDict[int, None] = OrderedDict()        # indexed pages nobody uses (LRU)
         self.reserved = 0                                          # promised, not yet taken
         self.seq_slots = IdPool(num_seq_slots)
-        self.scratch_slot = cache.num_slots - 1                    # padding rows of graph batches write here
-        self.snap_free = list(range(cache.num_slots - 2, num_seq_slots - 1, -1))
-        self.snapshots: OrderedDict[bytes, int] = OrderedDict()    # hash -> slot (LRU)
+        self.scratch_slot = pools.num_slots - 1                    # padding rows of graph batches write here
+        self.snapshots = Snapshots(pools, range(num_seq_slots, self.scratch_slot))
         self.hits = 0                                              # prefix tokens reused so far
 
     # ---- accounting ----------------------------------------------------------------------
     @property
     def num_pages(self) -> int:
-        return self.cache.num_pages
+        return self.pools.num_pages
 
     def available_pages(self) -> int:
         return len(self.free_pages) + len(self.cached) - self.reserved
@@ -82,16 +79,15 @@ class CacheManager:
     # ---- prefix lookup ---------------------------------------------------------------------
     def match_prefix(self, tokens: list[int]) -> PrefixHit:
         """Longest cached prefix (pages + snapshot), leaving at least one token to compute."""
-        best = PrefixHit([], 0, -1)
+        best = PrefixHit()
         pages = []
         for i, h in enumerate(chain_hashes(tokens[:len(tokens) - 1], self.page_size)):
             page = self.index.get(h)
             if page is None:
                 break
             pages.append(page)
-            slot = self.snapshots.get(h)
-            if slot is not None:
-                best = PrefixHit(list(pages), (i + 1) * self.page_size, slot)
+            if h in self.snapshots:
+                best = PrefixHit(list(pages), (i + 1) * self.page_size, h)
         return best
 
     # ---- admission and growth ------------------------------------------------------------------
@@ -105,12 +101,10 @@ class CacheManager:
         pages for the rest of the sequence. Returns (pages, slot)."""
         for p in hit.pages:
             self._ref(p)
-        if hit.snapshot >= 0:
-            self.snapshots.move_to_end(self.page_key[hit.pages[-1]])
-            self.hits += hit.tokens
         slot = self.seq_slots.take()[0]
-        if hit.snapshot >= 0:
-            self.cache.copy_state(hit.snapshot, slot)
+        if hit.snapshot is not None:
+            self.snapshots.restore(hit.snapshot, slot)
+            self.hits += hit.tokens
         self.reserved += -(-total_tokens // self.page_size) - len(hit.pages)
         return list(hit.pages), slot
 
@@ -138,33 +132,8 @@ class CacheManager:
         key = self.page_key.pop(page, None)
         if key is not None and self.index.get(key) == page:
             del self.index[key]
-            slot = self.snapshots.pop(key, None)
-            if slot is not None:
-                self.snap_free.append(slot)
+            self.snapshots.forget(key)
         self.refs[page] = 1
-
-    # ---- snapshots ------------------------------------------------------------------------------
-    def take_snapshot_slot(self) -> int:
-        """A free snapshot slot, evicting the least recently used snapshot if needed (-1: none)."""
-        if self.snap_free:
-            return self.snap_free.pop()
-        if self.snapshots:
-            _, slot = self.snapshots.popitem(last=False)
-            return slot
-        return -1
-
-    def save_snapshot(self, src_slot: int, dst_slot: int, key: bytes) -> None:
-        self.cache.copy_state(src_slot, dst_slot)
-        self.keep_snapshot(dst_slot, key)
-
-    def keep_snapshot(self, slot: int, key: bytes) -> None:
-        old = self.snapshots.pop(key, None)
-        if old is not None and old != slot:
-            self.snap_free.append(old)
-        self.snapshots[key] = slot
-
-    def drop_snapshot_slot(self, slot: int) -> None:
-        self.snap_free.append(slot)
 
     # ---- indexing and release ----------------------------------------------------------------
     def index_pages(self, hashes: list[bytes], tokens: list[int], num_computed: int, pages: list[int]) -> None:
@@ -181,10 +150,12 @@ class CacheManager:
                 self.index[hashes[i]] = p
                 self.page_key[p] = hashes[i]
 
-    def release(self, hashes: list[bytes], tokens: list[int], num_computed: int, pages: list[int], slot: int,
-                unused_reservation: int) -> None:
-        """A sequence is done (finished or cancelled): index its full computed pages for reuse,
-        drop its references, free its slot and its unused reservation."""
+    def release(self, *, pages: list[int], state_slot: int, total_tokens: int, hashes: list[bytes],
+                tokens: list[int], num_computed: int, rolling_slot: int = -1) -> None:
+        """A sequence is done (finished or cancelled): index its full computed pages for reuse (`hashes` is
+        extended in place), drop its references, free its state slot and what is left of the reservation
+        admit() made for `total_tokens`, and keep its rolling snapshot as the end-of-turn snapshot where
+        its last full page is indexed."""
         self.index_pages(hashes, tokens, num_computed, pages)
         newly_cached = []
         for page in pages:
@@ -196,6 +167,8 @@ class CacheManager:
                     self.free_pages.append(page)
         for page in reversed(newly_cached):  # a prefix's last pages are evicted before its first
             self.cached[page] = None
-        self.reserved -= unused_reservation
-        if slot >= 0:
-            self.seq_slots.give([slot])
+        self.reserved -= -(-total_tokens // self.page_size) - len(pages)
+        if state_slot >= 0:
+            self.seq_slots.give([state_slot])
+        last = hashes[-1] if hashes else None
+        self.snapshots.promote(rolling_slot, last if last in self.index else None)

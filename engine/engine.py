@@ -89,7 +89,7 @@ class Engine:
         self._progress = progress or (lambda stage, done, total: None)
         self.config = config
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device.type)
+        self._dtype = resolve_dtype(config.dtype, self.device.type)
         if _parts is None:
             self.model_config = load_model_config(config.model)
             planned = plan_for(config, probe(config.device), model=self.model_config)   # decides weights="auto"
@@ -98,36 +98,36 @@ class Engine:
             self.weights = planned.weights
             self.tokenizer = Tokenizer.from_checkpoint(config.model)
             self.template = ChatTemplate.from_checkpoint(config.model)
-            self.model, self.vision_weights = load_model(config.model, self.device, self.dtype, mtp=config.mtp,
-                                                         vision=config.vision, policy=config.policy(self.weights),
-                                                         progress=progress)
+            self._model, self._vision_weights = load_model(config.model, self.device, self._dtype, mtp=config.mtp,
+                                                           vision=config.vision, policy=config.policy(self.weights),
+                                                           progress=progress)
         else:
-            self.model, self.tokenizer, self.template = _parts
-            self.model_config, self.vision_weights = self.model.cfg, {}
-            self.weights = "int4" if any(getattr(m, "scheme", "") == "int4" for m in self.model.modules()) else "bf16"
+            self._model, self.tokenizer, self.template = _parts
+            self.model_config, self._vision_weights = self._model.cfg, {}
+            self.weights = "int4" if any(getattr(m, "scheme", "") == "int4" for m in self._model.modules()) else "bf16"
         # the weights are in memory now: plan the cache from what is actually free
         held = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
-        self._plan = plan_memory(self.model_config, config, self.dtype, weights_bytes=0,
+        self._plan = plan_memory(self.model_config, config, self._dtype, weights_bytes=0,
                                  budget_bytes=budget_for(config, probe(config.device), held),
-                                 mtp=self.model.mtp is not None, on_gpu=self.device.type == "cuda")
+                                 mtp=self._model.mtp is not None, on_gpu=self.device.type == "cuda")
         if not self._plan.fits:
             raise MemoryError(self._plan.message)
         self._plan.weights = self.weights
         self._plan.weights_bytes = sum(t.numel() * t.element_size()
-                                       for t in [*self.model.parameters(), *self.model.buffers()])
+                                       for t in [*self._model.parameters(), *self._model.buffers()])
         self.max_context = self._plan.max_context
-        self.cache = CacheTensors.allocate(self.model_config, self._plan.num_pages, config.page_size,
-                                           self._plan.num_slots, self.dtype, self.device,
-                                           mtp_layers=1 if self.model.mtp is not None else 0,
-                                           kv_int8=config.kv_dtype == "int8")
-        self.cache_manager = CacheManager(self.cache, num_seq_slots=config.max_running)
-        self.scheduler = Scheduler(self.cache_manager, config.max_running, config.prefill_chunk,
-                                   im_start_id=self.tokenizer.token_to_id("<|im_start|>"))
+        self._pools = CacheTensors.allocate(self.model_config, self._plan.num_pages, config.page_size,
+                                            self._plan.num_slots, self._dtype, self.device,
+                                            mtp_layers=1 if self._model.mtp is not None else 0,
+                                            kv_int8=config.kv_dtype == "int8")
+        self._cache = CacheManager(self._pools, num_seq_slots=config.max_running)
+        self._scheduler = Scheduler(self._cache, config.max_running, config.prefill_chunk,
+                                    im_start_id=self.tokenizer.token_to_id("<|im_start|>"))
         if self.device.type == "cuda" and config.cuda_graphs:
             self._progress("Capturing CUDA graphs", 0, 1)
-        self.runner = ModelRunner(self.model, self.cache, self.device, max_batch=config.max_running,
-                                  max_context=self.max_context, scratch_slot=self.cache_manager.scratch_slot,
-                                  cuda_graphs=config.cuda_graphs)
+        self._runner = ModelRunner(self._model, self._pools, self.device, max_batch=config.max_running,
+                                   max_context=self.max_context, scratch_slot=self._cache.scratch_slot,
+                                   cuda_graphs=config.cuda_graphs)
         self._inbox: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._active = 0                       # submitted and not finished
@@ -147,13 +147,14 @@ class Engine:
         """Run each quantized weight shape at WARM_UP_ROWS (2 .. FUSED_MAX_M rows: a prompt's last step, a short chat
         turn): the int4 GEMV's build for M > 1 and the autotuned kernels' M buckets, which otherwise compile and tune
         on first use (seconds each). Before the loop thread starts: the model is not yet shared."""
-        linears = [m for m in self.model.modules() if isinstance(m, Linear) and not isinstance(m, Embedding)]
-        shapes = {(m.int4_tiles, m.quantized().shape): m for m in linears + [self.model.lm_head] if m.scheme != "float"}
+        linears = [m for m in self._model.modules() if isinstance(m, Linear) and not isinstance(m, Embedding)]
+        shapes = {(m.int4_tiles, m.quantized().shape): m for m in linears + [self._model.lm_head]
+                  if m.scheme != "float"}
         with torch.inference_mode():
             for i, linear in enumerate(shapes.values()):
                 self._progress("Tuning kernels", i, len(shapes))
                 for rows in WARM_UP_ROWS:
-                    linear(torch.zeros(rows, linear.shape[1], dtype=self.dtype, device=self.device))
+                    linear(torch.zeros(rows, linear.shape[1], dtype=self._dtype, device=self.device))
 
     def _warm_up(self) -> None:
         """Run the prefill shapes once so that the first user request does not pay for Triton compiling and
@@ -161,7 +162,7 @@ class Engine:
         4,096 tokens of a step; its last 24 tokens are a step of their own); an odd length; and a short prompt whose
         step saves the GDN state in passing (a snapshot a page in: what most chat prompts do, a kernel variant of its
         own). What they cache is dropped."""
-        page = self.cache.page_size
+        page = self._cache.page_size
         lengths = [min(n, self.max_context - 2) for n in (self.config.prefill_chunk, RECURRENT_MAX_TOKENS + page + 24,
                                                           17, page + 33)]
         for i, length in enumerate(lengths):        # prompts with no prefix in common: each one prefills all
@@ -266,8 +267,8 @@ class Engine:
         self._inbox.put(("stop",))
         self._thread.join()
         # drop every reference to device memory (graphs, pools, cache), then give it back
-        self.runner = self.model = self.cache = self.cache_manager = self.scheduler = None
-        self.vision_weights = {}
+        self._runner = self._model = self._pools = self._cache = self._scheduler = None
+        self._vision_weights = {}
         if self.device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
@@ -281,7 +282,7 @@ class Engine:
     # ---- the loop (engine thread) ---------------------------------------------------------
     def _loop(self) -> None:
         while True:
-            block = not self.scheduler.has_work()
+            block = not self._scheduler.has_work()
             try:
                 msg = self._inbox.get(block=block)
                 while True:
@@ -305,7 +306,7 @@ class Engine:
         if kind == "submit":
             seq = msg[1]
             self._seqs[seq.id] = seq
-            self.scheduler.add(seq)
+            self._scheduler.add(seq)
         elif kind == "cancel":
             seq = self._seqs.get(msg[1])
             if seq is not None:
@@ -319,46 +320,47 @@ class Engine:
 
     def _score(self, ids: list[int]) -> torch.Tensor:
         seq = Sequence(id=-1, prompt=ids, params=SamplingParams(), seed=0, max_total=len(ids))
-        c, no_prefix = self.cache_manager, PrefixHit([], 0, -1)
+        c, no_prefix = self._cache, PrefixHit()
         if not c.can_admit(no_prefix, len(ids)):
             raise RuntimeError("the engine is busy; no cache room to score now")
         seq.pages, seq.state_slot = c.admit(no_prefix, len(ids))
         try:
             c.grow(seq.pages, len(ids))
-            return self.runner.forward([seq], [len(ids)], all_logits=True).cpu()
-        finally:
-            c.release([], [], 0, seq.pages, seq.state_slot, 0)
+            return self._runner.forward([seq], [len(ids)], all_logits=True).cpu()
+        finally:   # scored pages are not indexed for reuse
+            c.release(pages=seq.pages, state_slot=seq.state_slot, total_tokens=len(ids), hashes=[], tokens=[],
+                      num_computed=0)
 
     def _step(self) -> None:
         now = time.perf_counter()
-        for seq in self.scheduler.admit():
+        for seq in self._scheduler.admit():
             seq.t_admit = now
-        seqs, lens, cuts = self.scheduler.prefill_batch()
+        seqs, lens, cuts = self._scheduler.prefill_batch()
         if seqs:
-            c = self.cache_manager
-            snap_slots = [c.take_snapshot_slot() if cut else -1 for cut in cuts]
-            snapshots = [(cut, slot) if slot >= 0 else (0, -1) for cut, slot in zip(cuts, snap_slots)]
+            c, snapshots = self._cache, self._cache.snapshots
+            snap_slots = [snapshots.take() if cut else -1 for cut in cuts]
+            in_passing = [(cut, slot) if slot >= 0 else (0, -1) for cut, slot in zip(cuts, snap_slots)]
             try:
-                logits = self.runner.forward(seqs, lens, snapshots=snapshots if any(s >= 0 for s in snap_slots)
-                                             else None)
+                logits = self._runner.forward(seqs, lens, snapshots=in_passing if any(s >= 0 for s in snap_slots)
+                                              else None)
             except Exception:
                 for slot in snap_slots:
                     if slot >= 0:
-                        c.drop_snapshot_slot(slot)
+                        snapshots.drop(slot)
                 raise
             done = []
             for i, seq in enumerate(seqs):
                 c.index_pages(seq.hashes, seq.tokens, seq.num_computed, seq.pages)
                 if snap_slots[i] >= 0:           # taken in passing
-                    c.keep_snapshot(snap_slots[i], seq.hashes[seq.snapshot_at // c.page_size - 1])
-                elif seq.num_computed == seq.snapshot_at:
-                    self._snapshot(seq)
+                    snapshots.keep(snap_slots[i], self._snapshot_key(seq))
+                elif seq.num_computed == seq.snapshot_at:      # the step ended at the boundary: copy the state
+                    snapshots.save(seq.state_slot, self._snapshot_key(seq))
                 if not seq.prefilling:
                     done.append(i)
             if done:
                 ready = [seqs[i] for i in done]
-                self._accept(ready, self.runner.sample(ready, logits[done]))
-        self._decode(self.scheduler.decode_batch())
+                self._accept(ready, self._runner.sample(ready, logits[done]))
+        self._decode(self._scheduler.decode_batch())
 
     def _decode(self, seqs: list[Sequence]) -> None:
         """A decode step. When the host need not see the logits first (no logits processors, penalties, logprobs or
@@ -372,19 +374,19 @@ class Engine:
         ahead = int(flight is not None and self._can_follow(flight, seqs))
         if flight is not None and not ahead:
             self._accept_in_flight(flight)
-            seqs = self.scheduler.decode_batch()
+            seqs = self._scheduler.decode_batch()
         if not seqs:
             return
         for seq in seqs:
-            self.cache_manager.grow(seq.pages, seq.num_computed + 1)
-        logits = self.runner.forward(seqs, [1] * len(seqs), input_ids=flight.ids if ahead else None)
+            self._cache.grow(seq.pages, seq.num_computed + 1)
+        logits = self._runner.forward(seqs, [1] * len(seqs), input_ids=flight.ids if ahead else None)
         for seq in seqs:
-            if seq.num_computed % self.cache.page_size == 0:
+            if seq.num_computed % self._cache.page_size == 0:
                 self._rolling_snapshot(seq)
         if all(self._plain(seq) for seq in seqs):
-            self._in_flight = StepInFlight.launch(seqs, self.runner.sample_on_device(seqs, logits, ahead))
+            self._in_flight = StepInFlight.launch(seqs, self._runner.sample_on_device(seqs, logits, ahead))
         else:
-            self._accept(seqs, self.runner.sample(seqs, logits))
+            self._accept(seqs, self._runner.sample(seqs, logits))
         if ahead:
             self._accept_in_flight(flight)
 
@@ -398,7 +400,7 @@ class Engine:
     def _can_follow(self, flight: StepInFlight, seqs: list[Sequence]) -> bool:
         """The next step can start from the tokens in flight: the same sequences, none that its token in flight
         may end by length, none whose next step fills a page."""
-        page = self.cache.page_size
+        page = self._cache.page_size
         return [s.id for s in seqs] == [s.id for s in flight.seqs] and all(
             self._plain(s) and (s.num_computed + 1) % page and len(s.output) + 1 < s.params.max_tokens
             and len(s) + 1 < s.max_total for s in seqs)
@@ -409,19 +411,15 @@ class Engine:
         live = [(s, t) for s, t in zip(flight.seqs, flight.tokens()) if s.finish_reason is None]
         self._accept([s for s, _ in live], [s.forced.popleft() if s.forced else t for s, t in live])
 
-    def _snapshot(self, seq: Sequence) -> None:
-        c = self.cache_manager
-        slot = c.take_snapshot_slot()
-        if slot >= 0:
-            c.save_snapshot(seq.state_slot, slot, seq.hashes[seq.snapshot_at // c.page_size - 1])
+    def _snapshot_key(self, seq: Sequence) -> bytes:
+        """The hash of the page ending at the prompt's snapshot boundary (that page is indexed by now)."""
+        return seq.hashes[seq.snapshot_at // self._cache.page_size - 1]
 
     def _rolling_snapshot(self, seq: Sequence) -> None:
-        c = self.cache_manager
-        c.index_pages(seq.hashes, seq.tokens, seq.num_computed, seq.pages)
-        if seq.rolling_slot < 0:
-            seq.rolling_slot = c.take_snapshot_slot()
-        if seq.rolling_slot >= 0:
-            self.cache.copy_state(seq.state_slot, seq.rolling_slot)
+        """Decode just passed a page boundary: index the full page and copy the state into the rolling snapshot
+        (promoted to the end-of-turn snapshot when the sequence ends: CacheManager.release)."""
+        self._cache.index_pages(seq.hashes, seq.tokens, seq.num_computed, seq.pages)
+        seq.rolling_slot = self._cache.snapshots.roll(seq.state_slot, seq.rolling_slot)
 
     def _accept(self, seqs: list[Sequence], tokens: list[int]) -> None:
         """Append each sampled token, stream its text, and finish sequences that are done."""
@@ -460,7 +458,7 @@ class Engine:
         try:
             if reason in ("stop", "length"):
                 text, reasoning = seq.stream.finish()
-            self.scheduler.remove(seq)
+            self._scheduler.remove(seq)
         except Exception as e:
             log.exception("ending request %d failed", seq.id)
             reason, error = "error", error or f"{type(e).__name__}: {e}"
@@ -490,5 +488,5 @@ class Engine:
             self._finish(seq, reason, error)
 
     def _collect_stats(self) -> dict:
-        s = self.scheduler
-        return {"running": len(s.running), "waiting": len(s.waiting), **self.cache_manager.stats()}
+        s = self._scheduler
+        return {"running": len(s.running), "waiting": len(s.waiting), **self._cache.stats()}

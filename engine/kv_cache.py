@@ -3,6 +3,8 @@
 Full-attention layers keep K/V in fixed-size pages ([num_pages, page_size, Hkv, D] per layer);
 a sequence owns a list of pages (its page table). Gated DeltaNet layers keep a fixed-size state
 per sequence (conv window [W-1, C] and recurrent state [Hv, K, V] fp32) in numbered slots.
+These tensors are passed around as `pools`; what holds which page and slot is the cache
+(engine.cache_manager.CacheManager).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from engine.config import ModelConfig
 @dataclass
 class CacheTensors:
     """Layer-stacked pools; index [layer] gives one layer's contiguous view.
-    Slots hold live sequences' GDN state and, above them, prefix-reuse snapshots of it."""
+    Slots hold live sequences' GDN state and, above them, prefix-reuse snapshots of it (engine.snapshots)."""
     k: torch.Tensor             # [n_attn, num_pages, page_size, Hkv, D] (MTP layers last)
     v: torch.Tensor
     k_scale: torch.Tensor | None  # int8 KV: [n_attn, num_pages, page_size, Hkv] fp32 per token and head

@@ -21,14 +21,14 @@ BUCKETS = (1, 2, 4, 8)
 
 
 class ModelRunner:
-    def __init__(self, model: Qwen3_5Model, cache: CacheTensors, device: torch.device, *, max_batch: int = 1,
+    def __init__(self, model: Qwen3_5Model, pools: CacheTensors, device: torch.device, *, max_batch: int = 1,
                  max_context: int = 0, scratch_slot: int = -1, cuda_graphs: bool = False):
         self.model = model
-        self.cache = cache
+        self.pools = pools
         self.device = device
         self.graphs = None
         if cuda_graphs and device.type == "cuda":
-            self.graphs = DecodeGraphs(model, cache, device, max_batch, max_context, scratch_slot)
+            self.graphs = DecodeGraphs(model, pools, device, max_batch, max_context, scratch_slot)
 
     @torch.inference_mode()
     def forward(self, seqs: list[Sequence], query_lens: list[int], all_logits: bool = False,
@@ -46,10 +46,10 @@ class ModelRunner:
                                           for t in s.tokens[s.num_computed:s.num_computed + n]], dtype=torch.int64,
                                          device=self.device)
             batch = build_batch(query_lens, [s.num_computed for s in seqs], [s.state_slot for s in seqs],
-                                [s.pages for s in seqs], self.cache.page_size, self.device,
+                                [s.pages for s in seqs], self.pools.page_size, self.device,
                                 last_only=not all_logits, snapshots=snapshots,
                                 conv_width=self.model.cfg.conv_kernel)
-            hidden = self.model(input_ids, batch, self.cache)
+            hidden = self.model(input_ids, batch, self.pools)
             if batch.logits_rows is not None:
                 hidden = hidden[batch.logits_rows]
             logits = self.model.logits(hidden)
@@ -132,9 +132,9 @@ def pinned(t: torch.Tensor) -> torch.Tensor:
 class DecodeGraphs:
     """Decode forward (+ logits) captured once per batch bucket over static input buffers."""
 
-    def __init__(self, model, cache: CacheTensors, device, max_batch: int, max_context: int, scratch_slot: int):
-        self.model, self.cache, self.device = model, cache, device
-        self.page = cache.page_size
+    def __init__(self, model, pools: CacheTensors, device, max_batch: int, max_context: int, scratch_slot: int):
+        self.model, self.pools, self.device = model, pools, device
+        self.page = pools.page_size
         self.max_pages = -(-max_context // self.page)
         self.scratch_slot = scratch_slot
         self.buckets = [b for b in BUCKETS if b <= max(BUCKETS[0], max_batch)]
@@ -158,11 +158,11 @@ class DecodeGraphs:
             batch = self._batch(b)
             with torch.inference_mode():
                 for _ in range(2):                 # compile kernels, initialise their state
-                    model.logits(model(self.ids[:b], batch, cache))
+                    model.logits(model(self.ids[:b], batch, pools))
                 torch.cuda.synchronize()
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=pool):
-                    self.logits[b] = model.logits(model(self.ids[:b], batch, cache))
+                    self.logits[b] = model.logits(model(self.ids[:b], batch, pools))
             pool = g.pool()
             self.graphs[b] = g
         torch.cuda.synchronize()

@@ -94,15 +94,6 @@ class Scheduler:
             self.waiting.remove(seq)
 
     def _release(self, seq: Sequence) -> None:
-        c = self.cache
-        unused = -(-seq.max_total // c.page_size) - len(seq.pages)
-        c.release(seq.hashes, seq.tokens, seq.num_computed, seq.pages, seq.state_slot, unused)
-        if seq.rolling_slot >= 0:
-            # the rolling snapshot holds the state at the last page boundary decode passed
-            key = seq.hashes[-1] if seq.hashes else None
-            if key is not None and key in c.index:
-                c.keep_snapshot(seq.rolling_slot, key)
-            else:
-                c.drop_snapshot_slot(seq.rolling_slot)
-            seq.rolling_slot = -1
-        seq.pages, seq.state_slot = [], -1
+        self.cache.release(pages=seq.pages, state_slot=seq.state_slot, total_tokens=seq.max_total, hashes=seq.hashes,
+                           tokens=seq.tokens, num_computed=seq.num_computed, rolling_slot=seq.rolling_slot)
+        seq.pages, seq.state_slot, seq.rolling_slot = [], -1, -1

@@ -69,33 +69,33 @@ def rows_batch(inp: RoundInputs, offset: int, rows: int, page_size: int, max_seq
 
 
 class Speculator:
-    def __init__(self, model: Qwen3_5Model, cache: CacheTensors, k: int, max_batch: int, max_context: int,
+    def __init__(self, model: Qwen3_5Model, pools: CacheTensors, k: int, max_batch: int, max_context: int,
                  draft_vocab: int = DRAFT_VOCAB):
         cfg = model.cfg
         assert model.mtp is not None and 1 <= k
-        self.model, self.cache, self.k = model, cache, k
+        self.model, self.pools, self.k = model, cache, k
         self.max_context = max_context
         self.draft_vocab = min(draft_vocab, cfg.vocab_size) // 16 * 16 or cfg.vocab_size
-        dev, dtype = cache.conv.device, cache.conv.dtype
+        dev, dtype = pools.conv.device, pools.conv.dtype
         self.rows = VerifyRows.allocate(len(cfg.linear_attention_layers), max_batch, k + 1, cfg.conv_dim,
                                         cfg.linear_num_v_heads, dtype, dev)
         # per state slot (graph padding rows use the scratch slot: every slot has a row)
-        self.draft_tokens = torch.zeros(cache.num_slots, dtype=torch.int64, device=dev)
-        self.draft_hidden = torch.zeros(cache.num_slots, cfg.hidden_size, dtype=dtype, device=dev)
+        self.draft_tokens = torch.zeros(pools.num_slots, dtype=torch.int64, device=dev)
+        self.draft_hidden = torch.zeros(pools.num_slots, cfg.hidden_size, dtype=dtype, device=dev)
 
     # ---- outside rounds (eager) ----------------------------------------------------------------------------------
     @torch.inference_mode()
     def prompt_mtp(self, hidden: torch.Tensor, next_ids: torch.Tensor, batch: ForwardBatch) -> None:
         """The MTP layer over a prefill step's rows (hidden [T, H], the token after each row in next_ids), for its
         KV: rows whose next token is not known yet (the prompt's last) must have slot_mapping -1."""
-        self.model.mtp_forward(next_ids, hidden, batch, self.cache)
+        self.model.mtp_forward(next_ids, hidden, batch, self.pools)
 
     @torch.inference_mode()
     def first_draft(self, inp: RoundInputs, hidden: torch.Tensor) -> None:
         """After a prompt's first token x_n is sampled: the MTP row at n - 1 (x_n with the main model's last hidden
         state) drafts d_1. inp.base holds n - 1 and inp.last x_n."""
-        batch = rows_batch(inp, 0, 1, self.cache.page_size, self.max_context)
-        m = self.model.mtp_forward(inp.last, hidden, batch, self.cache)
+        batch = rows_batch(inp, 0, 1, self.pools.page_size, self.max_context)
+        m = self.model.mtp_forward(inp.last, hidden, batch, self.pools)
         d1, _ = pick_draft(self.draft_logits(m), inp.sampling, 1, bool((inp.sampling.temperature > 0).any()))
         self.draft_tokens[inp.slots] = d1
         self.draft_hidden[inp.slots] = m
@@ -108,27 +108,27 @@ class Speculator:
     def round(self, inp: RoundInputs, sampled: bool) -> RoundOutputs:
         """One speculative round for B = len(inp.slots) sequences (see the module docstring). sampled: some rows
         sample (else every row is greedy: no probabilities are made)."""
-        model, cache, k = self.model, self.cache, self.k
-        page, B = cache.page_size, inp.slots.shape[0]
+        model, cache, k = self.model, self.pools, self.k
+        page, B = pools.page_size, inp.slots.shape[0]
         s = inp.sampling
         d, h, qs = [self.draft_tokens[inp.slots]], self.draft_hidden[inp.slots], []
         if sampled:                               # q of d_1 was made last round from these logits
             qs.append(pick_draft(self.draft_logits(h), s, 1, True)[1])
         for j in range(1, k):                     # d_{j+1} from the MTP row at n + j - 1
             batch = rows_batch(inp, j - 1, 1, page, self.max_context)
-            h = model.mtp_forward(d[-1], h, batch, cache)
+            h = model.mtp_forward(d[-1], h, batch, pools)
             token, q = pick_draft(self.draft_logits(h), s, j + 1, sampled)
             d.append(token)
             qs.append(q)
         drafts = torch.stack(d, 1)                                                       # [B, k]
         rows = VerifyRows(self.rows.raw[:, :B], self.rows.qkv[:, :B], self.rows.gb[:, :B])
         verify = rows_batch(inp, 0, k + 1, page, self.max_context, verify=rows)
-        hidden = model(torch.cat([inp.last[:, None], drafts], 1).reshape(-1), verify, cache)   # [B (k+1), H]
+        hidden = model(torch.cat([inp.last[:, None], drafts], 1).reshape(-1), verify, pools)   # [B (k+1), H]
         logits = model.logits(hidden).view(B, k + 1, -1)
         kept, tokens = accept(drafts, logits, s, torch.stack(qs, 1) if sampled else None)
-        gdn_replay(cache.conv, cache.ssm, inp.slots, (kept + 1).int(), rows, inp.snap_rows, inp.snap_slots)
+        gdn_replay(pools.conv, pools.ssm, inp.slots, (kept + 1).int(), rows, inp.snap_rows, inp.snap_slots)
         catch_up = rows_batch(inp, 0, k + 1, page, self.max_context)
-        m = model.mtp_forward(tokens.reshape(-1), hidden, catch_up, cache).view(B, k + 1, -1)
+        m = model.mtp_forward(tokens.reshape(-1), hidden, catch_up, pools).view(B, k + 1, -1)
         m = m[torch.arange(B, device=m.device), kept]
         next_s = Sampling(s.temperature, s.top_k, s.top_p, s.min_p, s.seeds, s.steps + kept + 1)
         self.draft_tokens[inp.slots] = pick_draft(self.draft_logits(m), next_s, 1, sampled)[0]
@@ -205,7 +205,7 @@ class RoundGraphs:
         self.graphs: dict[tuple[int, bool], tuple] = {}
 
     def capture(self, b: int, sampled: bool) -> None:
-        dev = self.spec.cache.conv.device
+        dev = self.spec.pools.conv.device
         reqs = [RoundRequest(self.scratch, 0, 0, [], 0, -1, self.scratch, 0.5, 0, 1.0, 0.0, 0, 0)] * b
         inp = round_inputs(reqs, self.max_pages, dev)
         for _ in range(2):                                   # compile, tune, initialise outside the capture

@@ -58,3 +58,18 @@ def poisoned_outputs(monkeypatch):
         return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-1)
 
     monkeypatch.setattr(torch, "empty", empty)
+
+
+@pytest.fixture
+def tiny_pools():
+    """tiny_pools(num_pages, num_slots, page_size=4) -> a real CacheTensors on the CPU (one layer, one head of one
+    element); state slot s starts out holding the value s, so a copy between slots shows."""
+    from engine.kv_cache import CacheTensors
+
+    def make(num_pages: int, num_slots: int, page_size: int = 4) -> CacheTensors:
+        slots = torch.arange(num_slots, dtype=torch.float32)
+        return CacheTensors(k=torch.zeros(1, num_pages, page_size, 1, 1), v=torch.zeros(1, num_pages, page_size, 1, 1),
+                            k_scale=None, v_scale=None, conv=slots.view(1, num_slots, 1, 1).clone(),
+                            ssm=slots.view(1, num_slots, 1, 1, 1).clone(), page_size=page_size)
+
+    return make

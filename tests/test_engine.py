@@ -71,8 +71,8 @@ def test_prefix_hit_equals_cold(ckpt, eng, monkeypatch, system_repeats):
             {"role": "user", "content": "First question, a long one: " + "words " * 60}]
     params = SamplingParams(max_tokens=10, **GREEDY)
     steps = []
-    forward = eng.runner.forward
-    monkeypatch.setattr(eng.runner, "forward", lambda seqs, lens, *a, **kw: steps.append((lens, kw.get("snapshots")))
+    forward = eng._runner.forward
+    monkeypatch.setattr(eng._runner, "forward", lambda seqs, lens, *a, **kw: steps.append((lens, kw.get("snapshots")))
                         or forward(seqs, lens, *a, **kw))
     first = eng.generate(chat, params, enable_thinking=False)
     monkeypatch.undo()
@@ -370,7 +370,7 @@ def test_a_failing_release_after_a_failed_step_still_ends_every_request(ckpt, mo
     event (an error), and the engine serves the next one."""
     e = make(ckpt, profile="C2", max_context=256)
     try:
-        runner_forward, release = e.runner.forward, e.scheduler._release
+        runner_forward, release = e._runner.forward, e._scheduler._release
         state = {"forward": 0, "release": 0}
 
         def failing_forward(*args, **kw):
@@ -385,8 +385,8 @@ def test_a_failing_release_after_a_failed_step_still_ends_every_request(ckpt, mo
                 raise RuntimeError("release failed")
             return release(seq)
 
-        monkeypatch.setattr(e.runner, "forward", failing_forward)
-        monkeypatch.setattr(e.scheduler, "_release", failing_release)
+        monkeypatch.setattr(e._runner, "forward", failing_forward)
+        monkeypatch.setattr(e._scheduler, "_release", failing_release)
         handles = [e.submit(prompt(8, i), SamplingParams(max_tokens=20, **GREEDY)) for i in range(2)]
         finals = []
         reader = threading.Thread(target=lambda: finals.extend([ev for ev in h][-1] for h in handles), daemon=True)

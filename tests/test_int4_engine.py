@@ -30,13 +30,13 @@ def engines(checkpoint):
 
 def test_int4_weights_are_really_quantized(engines):
     _, _, quant, _ = engines
-    schemes = {m.prefix + "|".join(m.parts): m.scheme for m in quant.model.modules() if hasattr(m, "scheme")}
+    schemes = {m.prefix + "|".join(m.parts): m.scheme for m in quant._model.modules() if hasattr(m, "scheme")}
     assert schemes["layers.0.linear_attn.in_proj_qkv|in_proj_z"] == "int4"
     assert schemes["layers.0.mlp.gate_proj|up_proj"] == "int4" and schemes["layers.0.mlp.down_proj"] == "int4"
     assert schemes["layers.0.linear_attn.in_proj_b|in_proj_a"] == "float"
     assert schemes["layers.3.self_attn.q_proj|k_proj|v_proj"] == "int4"
     assert schemes["embed_tokens"] == "int8" and schemes["lm_head"] == "int8"
-    assert quant.model.lm_head.planes == 2 and quant.model.embed.planes == 1     # the table gathers rows
+    assert quant._model.lm_head.planes == 2 and quant._model.embed.planes == 1     # the table gathers rows
     assert quant.weights == "int4" and quant.plan().weights_bytes < engines[1].plan().weights_bytes
 
 
@@ -100,7 +100,7 @@ def test_warm_up_runs_every_quantized_shape_at_the_gemv_row_buckets(engines, mon
         monkeypatch.setattr(ops, name, lambda x, w, real=real, name=name: (seen.add((name, tuple(w.shape), x.shape[0])),
                                                                          real(x, w))[1])
     quant._warm_up_linears()
-    model = quant.model
+    model = quant._model
     served = [m for name, m in model.named_modules()
               if hasattr(m, "scheme") and m.scheme != "float" and name != "embed"]
     kernels = {("int4_linear" if m.int4_tiles else "int8_linear", tuple(m.quantized().shape))

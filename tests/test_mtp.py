@@ -55,10 +55,10 @@ def test_mtp_matches_restatement(checkpoint):
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(T, cfg.hidden_size, generator=gen)
     next_ids = torch.randint(0, cfg.vocab_size, (T,), generator=gen)
-    cache = CacheTensors.allocate(cfg, 4, 16, 1, torch.float32, "cpu", mtp_layers=1)
+    pools = CacheTensors.allocate(cfg, 4, 16, 1, torch.float32, "cpu", mtp_layers=1)
     batch = build_batch([T], [0], [0], [[0, 1]], 16, "cpu", last_only=False)
     with torch.no_grad():
-        ours = model.logits(model.mtp_forward(next_ids, hidden, batch, cache))
+        ours = model.logits(model.mtp_forward(next_ids, hidden, batch, pools))
     ref = mtp_restated(tensors, cfg, tensors["model.embed_tokens.weight"], hidden, next_ids, tensors["lm_head.weight"])
     assert ours.shape == (T, cfg.vocab_size) and torch.isfinite(ours).all()
     assert ((ours - ref).abs().max() / ref.abs().max()).item() < 1e-4

@@ -176,8 +176,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, residual, batch, rope, pools, verify=None):
         """Pre-norm block with the residual carried separately (fused add + norm).
-        pools: this layer's cache (KV pools for attention, conv/recurrent state for GDN); verify: a GDN layer's
-        VerifyRows in a speculative verify step."""
+        pools: this layer's part of the CacheTensors (KV pages for attention, conv/recurrent state for GDN); verify:
+        a GDN layer's VerifyRows in a speculative verify step."""
         h, residual = self.input_norm.add_forward(x, residual)
         if self.kind == "full_attention":
             h = self.attn(h, batch, rope, pools)

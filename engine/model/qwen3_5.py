@@ -43,45 +43,44 @@ class Qwen3_5Model(nn.Module):
             Linear(cfg.hidden_size, {"lm_head": cfg.vocab_size}, build, prefix="")
         self.rotary = Rotary(cfg, device)
         self.mtp = MTP(cfg, build) if with_mtp and cfg.num_mtp_layers else None
-        # where each layer's cache lives: index into CacheTensors.k/v (attention) or .conv/.ssm (GDN)
-        self._cache_index = []
+        # where each layer's pools are: index into CacheTensors.k/v (attention) or .conv/.ssm (GDN)
+        self._pool_index = []
         n_attn = n_gdn = 0
         for kind in cfg.layer_types:
             if kind == "full_attention":
-                self._cache_index.append(n_attn)
+                self._pool_index.append(n_attn)
                 n_attn += 1
             else:
-                self._cache_index.append(n_gdn)
+                self._pool_index.append(n_gdn)
                 n_gdn += 1
         self.num_attn_layers = n_attn
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed.lookup(input_ids)
 
-    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: CacheTensors,
+    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, pools: CacheTensors,
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Packed input ids [T] -> final hidden states [T, hidden] (after the final norm)."""
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         rope = self.rotary()
         residual = None
-        for layer, idx in zip(self.layers, self._cache_index):
+        for layer, idx in zip(self.layers, self._pool_index):
             if layer.kind == "full_attention":
-                x, residual = layer(x, residual, batch, rope, cache.attention_layer(idx))
+                x, residual = layer(x, residual, batch, rope, pools.attention_layer(idx))
             else:
                 verify = batch.verify.layer(idx) if batch.verify is not None else None
-                x, residual = layer(x, residual, batch, rope, cache.gdn_layer(idx), verify)
+                x, residual = layer(x, residual, batch, rope, pools.gdn_layer(idx), verify)
         h, _ = self.norm.add_forward(x, residual)
         return h
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
-    def mtp_forward(self, next_ids, hidden, batch: ForwardBatch, cache: CacheTensors) -> torch.Tensor:
+    def mtp_forward(self, next_ids, hidden, batch: ForwardBatch, pools: CacheTensors) -> torch.Tensor:
         """MTP draft step: token t+1 ids with the main model's hidden state at t -> MTP hidden [T, H].
-        Its attention layer's KV lives after the main model's in the cache."""
+        Its attention layer's KV pages come after the main model's in the pools."""
         rope = self.rotary()
-        pools = cache.attention_layer(self.num_attn_layers)
-        return self.mtp(self.embed_tokens(next_ids), hidden, batch, rope, pools)
+        return self.mtp(self.embed_tokens(next_ids), hidden, batch, rope, pools.attention_layer(self.num_attn_layers))
 
     def checkpoint_slices(self):
         """(name without the model prefix, target, first row, expected checkpoint shape); the target is a
