@@ -73,7 +73,7 @@ class Speculator:
                  draft_vocab: int = DRAFT_VOCAB):
         cfg = model.cfg
         assert model.mtp is not None and 1 <= k
-        self.model, self.pools, self.k = model, cache, k
+        self.model, self.pools, self.k = model, pools, k
         self.max_context = max_context
         self.draft_vocab = min(draft_vocab, cfg.vocab_size) // 16 * 16 or cfg.vocab_size
         dev, dtype = pools.conv.device, pools.conv.dtype
@@ -108,7 +108,7 @@ class Speculator:
     def round(self, inp: RoundInputs, sampled: bool) -> RoundOutputs:
         """One speculative round for B = len(inp.slots) sequences (see the module docstring). sampled: some rows
         sample (else every row is greedy: no probabilities are made)."""
-        model, cache, k = self.model, self.pools, self.k
+        model, pools, k = self.model, self.pools, self.k
         page, B = pools.page_size, inp.slots.shape[0]
         s = inp.sampling
         d, h, qs = [self.draft_tokens[inp.slots]], self.draft_hidden[inp.slots], []
