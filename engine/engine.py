@@ -30,6 +30,8 @@ from engine.params import (ContextLengthError, EngineConfig, GenerateOutput, Que
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
+from engine.speculation import Speculation
+from engine.speculative import Speculator
 from engine.streaming import OutputStream, starts_in_reasoning
 from engine.tokenizer import Tokenizer
 from kernels.gdn import RECURRENT_MAX_TOKENS
@@ -98,18 +100,20 @@ class Engine:
             self.weights = planned.weights
             self.tokenizer = Tokenizer.from_checkpoint(config.model)
             self.template = ChatTemplate.from_checkpoint(config.model)
-            self._model, self._vision_weights = load_model(config.model, self.device, self._dtype, mtp=config.mtp,
-                                                           vision=config.vision, policy=config.policy(self.weights),
-                                                           progress=progress)
+            self._model, self._vision_weights = load_model(config.model, self.device, self._dtype,
+                                                           mtp=planned.drafts > 0, vision=config.vision,
+                                                           policy=config.policy(self.weights), progress=progress)
         else:
             self._model, self.tokenizer, self.template = _parts
             self.model_config, self._vision_weights = self._model.cfg, {}
             self.weights = "int4" if any(getattr(m, "scheme", "") == "int4" for m in self._model.modules()) else "bf16"
+        # MTP drafts per round: the config's (3 by default on a GPU) when the checkpoint brought an MTP module
+        self.drafts = config.drafts(self.device.type == "cuda") if self._model.mtp is not None else 0
         # the weights are in memory now: plan the cache from what is actually free
         held = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         self._plan = plan_memory(self.model_config, config, self._dtype, weights_bytes=0,
                                  budget_bytes=budget_for(config, probe(config.device), held),
-                                 mtp=self._model.mtp is not None, on_gpu=self.device.type == "cuda")
+                                 drafts=self.drafts, on_gpu=self.device.type == "cuda")
         if not self._plan.fits:
             raise MemoryError(self._plan.message)
         self._plan.weights = self.weights
@@ -128,6 +132,13 @@ class Engine:
         self._runner = ModelRunner(self._model, self._pools, self.device, max_batch=config.max_running,
                                    max_context=self.max_context, scratch_slot=self._cache.scratch_slot,
                                    cuda_graphs=config.cuda_graphs)
+        self._spec: Speculation | None = None
+        if self.drafts:
+            speculator = Speculator(self._model, self._pools, self.drafts, config.max_running, self.max_context,
+                                    config.draft_vocab)
+            self._runner.speculator = speculator
+            self._spec = Speculation(speculator, self._cache, config.max_running, self.max_context,
+                                     config.cuda_graphs)
         self._inbox: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._active = 0                       # submitted and not finished
@@ -223,6 +234,13 @@ class Engine:
 
     def cancel(self, request_id: int) -> None:
         self._inbox.put(("cancel", request_id))
+
+    def set_draft_oracle(self, oracle) -> None:
+        """Benchmarks and tests only: speculative drafts replaced per an engine.speculative.DraftOracle (None: the
+        MTP's own again). Call while no request runs."""
+        if self._spec is None:
+            raise RuntimeError("this engine does not speculate (speculative_tokens 0, or no MTP module)")
+        self._spec.use_oracle(oracle)
 
     def plan(self) -> MemoryPlan:
         """The memory plan the engine runs with (weights, KV, state, workspace, margin)."""
@@ -342,7 +360,7 @@ class Engine:
             in_passing = [(cut, slot) if slot >= 0 else (0, -1) for cut, slot in zip(cuts, snap_slots)]
             try:
                 logits = self._runner.forward(seqs, lens, snapshots=in_passing if any(s >= 0 for s in snap_slots)
-                                              else None)
+                                              else None, prefill=True)
             except Exception:
                 for slot in snap_slots:
                     if slot >= 0:
@@ -360,6 +378,10 @@ class Engine:
             if done:
                 ready = [seqs[i] for i in done]
                 self._accept(ready, self._runner.sample(ready, logits[done]))
+                if self._spec is not None:              # their first drafts, from the prompt's last hidden states
+                    live = [i for i, s in zip(done, ready) if s.finish_reason is None]
+                    if live:
+                        self._spec.start([seqs[i] for i in live], self._runner.last_hidden[live])
         self._decode(self._scheduler.decode_batch())
 
     def _decode(self, seqs: list[Sequence]) -> None:
@@ -370,6 +392,9 @@ class Engine:
         step too many run; its token is dropped. The steps before, with the tokens on the host, are taken where
         the batch changed, where a sequence may end by length, and where a step fills a page (the prefix cache
         hashes the page's tokens then)."""
+        if self._spec is not None and self._spec.wants(seqs):
+            return self._speculate(seqs)
+        started = time.perf_counter()
         flight, self._in_flight = self._in_flight, None
         ahead = int(flight is not None and self._can_follow(flight, seqs))
         if flight is not None and not ahead:
@@ -389,6 +414,33 @@ class Engine:
             self._accept(seqs, self._runner.sample(seqs, logits))
         if ahead:
             self._accept_in_flight(flight)
+        if self._spec is not None:
+            self._spec.pays.plain_done(len(seqs), time.perf_counter() - started)
+
+    def _speculate(self, seqs: list[Sequence]) -> None:
+        """A speculative round (engine/speculation.py) instead of a decode step; a step in flight is taken first."""
+        flight, self._in_flight = self._in_flight, None
+        if flight is not None:
+            self._accept_in_flight(flight)
+            seqs = self._scheduler.decode_batch()
+            if not (seqs and self._spec.wants(seqs)):
+                return
+        bases = [s.num_computed for s in seqs]
+        for seq, base, tokens in zip(seqs, bases, self._spec.round(seqs)):
+            self._commit(seq, base, tokens)
+
+    def _commit(self, seq: Sequence, base: int, tokens: list[int]) -> None:
+        """A round's new tokens, one by one: each one's row is now in the cache; a stop, the length or an error may
+        end the sequence before the last (the cache holds a little more than it then uses: nothing reads it)."""
+        boundary = self._spec.boundary(seq)
+        for i, token in enumerate(tokens):
+            seq.num_computed = base + i + 1
+            if seq.num_computed == boundary:
+                self._spec.passed(seq)
+            self._accept([seq], [token])
+            if seq.finish_reason is not None:
+                break
+        self._spec.round_over(seq)
 
     @staticmethod
     def _plain(seq: Sequence) -> bool:
@@ -466,7 +518,8 @@ class Engine:
         now = time.perf_counter()
         n_out = len(seq.output)
         usage = Usage(prompt_tokens=len(seq.prompt), completion_tokens=n_out, cached_tokens=seq.cached_tokens,
-                      reasoning_tokens=seq.stream.reasoning_tokens)
+                      reasoning_tokens=seq.stream.reasoning_tokens,
+                      speculation=seq.spec_counts if seq.spec_counts.rounds else None)
         t = Timings(total_ms=1e3 * (now - seq.t_submit))
         if seq.t_admit:
             t.queue_ms = 1e3 * (seq.t_admit - seq.t_submit)
@@ -489,4 +542,5 @@ class Engine:
 
     def _collect_stats(self) -> dict:
         s = self._scheduler
-        return {"running": len(s.running), "waiting": len(s.waiting), **self._cache.stats()}
+        spec = self._spec.stats() if self._spec is not None else {"spec_drafts": 0}
+        return {"running": len(s.running), "waiting": len(s.waiting), **self._cache.stats(), **spec}

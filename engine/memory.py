@@ -32,7 +32,7 @@ class MemoryPlan:
     weights_bytes: int
     kv_bytes: int
     state_bytes: int             # live slots + snapshots + scratch
-    workspace_bytes: int         # activations of a prefill chunk, logits, CUDA graph pools
+    workspace_bytes: int         # activations of a prefill chunk, logits, CUDA graph pools (speculation's included)
     margin_bytes: int            # allocator slack / fragmentation
     max_context: int
     num_pages: int
@@ -41,6 +41,8 @@ class MemoryPlan:
     kv_bytes_per_token: int
     state_bytes_per_slot: int
     weights: str = "bf16"       # bf16 (16-bit) | int4: what the weights are loaded as
+    drafts: int = 0              # MTP drafts per speculative round (0: none, no MTP module)
+    speculation_bytes: int = 0   # of the workspace: each running sequence's verify rows and round logits
     fits: bool = True
     message: str = ""
     alternatives: list[str] = field(default_factory=list)
@@ -55,11 +57,14 @@ class MemoryPlan:
         return (f"weights {g(self.weights_bytes)}, KV {g(self.kv_bytes)} ({self.max_context} tokens x "
                 f"{self.num_pages} pages), GDN state {g(self.state_bytes)} ({self.num_slots} slots), "
                 f"workspace {g(self.workspace_bytes)}, margin {g(self.margin_bytes)}: "
-                f"{g(self.total_bytes)} of {g(self.budget_bytes)}")
+                f"{g(self.total_bytes)} of {g(self.budget_bytes)}"
+                + (f"; speculation ({self.drafts} drafts) {g(self.speculation_bytes)} of the workspace"
+                   if self.drafts else ""))
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype, mtp: bool, int8: bool = False) -> int:
-    """K and V of every full-attention layer; int8 adds one fp32 scale per token and head."""
+    """K and V of every full-attention layer (the MTP layer's too when it is loaded); int8 adds one fp32 scale per
+    token and head."""
     layers = len(cfg.full_attention_layers) + (1 if mtp else 0)
     per_head = cfg.head_dim + 4 if int8 else cfg.head_dim * dtype.itemsize
     return layers * 2 * cfg.num_kv_heads * per_head
@@ -88,17 +93,34 @@ def workspace_bytes(cfg: ModelConfig, dtype: torch.dtype, prefill_chunk: int, ma
     return chunk + logits + 256 * (1 << 20) + AUTOTUNE_BYTES
 
 
+def speculation_bytes(cfg: ModelConfig, dtype: torch.dtype, drafts: int, max_batch: int) -> int:
+    """What speculation adds per round, for max_batch sequences: each GDN layer's verify rows (raw row, fp32 conv
+    outputs, g and beta per row: O(k), never a copy of the state), and the k + 1 rows of fp32 logits (with the
+    probabilities of sampled rounds: three copies)."""
+    if not drafts:
+        return 0
+    rows = max_batch * (drafts + 1)
+    per_row = cfg.conv_dim * (dtype.itemsize + 4) + 2 * cfg.linear_num_v_heads * 4
+    return len(cfg.linear_attention_layers) * rows * per_row + rows * cfg.vocab_size * 4 * 3
+
+
+def model_drafts(cfg: ModelConfig, config: EngineConfig, on_gpu: bool) -> int:
+    """Drafts per round the engine will use: the config's (or the device's default), if the model has MTP."""
+    return config.drafts(on_gpu) if cfg.num_mtp_layers > 0 else 0
+
+
 def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, weights_bytes: int,
-                budget_bytes: int, mtp: bool, on_gpu: bool, explain: bool = True) -> MemoryPlan:
+                budget_bytes: int, drafts: int, on_gpu: bool, explain: bool = True) -> MemoryPlan:
     """The largest plan for this profile that fits `budget_bytes`, or one marked fits=False with
     a message saying what would fit."""
     C, page = config.max_running, config.page_size
     if config.kv_dtype not in ("bf16", "int8"):
         raise ValueError(f"kv_dtype must be bf16 or int8, not {config.kv_dtype!r}")
     int8 = config.kv_dtype == "int8"
-    per_tok = kv_bytes_per_token(cfg, dtype, mtp, int8=int8)
+    per_tok = kv_bytes_per_token(cfg, dtype, drafts > 0, int8=int8)
     per_slot = state_bytes_per_slot(cfg, dtype)
-    work = workspace_bytes(cfg, dtype, config.prefill_chunk, C)
+    spec = speculation_bytes(cfg, dtype, drafts, C)
+    work = workspace_bytes(cfg, dtype, config.prefill_chunk, C) + spec
     margin = max(GIB // 2, budget_bytes // 40) if on_gpu else 0
     left = budget_bytes - weights_bytes - work - margin - (C + 1) * per_slot
     snapshots = config.snapshots if config.snapshots is not None else \
@@ -116,7 +138,8 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
         return MemoryPlan(budget_bytes=budget_bytes, weights_bytes=weights_bytes, kv_bytes=pages * page * per_tok,
                           state_bytes=(C + snapshots + 1) * per_slot, workspace_bytes=work, margin_bytes=margin,
                           max_context=ctx, num_pages=pages, num_slots=C + snapshots + 1, snapshots=snapshots,
-                          kv_bytes_per_token=per_tok, state_bytes_per_slot=per_slot)
+                          kv_bytes_per_token=per_tok, state_bytes_per_slot=per_slot, drafts=drafts,
+                          speculation_bytes=spec)
 
     if config.max_context is not None:
         ctx = config.max_context
@@ -129,7 +152,7 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
         plan.fits = False
         if not explain:
             return plan
-        plan.alternatives = _alternatives(cfg, config, dtype, weights_bytes, budget_bytes, mtp, on_gpu)
+        plan.alternatives = _alternatives(cfg, config, dtype, weights_bytes, budget_bytes, drafts, on_gpu)
         need = plan.total_bytes / GIB
         plan.message = (f"profile {config.profile} with {ctx} tokens of context needs {need:.1f} GiB; "
                         f"{budget_bytes / GIB:.1f} GiB are available. "
@@ -139,12 +162,12 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
     return plan
 
 
-def _alternatives(cfg, config, dtype, weights_bytes, budget_bytes, mtp, on_gpu) -> list[str]:
+def _alternatives(cfg, config, dtype, weights_bytes, budget_bytes, drafts, on_gpu) -> list[str]:
     out = []
     for profile in PROFILES:
         for kv in ("bf16", "int8"):
             alt = EngineConfig(**{**config.__dict__, "profile": profile, "kv_dtype": kv, "max_context": None})
-            p = plan_memory(cfg, alt, dtype, weights_bytes=weights_bytes, budget_bytes=budget_bytes, mtp=mtp,
+            p = plan_memory(cfg, alt, dtype, weights_bytes=weights_bytes, budget_bytes=budget_bytes, drafts=drafts,
                             on_gpu=on_gpu, explain=False)
             if p.fits and p.max_context >= 1024:
                 out.append(f"{profile} with {kv} KV: up to {p.max_context} tokens")
@@ -159,10 +182,10 @@ def budget_for(config: EngineConfig, device: DeviceInfo, held_bytes: int = 0) ->
     return min(device.free_bytes, int(config.gpu_memory_gb * GIB) - held_bytes)
 
 
-def weight_bytes(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, weights: str) -> int:
+def weight_bytes(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, weights: str, drafts: int) -> int:
     """Device bytes of the weights the engine loads (MTP only with speculation, the vision tower only with vision)
     under `weights` (bf16: 16-bit, or int4 per the default policy), from the model's tensor shapes."""
-    shapes = model_tensor_shapes(cfg, with_mtp=config.mtp and cfg.num_mtp_layers > 0,
+    shapes = model_tensor_shapes(cfg, with_mtp=drafts > 0,
                                  with_vision=config.vision and cfg.vision is not None)
     if weights == "int4":
         return policy_bytes(shapes, config.policy("int4"))["total"]
@@ -182,10 +205,10 @@ def plan_for(config: EngineConfig, device: DeviceInfo | None = None, budget_byte
     budget = budget_bytes if budget_bytes is not None else budget_for(config, device)
     choices = [config.weights] if config.weights != "auto" else ["bf16", "int4"] if device.on_gpu else ["bf16"]
     config.policy(choices[0])                                  # refuses an unknown weights setting
+    drafts = model_drafts(cfg, config, device.on_gpu)
     for weights in choices:
-        plan = plan_memory(cfg, config, dtype, weights_bytes=weight_bytes(cfg, config, dtype, weights),
-                           budget_bytes=budget, mtp=config.mtp and cfg.num_mtp_layers > 0, on_gpu=device.on_gpu,
-                           explain=weights == choices[-1])
+        plan = plan_memory(cfg, config, dtype, weights_bytes=weight_bytes(cfg, config, dtype, weights, drafts),
+                           budget_bytes=budget, drafts=drafts, on_gpu=device.on_gpu, explain=weights == choices[-1])
         plan.weights = weights
         if plan.fits:
             return plan

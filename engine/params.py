@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 
 PROFILES = {"C1": 1, "C2": 2, "C4": 4, "C8": 8}
+MAX_DRAFTS = 5                      # k + 1 verify rows must fit the decode kernels (model/batch.py MAX_DECODE_LEN)
 
 
 @dataclass
@@ -25,7 +26,8 @@ class EngineConfig:
     page_size: int = 64             # tokens per KV page
     snapshots: int | None = None    # GDN state snapshots kept for prefix reuse (None: from memory)
     cuda_graphs: bool = True        # capture decode in CUDA graphs (CUDA only)
-    mtp: bool = False               # load the MTP module (when the checkpoint has it): only speculation uses it
+    speculative_tokens: int | None = None  # MTP drafts per round (1..5; 0 off); None: 3 on a GPU, 0 on the CPU
+    draft_vocab: int = 32768        # draft head rows: the most frequent tokens (verify uses the full head)
     vision: bool = False            # load the vision tower's weights: nothing uses them until images are encoded
 
     def policy(self, weights: str | None = None):
@@ -35,6 +37,13 @@ class EngineConfig:
         if weights not in ("auto", "bf16", "int4"):
             raise ValueError(f"weights must be auto, bf16 or int4, not {weights!r}")
         return QuantPolicy(group_size=self.quant_group, method=self.quant_method) if weights == "int4" else None
+
+    def drafts(self, on_gpu: bool) -> int:
+        """MTP drafts per speculative round on this device (0: no speculation, and no MTP module loaded)."""
+        k = (3 if on_gpu else 0) if self.speculative_tokens is None else self.speculative_tokens
+        if not 0 <= k <= MAX_DRAFTS:
+            raise ValueError(f"speculative_tokens must be between 0 and {MAX_DRAFTS}, not {k}")
+        return k
 
     @property
     def max_running(self) -> int:
@@ -91,6 +100,31 @@ class TokenLogprob:
     top: list[tuple[int, float]]    # (token id, logprob), most likely first
 
 
+@dataclass
+class SpeculationStats:
+    """What speculative decoding did for one request (or the engine): rounds, drafts proposed and kept, and per
+    draft position how many rounds kept it."""
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_at: list[int] = field(default_factory=list)     # [j]: rounds whose draft j + 1 was kept
+
+    def add(self, k: int, kept: int) -> None:
+        self.rounds += 1
+        self.drafted += k
+        self.accepted += kept
+        self.accepted_at += [0] * (k - len(self.accepted_at))
+        for j in range(kept):
+            self.accepted_at[j] += 1
+
+    @property
+    def tokens_per_round(self) -> float:
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+    @property
+    def position_rates(self) -> list[float]:
+        """Per draft position, the share of rounds that kept it."""
+        return [n / self.rounds for n in self.accepted_at] if self.rounds else []
 
 
 @dataclass
@@ -99,6 +133,7 @@ class Usage:
     completion_tokens: int = 0
     cached_tokens: int = 0          # prompt tokens reused from the prefix cache
     reasoning_tokens: int = 0       # completion tokens spent thinking
+    speculation: SpeculationStats | None = None   # when the request decoded with MTP drafts
 
 
 @dataclass

@@ -8,6 +8,8 @@ and no KV slot, so they never touch a live sequence.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from engine.kv_cache import CacheTensors
@@ -15,6 +17,7 @@ from engine.model.batch import ForwardBatch, build_batch
 from engine.model.qwen3_5 import Qwen3_5Model
 from engine.params import TokenLogprob
 from engine.sequence import Sequence
+from engine.speculative import Speculator
 from kernels.sampling import Penalties, sample, token_logprobs
 
 BUCKETS = (1, 2, 4, 8)
@@ -27,18 +30,23 @@ class ModelRunner:
         self.pools = pools
         self.device = device
         self.graphs = None
+        self.speculator: Speculator | None = None   # set by the engine when it speculates: prompts feed its MTP KV
+        self.last_hidden: torch.Tensor | None = None  # a prefill step's hidden states at its logits rows
         if cuda_graphs and device.type == "cuda":
             self.graphs = DecodeGraphs(model, pools, device, max_batch, max_context, scratch_slot)
 
     @torch.inference_mode()
     def forward(self, seqs: list[Sequence], query_lens: list[int], all_logits: bool = False,
-                snapshots: list[tuple[int, int]] | None = None, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+                snapshots: list[tuple[int, int]] | None = None, input_ids: torch.Tensor | None = None,
+                prefill: bool = False) -> torch.Tensor:
         """Run the next query_lens[i] uncomputed tokens of each sequence; advance num_computed.
         Returns fp32 logits of each sequence's last row [N, V] (or of every row with all_logits).
         snapshots: per sequence (tokens, slot): also save the GDN state after that many of its rows (0: none).
         input_ids: the step's token ids already on the device (a decode step fed by the last step's sampling, whose
-        tokens the host has not read yet); None: from the sequences' tokens."""
-        if self.graphs is not None and not all_logits and not snapshots and self.graphs.fits(seqs, query_lens):
+        tokens the host has not read yet); None: from the sequences' tokens. prefill: prompt rows (never graphed; with
+        a speculator their MTP KV is made too, and the logits rows' hidden states are kept in last_hidden)."""
+        if (self.graphs is not None and not prefill and not all_logits and not snapshots
+                and self.graphs.fits(seqs, query_lens)):
             logits = self.graphs.run(seqs, input_ids)
         else:
             if input_ids is None:
@@ -50,12 +58,28 @@ class ModelRunner:
                                 last_only=not all_logits, snapshots=snapshots,
                                 conv_width=self.model.cfg.conv_kernel)
             hidden = self.model(input_ids, batch, self.pools)
+            if prefill and self.speculator is not None:
+                self._prompt_mtp(seqs, query_lens, hidden, batch)
             if batch.logits_rows is not None:
                 hidden = hidden[batch.logits_rows]
+            self.last_hidden = hidden if prefill else None
             logits = self.model.logits(hidden)
         for s, n in zip(seqs, query_lens):
             s.num_computed += n
         return logits
+
+    def _prompt_mtp(self, seqs: list[Sequence], query_lens: list[int], hidden: torch.Tensor, batch) -> None:
+        """The MTP layer's KV for a prefill step's rows: row p takes the token after it, known for every prompt row
+        but the last (made with the first sampled token: Speculation.start)."""
+        next_ids, known = [], []
+        for s, n in zip(seqs, query_lens):
+            for p in range(s.num_computed, s.num_computed + n):
+                known.append(p + 1 < len(s.tokens))
+                next_ids.append(s.tokens[p + 1] if known[-1] else 0)
+        dev = hidden.device
+        slots = torch.where(torch.tensor(known, device=dev), batch.slot_mapping, -1)
+        self.speculator.prompt_mtp(hidden, torch.tensor(next_ids, device=dev),
+                                   dataclasses.replace(batch, slot_mapping=slots, logits_rows=None, snapshot=None))
 
     @torch.inference_mode()
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:

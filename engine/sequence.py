@@ -7,7 +7,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.params import SamplingParams, StreamEvent, TokenLogprob
+from engine.params import SamplingParams, SpeculationStats, StreamEvent, TokenLogprob
 
 
 @dataclass
@@ -25,6 +25,8 @@ class Sequence:
     cached_tokens: int = 0                      # prompt tokens taken from the prefix cache
     snapshot_at: int = -1                       # prompt boundary to snapshot the GDN state at
     rolling_slot: int = -1                      # end-of-turn snapshot: state at the latest page boundary
+    spec_counts: SpeculationStats = field(default_factory=SpeculationStats)   # what speculation did for it
+    spec_snapshot: tuple[int, int] | None = None  # a round's snapshot (page boundary, slot) not yet reached
     finish_reason: str | None = None
     error: str | None = None                    # why this request must end with an error (set while sampling)
     logprobs: list[TokenLogprob] = field(default_factory=list)

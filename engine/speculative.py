@@ -29,8 +29,34 @@ from engine.kv_cache import CacheTensors
 from engine.model.batch import ForwardBatch
 from engine.model.qwen3_5 import Qwen3_5Model
 from kernels.gdn import VerifyRows, gdn_replay
+from kernels.sampling import random_uniform_ref
 
 DRAFT_VOCAB = 32768        # draft head rows: Qwen's ids are in merge order, so the first ones are the most frequent
+
+
+@dataclass
+class DraftOracle:
+    """A measuring instrument (qwendesk-bench --draft-oracle P, and tests): the MTP still drafts, then draft j is
+    replaced by the true greedy continuation with probability p if drafts 1 .. j - 1 were true, else by a wrong
+    token; a round then yields 1 + p + ... + p^k tokens on average, whatever the weights. Greedy requests only (a
+    replaced draft has no draft distribution). `continuations` maps a prompt to its plain greedy run (prompt +
+    output); `table` holds each live slot's, from `Speculation.start`."""
+    p: float
+    continuations: dict[tuple[int, ...], list[int]]
+    table: torch.Tensor | None = None                 # [num_slots, max_context] int64
+
+    def assign(self, slot: int, prompt: list[int]) -> None:
+        tokens = self.continuations.get(tuple(prompt), [])[:self.table.shape[1]]
+        self.table[slot].fill_(0)
+        self.table[slot, :len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
+
+    def apply(self, drafts: torch.Tensor, inp: "RoundInputs", vocab: int) -> torch.Tensor:
+        k = drafts.shape[1]
+        pos = (inp.base[:, None] + 1 + torch.arange(k, device=drafts.device)).clamp(max=self.table.shape[1] - 1)
+        true = self.table[inp.slots[:, None], pos]
+        u = random_uniform_ref(inp.sampling.seeds, 4 * inp.base + 3, k)
+        right = (u < self.p).int().cumprod(1).bool()
+        return torch.where(right, true, (true + 1) % vocab)
 
 
 @dataclass
@@ -82,6 +108,14 @@ class Speculator:
         # per state slot (graph padding rows use the scratch slot: every slot has a row)
         self.draft_tokens = torch.zeros(pools.num_slots, dtype=torch.int64, device=dev)
         self.draft_hidden = torch.zeros(pools.num_slots, cfg.hidden_size, dtype=dtype, device=dev)
+        self.oracle: DraftOracle | None = None
+
+    def set_oracle(self, oracle: DraftOracle | None) -> None:
+        """Replace drafts per DraftOracle (None: back to the MTP's own); captured rounds are dropped by the caller."""
+        if oracle is not None:
+            oracle.table = torch.zeros(self.draft_tokens.shape[0], self.max_context, dtype=torch.int64,
+                                       device=self.draft_tokens.device)
+        self.oracle = oracle
 
     # ---- outside rounds (eager) ----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -121,6 +155,8 @@ class Speculator:
             d.append(token)
             qs.append(q)
         drafts = torch.stack(d, 1)                                                       # [B, k]
+        if self.oracle is not None:
+            drafts = self.oracle.apply(drafts, inp, model.cfg.vocab_size)
         rows = VerifyRows(self.rows.raw[:, :B], self.rows.qkv[:, :B], self.rows.gb[:, :B])
         verify = rows_batch(inp, 0, k + 1, page, self.max_context, verify=rows)
         hidden = model(torch.cat([inp.last[:, None], drafts], 1).reshape(-1), verify, pools)   # [B (k+1), H]

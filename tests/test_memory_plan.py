@@ -17,7 +17,7 @@ BF16 = sum(2 * torch.Size(s).numel() for s, _ in model_tensor_shapes(CFG, with_m
 
 def plan(budget_gib=24.0, weights=INT4, **fields):
     return plan_memory(CFG, EngineConfig(model="", **fields), torch.bfloat16, weights_bytes=weights,
-                       budget_bytes=int(budget_gib * GIB), mtp=False, on_gpu=True)
+                       budget_bytes=int(budget_gib * GIB), drafts=0, on_gpu=True)
 
 
 def test_default_policy_bytes_of_the_27b():
