@@ -2,10 +2,10 @@
 
 The process is capped with torch.cuda.set_per_process_memory_fraction (an allocation past the
 cap fails as it would on the small card) and the engine plans with the same cap. The model is loaded as the
-app loads it: the weights the planner picks for the card (int4 for the 27B on 24 GiB), no MTP module and no
-vision tower (both load only when used). Three scenarios must load and decode: C1 with 32K tokens of bf16 KV,
-C1 with int8 KV at the largest context the plan allows (>= 170K wanted), and C8 with 8K tokens each. For each,
-the plan's prediction is printed beside the measured peak.
+app loads it: the weights the planner picks for the card (int4 for the 27B on 24 GiB), the MTP module with the
+speculation buffers (3 drafts, the default on a GPU), no vision tower (it loads only when used). Three scenarios
+must load and decode: C1 with 32K tokens of bf16 KV, C1 with int8 KV at the largest context the plan allows
+(>= 170K wanted), and C8 with 8K tokens each. For each, the plan's prediction is printed beside the measured peak.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def simulate(raw: dict, gb: float) -> dict:
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(gb * GIB / total)
     weights = plan_for(EngineConfig(model="", gpu_memory_gb=gb), model=parse_model_config(raw)).weights
-    model = build_random_model(raw, weights, check=False)   # the speed bench checks the kernels
+    model = build_random_model(raw, weights, check=False, mtp=True)   # the speed bench checks the kernels
     held = torch.cuda.memory_allocated()
     print(f"simulated card: {gb:.0f} GiB; {weights} weights hold {held / GIB:.2f} GiB", flush=True)
     tok = bench_tokenizer()

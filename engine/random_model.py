@@ -21,7 +21,7 @@ def text_config(shape: str) -> dict:
     return {"model_type": "qwen3_5_text", "vocab_size": 248320, "head_dim": 256, "linear_num_key_heads": 16,
             "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
             "full_attention_interval": 4, "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
-            "tie_word_embeddings": False, "mtp_num_hidden_layers": 0, "eos_token_id": 248046,
+            "tie_word_embeddings": False, "mtp_num_hidden_layers": 1, "eos_token_id": 248046,
             "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
                                 "mrope_section": [11, 11, 10]}, **SHAPES[shape]}
 
@@ -51,12 +51,14 @@ def randomize_(model, seed: int = 0) -> None:
             b.uniform_(7, 9, generator=gen)
 
 
-def build_random_model(raw: dict, weights: str, check: bool = True):
+def build_random_model(raw: dict, weights: str, check: bool = True, mtp: bool = False):
+    """The model of config `raw` on the GPU with random weights (bf16, or int4 per the default policy); mtp: with
+    its MTP module (an engine around it speculates)."""
     from engine.config import parse_model_config
     from engine.model.qwen3_5 import Qwen3_5Model
     from engine.params import EngineConfig
     policy = EngineConfig(model="").policy(weights)
-    model = Qwen3_5Model(parse_model_config(raw), torch.bfloat16, "cuda", policy=policy)
+    model = Qwen3_5Model(parse_model_config(raw), torch.bfloat16, "cuda", with_mtp=mtp, policy=policy)
     randomize_(model)
     if policy is not None and check:
         check_quantized_linear(model)
