@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
-
-from PySide6.QtWidgets import QApplication, QSystemTrayIcon
+from importlib.metadata import PackageNotFoundError, version
 
 
 def build_context():
@@ -21,8 +21,26 @@ def build_context():
                       catalog=load_catalog())
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="qwendesk", description="Qwen Desk: download a Qwen3.5-family model and chat "
+                                 "with it on this computer. Run without arguments to open the window.")
+    ap.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    return ap.parse_args(argv)
+
+
+def package_version() -> str:
+    try:
+        return version("qwendesk")
+    except PackageNotFoundError:    # running from a source tree that pip has not installed
+        return "(not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
-    app = QApplication.instance() or QApplication(argv if argv is not None else sys.argv)
+    """argv: the command-line arguments after the program name (default: sys.argv[1:])."""
+    parse_args(argv)
+    from PySide6.QtWidgets import QApplication, QSystemTrayIcon
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Qwen Desk")
     app.setDesktopFileName("qwendesk")
 

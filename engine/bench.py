@@ -5,8 +5,9 @@
 Measures, in one run on one GPU: the copy-bandwidth ceiling; prefill tok/s at 512 / 8K / 32K;
 TTFT at 512; decode tok/s per stream and aggregate at C1 / C2 / C4 / C8; the second-turn TTFT
 of a 4K-token conversation; then the same workloads through transformers' Qwen3_5ForCausalLM
-(with flash-linear-attention when importable). Prints ratios and the roofline fraction: the
-bytes a decode step must read (weights + KV + GDN state) over the measured copy bandwidth.
+(with flash-linear-attention when importable; skipped with a note when transformers, a test extra, is
+not installed). Prints ratios and the roofline fraction: the bytes a decode step must read (weights + KV +
+GDN state) over the measured copy bandwidth.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import time
 
 import torch
 
+from engine.cli_args import positive_int
+from engine.params import PROFILES
 from engine.random_model import SHAPES, bench_tokenizer, build_random_model, rand_ids, text_config
 
 def copy_bandwidth() -> float:
@@ -235,14 +238,15 @@ def bench_hf(raw_cfg, args) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="qwendesk-bench")
     ap.add_argument("--shape", default="27b", choices=sorted(SHAPES))
-    ap.add_argument("--contexts", default="512,8192,32768")
-    ap.add_argument("--profiles", default="C1,C2,C4,C8")
-    ap.add_argument("--decode-prompt", type=int, default=512)
-    ap.add_argument("--decode-tokens", type=int, default=128)
-    ap.add_argument("--prefill-chunk", type=int, default=8192)
-    ap.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--hf-contexts", default="512,8192")
-    ap.add_argument("--hf-decode-tokens", type=int, default=16)
+    ap.add_argument("--contexts", default="512,8192,32768", type=token_counts, help="prefill lengths, comma-separated")
+    ap.add_argument("--profiles", default="C1,C2,C4,C8", type=profile_names, help="decode profiles, comma-separated")
+    ap.add_argument("--decode-prompt", type=positive_int, default=512)
+    ap.add_argument("--decode-tokens", type=positive_int, default=128)
+    ap.add_argument("--prefill-chunk", type=positive_int, default=8192)
+    ap.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True,
+                    help="compare with HF transformers (bf16 weights; needs the transformers package)")
+    ap.add_argument("--hf-contexts", default="512,8192", type=token_counts)
+    ap.add_argument("--hf-decode-tokens", type=positive_int, default=16)
     ap.add_argument("--weights", default="bf16", choices=["bf16", "int4"])
     ap.add_argument("--simulate-gb", type=float, default=None,
                     help="instead of the speed runs: the memory scenarios of a card this size (int4 weights)")
@@ -253,14 +257,14 @@ def main(argv=None) -> int:
                     "--no-pdl: with it a kernel's time includes its wait for the one before")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
+    args.hf = args.hf and args.weights == "bf16" and not (args.simulate_gb or args.profile)  # the runs that compare
+    if args.hf and (why := transformers_missing()):
+        print(f"note: skipping the comparison with HF transformers ({why}); pip install transformers to run it")
+        args.hf = False
+    if not torch.cuda.is_available():
+        ap.exit(2, f"{ap.prog}: error: needs a CUDA GPU; none is available\n")
     from kernels import pdl
     pdl.ENABLED = args.pdl
-    args.contexts = [int(x) for x in args.contexts.split(",")]
-    args.hf_contexts = [int(x) for x in args.hf_contexts.split(",")]
-    args.profiles = args.profiles.split(",")
-    if not torch.cuda.is_available():
-        print("qwendesk-bench needs a CUDA GPU", file=sys.stderr)
-        return 2
 
     raw = text_config(args.shape)
     if args.simulate_gb:
@@ -282,13 +286,36 @@ def main(argv=None) -> int:
     results["ours"] = bench_ours(model, args, bw)
     del model
     torch.cuda.empty_cache()
-    if args.hf and args.weights == "bf16":
+    if args.hf:
         results["hf"] = bench_hf(raw, args)
     report(results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     return 0
+
+
+def token_counts(value: str) -> list[int]:
+    """argparse type: "512,8192" -> [512, 8192]."""
+    return [positive_int(n) for n in value.split(",")]
+
+
+def profile_names(value: str) -> list[str]:
+    """argparse type: "C1,C4" -> ["C1", "C4"]."""
+    names = value.split(",")
+    for name in names:
+        if name not in PROFILES:
+            raise argparse.ArgumentTypeError(f"{name!r} is not a profile ({', '.join(PROFILES)})")
+    return names
+
+
+def transformers_missing() -> str | None:
+    """Why the comparison with HF transformers cannot run (transformers is only a test extra), or None."""
+    try:
+        from transformers import Qwen3_5ForCausalLM  # noqa: F401
+    except ImportError as e:
+        return str(e).splitlines()[0]
+    return None
 
 
 def report(r: dict) -> None:

@@ -1,18 +1,22 @@
-"""Command-line entry points. `qwendesk-chat --model PATH`: a terminal chat that streams replies."""
+"""`qwendesk-chat --model PATH_OR_REPO_ID`: a terminal chat that streams replies."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from engine.cli_args import checked, model_arg, resolve_model
+from engine.params import DTYPE_NAMES, EngineConfig, SamplingParams
+
 DIM, RESET = ("\033[2m", "\033[0m") if sys.stdout.isatty() else ("", "")
 
 
 def chat_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="qwendesk-chat", description="Chat with a Qwen3.5-family checkpoint.")
-    ap.add_argument("--model", required=True, help="checkpoint directory")
-    ap.add_argument("--device", default="auto", help="auto | cuda | cpu")
-    ap.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32")
+    ap.add_argument("--model", required=True, type=model_arg,
+                    help="checkpoint directory, or a Hugging Face repo id to download")
+    ap.add_argument("--device", default="auto", help="auto | cuda | cuda:N | cpu")
+    ap.add_argument("--dtype", default="auto", choices=DTYPE_NAMES)
     ap.add_argument("--max-tokens", type=int, default=1024)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--top-p", type=float, default=0.95)
@@ -21,17 +25,19 @@ def chat_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--system", default=None, help="system prompt")
     ap.add_argument("--no-think", action="store_true", help="turn the model's thinking off")
     args = ap.parse_args(argv)
+    config = checked(ap, EngineConfig(model=args.model, device=args.device, dtype=args.dtype))
+    params = checked(ap, SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                        top_k=args.top_k, seed=args.seed, skip_special_tokens=False))
 
-    from engine.api import Engine, EngineConfig, SamplingParams
+    from engine.api import Engine
 
     print(f"loading {args.model} ...", file=sys.stderr)
     try:
-        engine = Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype))
+        config.model = resolve_model(config.model)
+        engine = Engine(config)
     except (OSError, ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed, skip_special_tokens=False)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     print("ready. Empty line or Ctrl-D to quit.", file=sys.stderr)
     while True:

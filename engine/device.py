@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.params import DEVICES
+
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-DEVICES = ("auto", "cuda", "cpu")
 GIB = 1 << 30
 
 

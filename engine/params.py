@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 
 PROFILES = {"C1": 1, "C2": 2, "C4": 4, "C8": 8}
 MAX_DRAFTS = 5                      # k + 1 verify rows must fit the decode kernels (model/batch.py MAX_DECODE_LEN)
+DEVICES = ("auto", "cuda", "cpu")                       # "cuda:N" picks one GPU of several
+DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32")
+KV_DTYPES = ("bf16", "int8")
+WEIGHTS = ("auto", "bf16", "int4")
 
 
 @dataclass
@@ -34,8 +39,7 @@ class EngineConfig:
         """The quantization policy for `weights` (default: this config's); None for 16-bit weights."""
         from engine.weights.policy import QuantPolicy
         weights = weights or self.weights
-        if weights not in ("auto", "bf16", "int4"):
-            raise ValueError(f"weights must be auto, bf16 or int4, not {weights!r}")
+        one_of("weights", weights, WEIGHTS)
         return QuantPolicy(group_size=self.quant_group, method=self.quant_method) if weights == "int4" else None
 
     def drafts(self, on_gpu: bool) -> int:
@@ -45,11 +49,29 @@ class EngineConfig:
             raise ValueError(f"speculative_tokens must be between 0 and {MAX_DRAFTS}, not {k}")
         return k
 
+    def validate(self) -> None:
+        """Refuse settings no engine can run with (a one-line ValueError), before anything loads."""
+        if self.device not in DEVICES and not re.fullmatch(r"cuda:\d+", self.device):
+            raise ValueError(f"device must be {', '.join(DEVICES)} or cuda:N, not {self.device!r}")
+        one_of("dtype", self.dtype, DTYPE_NAMES)
+        one_of("kv_dtype", self.kv_dtype, KV_DTYPES)
+        one_of("weights", self.weights, WEIGHTS)
+        one_of("profile", self.profile, PROFILES)
+        self.drafts(on_gpu=False)
+        if self.max_context is not None and self.max_context < 1:
+            raise ValueError(f"max_context must be at least 1 token, not {self.max_context}")
+        if self.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, not {self.max_queue}")
+
     @property
     def max_running(self) -> int:
-        if self.profile not in PROFILES:
-            raise ValueError(f"profile must be one of {', '.join(PROFILES)}, not {self.profile!r}")
+        one_of("profile", self.profile, PROFILES)
         return PROFILES[self.profile]
+
+
+def one_of(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
 
 
 @dataclass

@@ -107,11 +107,16 @@ def run_family(fam: str, ceil: dict) -> list[Result]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("families", nargs="*", default=list(FAMILIES))
+    ap = argparse.ArgumentParser(prog="python -m kernels.bench")
+    ap.add_argument("families", nargs="*", default=list(FAMILIES), help=f"some of: {' '.join(FAMILIES)} (default: all)")
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--ceilings", help=argparse.SUPPRESS)   # set by the parent: one family per process
     args = ap.parse_args(argv)
+    unknown = [f for f in args.families if f not in FAMILIES]
+    if unknown:
+        ap.error(f"no kernel family {unknown[0]!r} (the families: {', '.join(FAMILIES)})")
+    if not torch.cuda.is_available():
+        ap.exit(2, f"{ap.prog}: error: needs a CUDA GPU; none is available\n")
     ceil = json.loads(args.ceilings) if args.ceilings else ceilings()
     if args.ceilings:  # child: one family, results as JSON on stdout's last line
         results = run_family(args.families[0], ceil)

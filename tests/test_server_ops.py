@@ -254,6 +254,7 @@ def test_qwendesk_serve_command(checkpoint, tmp_path):
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
+    (tmp_path / "config.json").write_bytes((checkpoint("base") / "config.json").read_bytes())  # no weights
     bad = subprocess.run([sys.executable, "-m", "engine.server.cli", "--model", str(tmp_path), "--port",
                           str(free_port()), "--device", "cpu"], capture_output=True, text=True, timeout=90,
                          env={**os.environ, "QWENDESK_API_KEY": ""})

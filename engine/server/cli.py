@@ -1,38 +1,44 @@
 """qwendesk-serve: the local OpenAI- and Anthropic-compatible API, headless.
 
 The HTTP server starts at once and the model loads behind it (GET /health answers 503 until it is
-ready), so a supervisor sees the process up and can wait for the model.
+ready), so a supervisor sees the process up and can wait for the model. Bad arguments are refused
+before either starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
-import re
 import sys
 import threading
-from pathlib import Path
+from typing import NoReturn
+
+import uvicorn
+
+from engine.cli_args import checked, model_arg, model_name, port_arg, resolve_model
+from engine.params import DTYPE_NAMES, KV_DTYPES, PROFILES, EngineConfig
 
 log = logging.getLogger("qwendesk.serve")
-REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_args(argv=None) -> tuple[argparse.Namespace, EngineConfig]:
     ap = argparse.ArgumentParser(prog="qwendesk-serve", description="Serve a Qwen3.5-family checkpoint over "
                                                                     "OpenAI- and Anthropic-compatible HTTP.")
-    ap.add_argument("--model", required=True, help="checkpoint directory, or a Hugging Face repo id to download")
+    ap.add_argument("--model", required=True, type=model_arg,
+                    help="checkpoint directory, or a Hugging Face repo id to download")
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    ap.add_argument("--port", type=int, default=8080)
+    ap.add_argument("--port", type=port_arg, default=8080)
     ap.add_argument("--api-key", default=os.environ.get("QWENDESK_API_KEY"),
                     help="require this key on /v1 routes and /metrics (default: $QWENDESK_API_KEY; none: open)")
     ap.add_argument("--model-id", help="the model name clients send (default: the checkpoint's directory name)")
-    ap.add_argument("--profile", default="C1", choices=["C1", "C2", "C4", "C8"],
+    ap.add_argument("--profile", default="C1", choices=list(PROFILES),
                     help="requests decoded together; more wait in the queue")
-    ap.add_argument("--kv-dtype", default="bf16", choices=["bf16", "int8"])
+    ap.add_argument("--kv-dtype", default="bf16", choices=KV_DTYPES)
     ap.add_argument("--max-context", type=int, default=None, help="tokens per request (default: what memory allows)")
-    ap.add_argument("--device", default="auto", help="auto | cuda | cpu")
-    ap.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32")
+    ap.add_argument("--device", default="auto", help="auto | cuda | cuda:N | cpu")
+    ap.add_argument("--dtype", default="auto", choices=DTYPE_NAMES)
     ap.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond the profile before 429/529")
     ap.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                     help="accept this Host name besides loopback names and IP addresses (repeatable; '*': any)")
@@ -40,13 +46,33 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="let web pages from this origin call the API (repeatable; default: none)")
     ap.add_argument("--max-body-mb", type=float, default=32, help="largest request body accepted")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if not args.max_body_mb > 0:
+        ap.error(f"argument --max-body-mb: must be more than 0, not {args.max_body_mb}")
+    config = checked(ap, EngineConfig(model=args.model, device=args.device, dtype=args.dtype, profile=args.profile,
+                                      kv_dtype=args.kv_dtype, max_context=args.max_context,
+                                      max_queue=args.max_queue))
+    return args, config
 
 
-def serve_main(argv=None) -> int:
-    args = parse_args(argv)
+class Server(uvicorn.Server):
+    """uvicorn's server, which on shutdown (Ctrl-C, SIGTERM) first closes the engine: every request in
+    flight or queued then finishes as cancelled, so each open stream ends at once as its protocol ends a
+    failed one, rather than being cut when the graceful timeout runs out."""
+
+    def __init__(self, config: uvicorn.Config, state):
+        super().__init__(config)
+        self.state = state
+
+    async def shutdown(self, sockets=None) -> None:
+        if self.state.engine is not None:
+            await asyncio.to_thread(self.state.engine.close)
+        await super().shutdown(sockets)
+
+
+def serve_main(argv=None) -> NoReturn:
+    args, config = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    import uvicorn
 
     from engine.server import ServerSettings, create_app
     from engine.server.settings import is_loopback
@@ -58,10 +84,10 @@ def serve_main(argv=None) -> int:
         log.warning("listening on %s without an API key: anyone who can reach this port can use the model",
                     args.host)
     app = create_app(settings)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           lifespan="off", timeout_graceful_shutdown=5))
     state = app.state.server
-    loader = threading.Thread(target=load_engine, args=(args, state, server), name="qwendesk-load", daemon=True)
+    server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="off",
+                                   timeout_graceful_shutdown=5), state)
+    loader = threading.Thread(target=load_engine, args=(config, state, server), name="qwendesk-load", daemon=True)
     loader.start()
     try:
         server.run()
@@ -70,39 +96,29 @@ def serve_main(argv=None) -> int:
     loader.join(timeout=1)
     if state.engine is not None:
         state.engine.close()
-    return 1 if state.load_error else 0
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # All is closed: skip the interpreter's teardown (a second or more of garbage collection over torch and
+    # Triton), and a model still loading in its thread.
+    os._exit(1 if state.load_error else 0)
 
 
-def load_engine(args, state, server) -> None:
-    from engine.api import Engine, EngineConfig
+def load_engine(config: EngineConfig, state, server) -> None:
+    from engine.api import Engine
 
     try:
-        path = resolve_model(args.model)
-        engine = Engine(EngineConfig(model=path, device=args.device, dtype=args.dtype, profile=args.profile,
-                                     kv_dtype=args.kv_dtype, max_context=args.max_context, max_queue=args.max_queue))
+        config.model = resolve_model(config.model)
+        engine = Engine(config)
     except Exception as e:  # any failure to load is reported and ends the server
         state.load_error = f"{type(e).__name__}: {e}"
-        log.error("cannot load %s: %s", args.model, state.load_error)
+        log.error("cannot load %s: %s", config.model, state.load_error)
         server.should_exit = True
         return
     state.set_engine(engine)
-    log.info("serving %s as %r: context %d tokens, profile %s", path, state.settings.model_id, engine.max_context,
-             args.profile)
-
-
-def resolve_model(model: str) -> str:
-    """A local directory as is; a repo id ("Qwen/Qwen3.5-9B") downloaded into the Hugging Face cache."""
-    if Path(model).exists() or not REPO_ID.match(model):
-        return model
-    from huggingface_hub import snapshot_download
-
-    log.info("downloading %s", model)
-    return snapshot_download(model)
-
-
-def model_name(model: str) -> str:
-    return model if REPO_ID.match(model) and not Path(model).exists() else Path(model).resolve().name
+    log.info("serving %s as %r: context %d tokens, profile %s", config.model, state.settings.model_id,
+             engine.max_context, config.profile)
 
 
 if __name__ == "__main__":
-    sys.exit(serve_main())
+    serve_main()
