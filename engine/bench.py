@@ -255,6 +255,12 @@ def main(argv=None) -> int:
     ap.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
                     help="programmatic dependent launch where the GPU has it (kernels/pdl.py); profile with "
                     "--no-pdl: with it a kernel's time includes its wait for the one before")
+    ap.add_argument("--draft-oracle", type=rates, metavar="P,...",
+                    help="instead of the speed runs: speculative decoding with drafts right at these rates "
+                    "(engine/bench_spec.py), per --profiles and --drafts")
+    ap.add_argument("--drafts", default="1,3,5", type=token_counts, help="MTP drafts per round (--draft-oracle)")
+    ap.add_argument("--spec-context", type=positive_int, default=512, help="prompt tokens (--draft-oracle)")
+    ap.add_argument("--kv-dtype", default="bf16", choices=["bf16", "int8"], help="KV cache (--draft-oracle)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     args.hf = args.hf and args.weights == "bf16" and not (args.simulate_gb or args.profile)  # the runs that compare
@@ -278,6 +284,14 @@ def main(argv=None) -> int:
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e12:.2f} TB/s; shape {args.shape}; "
           f"weights {args.weights}", flush=True)
     results = {"shape": args.shape, "copy_tbps": bw / 1e12, "weights": args.weights}
+    if args.draft_oracle:
+        from engine import bench_spec
+        results.update(bench_spec.bench_speculation(build_random_model(raw, args.weights, mtp=True), args))
+        bench_spec.report(results)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return 0
     model = build_random_model(raw, args.weights)
     if args.profile:
         profile(model, args.profile)
@@ -293,6 +307,17 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     return 0
+
+
+def rates(value: str) -> list[float]:
+    """argparse type: "1,0.82,0" -> [1.0, 0.82, 0.0], each in [0, 1]."""
+    try:
+        out = [float(p) for p in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of rates: {value!r}") from None
+    if not all(0 <= p <= 1 for p in out):
+        raise argparse.ArgumentTypeError(f"rates are between 0 and 1: {value!r}")
+    return out
 
 
 def token_counts(value: str) -> list[int]:

@@ -235,12 +235,12 @@ class Engine:
     def cancel(self, request_id: int) -> None:
         self._inbox.put(("cancel", request_id))
 
-    def set_draft_oracle(self, oracle) -> None:
+    def set_draft_oracle(self, oracle, adaptive: bool = True) -> None:
         """Benchmarks and tests only: speculative drafts replaced per an engine.speculative.DraftOracle (None: the
-        MTP's own again). Call while no request runs."""
+        MTP's own again); adaptive False: every step speculates, paying or not. Call while no request runs."""
         if self._spec is None:
             raise RuntimeError("this engine does not speculate (speculative_tokens 0, or no MTP module)")
-        self._spec.use_oracle(oracle)
+        self._spec.use_oracle(oracle, adaptive)
 
     def plan(self) -> MemoryPlan:
         """The memory plan the engine runs with (weights, KV, state, workspace, margin)."""

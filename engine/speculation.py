@@ -10,7 +10,7 @@ When it pays: a round of k drafts costs about a plain step plus k draft steps an
 The engine times rounds and plain steps as they run; when tokens per second of rounds fall below plain steps'
 (acceptance too low: a draft head that does not predict this text, long contexts, many sequences at once), it decodes
 plainly for a while (doubling each time it finds speculation still does not pay, up to MAX_PLAIN_STEPS) and then
-tries a round again.
+tries rounds again. Plain steps are timed when they happen anyway, else a few are taken to compare with.
 """
 
 from __future__ import annotations
@@ -24,31 +24,39 @@ from engine.sequence import Sequence
 from engine.speculative import RoundGraphs, RoundRequest, Speculator, round_inputs
 
 MIN_PLAIN_STEPS, MAX_PLAIN_STEPS = 16, 512
+PROBE_ROUNDS, REMEASURE = 8, 512
 EMA = 0.2                    # weight of the newest measurement
 
 
 class Pays:
-    """Whether rounds beat plain steps, from both measured as they run (tokens per second, moving averages)."""
+    """Whether rounds beat plain steps, from both measured as they run (tokens per second, moving averages). Plain
+    steps are measured when some happen anyway, else after PROBE_ROUNDS rounds, and again every REMEASURE rounds."""
 
     def __init__(self):
         self.round_rate: float | None = None      # tokens per second of rounds (all sequences)
         self.plain_rate: float | None = None
-        self.plain_left = 0                       # plain steps still to take before trying a round again
+        self.plain_left = 0                       # plain steps still to take before trying rounds again
         self.backoff = MIN_PLAIN_STEPS
+        self.rounds = 0                           # rounds since plain steps were last measured
 
     def speculate(self) -> bool:
         return self.plain_left == 0
 
     def round_done(self, tokens: int, seconds: float) -> None:
         self.round_rate = _ema(self.round_rate, tokens / max(seconds, 1e-9))
-        if self.plain_rate is not None and self.round_rate < self.plain_rate:
+        self.rounds += 1
+        if self.plain_rate is None or self.rounds >= REMEASURE:
+            if self.rounds >= PROBE_ROUNDS:           # time some plain steps to compare with
+                self.plain_left, self.plain_rate = MIN_PLAIN_STEPS, None
+        elif self.round_rate < self.plain_rate:
             self.plain_left = self.backoff
             self.backoff = min(2 * self.backoff, MAX_PLAIN_STEPS)
-        elif self.plain_rate is not None:
+        else:
             self.backoff = MIN_PLAIN_STEPS
 
     def plain_done(self, tokens: int, seconds: float) -> None:
         self.plain_rate = _ema(self.plain_rate, tokens / max(seconds, 1e-9))
+        self.rounds = 0
         if self.plain_left:
             self.plain_left -= 1
             if self.plain_left == 0:
@@ -71,11 +79,15 @@ class Speculation:
                 buckets.append(max_batch)
             self.graphs = RoundGraphs(speculator, buckets, self.max_pages, cache.scratch_slot)
         self.pays = Pays()
+        self.adaptive = True                      # off: every eligible step speculates (measurements)
         self.totals = SpeculationStats()          # every sequence's rounds together
+        self.round_ms = 0.0                       # time spent in rounds (host view, each waits for its tokens)
 
-    def use_oracle(self, oracle) -> None:
-        """Drafts from a DraftOracle (engine/speculative.py; None: the MTP's own); captured rounds are dropped."""
+    def use_oracle(self, oracle, adaptive: bool = True) -> None:
+        """Drafts from a DraftOracle (engine/speculative.py; None: the MTP's own); captured rounds are dropped.
+        adaptive False: speculate at every eligible step, paying or not (to time rounds)."""
         self.spec.set_oracle(oracle)
+        self.adaptive, self.pays = adaptive, Pays()
         if self.graphs is not None:
             self.graphs.graphs.clear()
 
@@ -90,7 +102,7 @@ class Speculation:
                     and stream.reasoning_tokens + self.k + 1 >= p.thinking_budget)
 
     def wants(self, seqs: list[Sequence]) -> bool:
-        return bool(seqs) and self.pays.speculate() and all(self.eligible(s) for s in seqs)
+        return bool(seqs) and (not self.adaptive or self.pays.speculate()) and all(self.eligible(s) for s in seqs)
 
     # ---- drafts of a new sequence ---------------------------------------------------------------------------------
     def start(self, seqs: list[Sequence], hidden: torch.Tensor) -> None:
@@ -122,7 +134,9 @@ class Speculation:
         else:
             out = self.spec.round(round_inputs(reqs, self.max_pages, self.spec.pools.conv.device), sampled)
         kept, tokens = out.kept.tolist(), out.tokens.tolist()
-        self.pays.round_done(sum(kept) + len(seqs), time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.round_ms += 1e3 * seconds
+        self.pays.round_done(sum(kept) + len(seqs), seconds)
         for s, n in zip(seqs, kept):
             s.spec_counts.add(k, n)
             self.totals.add(k, n)
@@ -160,4 +174,5 @@ class Speculation:
         t = self.totals
         return {"spec_drafts": self.k, "spec_rounds": t.rounds, "spec_drafted_tokens": t.drafted,
                 "spec_accepted_tokens": t.accepted, "spec_tokens_per_round": round(t.tokens_per_round, 3),
-                "spec_position_rates": [round(r, 3) for r in t.position_rates], "spec_on": self.pays.speculate()}
+                "spec_position_rates": [round(r, 3) for r in t.position_rates], "spec_on": self.pays.speculate(),
+                "spec_round_ms_total": self.round_ms}

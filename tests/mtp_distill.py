@@ -33,22 +33,25 @@ def rope(x, pos, rot, theta):
 
 
 def mtp_restated(t, cfg, embed, hidden, next_ids, lm_head):
-    """Logits of the MTP module over one sequence's positions: position i takes the token after it (next_ids[i])
-    and the main model's hidden state there; causal attention over the positions before."""
+    """Logits of the MTP module over sequences' positions ([T] or [N, T] ids, hidden [..., T, H]): position i takes
+    the token after it (next_ids) and the main model's hidden state there; causal attention over the positions
+    before."""
     x = torch.cat([rms(embed[next_ids], t["mtp.pre_fc_norm_embedding.weight"]),
                    rms(hidden, t["mtp.pre_fc_norm_hidden.weight"])], -1) @ t["mtp.fc.weight"].T
-    T, H, KV, D = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    *lead, T, _ = x.shape
+    H, KV, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     h = rms(x, t[P + "input_layernorm.weight"])
-    qg = (h @ t[P + "self_attn.q_proj.weight"].T).view(T, H, 2 * D)
-    q, gate = qg[..., :D], qg[..., D:].reshape(T, H * D)
-    k = (h @ t[P + "self_attn.k_proj.weight"].T).view(T, KV, D)
-    v = (h @ t[P + "self_attn.v_proj.weight"].T).view(T, KV, D)
+    qg = (h @ t[P + "self_attn.q_proj.weight"].T).view(*lead, T, H, 2 * D)
+    q, gate = qg[..., :D], qg[..., D:].reshape(*lead, T, H * D)
+    k = (h @ t[P + "self_attn.k_proj.weight"].T).view(*lead, T, KV, D)
+    v = (h @ t[P + "self_attn.v_proj.weight"].T).view(*lead, T, KV, D)
     pos = torch.arange(T)
     q = rope(rms(q, t[P + "self_attn.q_norm.weight"]), pos, cfg.rotary_dim, cfg.rope_theta)
     k = rope(rms(k, t[P + "self_attn.k_norm.weight"]), pos, cfg.rotary_dim, cfg.rope_theta)
-    k, v = k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1)
-    att = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True)
-    o = (att.transpose(0, 1).reshape(T, H * D) * torch.sigmoid(gate)) @ t[P + "self_attn.o_proj.weight"].T
+    k, v = k.repeat_interleave(H // KV, -2), v.repeat_interleave(H // KV, -2)
+    att = F.scaled_dot_product_attention(q.transpose(-3, -2), k.transpose(-3, -2), v.transpose(-3, -2),
+                                         is_causal=True)
+    o = (att.transpose(-3, -2).reshape(*lead, T, H * D) * torch.sigmoid(gate)) @ t[P + "self_attn.o_proj.weight"].T
     x = x + o
     h = rms(x, t[P + "post_attention_layernorm.weight"])
     mlp = (F.silu(h @ t[P + "mlp.gate_proj.weight"].T) * (h @ t[P + "mlp.up_proj.weight"].T)) \
@@ -89,7 +92,8 @@ def distill_mtp(src: str, dst: Path, steps: int = 300, lr: float = 3e-3) -> Path
 
     seqs = _sequences(src, n=12, prompt_len=16, new=48)
     model, _ = load_model(src, "cpu", torch.float32, mtp=True)
-    data = [(torch.tensor(s), _hidden(model, s)) for s in seqs]
+    ids = torch.tensor(seqs)                                                    # [N, T]: equal lengths
+    hidden = torch.stack([_hidden(model, s) for s in seqs])
     file = Path(src) / "model.safetensors"
     tensors = load_file(file)
     t = {k: v.float() for k, v in tensors.items()}
@@ -99,9 +103,8 @@ def distill_mtp(src: str, dst: Path, steps: int = 300, lr: float = 3e-3) -> Path
     opt = torch.optim.Adam([t[n] for n in TRAINED], lr=lr)
     for _ in range(steps):
         opt.zero_grad()
-        loss = sum(F.cross_entropy(mtp_restated(t, model.cfg, embed, h[:-2], ids[1:-1], head), ids[2:])
-                   for ids, h in data) / len(data)
-        loss.backward()
+        logits = mtp_restated(t, model.cfg, embed, hidden[:, :-2], ids[:, 1:-1], head)
+        F.cross_entropy(logits.flatten(0, 1), ids[:, 2:].flatten()).backward()
         opt.step()
     shutil.copytree(src, dst)
     out = {k: (t[k].detach().to(v.dtype) if k in TRAINED else v) for k, v in tensors.items()}

@@ -176,12 +176,14 @@ def test_seeded_sampling_reproduces(ckpt):
         e.close()
 
 
-def test_a_distilled_head_drafts_well_above_chance(tmp_path, ckpt):
-    """Fit the tiny checkpoint's MTP module to the model itself (its greedy continuation of the token after next,
-    a few hundred CPU steps), then generate: drafts kept far more often than chance (1 / vocab)."""
+def test_a_distilled_head_drafts_well_above_chance(tmp_path, checkpoint):
+    """Fit a tiny checkpoint's MTP module to the model itself (its greedy token after next, 60 full-batch CPU
+    steps on 12 continuations), then generate from other prompts: drafts kept far more often than chance (1 / vocab).
+    The calm checkpoint: its greedy continuations settle into shared runs a small head can learn; the base one's are
+    close to random and a head only memorises them."""
     from tests.mtp_distill import distill_mtp
 
-    path = distill_mtp(ckpt, tmp_path / "distilled", steps=300)
+    path = distill_mtp(str(checkpoint("calm128")), tmp_path / "distilled", steps=60)
     e = make(str(path), 2)
     try:
         kept = drafted = 0
@@ -189,6 +191,31 @@ def test_a_distilled_head_drafts_well_above_chance(tmp_path, ckpt):
             out = e.generate(prompt(24, 60 + i), SamplingParams(max_tokens=40, **GREEDY))
             kept += out.usage.speculation.accepted
             drafted += out.usage.speculation.drafted
-        assert kept / drafted > 0.3, (kept, drafted)
+        assert kept / drafted > 0.25, (kept, drafted)
     finally:
         e.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("profile, sampled", [("C1", False), ("C4", False), ("C4", True)])
+def test_graphed_rounds_on_the_gpu(checkpoint, profile, sampled):
+    """The CUDA-graph rounds (bf16): greedy output equal to the plain engine's, batched; sampled rounds run and a
+    seeded one reproduces."""
+    ckpt = str(checkpoint("calm128"))
+    prompts = [prompt(n, 70 + n) for n in (40, 9, 66, 23)][:int(profile[1:])]
+    mk = lambda k: Engine(EngineConfig(model=ckpt, device="cuda", profile=profile, max_context=512,  # noqa: E731
+                                       speculative_tokens=k))
+    params = SamplingParams(max_tokens=40, **GREEDY)
+    with mk(0) as ref:
+        want = [ref.generate(p, params).token_ids for p in prompts]
+    with mk(3) as e:
+        if sampled:
+            s = SamplingParams(max_tokens=40, temperature=0.9, top_p=0.95, seed=7)
+            a, b = e.generate(prompts[0], s), e.generate(prompts[0], s)
+            assert a.token_ids == b.token_ids and a.usage.speculation.rounds > 0
+            return
+        e.set_draft_oracle(DraftOracle(0.8, {tuple(p): p + w for p, w in zip(prompts, want)}), adaptive=False)
+        handles = [e.submit(p, params) for p in prompts]
+        got = [[t for ev in h for t in ev.token_ids] for h in handles]
+        assert got == want
+        assert e.stats()["spec_tokens_per_round"] > 2.0

@@ -1,0 +1,139 @@
+"""Speculative decoding at real shapes with random weights: `qwendesk-bench --draft-oracle 1,0.9,0.82,0.6,0.3,0`.
+
+Random weights predict nothing, so drafts come from a DraftOracle (engine/speculative.py): draft j is the true greedy
+continuation, from a plain run of the same prompt, with probability P if the drafts before it were, else a wrong
+token; a round then yields 1 + P + ... + P^k tokens on average (P = 0.82, k = 3: 3.04, the 3090 reference engine's
+measured figure). The MTP layer still runs, so every cost is real. Per profile: plain greedy runs (the reference
+output and plain tok/s), then per k and P a speculative run whose output must equal the plain one, with its tokens
+per round, round time and tok/s; the adaptive switch is off for these (every round speculates), and on for a last
+P = 0 run. Components, at C1: a plain decode step, one draft step (MTP row + draft head), one verify forward of
+k + 1 rows (main model + full head), each replayed from a CUDA graph of its own.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.random_model import bench_tokenizer, rand_ids
+
+
+def _generate(eng, prompts, n):
+    """Greedy runs of all prompts at once: (outputs, aggregate tok/s, finish events)."""
+    from engine.api import SamplingParams
+    handles = [eng.submit(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)) for p in prompts]
+    outs, fins = [], []
+    for h in handles:
+        ids = []
+        for ev in h:
+            ids += ev.token_ids
+            if ev.kind == "finish":
+                fins.append(ev)
+        outs.append(ids)
+    span = max(f.timings.total_ms for f in fins) - min(f.timings.ttft_ms for f in fins)
+    return outs, len(prompts) * (n - 1) / (span / 1e3), fins
+
+
+def _graph_ms(fn, iters: int = 30) -> float:
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def components(eng, k: int, context: int) -> dict:
+    """Times of one draft step and one verify forward of k + 1 rows for one sequence at `context` tokens (CUDA graphs
+    of their own over the engine's model and pools, on the scratch slot; what they write is never read)."""
+    from engine.speculative import RoundRequest, round_inputs, rows_batch
+    spec, cache = eng._spec.spec, eng._cache
+    model, pools, page = spec.model, spec.pools, cache.page_size
+    pages = list(range(-(-(context + k + 1) // page)))
+    req = RoundRequest(cache.scratch_slot, context, 1, pages, 0, -1, cache.scratch_slot, 0.0, 0, 1.0, 0.0, 0, 0)
+    inp = round_inputs([req], spec.max_context // page + 1, pools.conv.device)
+    h = spec.draft_hidden[inp.slots]
+
+    def draft():
+        m = model.mtp_forward(inp.last, h, rows_batch(inp, 0, 1, page, spec.max_context), pools)
+        spec.draft_logits(m).argmax(-1)
+
+    rows = spec.rows
+
+    def verify():
+        batch = rows_batch(inp, 0, k + 1, page, spec.max_context, verify=type(rows)(rows.raw[:, :1], rows.qkv[:, :1],
+                                                                                     rows.gb[:, :1]))
+        model.logits(model(inp.last.repeat(k + 1), batch, pools))
+
+    with torch.inference_mode():
+        return {"draft_ms": _graph_ms(draft), "verify_ms": _graph_ms(verify)}
+
+
+def bench_speculation(model, args) -> dict:
+    """The table of module docstring: rows of dict per (profile, k, P)."""
+    from engine.api import Engine, EngineConfig
+    from engine.speculative import DraftOracle
+    tok = bench_tokenizer()
+    out = {"rows": []}
+
+    device = next(model.parameters()).device.type
+
+    def engine(profile, ctx, k):
+        return Engine.from_model(EngineConfig(model="", device=device, profile=profile, max_context=ctx,
+                                              prefill_chunk=args.prefill_chunk, max_queue=16, speculative_tokens=k,
+                                              kv_dtype=args.kv_dtype), model, tok)
+
+    for profile in args.profiles:
+        c = int(profile[1:])
+        prompt_len = args.spec_context
+        prompts = [rand_ids(prompt_len, 300 + i) for i in range(c)]
+        ctx = prompt_len + args.decode_tokens + 64
+        eng = engine(profile, ctx, 0)
+        _generate(eng, [rand_ids(prompt_len, 90 + i) for i in range(c)], 8)              # warm this batch size
+        plain, plain_rate, fins = _generate(eng, prompts, args.decode_tokens)
+        eng.close()
+        step_ms = 1e3 / (sum(f.timings.decode_tok_s for f in fins) / c)
+        out[f"plain_{profile}_tok_s"], out[f"plain_{profile}_step_ms"] = plain_rate, step_ms
+        print(f"{profile} plain: {plain_rate:.1f} tok/s, step {step_ms:.2f} ms", flush=True)
+        runs = {tuple(p): p + o for p, o in zip(prompts, plain)}
+        for k in args.drafts:
+            eng = engine(profile, ctx, k)
+            if c == 1:
+                comp = components(eng, k, prompt_len)
+                out[f"draft_{profile}_k{k}_ms"], out[f"verify_{profile}_k{k}_ms"] = comp["draft_ms"], comp["verify_ms"]
+                print(f"{profile} k={k}: draft step {comp['draft_ms']:.3f} ms ({comp['draft_ms'] / step_ms:.3f}x a "
+                      f"step), verify of {k + 1} rows {comp['verify_ms']:.3f} ms "
+                      f"({comp['verify_ms'] / step_ms:.3f}x)", flush=True)
+            for p, adaptive in [(p, False) for p in args.draft_oracle] + [(0.0, True)]:
+                eng.set_draft_oracle(DraftOracle(p, runs), adaptive=adaptive)
+                _generate(eng, [rand_ids(prompt_len, 90 + i) for i in range(c)], 8)     # capture this round
+                before = eng.stats()
+                outs, rate, fins = _generate(eng, prompts, args.decode_tokens)
+                after = eng.stats()
+                rounds = after["spec_rounds"] - before["spec_rounds"]
+                row = dict(profile=profile, k=k, p=p, adaptive=adaptive, tok_s=rate, vs_plain=rate / plain_rate,
+                           exact=outs == plain, rounds=rounds,
+                           tokens_per_round=sum(f.usage.speculation.tokens_per_round for f in fins
+                                                if f.usage.speculation) / c,
+                           round_ms=(after["spec_round_ms_total"] - before["spec_round_ms_total"]) / max(rounds, 1))
+                out["rows"].append(row)
+                print(row, flush=True)
+            eng.close()
+    return out
+
+
+def report(r: dict) -> None:
+    print(f"\n{'profile':7s} {'k':>2s} {'P':>5s} {'adapt':>5s} {'tok/s':>8s} {'x plain':>7s} {'tok/rnd':>7s} "
+          f"{'round ms':>8s} exact")
+    for row in r["rows"]:
+        print(f"{row['profile']:7s} {row['k']:2d} {row['p']:5.2f} {str(row['adaptive']):>5s} {row['tok_s']:8.1f} "
+              f"{row['vs_plain']:7.2f} {row['tokens_per_round']:7.2f} {row['round_ms']:8.2f} {row['exact']}")
+    print({k: round(v, 3) for k, v in r.items() if k != "rows"})
+
