@@ -8,7 +8,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QVBoxLayout
 
 from app import icons
-from app.chat.tool_calls import ToolCall
+from app.chat.blocks import ToolCall
 from app.theme import mono_font
 from app.widgets import label
 
@@ -39,4 +39,4 @@ class ToolCallView(QFrame):
         state = "" if call.complete else "  (writing…)"
         self.title.setText(f"Tool call  ·  {call.name}{state}")
         lines = [f"{k}: {v if isinstance(v, str) else json.dumps(v)}" for k, v in call.arguments.items()]
-        self.arguments.setText("\n".join(lines) or "no arguments")
+        self.arguments.setText("\n".join(lines) or ("no arguments" if call.complete else "…"))
