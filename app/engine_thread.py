@@ -17,7 +17,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QThread, Signal
 
-from app.chat.blocks import ToolCall
+from app.chat.blocks import ShownCall
 from app.endpoint import EndpointSettings, EndpointStatus, start_endpoint
 from app.generation import ReplyResult, metrics_from_engine
 from engine.api import ContextLengthError, Engine, EngineConfig, QueueFullError, add_calls
@@ -46,7 +46,7 @@ def engine_messages(messages: list[dict]) -> list[dict]:
     for m in messages:
         entry = {k: v for k, v in m.items() if k != "images"}
         if entry.get("tool_calls"):
-            entry["tool_calls"] = [ToolCall.from_dict(c).as_dict() for c in entry["tool_calls"]]
+            entry["tool_calls"] = [ShownCall.from_dict(c).as_dict() for c in entry["tool_calls"]]
         out.append(entry)
     return out
 

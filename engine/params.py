@@ -111,10 +111,7 @@ class Timings:
 # ---- what a request's stream carries ---------------------------------------------------------
 # A reply arrives as pieces, in the order the model wrote them: Text (content), Reasoning (the thinking),
 # and, when the request has tools, CallStart / CallArgs (engine/chat/tools.py parses the calls out of
-# the content). Each generated token is labelled with one of TOKEN_KINDS.
-
-TOKEN_KINDS = ("content", "reasoning", "control")   # control: <think>, </think>, the blank line after it,
-                                                    # a stop token or end of sequence
+# the content).
 
 
 @dataclass
@@ -163,13 +160,15 @@ def add_calls(calls: list[ToolCall], pieces: list) -> None:
 class StreamEvent:
     """One item of a request's stream. kind: "delta" (new pieces / tokens) or "finish" (the last event:
     what was held back until the end, finish_reason, usage, timings; error text when finish_reason is "error").
-    finish_reason: stop (end of sequence, a stop token or a stop string) | length | tool_calls (it stopped and
-    the reply made calls) | cancelled | error. stop_sequence: the stop string that ended the reply (None when
-    anything else did)."""
+    token_kinds: one per token id: content | reasoning | control (<think>, </think>, the blank line after it,
+    a stop token or end of sequence); a tool call's tokens are content.
+    finish_reason: stop (end of sequence, a stop token or a stop string) | length | tool_calls (it stopped
+    and the reply made calls) | cancelled | error.
+    stop_sequence: the stop string that ended the reply (None when anything else did)."""
     kind: str
     pieces: list = field(default_factory=list)          # Text | Reasoning | CallStart | CallArgs, in order
     token_ids: list[int] = field(default_factory=list)
-    token_kinds: list[str] = field(default_factory=list)    # one of TOKEN_KINDS per token id
+    token_kinds: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
     stop_sequence: str | None = None

@@ -18,14 +18,14 @@ FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+#.-]*)[^\n]*$")
 
 
 @dataclass
-class ToolCall:
+class ShownCall:
     """A tool call as the transcript shows it."""
     name: str
     arguments: dict = field(default_factory=dict)
     complete: bool = True           # False while the model is still writing it
 
     @classmethod
-    def from_dict(cls, call: dict) -> ToolCall:
+    def from_dict(cls, call: dict) -> ShownCall:
         """A stored call: {"name", "arguments"}, the arguments a dict or a JSON object's text (OpenAI's form)."""
         try:
             arguments = call_arguments(call.get("arguments"))
@@ -43,14 +43,14 @@ class Block:
     text: str = ""
     language: str = ""              # code
     closed: bool = True             # code: the closing fence arrived
-    call: ToolCall | None = None    # tool_call
+    call: ShownCall | None = None   # tool_call
 
 
 def split_blocks(text: str, writing: bool = False) -> list[Block]:
     """`writing`: the reply is still streaming (a call it ends inside is one being written)."""
     blocks: list[Block] = []
     for part in reply_parts(text, writing):
-        if isinstance(part, ToolCall):
+        if isinstance(part, ShownCall):
             blocks.append(Block("tool_call", call=part))
         else:
             blocks += _prose_blocks(part)
@@ -61,10 +61,10 @@ def extract_tool_calls(text: str) -> tuple[str, list[dict]]:
     """A finished reply's text without its tool calls, and the calls as dicts."""
     parts = reply_parts(text)
     prose = "\n\n".join(p.strip() for p in parts if isinstance(p, str) and p.strip())
-    return prose, [p.as_dict() for p in parts if isinstance(p, ToolCall)]
+    return prose, [p.as_dict() for p in parts if isinstance(p, ShownCall)]
 
 
-def reply_parts(text: str, writing: bool = False) -> list[str | ToolCall]:
+def reply_parts(text: str, writing: bool = False) -> list[str | ShownCall]:
     """The reply's prose and its tool calls, in order."""
     parser = ToolCallParser()
     events = parser.feed(text)
@@ -80,15 +80,15 @@ def reply_parts(text: str, writing: bool = False) -> list[str | ToolCall]:
             else:
                 parts.append(event.text)
         elif isinstance(event, CallStart):
-            parts.append(ToolCall(event.name))
+            parts.append(ShownCall(event.name))
             arguments.append("")
         elif isinstance(event, CallArgs):
             arguments[event.index] += event.text
-    calls = [p for p in parts if isinstance(p, ToolCall)]
+    calls = [p for p in parts if isinstance(p, ShownCall)]
     for call, text_so_far in zip(calls, arguments):
         call.arguments = call_arguments(text_so_far)
     if unnamed:
-        parts.append(ToolCall("…", complete=False))
+        parts.append(ShownCall("…", complete=False))
     elif open_call:
         calls[-1].complete = False
     return parts

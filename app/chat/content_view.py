@@ -6,7 +6,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-from app.chat.blocks import Block, ToolCall, split_blocks
+from app.chat.blocks import Block, ShownCall, split_blocks
 from app.chat.code_block import CodeBlock
 from app.chat.markdown import markdown_html
 from app.chat.tool_call_view import ToolCallView
@@ -38,7 +38,7 @@ class ContentView(QWidget):
         self.column.setSpacing(10)
         self._blocks: list[tuple[Block, QWidget]] = []
 
-    def set_text(self, text: str, tool_calls: list[ToolCall] = (), writing: bool = False) -> None:
+    def set_text(self, text: str, tool_calls: list[ShownCall] = (), writing: bool = False) -> None:
         """`tool_calls`: calls the backend gave apart from the text; `writing`: the text is still streaming."""
         blocks = split_blocks(text, writing) + [Block("tool_call", call=c) for c in tool_calls]
         for i, block in enumerate(blocks):
