@@ -9,7 +9,7 @@ import secrets
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from engine.params import CallArgs, CallStart, Reasoning, Text, Usage
+from engine.api import CallArgs, CallStart, Reasoning, Text, Usage
 from engine.server.anthropic_convert import chat_request
 from engine.server.anthropic_schema import CountTokensRequest, MessagesRequest
 from engine.server.body import parse_body

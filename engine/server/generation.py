@@ -12,7 +12,7 @@ import asyncio
 import threading
 from dataclasses import dataclass, field
 
-from engine.params import CallArgs, CallStart, Reasoning, StreamEvent, Text, Timings, TokenLogprob, Usage
+from engine.api import CallArgs, CallStart, Reasoning, StreamEvent, Text, Timings, TokenLogprob, Usage
 from engine.server.errors import APIError
 from engine.server.prompting import Prompt
 

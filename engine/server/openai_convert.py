@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.chat.tools import call_arguments
+from engine.api import call_arguments
 from engine.server.errors import APIError
 from engine.server.openai_schema import ChatCompletionRequest, ChatMessage, ContentPart, SamplingFields
 from engine.server.processors import LogitBias

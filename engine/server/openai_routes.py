@@ -8,7 +8,7 @@ import time
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from engine.params import CallArgs, CallStart, Reasoning, Text, Usage
+from engine.api import CallArgs, CallStart, Reasoning, Text, Usage
 from engine.server.body import parse_body
 from engine.server.errors import APIError, error_payload
 from engine.server.generation import Finish, Keepalive, Logprobs, Reply, collect_all, merged

@@ -21,11 +21,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.chat.tools import tool_schemas
-from engine.params import SamplingParams
+from engine.api import SamplingParams, starts_in_reasoning, tool_schemas
 from engine.server.errors import APIError
 from engine.server.processors import BanTokens, ForceToolCall, StopAfterToolCall
-from engine.streaming import starts_in_reasoning
 
 EFFORT_BUDGETS = {"minimal": 256, "low": 1024}
 RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "template_name")
