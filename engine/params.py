@@ -91,6 +91,8 @@ class TokenLogprob:
     top: list[tuple[int, float]]    # (token id, logprob), most likely first
 
 
+
+
 @dataclass
 class Usage:
     prompt_tokens: int = 0
