@@ -8,7 +8,6 @@ here raises into the GUI.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -18,9 +17,10 @@ from pathlib import Path
 
 from PySide6.QtCore import QThread, Signal
 
+from app.chat.blocks import ShownCall
 from app.endpoint import EndpointSettings, EndpointStatus, start_endpoint
 from app.generation import ReplyResult, metrics_from_engine
-from engine.api import ContextLengthError, Engine, EngineConfig, MemoryPlan, QueueFullError, plan_for
+from engine.api import ContextLengthError, Engine, EngineConfig, MemoryPlan, QueueFullError, add_calls, plan_for
 
 log = logging.getLogger("qwendesk.app")
 
@@ -46,19 +46,9 @@ def engine_messages(messages: list[dict]) -> list[dict]:
     for m in messages:
         entry = {k: v for k, v in m.items() if k != "images"}
         if entry.get("tool_calls"):
-            entry["tool_calls"] = [{"name": c["name"], "arguments": _arguments(c.get("arguments"))}
-                                   for c in entry["tool_calls"]]
+            entry["tool_calls"] = [ShownCall.from_dict(c).as_dict() for c in entry["tool_calls"]]
         out.append(entry)
     return out
-
-
-def _arguments(arguments) -> dict:
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments or "{}")
-        except ValueError:
-            return {"arguments": arguments}
-    return arguments if isinstance(arguments, dict) else {"value": arguments}
 
 
 def weights_text(plan: MemoryPlan) -> str:
@@ -210,14 +200,17 @@ class EngineThread(QThread):
             if request_id in self._cancelled:           # cancelled while it was being submitted
                 self._cancelled.discard(request_id)
                 handle.cancel()
+        calls = []                                      # the engine's parsed calls (requests with tools)
         try:
             for event in handle:
+                add_calls(calls, event.pieces)
                 if event.kind == "delta":
                     if event.text or event.reasoning:
                         self.delta.emit(request_id, event.text, event.reasoning)
                 else:
                     self.reply_finished.emit(request_id, ReplyResult(
                         event.finish_reason, error=event.error or "", text=event.text, reasoning=event.reasoning,
+                        tool_calls=[{"name": c.name, "arguments": c.arguments} for c in calls],
                         metrics=metrics_from_engine(event.usage, event.timings)))
         finally:
             with self._handles_lock:

@@ -7,11 +7,13 @@ from dataclasses import dataclass, field
 
 @dataclass
 class ReplyResult:
-    finish_reason: str                  # stop | length | cancelled | error
+    finish_reason: str                  # stop | length | tool_calls | cancelled | error
     error: str = ""
     text: str = ""                      # content the backend held back until the end (stop strings)
     reasoning: str = ""
-    tool_calls: list = field(default_factory=list)   # OpenAI-style tool calls (remote servers)
+    # calls the backend parsed out of the reply ({"name", "arguments": JSON text}): a remote server's, or the
+    # local engine's when the request had tools; calls left in the text are found by app/chat/blocks.py
+    tool_calls: list = field(default_factory=list)
     metrics: dict = field(default_factory=dict)      # prompt/cached/output/reasoning tokens, ttft_ms, tok_s
 
 

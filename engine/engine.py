@@ -25,8 +25,8 @@ from engine.device import probe, resolve_device, resolve_dtype
 from engine.memory import MemoryPlan, budget_for, plan_for, plan_memory
 from engine.model import load_model
 from engine.model.linear import Embedding, Linear
-from engine.params import (ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, SamplingParams,
-                           StreamEvent, Timings, Usage)
+from engine.params import (ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, Reasoning,
+                           SamplingParams, StreamEvent, Text, Timings, Usage, add_calls)
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
@@ -204,8 +204,10 @@ class Engine:
         return ids
 
     def submit(self, prompt, params: SamplingParams | None = None, tools=None, **template_kwargs) -> RequestHandle:
-        """Queue a request (token ids or chat messages); returns at once. Raises ValueError for bad
-        parameters, ContextLengthError when the prompt does not fit, QueueFullError when busy."""
+        """Queue a request (token ids or chat messages); returns at once. `tools` (OpenAI-style): chat messages are
+        rendered with them, and the reply's calls to them come out as CallStart / CallArgs pieces (token ids: the
+        caller rendered them; give them for the parsing). Raises ValueError for bad parameters,
+        ContextLengthError when the prompt does not fit, QueueFullError when busy."""
         if self._closed:
             raise RuntimeError("the engine is closed")
         params = params or SamplingParams()
@@ -226,7 +228,7 @@ class Engine:
         seq = Sequence(id=seq_id, prompt=ids, params=params, seed=seed,
                        max_total=min(len(ids) + params.max_tokens, self.max_context))
         tok = self.tokenizer
-        seq.stream = OutputStream(tok, params, starts_in_reasoning(ids, tok.think_start_id, tok.think_end_id))
+        seq.stream = OutputStream(tok, params, starts_in_reasoning(ids, tok.think_start_id, tok.think_end_id), tools)
         if params.thinking_budget == 0 and seq.stream.in_reasoning and tok.think_end_id is not None:
             seq.forced.extend([tok.think_end_id] + tok.encode("\n\n"))
         self._inbox.put(("submit", seq))
@@ -254,17 +256,19 @@ class Engine:
         """Submit and wait for the whole result."""
         params = params or SamplingParams()
         handle = self.submit(prompt, params, tools=tools, **template_kwargs)
-        text, reasoning, ids, logprobs = [], [], [], []
+        pieces, calls, ids, logprobs = [], [], [], []
         for ev in handle:
-            text.append(ev.text)
-            reasoning.append(ev.reasoning)
+            pieces += ev.pieces
+            add_calls(calls, ev.pieces)
             ids += ev.token_ids
             logprobs += ev.logprobs or []
             if ev.kind == "finish":
                 if ev.finish_reason == "error":
                     raise RuntimeError(f"generation failed: {ev.error}")
-                return GenerateOutput(token_ids=ids, text="".join(text), finish_reason=ev.finish_reason,
-                                      prompt_tokens=handle.prompt_tokens, reasoning="".join(reasoning),
+                return GenerateOutput(token_ids=ids, text="".join(p.text for p in pieces if isinstance(p, Text)),
+                                      finish_reason=ev.finish_reason, prompt_tokens=handle.prompt_tokens,
+                                      reasoning="".join(p.text for p in pieces if isinstance(p, Reasoning)),
+                                      tool_calls=calls, stop_sequence=ev.stop_sequence,
                                       logprobs=logprobs if params.logprobs is not None else None,
                                       usage=ev.usage, timings=ev.timings)
         raise RuntimeError("the request ended without a finish event")
@@ -485,11 +489,11 @@ class Engine:
             if not seq.output:
                 seq.t_first = now
             seq.output.append(token)
-            reason, text, reasoning = None, "", ""
+            reason, kind, pieces = None, "control", []
             if token in p.stop_token_ids or (not p.ignore_eos and token in tok.eos_token_ids):
                 reason = "stop"
             else:
-                text, reasoning = seq.stream.push(token)
+                kind, pieces = seq.stream.push(token)
                 if seq.stream.stopped:
                     reason = "stop"
                 elif len(seq.output) >= p.max_tokens or len(seq) >= seq.max_total:
@@ -498,18 +502,21 @@ class Engine:
                     and seq.stream.reasoning_tokens >= p.thinking_budget and tok.think_end_id is not None):
                 seq.forced.extend(tok.encode("\n") + [tok.think_end_id] + tok.encode("\n\n"))
             logprobs = seq.logprobs[-1:] if p.logprobs is not None else None
-            seq.emit(StreamEvent("delta", text=text, reasoning=reasoning, token_ids=[token], logprobs=logprobs))
+            seq.emit(StreamEvent("delta", pieces, token_ids=[token], token_kinds=[kind], logprobs=logprobs))
             if reason:
                 self._finish(seq, reason)
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         """End a request: give back what it holds and send its finish event. The event goes out even when the
         ending itself fails (the detokenizer's flush, the cache release), as an error: else the caller would wait
-        for ever, and a failed step's _fail_all would stop at the first such request and take the loop down."""
-        text = reasoning = ""
+        for ever, and a failed step's _fail_all would stop at the first such request and take the loop down. A reply
+        that stopped after making tool calls finishes with "tool_calls"."""
+        pieces = []
         try:
             if reason in ("stop", "length"):
-                text, reasoning = seq.stream.finish()
+                pieces = seq.stream.finish()
+                if reason == "stop" and seq.stream.made_calls:
+                    reason = "tool_calls"
             self._scheduler.remove(seq)
         except Exception as e:
             log.exception("ending request %d failed", seq.id)
@@ -532,8 +539,8 @@ class Engine:
         seq.finish_reason = reason
         with self._lock:
             self._active -= 1
-        seq.emit(StreamEvent("finish", text=text, reasoning=reasoning, finish_reason=reason, usage=usage,
-                             timings=t, error=error))
+        seq.emit(StreamEvent("finish", pieces, finish_reason=reason, stop_sequence=seq.stream.stop_sequence,
+                             usage=usage, timings=t, error=error))
 
     def _fail_all(self, reason: str, error: str | None) -> None:
         self._in_flight = None

@@ -167,19 +167,82 @@ class Timings:
     total_ms: float = 0.0
 
 
+# ---- what a request's stream carries ---------------------------------------------------------
+# A reply arrives as pieces, in the order the model wrote them: Text (content), Reasoning (the thinking),
+# and, when the request has tools, CallStart / CallArgs (engine/chat/tools.py parses the calls out of
+# the content).
+
+
+@dataclass
+class Text:
+    """Content: the reply the user reads."""
+    text: str
+
+
+@dataclass
+class Reasoning:
+    """The model's thinking (inside <think> ... </think>)."""
+    text: str
+
+
+@dataclass
+class CallStart:
+    """A tool call begins: its index in the reply (0, 1, ...) and its function's name."""
+    index: int
+    name: str
+
+
+@dataclass
+class CallArgs:
+    """A piece of call `index`'s arguments: the pieces of a call joined are one JSON object."""
+    index: int
+    text: str
+
+
+@dataclass
+class ToolCall:
+    """A whole call: the function's name and its arguments as a JSON object's text."""
+    name: str
+    arguments: str = ""
+
+
+def add_calls(calls: list[ToolCall], pieces: list) -> None:
+    """Grow `calls` by the CallStart / CallArgs among a stream's pieces."""
+    for piece in pieces:
+        if isinstance(piece, CallStart):
+            calls.append(ToolCall(piece.name))
+        elif isinstance(piece, CallArgs):
+            calls[piece.index].arguments += piece.text
+
+
 @dataclass
 class StreamEvent:
-    """One item of a request's stream. kind: "delta" (new text / reasoning / tokens) or "finish"
-    (last event: finish_reason, usage, timings; error text when finish_reason is "error")."""
+    """One item of a request's stream. kind: "delta" (new pieces / tokens) or "finish" (the last event:
+    what was held back until the end, finish_reason, usage, timings; error text when finish_reason is "error").
+    token_kinds: one per token id: content | reasoning | control (<think>, </think>, the blank line after it,
+    a stop token or end of sequence); a tool call's tokens are content.
+    finish_reason: stop (end of sequence, a stop token or a stop string) | length | tool_calls (it stopped
+    and the reply made calls) | cancelled | error.
+    stop_sequence: the stop string that ended the reply (None when anything else did)."""
     kind: str
-    text: str = ""
-    reasoning: str = ""
+    pieces: list = field(default_factory=list)          # Text | Reasoning | CallStart | CallArgs, in order
     token_ids: list[int] = field(default_factory=list)
+    token_kinds: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
-    finish_reason: str | None = None    # stop | length | cancelled | error
+    finish_reason: str | None = None
+    stop_sequence: str | None = None
     usage: Usage | None = None
     timings: Timings | None = None
     error: str | None = None
+
+    @property
+    def text(self) -> str:
+        """This event's content."""
+        return "".join(p.text for p in self.pieces if isinstance(p, Text))
+
+    @property
+    def reasoning(self) -> str:
+        return "".join(p.text for p in self.pieces if isinstance(p, Reasoning))
 
 
 class QueueFullError(RuntimeError):
@@ -193,10 +256,12 @@ class ContextLengthError(ValueError):
 @dataclass
 class GenerateOutput:
     token_ids: list[int]
-    text: str                       # content (reasoning excluded)
-    finish_reason: str              # stop | length | cancelled
+    text: str                       # content (reasoning and tool calls excluded)
+    finish_reason: str              # stop | length | tool_calls | cancelled
     prompt_tokens: int
     reasoning: str = ""             # the model's thinking, when the prompt turned it on
+    tool_calls: list[ToolCall] = field(default_factory=list)   # when the request had tools
+    stop_sequence: str | None = None
     logprobs: list[TokenLogprob] | None = None
     usage: Usage | None = None
     timings: Timings | None = None

@@ -1,4 +1,4 @@
-"""TextStream: token ids in, safe text deltas out, with stop strings cut exactly.
+"""TextStream: text pieces in, safe text deltas out, with stop strings cut exactly.
 
 Text that might still turn into a stop string is held back until it cannot, so a client never
 sees the beginning of a stop sequence that is then retracted.
@@ -8,39 +8,37 @@ from __future__ import annotations
 
 
 class TextStream:
-    def __init__(self, detokenizer, stop: list[str]):
-        self.detok = detokenizer
+    def __init__(self, stop: list[str]):
         self.stop = [s for s in stop if s]
         self.hold = max((len(s) for s in self.stop), default=1) - 1
-        self.pending = ""      # decoded but not yet emitted
-        self.text = ""         # everything emitted
-        self.stopped = False
+        self.pending = ""      # received but not yet emitted
+        self.matched: str | None = None     # the stop string that ended the stream
 
-    def push(self, token_id: int) -> str:
-        """Feed one token; returns the text that is now safe to show (maybe empty)."""
-        return self._advance(self.detok.push(token_id))
+    @property
+    def stopped(self) -> bool:
+        return self.matched is not None
 
-    def finish(self) -> str:
-        """End of generation: flush what the detokenizer and the hold-back still have."""
-        out = self._advance(self.detok.flush())
-        if not self.stopped:
-            out += self.pending
-            self.text += self.pending
-            self.pending = ""
-        return out
-
-    def _advance(self, piece: str) -> str:
+    def push(self, piece: str) -> str:
+        """Feed text; returns the text that is now safe to show (maybe empty)."""
         if self.stopped:
             return ""
         self.pending += piece
-        cut = min((i for i in (self.pending.find(s) for s in self.stop) if i >= 0), default=-1)
-        if cut >= 0:
-            out, self.pending, self.stopped = self.pending[:cut], "", True
+        found = [(i, s) for i, s in ((self.pending.find(s), s) for s in self.stop) if i >= 0]
+        if found:
+            cut, self.matched = min(found)
+            out, self.pending = self.pending[:cut], ""
         else:
             keep = self._partial_stop_len()
             out = self.pending[:len(self.pending) - keep]
             self.pending = self.pending[len(out):]
-        self.text += out
+        return out
+
+    def finish(self, piece: str = "") -> str:
+        """End of the stream: `piece` (the last text), then whatever the hold-back still has."""
+        out = self.push(piece)
+        if not self.stopped:
+            out += self.pending
+            self.pending = ""
         return out
 
     def _partial_stop_len(self) -> int:

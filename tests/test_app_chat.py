@@ -288,3 +288,84 @@ def test_markdown_code_blocks_and_tool_calls_render(app_env, qtbot):
     assert view.thinking.isVisible() and not view.thinking.is_open
     window.chat.banner.hide()
     screenshot(window, "chat_markdown_code_tools")
+
+
+XML_CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n"
+            "</parameter>\n</function>\n</tool_call>")
+JSON_CALL = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "Europe/Paris", "hours": 24}}\n</tool_call>'
+
+
+def drawn_calls(content_view) -> list[tuple[str, str]]:
+    from app.chat.tool_call_view import ToolCallView
+
+    return [(w.title.text(), w.arguments.text()) for w in content_view.widgets() if isinstance(w, ToolCallView)]
+
+
+def test_xml_and_json_form_calls_show_their_name_and_arguments(app_env, qtbot):
+    window = open_window(qtbot, make_context(app_env), autoload=False)
+    reply = "Let me look both up.\n\n" + XML_CALL + "\n" + JSON_CALL
+    window.session.set_backend(ScriptedBackend([(reply[i:i + 9], "") for i in range(0, len(reply), 9)]))
+    window.chat.set_model("Qwen3.5 9B")
+    window.show_page("chat")
+    send(qtbot, window, "Weather and time in Paris?")
+    wait_reply(qtbot, window)
+    view = window.chat.transcript.message_views()[-1]
+    assert view.message.content == "Let me look both up."
+    assert view.message.tool_calls == [{"name": "get_weather", "arguments": {"city": "Paris", "days": "3"}},
+                                       {"name": "get_time", "arguments": {"zone": "Europe/Paris", "hours": 24}}]
+    assert drawn_calls(view.content) == [("Tool call  ·  get_weather", "city: Paris\ndays: 3"),
+                                         ("Tool call  ·  get_time", "zone: Europe/Paris\nhours: 24")]
+    window.chat.banner.hide()
+    screenshot(window, "chat_tool_calls_xml_and_json")
+
+
+@pytest.mark.parametrize("cut, drawn", [
+    ("<tool_call>\n<function=get_weather>\n<parameter=city>\nPar",
+     ("Tool call  ·  get_weather  (writing…)", "city: Par")),
+    ('<tool_call>\n{"name": "get_time", "arguments": {"zone": "Europe/Pa',
+     ("Tool call  ·  get_time  (writing…)", "zone: Europe/Pa")),
+    ("<tool_call>\n<function=get_wea", ("Tool call  ·  …  (writing…)", "…")),
+])
+def test_a_call_still_being_written_is_drawn_with_its_arguments_so_far(qapp, cut, drawn):
+    from app.chat.content_view import ContentView, MarkdownLabel
+
+    view = ContentView()
+    view.set_text("Checking.\n" + cut, writing=True)
+    assert type(view.widgets()[0]) is MarkdownLabel and view.widgets()[0].markdown == "Checking."
+    assert drawn_calls(view) == [drawn]
+    view.set_text("Checking.\n" + XML_CALL)              # the reply is complete
+    assert drawn_calls(view) == [("Tool call  ·  get_weather", "city: Paris\ndays: 3")]
+
+
+def test_streaming_calls_render(app_env, qtbot):
+    from app.chat.content_view import ContentView
+
+    view = ContentView()
+    qtbot.addWidget(view)
+    view.resize(640, 10)
+    view.set_text("Let me check.\n" + XML_CALL + "\n" + JSON_CALL[:60], writing=True)
+    view.show()
+    qtbot.waitExposed(view)
+    assert drawn_calls(view)[-1] == ("Tool call  ·  get_time  (writing…)", "zone: Euro")
+    screenshot(view, "chat_tool_calls_streaming")
+
+
+def test_the_engine_thread_carries_the_engines_parsed_calls(chat_window, qtbot):
+    from engine.api import SamplingParams
+    from tests.server_harness import Script
+
+    engine = chat_window.engine
+    tok = engine._engine.tokenizer
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]
+    params = SamplingParams(max_tokens=80, temperature=0.0,
+                            logits_processors=[Script(tok.encode("Checking.\n\n" + XML_CALL), tok.eos_token_ids[0])])
+    deltas = []
+    engine.delta.connect(lambda request_id, text, reasoning: deltas.append(text))
+    with qtbot.waitSignal(engine.reply_finished, timeout=30_000) as finished:
+        engine.generate("tools-1", [{"role": "user", "content": "Weather?"}], params,
+                        {"tools": tools, "enable_thinking": False})
+    request_id, result = finished.args
+    assert request_id == "tools-1" and result.finish_reason == "tool_calls"
+    assert result.tool_calls == [{"name": "get_weather", "arguments": '{"city": "Paris", "days": 3}'}]
+    assert "".join(deltas) + result.text == "Checking."

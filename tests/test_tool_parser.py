@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.chat.tools import CallArgs, CallStart, Text, ToolCallParser, coerce, tool_schemas
+from engine.chat.tools import CallArgs, CallStart, Text, ToolCallParser, call_arguments, coerce, tool_schemas
 
 TOOLS = tool_schemas([
     {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -183,3 +183,23 @@ def test_random_markup_never_raises_and_arguments_are_json(pieces, cuts):
     shown, calls, _ = run(text, cuts)            # json.loads inside run: every call's arguments parse
     assert all(isinstance(args, dict) for _, args in calls)
     assert (shown, calls) == run(text)[:2]
+
+
+def test_truncated_json_call_is_closed_and_in_call_says_a_call_is_open():
+    p = ToolCallParser(None)
+    assert p.feed('Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa') == [Text("Sure.")]
+    assert p.in_call
+    events = p.finish()
+    assert events[0] == CallStart(0, "get_weather") and json.loads(events[1].text) == {"city": "Pa"}
+    assert not p.in_call
+    assert run('<tool_call>{"name": "get_weather", "arguments": {"days": 2, "ci')[1] == [("get_weather", {"days": 2})]
+    assert run('<tool_call>{"name": "nope", "arguments": {"a": 1')[1] == []       # not one of the tools
+
+
+def test_call_arguments_from_text_or_dict():
+    assert call_arguments('{"city": "Paris"}') == call_arguments({"city": "Paris"}) == {"city": "Paris"}
+    assert call_arguments("") == call_arguments(None) == {}
+    with pytest.raises(ValueError, match="not valid JSON"):
+        call_arguments("{bad")
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        call_arguments("[1]")

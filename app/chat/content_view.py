@@ -6,11 +6,10 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-from app.chat.blocks import Block, split_blocks
+from app.chat.blocks import Block, ShownCall, split_blocks
 from app.chat.code_block import CodeBlock
 from app.chat.markdown import markdown_html
 from app.chat.tool_call_view import ToolCallView
-from app.chat.tool_calls import ToolCall
 
 
 class MarkdownLabel(QLabel):
@@ -39,8 +38,9 @@ class ContentView(QWidget):
         self.column.setSpacing(10)
         self._blocks: list[tuple[Block, QWidget]] = []
 
-    def set_text(self, text: str, tool_calls: list[ToolCall] = ()) -> None:
-        blocks = split_blocks(text) + [Block("tool_call", call=c) for c in tool_calls]
+    def set_text(self, text: str, tool_calls: list[ShownCall] = (), writing: bool = False) -> None:
+        """`tool_calls`: calls the backend gave apart from the text; `writing`: the text is still streaming."""
+        blocks = split_blocks(text, writing) + [Block("tool_call", call=c) for c in tool_calls]
         for i, block in enumerate(blocks):
             if i < len(self._blocks) and self._same_kind(self._blocks[i][0], block):
                 self._update(self._blocks[i][1], block)

@@ -13,10 +13,10 @@ from PySide6.QtGui import QGuiApplication, QPixmap
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from app import icons
+from app.chat.blocks import ShownCall
 from app.chat.content_view import ContentView
 from app.chat.metrics import metrics_line
 from app.chat.thinking_block import ThinkingBlock
-from app.chat.tool_calls import tool_call_from_dict
 from app.store import Message
 from app.widgets import icon_button, label
 
@@ -111,7 +111,7 @@ class MessageView(QFrame):
         self.message.content, self.message.reasoning = content, reasoning
         self.thinking.setVisible(bool(reasoning.strip()))
         self.thinking.set_text(reasoning, streaming=streaming and not content, seconds=thinking_s)
-        self.content.set_text(content, [tool_call_from_dict(c) for c in self.message.tool_calls])
+        self.content.set_text(content, [ShownCall.from_dict(c) for c in self.message.tool_calls], writing=streaming)
         self.actions_visible(not streaming)
         if streaming:
             self.metrics.setText("")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from app.chat.tool_calls import extract_tool_calls
+from app.chat.blocks import extract_tool_calls
 from app.generation import ReplyResult
 from app.settings import AppSettings
 from app.store import Conversation, Message, Store

@@ -8,13 +8,13 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QVBoxLayout
 
 from app import icons
-from app.chat.tool_calls import ToolCall
+from app.chat.blocks import ShownCall
 from app.theme import mono_font
 from app.widgets import label
 
 
 class ToolCallView(QFrame):
-    def __init__(self, call: ToolCall, parent=None):
+    def __init__(self, call: ShownCall, parent=None):
         super().__init__(parent)
         self.setObjectName("toolCall")
         column = QVBoxLayout(self)
@@ -35,8 +35,8 @@ class ToolCallView(QFrame):
         column.addWidget(self.arguments)
         self.set_call(call)
 
-    def set_call(self, call: ToolCall) -> None:
+    def set_call(self, call: ShownCall) -> None:
         state = "" if call.complete else "  (writing…)"
         self.title.setText(f"Tool call  ·  {call.name}{state}")
         lines = [f"{k}: {v if isinstance(v, str) else json.dumps(v)}" for k, v in call.arguments.items()]
-        self.arguments.setText("\n".join(lines) or "no arguments")
+        self.arguments.setText("\n".join(lines) or ("no arguments" if call.complete else "…"))

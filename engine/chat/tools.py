@@ -12,12 +12,16 @@ Qwen3.5 writes a call in the form its chat template teaches:
 
 and earlier Qwen models as JSON: `<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>`.
 
-`ToolCallParser.feed(delta)` takes the reply's text as it streams and returns events: `Text` to show,
-`CallStart` (a call's name, as soon as it is known), then `CallArgs` pieces whose concatenation is the
-call's arguments as one JSON object. Parameter values are typed by the tool's JSON schema: a string
-parameter streams as it arrives; a number, boolean, object or array is parsed when its value is
-complete. Output that does not form a call (no function, an unknown tool, broken JSON) is passed on
-as text, never dropped and never an error.
+`ToolCallParser.feed(delta)` takes the reply's text as it streams and returns events (engine/params.py):
+`Text` to show, `CallStart` (a call's name, as soon as it is known), then `CallArgs` pieces whose
+concatenation is the call's arguments as one JSON object. Parameter values are typed by the tool's JSON
+schema: a string parameter streams as it arrives; a number, boolean, object or array is parsed when its
+value is complete. A JSON-form call comes out whole when its </tool_call> arrives. Output that does not
+form a call (no function, an unknown tool, broken JSON) is passed on as text, never dropped and never an
+error. A call cut short (the reply ended inside it) is closed into valid JSON.
+
+The engine runs the parser on a reply's content when the request has tools; the app runs it on a reply's
+text to draw the calls in it.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from __future__ import annotations
 import ast
 import json
 import re
-from dataclasses import dataclass
+
+from engine.params import CallArgs, CallStart, Text
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 FUNC_OPEN, FUNC_CLOSE = "<function=", "</function>"
@@ -33,23 +38,6 @@ PARAM_OPEN, PARAM_CLOSE = "<parameter=", "</parameter>"
 # where a parameter's value ends: its closing tag, or (when the model forgot it) what comes next
 VALUE_ENDS = (PARAM_CLOSE, "\n" + PARAM_OPEN, FUNC_CLOSE, TOOL_CLOSE)
 NAME = re.compile(r"[^\s<>]{1,256}")
-
-
-@dataclass
-class Text:
-    text: str
-
-
-@dataclass
-class CallStart:
-    index: int
-    name: str
-
-
-@dataclass
-class CallArgs:
-    index: int
-    text: str   # a piece of the arguments' JSON
 
 
 def tool_schemas(tools) -> dict[str, dict]:
@@ -76,6 +64,11 @@ class ToolCallParser:
         self.param_types: set[str] = set()
         self.value_fresh = False
         self.out: list = []
+
+    @property
+    def in_call(self) -> bool:
+        """A call has opened (<tool_call>) and not closed yet."""
+        return self.state not in ("text", "passthrough")
 
     def feed(self, delta: str) -> list:
         self.buf += delta
@@ -277,7 +270,7 @@ class ToolCallParser:
             self.out.append(CallArgs(self.calls - 1, text))
 
     def _json_call(self, body: str, closed: bool) -> None:
-        call = _parse_json_call(body)
+        call = _parse_json_call(body, closed)
         if call is None or (self.schemas is not None and call[0] not in self.schemas):
             self._text(self.raw + body + (TOOL_CLOSE if closed else ""))
             return
@@ -301,6 +294,41 @@ def _partial_suffix(text: str, tags) -> int:
     return 0
 
 
+def _closed_json(text: str, tries: int = 64):
+    """A JSON value cut short, completed: an open string ends where it was cut, open arrays and objects close,
+    and what is left dangling (a key without its value, a partial number or literal) is dropped. Tries the
+    places it could be cut back to, latest first; None when none of the last `tries` parses."""
+    cuts, closers, in_string, escaped = [], [], False, False
+    for i, ch in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+                cuts.append((i + 1, "".join(reversed(closers))))
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            closers.append("}" if ch == "{" else "]")
+            cuts.append((i + 1, "".join(reversed(closers))))
+        elif ch in "}]" and closers:
+            closers.pop()
+            cuts.append((i + 1, "".join(reversed(closers))))
+        elif ch == ",":
+            cuts.append((i, "".join(reversed(closers))))
+    end = "".join(reversed(closers))
+    whole = text[:-1] if escaped else text
+    candidates = [whole + ('"' if in_string else "") + end] + [text[:i] + c for i, c in reversed(cuts)]
+    for candidate in candidates[:tries]:
+        try:
+            return _strict_json(candidate)
+        except (ValueError, RecursionError):
+            pass
+    return None
+
+
 def _strict_json(text: str):
     """json.loads without NaN / Infinity, which no JSON client accepts back."""
     value = json.loads(text, parse_constant=_no_constant)
@@ -312,10 +340,27 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
-def _parse_json_call(body: str) -> tuple[str, dict] | None:
+def call_arguments(arguments) -> dict:
+    """A call's arguments as a dict, from a dict or from a JSON object's text (OpenAI's form; empty text or
+    None: no arguments). Raises ValueError saying what is wrong with the text."""
+    if arguments is None or isinstance(arguments, dict):
+        return arguments or {}
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except (ValueError, RecursionError):
+        raise ValueError("is not valid JSON") from None
+    if not isinstance(value, dict):
+        raise ValueError("must be a JSON object")
+    return value
+
+
+def _parse_json_call(body: str, closed: bool = True) -> tuple[str, dict] | None:
+    """A JSON-form call's (name, arguments); one whose </tool_call> never came is closed first if it was cut short."""
     try:
         data = _strict_json(body)
     except (ValueError, RecursionError):
+        data = None if closed else _closed_json(body)
+    if data is None:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not NAME.fullmatch(data["name"]):
         return None

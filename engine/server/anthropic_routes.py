@@ -9,13 +9,12 @@ import secrets
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from engine.chat.tools import CallArgs, CallStart, Text
-from engine.params import Usage
+from engine.api import CallArgs, CallStart, Reasoning, Text, Usage
 from engine.server.anthropic_convert import chat_request
 from engine.server.anthropic_schema import CountTokensRequest, MessagesRequest
 from engine.server.body import parse_body
 from engine.server.errors import error_payload
-from engine.server.generation import Finish, Keepalive, Reasoning, Reply, collect_all
+from engine.server.generation import Finish, Keepalive, Reply, collect_all
 from engine.server.prompting import chat_prompt, render
 from engine.server.sse import JSON, event, sse_response
 
@@ -133,7 +132,7 @@ async def message_stream(events, message: dict, prompt_tokens: int, omit_thinkin
 
 def stop_fields(finish: Finish) -> dict:
     reason = STOP_REASONS.get(finish.reason, "stop_sequence" if finish.stop_sequence else "end_turn")
-    return {"stop_reason": reason, "stop_sequence": finish.stop_sequence}
+    return {"stop_reason": reason, "stop_sequence": finish.stop_sequence if reason == "stop_sequence" else None}
 
 
 def usage_json(u: Usage) -> dict:

@@ -18,7 +18,7 @@ from typing import NoReturn
 import uvicorn
 
 from engine.cli_args import checked, model_arg, model_name, port_arg, resolve_model
-from engine.params import DTYPE_NAMES, KV_DTYPES, PROFILES, EngineConfig
+from engine.api import DTYPE_NAMES, KV_DTYPES, PROFILES, EngineConfig
 
 log = logging.getLogger("qwendesk.serve")
 

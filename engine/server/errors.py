@@ -14,7 +14,7 @@ import logging
 from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException
 
-from engine.params import ContextLengthError, QueueFullError
+from engine.api import ContextLengthError, QueueFullError
 from engine.server.sse import JSON
 
 log = logging.getLogger("qwendesk.server")

@@ -1,9 +1,9 @@
 """Generation: one engine request seen from asyncio, as output events.
 
 Iterating a RequestHandle blocks, so a small thread per request pumps its events into an asyncio
-queue. Reasoning passes straight through; the reply's content goes through the tool-call parser
-when the request has tools. Leaving `events()` early (the client went away) cancels the engine
-request, which frees its cache pages at once.
+queue. The engine's pieces (Text, Reasoning, CallStart, CallArgs: it parses the calls when the request
+has tools) pass straight through, with the logprobs of the tokens the engine labelled content. Leaving
+`events()` early (the client went away) cancels the engine request, which frees its cache pages at once.
 """
 
 from __future__ import annotations
@@ -12,15 +12,9 @@ import asyncio
 import threading
 from dataclasses import dataclass, field
 
-from engine.chat.tools import CallArgs, CallStart, Text, ToolCallParser
-from engine.params import StreamEvent, Timings, TokenLogprob, Usage
+from engine.api import CallArgs, CallStart, Reasoning, StreamEvent, Text, Timings, TokenLogprob, Usage
 from engine.server.errors import APIError
 from engine.server.prompting import Prompt
-
-
-@dataclass
-class Reasoning:
-    text: str
 
 
 @dataclass
@@ -52,18 +46,12 @@ class Finish:
 
 class Generation:
     def __init__(self, engine, prompt: Prompt, *, keepalive_s: float = 15.0, raw: bool = False, metrics=None):
-        """`raw`: a plain completion: reasoning is part of the text, no tool parsing."""
+        """`raw`: a plain completion: reasoning is part of the text (its prompt has no tools to parse)."""
         self.engine, self.prompt, self.params = engine, prompt, prompt.params
         self.keepalive_s, self.raw, self.metrics = keepalive_s, raw, metrics
-        self.parser = ToolCallParser(prompt.schemas) if prompt.schemas is not None and not raw else None
-        tok = engine.tokenizer
-        self.think_start, self.think_end = tok.think_start_id, tok.think_end_id
-        self.stop_ids = set(self.params.stop_token_ids) | (set() if self.params.ignore_eos else set(tok.eos_token_ids))
-        self.thinking = prompt.in_reasoning
-        self.content_started = False
-        self.content_ids: list[int] = []
+        self.shown = ("content", "reasoning") if raw else ("content",)    # the tokens whose logprobs go out
         self.finished = False
-        self.handle = engine.submit(prompt.ids, self.params)   # raises QueueFullError, ValueError
+        self.handle = engine.submit(prompt.ids, self.params, tools=prompt.tools)   # raises QueueFullError, ValueError
         self.queue: asyncio.Queue = asyncio.Queue()
         self.loop = asyncio.get_running_loop()
         threading.Thread(target=self._pump, name=f"qwendesk-stream-{self.handle.id}", daemon=True).start()
@@ -96,60 +84,22 @@ class Generation:
                 self.handle.cancel()
 
     def _convert(self, ev: StreamEvent) -> list:
-        out, items = [], []
-        for i, token in enumerate(ev.token_ids):
-            kind = self._token_kind(token)
-            if kind == "content":
-                self.content_ids.append(token)
-            if ev.logprobs and i < len(ev.logprobs) and (kind == "content" or (self.raw and kind == "thinking")):
-                items.append(ev.logprobs[i])
-        if items and self.params.logprobs is not None:
-            out.append(Logprobs(items))
-        if ev.reasoning:
-            out.append(Text(ev.reasoning) if self.raw else Reasoning(ev.reasoning))
-        if self.parser is not None:
-            out += self.parser.feed(ev.text) if ev.text else []
-            if ev.kind == "finish":
-                out += self.parser.finish()
-        elif ev.text:
-            out.append(Text(ev.text))
+        out = []
+        if ev.logprobs and self.params.logprobs is not None:
+            items = [lp for lp, kind in zip(ev.logprobs, ev.token_kinds) if kind in self.shown]
+            if items:
+                out.append(Logprobs(items))
+        out += [Text(p.text) if self.raw and isinstance(p, Reasoning) else p for p in ev.pieces]
         if ev.kind == "finish":
             out.append(self._finish(ev))
         return out
 
-    def _token_kind(self, token: int) -> str:
-        """content | thinking | tag (<think>, </think>, the blank line after it, the stop token):
-        mirrors the engine's split of the text."""
-        if self.thinking:
-            self.thinking = token != self.think_end
-            return "thinking" if self.thinking else "tag"
-        if token == self.think_start and self.think_start is not None:
-            self.thinking = True
-            return "tag"
-        if token in self.stop_ids:
-            return "tag"
-        if not self.content_started:
-            self.content_started = self.engine.tokenizer.decode([token]).strip("\n") != ""
-            return "content" if self.content_started else "tag"
-        return "content"
-
     def _finish(self, ev: StreamEvent) -> Finish:
         self.finished = True
-        reason, stop_sequence = ev.finish_reason, None
-        if reason == "stop" and self.parser is not None and self.parser.calls:
-            reason = "tool_calls"
-        elif reason == "stop" and self.params.stop and not (ev.token_ids and ev.token_ids[-1] in self.stop_ids):
-            stop_sequence = self._matched_stop()
         usage = ev.usage or Usage(prompt_tokens=len(self.prompt.ids))
         if self.metrics is not None:
-            self.metrics.finished(reason, usage, ev.timings)
-        return Finish(reason, usage, ev.timings, stop_sequence, ev.error)
-
-    def _matched_stop(self) -> str | None:
-        """Which stop string ended the reply: the one that occurs first in its text."""
-        text = self.engine.tokenizer.decode(self.content_ids, skip_special_tokens=self.params.skip_special_tokens)
-        found = [(text.find(s), s) for s in self.params.stop if s and s in text]
-        return min(found)[1] if found else None
+            self.metrics.finished(ev.finish_reason, usage, ev.timings)
+        return Finish(ev.finish_reason, usage, ev.timings, ev.stop_sequence, ev.error)
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from engine.params import TokenLogprob
+from engine.api import TokenLogprob
 
 
 def _byte_alphabet() -> dict[str, int]:

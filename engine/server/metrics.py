@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
-from engine.params import Timings, Usage
+from engine.api import Timings, Usage
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 ENGINE_GAUGES = (  # engine.stats() key, metric, help

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
+from engine.api import call_arguments
 from engine.server.errors import APIError
 from engine.server.openai_schema import ChatCompletionRequest, ChatMessage, ContentPart, SamplingFields
 from engine.server.processors import LogitBias
@@ -118,12 +117,7 @@ def _text(content) -> str:
 
 def _arguments(arguments: str | dict, i: int, j: int) -> dict:
     where = f"messages.{i}.tool_calls.{j}.function.arguments"
-    if isinstance(arguments, dict):
-        return arguments
     try:
-        value = json.loads(arguments) if arguments.strip() else {}
-    except (ValueError, RecursionError):
-        raise APIError(400, f"{where} is not valid JSON", param=where) from None
-    if not isinstance(value, dict):
-        raise APIError(400, f"{where} must be a JSON object", param=where)
-    return value
+        return call_arguments(arguments)
+    except ValueError as e:
+        raise APIError(400, f"{where} {e}", param=where) from None

@@ -8,17 +8,15 @@ import time
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from engine.chat.tools import CallArgs, CallStart, Text
-from engine.params import Usage
+from engine.api import CallArgs, CallStart, Reasoning, Text, Usage
 from engine.server.body import parse_body
 from engine.server.errors import APIError, error_payload
-from engine.server.generation import Finish, Keepalive, Logprobs, Reasoning, Reply, collect_all, merged
+from engine.server.generation import Finish, Keepalive, Logprobs, Reply, collect_all, merged
 from engine.server.logprobs import chat_logprobs, completion_logprobs
 from engine.server.openai_convert import chat_request, sampling_fields
 from engine.server.openai_schema import ChatCompletionRequest, CompletionRequest
 from engine.server.prompting import Prompt, chat_prompt, completion_room, encode, sampling_params
 from engine.server.sse import JSON, comment, event, sse_response
-from engine.streaming import starts_in_reasoning
 
 router = APIRouter()
 
@@ -149,7 +147,7 @@ def completion_prompts(engine, body: CompletionRequest, defaults: dict) -> list[
         fields = sampling_fields(body, engine.model_config.vocab_size)
         params = sampling_params({**fields, "logprobs": body.logprobs}, defaults)
         params.max_tokens = completion_room(engine, len(ids), body.max_tokens)
-        prompts.append(Prompt(ids, params, None, starts_in_reasoning(ids, tok.think_start_id, tok.think_end_id)))
+        prompts.append(Prompt(ids, params, tools=None))
     return prompts
 
 

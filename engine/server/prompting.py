@@ -21,11 +21,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.chat.tools import tool_schemas
-from engine.params import SamplingParams
+from engine.api import SamplingParams, starts_in_reasoning, tool_schemas
 from engine.server.errors import APIError
 from engine.server.processors import BanTokens, ForceToolCall, StopAfterToolCall
-from engine.streaming import starts_in_reasoning
 
 EFFORT_BUDGETS = {"minimal": 256, "low": 1024}
 RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "template_name")
@@ -50,8 +48,7 @@ class Thinking:
 class Prompt:
     ids: list[int]
     params: SamplingParams
-    schemas: dict | None            # tool name -> parameters schema, for the parser; None: no tool parsing
-    in_reasoning: bool              # the prompt leaves the model inside <think>
+    tools: list[dict] | None        # the tools whose calls the engine parses out of the reply; None: no parsing
 
 
 @dataclass
@@ -95,8 +92,7 @@ def chat_prompt(engine, req: ChatRequest, defaults: dict) -> Prompt:
     params.max_tokens = completion_room(engine, len(ids), req.max_tokens)
     params.thinking_budget = thinking_budget(engine, req.thinking)
     params.logits_processors = tool_processors(tok, req.tools, req.tool_choice, in_reasoning) + params.logits_processors
-    schemas = tool_schemas(req.tools) if req.tools and req.tool_choice.mode != "none" else None
-    return Prompt(ids, params, schemas, in_reasoning)
+    return Prompt(ids, params, req.tools if req.tool_choice.mode != "none" else None)
 
 
 def render(engine, req: ChatRequest) -> list[int]:
