@@ -89,6 +89,7 @@ class Engine:
         """progress(stage, done, total): what loading is doing (weights, int4 conversion, CUDA graphs,
         warm-up), for a progress bar."""
         self._progress = progress or (lambda stage, done, total: None)
+        config.validate()
         self.config = config
         self.device = resolve_device(config.device)
         self._dtype = resolve_dtype(config.dtype, self.device.type)

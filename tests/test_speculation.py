@@ -123,7 +123,7 @@ def test_state_after_rounds_equals_the_plain_path(ckpt):
     (key0, ssm0, conv0), (key1, ssm1, conv1) = states
     assert key0 == key1
     torch.testing.assert_close(ssm1, ssm0, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(conv1, conv0, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(conv1, conv0, atol=1e-5, rtol=1e-5)    # projections of k + 1 rows vs 1: fp32 rounding
 
 
 def test_thinking_budget_is_kept(ckpt, plain):
@@ -185,6 +185,7 @@ def test_a_distilled_head_drafts_well_above_chance(tmp_path, checkpoint):
 
     path = distill_mtp(str(checkpoint("calm128")), tmp_path / "distilled", steps=60)
     e = make(str(path), 2)
+    e.set_draft_oracle(None, adaptive=False)         # its own drafts, every step (on a CPU rounds rarely pay)
     try:
         kept = drafted = 0
         for i in range(3):
