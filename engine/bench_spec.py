@@ -58,17 +58,17 @@ def components(eng, k: int, context: int) -> dict:
     model, pools, page = spec.model, spec.pools, cache.page_size
     pages = list(range(-(-(context + k + 1) // page)))
     req = RoundRequest(cache.scratch_slot, context, 1, pages, 0, -1, cache.scratch_slot, 0.0, 0, 1.0, 0.0, 0, 0)
-    inp = round_inputs([req], spec.max_context // page + 1, pools.conv.device)
+    inp = round_inputs([req], eng._spec.max_pages, pools.conv.device)
     h = spec.draft_hidden[inp.slots]
 
     def draft():
-        m = model.mtp_forward(inp.last, h, rows_batch(inp, 0, 1, page, spec.max_context), pools)
+        m = model.mtp_forward(inp.last, h, rows_batch(inp, 0, 1, page, spec.max_seq_len), pools)
         spec.draft_logits(m).argmax(-1)
 
     rows = spec.rows
 
     def verify():
-        batch = rows_batch(inp, 0, k + 1, page, spec.max_context, verify=type(rows)(rows.raw[:, :1], rows.qkv[:, :1],
+        batch = rows_batch(inp, 0, k + 1, page, spec.max_seq_len, verify=type(rows)(rows.raw[:, :1], rows.qkv[:, :1],
                                                                                      rows.gb[:, :1]))
         model.logits(model(inp.last.repeat(k + 1), batch, pools))
 

@@ -71,7 +71,7 @@ class Speculation:
     def __init__(self, speculator: Speculator, cache: CacheManager, max_batch: int, max_context: int,
                  cuda_graphs: bool):
         self.spec, self.cache, self.k = speculator, cache, speculator.k
-        self.max_pages = -(-max_context // cache.page_size)
+        self.max_pages = -(-speculator.max_seq_len // cache.page_size)     # block tables cover every verify row
         self.graphs = None
         if cuda_graphs and cache.pools.conv.is_cuda:
             buckets = [b for b in (1, 2, 4, 8) if b <= max(1, max_batch)]

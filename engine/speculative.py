@@ -101,6 +101,7 @@ class Speculator:
         assert model.mtp is not None and 1 <= k
         self.model, self.pools, self.k = model, pools, k
         self.max_context = max_context
+        self.max_seq_len = max_context + k + 1     # verify rows may run k + 1 past the context (writing nothing there)
         self.draft_vocab = min(draft_vocab, cfg.vocab_size) // 16 * 16 or cfg.vocab_size
         dev, dtype = pools.conv.device, pools.conv.dtype
         self.rows = VerifyRows.allocate(len(cfg.linear_attention_layers), max_batch, k + 1, cfg.conv_dim,
@@ -128,7 +129,7 @@ class Speculator:
     def first_draft(self, inp: RoundInputs, hidden: torch.Tensor) -> None:
         """After a prompt's first token x_n is sampled: the MTP row at n - 1 (x_n with the main model's last hidden
         state) drafts d_1. inp.base holds n - 1 and inp.last x_n."""
-        batch = rows_batch(inp, 0, 1, self.pools.page_size, self.max_context)
+        batch = rows_batch(inp, 0, 1, self.pools.page_size, self.max_seq_len)
         m = self.model.mtp_forward(inp.last, hidden, batch, self.pools)
         d1, _ = pick_draft(self.draft_logits(m), inp.sampling, 1, bool((inp.sampling.temperature > 0).any()))
         self.draft_tokens[inp.slots] = d1
@@ -149,7 +150,7 @@ class Speculator:
         if sampled:                               # q of d_1 was made last round from these logits
             qs.append(pick_draft(self.draft_logits(h), s, 1, True)[1])
         for j in range(1, k):                     # d_{j+1} from the MTP row at n + j - 1
-            batch = rows_batch(inp, j - 1, 1, page, self.max_context)
+            batch = rows_batch(inp, j - 1, 1, page, self.max_seq_len)
             h = model.mtp_forward(d[-1], h, batch, pools)
             token, q = pick_draft(self.draft_logits(h), s, j + 1, sampled)
             d.append(token)
@@ -158,12 +159,12 @@ class Speculator:
         if self.oracle is not None:
             drafts = self.oracle.apply(drafts, inp, model.cfg.vocab_size)
         rows = VerifyRows(self.rows.raw[:, :B], self.rows.qkv[:, :B], self.rows.gb[:, :B])
-        verify = rows_batch(inp, 0, k + 1, page, self.max_context, verify=rows)
+        verify = rows_batch(inp, 0, k + 1, page, self.max_seq_len, verify=rows)
         hidden = model(torch.cat([inp.last[:, None], drafts], 1).reshape(-1), verify, pools)   # [B (k+1), H]
         logits = model.logits(hidden).view(B, k + 1, -1)
         kept, tokens = accept(drafts, logits, s, torch.stack(qs, 1) if sampled else None)
         gdn_replay(pools.conv, pools.ssm, inp.slots, (kept + 1).int(), rows, inp.snap_rows, inp.snap_slots)
-        catch_up = rows_batch(inp, 0, k + 1, page, self.max_context)
+        catch_up = rows_batch(inp, 0, k + 1, page, self.max_seq_len)
         m = model.mtp_forward(tokens.reshape(-1), hidden, catch_up, pools).view(B, k + 1, -1)
         m = m[torch.arange(B, device=m.device), kept]
         next_s = Sampling(s.temperature, s.top_k, s.top_p, s.min_p, s.seeds, s.steps + kept + 1)

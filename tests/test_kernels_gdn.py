@@ -235,7 +235,7 @@ def verify_then_replay(decode, replay, NL, B, L, Hk, Hv, K, V, dtype, device, ac
     """NL layers of one model state: a verify step of L rows per sequence in every layer, then a replay of
     accepted[i] rows (snapshots after snap_rows[i], -1: none). Returns (layer inputs, slots, pools before, pools
     after, snapshot slots)."""
-    layers = [decode_inputs(B, L, Hk, Hv, K, V, dtype, device, has_state=[True] * B, num_slots=B + 4)
+    layers = [decode_inputs(B, L, Hk, Hv, K, V, dtype, device, has_state=[True] * B, num_slots=2 * B + 1)
               for _ in range(NL)]
     slots = layers[0]["slots"]
     conv = torch.stack([x["conv_state"] for x in layers])     # each layer's live rows moved to the first's slots
@@ -243,7 +243,7 @@ def verify_then_replay(decode, replay, NL, B, L, Hk, Hv, K, V, dtype, device, ac
     for j, x in enumerate(layers):
         conv[j], ssm[j] = conv[0].clone(), ssm[0].clone()
         conv[j][slots], ssm[j][slots] = x["conv_state"][x["slots"]], x["ssm_state"][x["slots"]]
-    free = [i for i in range(B + 4) if i not in slots.tolist()]
+    free = [i for i in range(2 * B + 1) if i not in slots.tolist()]
     snap_slots = torch.tensor([free[i] if r >= 0 else free[-1] for i, r in enumerate(snap_rows)], device=device)
     for j in range(NL):
         layers[j] = dict(layers[j], slots=slots)
@@ -374,9 +374,10 @@ gpu = pytest.mark.gpu
 
 def assert_verify_rows_gpu(got: VerifyRows, want: VerifyRows):
     """Verify rows of the Triton step against the references' on the GPU: raw rows are copies (exact); q, k, v,
-    g and beta are computed in fp32 by different code (close)."""
+    g and beta close (the kernel keeps the conv outputs in fp32, the references round them to bf16)."""
     torch.testing.assert_close(got.raw, want.raw, atol=0, rtol=0)
-    assert rel_err(got.qkv, want.qkv) < 1e-3 and rel_err(got.gb, want.gb) < 1e-4
+    assert rel_err(got.qkv, want.qkv) < 1e-2 and rel_err(got.gb, want.gb) < 1e-3, (rel_err(got.qkv, want.qkv),
+                                                                                   rel_err(got.gb, want.gb))
 
 
 @gpu
