@@ -5,8 +5,10 @@ use speculative rejection sampling: draft d_j (drawn from the draft distribution
 min(1, p_j(d_j) / q_j(d_j)), p_j the target's distribution at that position after the request's temperature, top-k,
 top-p and min-p; at the first rejection the token is drawn from max(0, p_j - q_j) renormalised, and when every draft
 is kept a bonus token is drawn from the last row's p. The kept tokens are then distributed exactly as tokens sampled
-one by one from p (Leviathan et al., Chen et al. 2023). Randomness is counter-based (kernels/sampling.py), so a
-seeded request reproduces.
+one by one from p (Leviathan et al., Chen et al. 2023). Seeded rows instead draw each position's token from p with
+the very uniforms plain decoding uses at that step (kernels/sampling.py) and keep the drafts that equal them: the
+output is the plain seeded one, whatever the drafts (which depend on the cache: a prefix hit changes the MTP's KV at
+its boundary), at a lower acceptance (sum p q instead of sum min(p, q)).
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ class Sampling:
     min_p: torch.Tensor
     seeds: torch.Tensor
     steps: torch.Tensor          # tokens the request has generated before this round
+    seeded: torch.Tensor         # bool: the request gave a seed (its output must reproduce)
 
     def rows(self, index: torch.Tensor) -> "Sampling":
         return Sampling(*(t[index] for t in (self.temperature, self.top_k, self.top_p, self.min_p, self.seeds,
-                                             self.steps)))
+                                             self.steps, self.seeded)))
 
 
 def _uniforms(s: Sampling, offset: int, stream: int, n: int) -> torch.Tensor:
@@ -85,5 +88,11 @@ def accept(drafts: torch.Tensor, target_logits: torch.Tensor, s: Sampling, q: to
     u_extra = torch.stack([_uniforms(s, j + 1, RESIDUAL, V) for j in range(k + 1)], 1)[rows, at]
     extra = (residual / -torch.log(u_extra)).argmax(-1)
     tokens = torch.cat([drafts, drafts[:, :1]], 1).scatter(1, at[:, None], extra[:, None])
+    # seeded rows: the token plain decoding draws at each position (same uniforms), drafts kept while they match
+    plain = torch.stack([(p[:, j] / -torch.log(random_uniform_ref(s.seeds, s.steps + j, V))).argmax(-1)
+                         for j in range(k + 1)], 1)
+    plain_kept = (drafts == plain[:, :k]).int().cumprod(1).sum(1)
+    sampled_kept = torch.where(s.seeded, plain_kept, sampled_kept)
+    tokens = torch.where(s.seeded[:, None], plain, tokens)
     sampled = s.temperature > 0
     return torch.where(sampled, sampled_kept, kept), torch.where(sampled[:, None], tokens, targets)

@@ -57,7 +57,8 @@ def components(eng, k: int, context: int) -> dict:
     spec, cache = eng._spec.spec, eng._cache
     model, pools, page = spec.model, spec.pools, cache.page_size
     pages = list(range(-(-(context + k + 1) // page)))
-    req = RoundRequest(cache.scratch_slot, context, 1, pages, 0, -1, cache.scratch_slot, 0.0, 0, 1.0, 0.0, 0, 0)
+    req = RoundRequest(cache.scratch_slot, context, 1, pages, 0, -1, cache.scratch_slot, 0.0, 0, 1.0, 0.0, 0, 0,
+                       False)
     inp = round_inputs([req], eng._spec.max_pages, pools.conv.device)
     h = spec.draft_hidden[inp.slots]
 
@@ -122,7 +123,8 @@ def bench_speculation(model, args) -> dict:
                            exact=outs == plain, rounds=rounds,
                            tokens_per_round=sum(f.usage.speculation.tokens_per_round for f in fins
                                                 if f.usage.speculation) / c,
-                           round_ms=(after["spec_round_ms_total"] - before["spec_round_ms_total"]) / max(rounds, 1))
+                           round_ms=c * (after["spec_round_ms_total"] - before["spec_round_ms_total"])
+                           / max(rounds, 1))   # rounds counts each sequence's
                 out["rows"].append(row)
                 print(row, flush=True)
             eng.close()
@@ -135,5 +137,5 @@ def report(r: dict) -> None:
     for row in r["rows"]:
         print(f"{row['profile']:7s} {row['k']:2d} {row['p']:5.2f} {str(row['adaptive']):>5s} {row['tok_s']:8.1f} "
               f"{row['vs_plain']:7.2f} {row['tokens_per_round']:7.2f} {row['round_ms']:8.2f} {row['exact']}")
-    print({k: round(v, 3) for k, v in r.items() if k != "rows"})
+    print({k: round(v, 3) for k, v in r.items() if isinstance(v, float)})
 

@@ -89,7 +89,7 @@ class Speculation:
         self.spec.set_oracle(oracle)
         self.adaptive, self.pays = adaptive, Pays()
         if self.graphs is not None:
-            self.graphs.graphs.clear()
+            self.graphs.clear()
 
     # ---- which steps speculate ------------------------------------------------------------------------------------
     def eligible(self, seq: Sequence) -> bool:
@@ -168,7 +168,7 @@ class Speculation:
                             limit=len(s.pages) * self.cache.page_size, snap_row=snap_row,
                             snap_slot=snap_slot if snap_row >= 0 else self.cache.scratch_slot,
                             temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, seed=s.seed,
-                            steps=len(s.output))
+                            steps=len(s.output), seeded=p.seed is not None)
 
     def stats(self) -> dict:
         t = self.totals

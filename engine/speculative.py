@@ -167,7 +167,7 @@ class Speculator:
         catch_up = rows_batch(inp, 0, k + 1, page, self.max_seq_len)
         m = model.mtp_forward(tokens.reshape(-1), hidden, catch_up, pools).view(B, k + 1, -1)
         m = m[torch.arange(B, device=m.device), kept]
-        next_s = Sampling(s.temperature, s.top_k, s.top_p, s.min_p, s.seeds, s.steps + kept + 1)
+        next_s = Sampling(s.temperature, s.top_k, s.top_p, s.min_p, s.seeds, s.steps + kept + 1, s.seeded)
         self.draft_tokens[inp.slots] = pick_draft(self.draft_logits(m), next_s, 1, sampled)[0]
         self.draft_hidden[inp.slots] = m
         return RoundOutputs(kept, tokens)
@@ -189,6 +189,7 @@ class RoundRequest:
     min_p: float
     seed: int
     steps: int
+    seeded: bool
 
 
 def round_inputs(reqs: list[RoundRequest], max_pages: int, device, pad_to: int = 0, pad_slot: int = 0,
@@ -196,7 +197,7 @@ def round_inputs(reqs: list[RoundRequest], max_pages: int, device, pad_to: int =
     """Host lists -> RoundInputs (into `out`'s buffers when given: a graph's static inputs), padded to pad_to rows
     with rows that write nothing (limit 0) on pad_slot. Copies go from page-locked memory: no wait for the GPU."""
     pad = max(0, pad_to - len(reqs))
-    reqs = reqs + [RoundRequest(pad_slot, 0, 0, [], 0, -1, pad_slot, 0.0, 0, 1.0, 0.0, 0, 0)] * pad
+    reqs = reqs + [RoundRequest(pad_slot, 0, 0, [], 0, -1, pad_slot, 0.0, 0, 1.0, 0.0, 0, 0, False)] * pad
     tables = torch.zeros(len(reqs), max_pages, dtype=torch.int32)
     for i, r in enumerate(reqs):
         tables[i, :len(r.pages)] = torch.tensor(r.pages, dtype=torch.int32)
@@ -205,7 +206,7 @@ def round_inputs(reqs: list[RoundRequest], max_pages: int, device, pad_to: int =
                        col("limit", torch.int64), col("snap_row", torch.int32), col("snap_slot", torch.int64),
                        Sampling(col("temperature", torch.float32), col("top_k", torch.int64),
                                 col("top_p", torch.float32), col("min_p", torch.float32), col("seed", torch.int64),
-                                col("steps", torch.int64)))
+                                col("steps", torch.int64), col("seeded", torch.bool)))
     pinned = torch.cuda.is_available()
     if out is None:
         return _map(host, lambda t: (t.pin_memory() if pinned else t).to(device, non_blocking=True))
@@ -216,7 +217,7 @@ def round_inputs(reqs: list[RoundRequest], max_pages: int, device, pad_to: int =
 def _fields(inp: RoundInputs) -> list[torch.Tensor]:
     s = inp.sampling
     return [inp.slots, inp.base, inp.last, inp.block_tables, inp.limit, inp.snap_rows, inp.snap_slots,
-            s.temperature, s.top_k, s.top_p, s.min_p, s.seeds, s.steps]
+            s.temperature, s.top_k, s.top_p, s.min_p, s.seeds, s.steps, s.seeded]
 
 
 def _from_fields(t: list[torch.Tensor]) -> RoundInputs:
@@ -243,7 +244,7 @@ class RoundGraphs:
 
     def capture(self, b: int, sampled: bool) -> None:
         dev = self.spec.pools.conv.device
-        reqs = [RoundRequest(self.scratch, 0, 0, [], 0, -1, self.scratch, 0.5, 0, 1.0, 0.0, 0, 0)] * b
+        reqs = [RoundRequest(self.scratch, 0, 0, [], 0, -1, self.scratch, 0.5, 0, 1.0, 0.0, 0, 0, False)] * b
         inp = round_inputs(reqs, self.max_pages, dev)
         for _ in range(2):                                   # compile, tune, initialise outside the capture
             self.spec.round(inp, sampled)
@@ -253,6 +254,11 @@ class RoundGraphs:
             out = self.spec.round(inp, sampled)
         self.pool = graph.pool()
         self.graphs[(b, sampled)] = (graph, inp, out)
+
+    def clear(self) -> None:
+        """Drop the captured rounds (and their memory pool: a pool whose graphs are gone cannot be captured into)."""
+        self.graphs.clear()
+        self.pool = None
 
     def fits(self, n: int) -> bool:
         return n <= self.buckets[-1]

@@ -10,9 +10,10 @@ from kernels.sampling import filtered_probs_ref
 V, K = 6, 2
 
 
-def sampling(n, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed0=0):
+def sampling(n, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed0=0, seeded=False):
     return Sampling(torch.full((n,), temperature), torch.full((n,), top_k), torch.full((n,), top_p),
-                    torch.full((n,), min_p), torch.arange(seed0, seed0 + n), torch.full((n,), 7))
+                    torch.full((n,), min_p), torch.arange(seed0, seed0 + n), torch.full((n,), 7),
+                    torch.full((n,), seeded))
 
 
 def test_greedy_keeps_the_matching_prefix_and_the_next_target():
@@ -70,3 +71,19 @@ def test_seeded_rounds_reproduce():
         token, q = pick_draft(draft, s, 1, True)
         runs.append(accept(torch.stack([token, token], 1), target, s, torch.stack([q, q], 1)))
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
+def test_seeded_rows_keep_what_plain_seeded_sampling_draws():
+    """Whatever the drafts, a seeded row's new tokens are the ones plain decoding draws at those steps."""
+    from kernels.sampling import sample_ref
+    torch.manual_seed(3)
+    n = 64
+    target = torch.randn(n, K + 1, V)
+    s = sampling(n, temperature=0.8, top_p=0.9, seeded=True)
+    drafts = torch.randint(0, V, (n, K))
+    q = torch.softmax(torch.randn(n, K, V - 2), -1)
+    kept, tokens = accept(drafts, target, s, q)
+    for j in range(K + 1):
+        plain = sample_ref(target[:, j], s.temperature, s.top_k, s.top_p, s.min_p, s.seeds, s.steps + j)
+        upto = kept >= j
+        assert torch.equal(tokens[upto, j], plain[upto])

@@ -165,13 +165,16 @@ def test_cancels_give_everything_back(ckpt):
         e.close()
 
 
-def test_seeded_sampling_reproduces(ckpt):
+def test_seeded_sampling_is_plain_seeded_sampling(ckpt, plain):
+    """A seeded request speculates to exactly its plain output (and so reproduces, prefix hits or not)."""
     ids = prompt(30, 51)
     params = SamplingParams(max_tokens=30, temperature=0.8, top_p=0.9, top_k=50, seed=1234)
+    want = plain.generate(ids, params).token_ids
     e = make(ckpt, 3)
+    e.set_draft_oracle(None, adaptive=False)
     try:
         a, b = e.generate(ids, params), e.generate(ids, params)
-        assert a.token_ids == b.token_ids and a.usage.speculation.rounds > 0
+        assert a.token_ids == want and b.token_ids == want and a.usage.speculation.rounds > 0
     finally:
         e.close()
 
@@ -212,6 +215,7 @@ def test_graphed_rounds_on_the_gpu(checkpoint, profile, sampled):
     with mk(3) as e:
         if sampled:
             s = SamplingParams(max_tokens=40, temperature=0.9, top_p=0.95, seed=7)
+            e.set_draft_oracle(None, adaptive=False)
             a, b = e.generate(prompts[0], s), e.generate(prompts[0], s)
             assert a.token_ids == b.token_ids and a.usage.speculation.rounds > 0
             return
