@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
+VISION_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu")
 
 
 class UnsupportedModelError(ValueError):
@@ -29,6 +30,12 @@ class VisionConfig:
     in_channels: int
     out_hidden_size: int
     num_position_embeddings: int
+    hidden_act: str = "gelu_pytorch_tanh"   # the blocks' MLP (the merger's GELU is exact)
+    rope_theta: float = 10_000.0            # the 2D rotary of the blocks' attention
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
 
 
 @dataclass(frozen=True)
@@ -147,6 +154,7 @@ def parse_model_config(raw: dict) -> ModelConfig:
 
     vision = None
     if vision_raw:
+        vision_rope = vision_raw.get("rope_parameters") or {}
         vision = VisionConfig(
             depth=vision_raw.get("depth", 27),
             hidden_size=vision_raw.get("hidden_size", 1152),
@@ -158,7 +166,14 @@ def parse_model_config(raw: dict) -> ModelConfig:
             in_channels=vision_raw.get("in_channels", 3),
             out_hidden_size=vision_raw.get("out_hidden_size", need("hidden_size")),
             num_position_embeddings=vision_raw.get("num_position_embeddings", 2304),
+            hidden_act=vision_raw.get("hidden_act", "gelu_pytorch_tanh"),
+            rope_theta=float(vision_rope.get("rope_theta", vision_raw.get("rope_theta", 10_000.0))),
         )
+        if vision.hidden_act not in VISION_ACTIVATIONS:
+            raise UnsupportedModelError(f"vision hidden_act {vision.hidden_act!r} is not supported "
+                                        f"(one of {', '.join(VISION_ACTIVATIONS)})")
+        if vision_raw.get("deepstack_visual_indexes"):
+            raise UnsupportedModelError("a vision tower with deepstack layers (Qwen3-VL) is not supported")
 
     tie = top.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
     return ModelConfig(
