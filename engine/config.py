@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
-VISION_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu")
 
 
 class UnsupportedModelError(ValueError):
@@ -169,11 +168,6 @@ def parse_model_config(raw: dict) -> ModelConfig:
             hidden_act=vision_raw.get("hidden_act", "gelu_pytorch_tanh"),
             rope_theta=float(vision_rope.get("rope_theta", vision_raw.get("rope_theta", 10_000.0))),
         )
-        if vision.hidden_act not in VISION_ACTIVATIONS:
-            raise UnsupportedModelError(f"vision hidden_act {vision.hidden_act!r} is not supported "
-                                        f"(one of {', '.join(VISION_ACTIVATIONS)})")
-        if vision_raw.get("deepstack_visual_indexes"):
-            raise UnsupportedModelError("a vision tower with deepstack layers (Qwen3-VL) is not supported")
 
     tie = top.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
     return ModelConfig(

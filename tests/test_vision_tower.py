@@ -1,7 +1,6 @@
 """The vision tower against transformers' Qwen3_5VisionModel, mRoPE positions against its get_rope_index, and the
 placeholder-token helpers (expansion, rows per step, prefix-cache hashing)."""
 
-import copy
 import json
 
 import numpy as np
@@ -11,15 +10,18 @@ from PIL import Image
 from transformers import Qwen3_5ForConditionalGeneration
 
 from engine.cache_manager import chain_hashes
-from engine.config import UnsupportedModelError, load_model_config, parse_model_config
+from engine.config import UnsupportedModelError, VisionConfig, load_model_config, parse_model_config
 from engine.model import load_model
 from engine.model.batch import build_batch
+from engine.model.linear import Build
 from engine.vision.positions import mrope_positions
 from engine.vision.processor import ImageInputError, load_processor_config, parse_processor_config, preprocess
 from engine.vision.tokens import expand_image_placeholders, image_hash_tokens, image_rows
-from engine.vision.tower import load_vision_tower
-from engine.weights.checkpoint import CheckpointError
-from tests.fixtures.checkpoints import QWEN3_5_PREPROCESSOR
+from engine.vision.tower import VisionTower, load_vision_tower
+from engine.weights.checkpoint import CheckpointError, canonical_name
+from engine.weights.convert_cache import convert
+from engine.weights.quantize import QuantPolicy
+from tests.fixtures.checkpoints import QWEN3_5_PREPROCESSOR, VISION, TinySpec, _Random, _vision_tensors
 
 NAMES = ["gqa3_ratio3", "wrapper_tied_sharded_bf16"]    # two tower configs (tests/fixtures/checkpoints.py)
 
@@ -76,6 +78,23 @@ def test_tower_in_bf16_is_close_to_fp32(checkpoint):
     assert half.dtype == torch.bfloat16 and rel_err(half.float(), full) < 3e-2
 
 
+def test_quantized_tower_follows_the_policy():
+    """With the policy's vision scheme int8, the tower's linears are int8 (K a multiple of the group size) and its
+    output stays close to the 16-bit tower's."""
+    raw = {**VISION, "hidden_size": 128, "intermediate_size": 256}
+    spec = TinySpec("wide", wrapper=True, hidden=128, vision=raw)
+    tensors = {canonical_name(n)[1]: v for n, v in _vision_tensors(spec, _Random(0)).items()}
+    cfg = VisionConfig(**raw, out_hidden_size=128)
+    policy = QuantPolicy(vision="int8")
+    quantized = {n: convert(v, policy.scheme("model.visual." + n, tuple(v.shape)), policy) for n, v in tensors.items()}
+    full = load_vision_tower(cfg, dict(tensors), torch.float32, "cpu")
+    int8 = load_vision_tower(cfg, quantized, torch.float32, "cpu", policy)
+    assert int8.blocks[0].qkv.linear.scheme == int8.merger_fc2.linear.scheme == "int8"
+    pixels = torch.randn(48, 3 * 2 * 16 * 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert rel_err(int8(pixels, [(1, 6, 8)]), full(pixels, [(1, 6, 8)])) < 2e-2
+
+
 def test_tower_load_names_what_is_wrong(checkpoint):
     path = checkpoint("gqa3_ratio3")
     model, vision = load_model(path, "cpu", torch.float32, mtp=False, vision=True)
@@ -99,11 +118,10 @@ def test_vision_config(checkpoint):
     assert (cfg.hidden_act, cfg.rope_theta, cfg.head_dim) == ("gelu_pytorch_tanh", 10_000.0, 16)
     raw["vision_config"]["rope_parameters"] = {"rope_type": "axial", "rope_theta": 500.0}
     assert parse_model_config(raw).vision.rope_theta == 500.0
-    for key, value, words in (("deepstack_visual_indexes", [3, 7], "deepstack"), ("hidden_act", "relu", "relu")):
-        bad = copy.deepcopy(raw)
-        bad["vision_config"][key] = value
-        with pytest.raises(UnsupportedModelError, match=words):
-            parse_model_config(bad)
+    raw["vision_config"]["hidden_act"] = "relu"
+    other = parse_model_config(raw)                      # the text model still loads; the tower is refused
+    with pytest.raises(UnsupportedModelError, match="hidden_act 'relu'"):
+        VisionTower(other.vision, Build(torch.float32, "cpu"))
 
 
 # ---- positions --------------------------------------------------------------------------------------------------

@@ -7,9 +7,10 @@ decode (Pillow; the first frame of an animation; EXIF orientation applied, as tr
 order (each 2 x 2 block of patches consecutive), a still image repeated over the temporal patch.
 
 The numbers equal transformers' PIL backend (`Qwen2VLImageProcessorPil`, what AutoImageProcessor gives without
-torchvision); its torchvision backend resizes with torch's antialiased bicubic instead (a pixel may differ by a few
-levels of 255). One deliberate difference: 16-bit grayscale is scaled to 8 bits, where Pillow's conversion (and so
-transformers) clips it to 255.
+torchvision). Its torchvision backend (the default where torchvision is installed) resizes with torch's antialiased
+bicubic instead: on the CPU (uint8) up to 2 levels of 255 on about 1% of the resized pixels, on a GPU (float) up to 13
+levels where a tiny image is enlarged (measured on the test sizes). One deliberate difference: 16-bit grayscale is
+scaled to 8 bits, where Pillow's conversion (and so transformers) clips it at 255.
 """
 
 from __future__ import annotations

@@ -13,11 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import VisionConfig
+from engine.config import UnsupportedModelError, VisionConfig
 from engine.model.linear import Build, Linear, param
 from engine.weights.checkpoint import CheckpointError
 
 Grid = tuple[int, int, int]   # (t, h, w) in patches
+GELU_APPROXIMATION = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}   # the blocks' hidden_act -> F.gelu's
 
 
 class BiasLinear(nn.Module):
@@ -69,7 +70,10 @@ class VisionBlock(nn.Module):
         self.norm2 = LayerNorm(h, build, prefix + "norm2")
         self.fc1 = BiasLinear(h, cfg.intermediate_size, build, prefix + "mlp.linear_fc1")
         self.fc2 = BiasLinear(cfg.intermediate_size, h, build, prefix + "mlp.linear_fc2")
-        self.approximate = "tanh" if cfg.hidden_act == "gelu_pytorch_tanh" else "none"
+        if cfg.hidden_act not in GELU_APPROXIMATION:
+            raise UnsupportedModelError(f"the vision tower's hidden_act {cfg.hidden_act!r} is not supported "
+                                        f"(one of {', '.join(GELU_APPROXIMATION)})")
+        self.approximate = GELU_APPROXIMATION[cfg.hidden_act]
 
     def forward(self, x, cos, sin, seqlens: list[int]):
         x = x + self.proj(self.attention(self.norm1(x), cos, sin, seqlens))
@@ -111,11 +115,11 @@ class VisionTower(nn.Module):
         self.merger_fc2 = BiasLinear(h * m * m, cfg.out_hidden_size, build, "merger.linear_fc2")
 
     def forward(self, pixel_values: torch.Tensor, grids: list[Grid]) -> torch.Tensor:
-        """Pixel values [patches, C*T*P*P] of one or more images -> [patches / merge², out_hidden]: each image's
-        merged tokens, in order (what its placeholder tokens in the prompt take)."""
+        """Pixel values [patches, C*T*P*P] of one or more images (any device) -> [patches / merge², out_hidden] on
+        the tower's: each image's merged tokens, in order (what its placeholder tokens in the prompt take)."""
         m = self.cfg.spatial_merge_size
         rows, cols = self._patch_coordinates(grids)
-        x = F.linear(pixel_values.to(self.dtype), self.patch_weight, self.patch_bias)
+        x = F.linear(pixel_values.to(self.patch_weight.device, self.dtype), self.patch_weight, self.patch_bias)
         x = x + self._position_embeddings(grids, rows, cols).to(x.dtype)
         freqs = torch.cat([rows[:, None] * self.inv_freq, cols[:, None] * self.inv_freq], dim=-1)
         emb = torch.cat([freqs, freqs], dim=-1)
