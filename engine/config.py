@@ -29,6 +29,12 @@ class VisionConfig:
     in_channels: int
     out_hidden_size: int
     num_position_embeddings: int
+    hidden_act: str = "gelu_pytorch_tanh"   # the blocks' MLP (the merger's GELU is exact)
+    rope_theta: float = 10_000.0            # the 2D rotary of the blocks' attention
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
 
 
 @dataclass(frozen=True)
@@ -147,6 +153,7 @@ def parse_model_config(raw: dict) -> ModelConfig:
 
     vision = None
     if vision_raw:
+        vision_rope = vision_raw.get("rope_parameters") or {}
         vision = VisionConfig(
             depth=vision_raw.get("depth", 27),
             hidden_size=vision_raw.get("hidden_size", 1152),
@@ -158,6 +165,8 @@ def parse_model_config(raw: dict) -> ModelConfig:
             in_channels=vision_raw.get("in_channels", 3),
             out_hidden_size=vision_raw.get("out_hidden_size", need("hidden_size")),
             num_position_embeddings=vision_raw.get("num_position_embeddings", 2304),
+            hidden_act=vision_raw.get("hidden_act", "gelu_pytorch_tanh"),
+            rope_theta=float(vision_rope.get("rope_theta", vision_raw.get("rope_theta", 10_000.0))),
         )
 
     tie = top.get("tie_word_embeddings", text.get("tie_word_embeddings", False))

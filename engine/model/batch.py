@@ -2,16 +2,22 @@
 
 Sequences are packed back to back (varlen): token rows [T], sequence i owns rows
 cu_seqlens[i]:cu_seqlens[i+1]. The same layout serves prefill chunks, decode (one row per
-sequence) and speculative verify (k+1 rows per sequence).
+sequence) and speculative verify (k+1 rows per sequence). A prefill step over image tokens
+also carries their embeddings (the vision tower's output), which replace the token embeddings
+of those rows.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from kernels.gdn import VerifyRows
+
+if TYPE_CHECKING:
+    from engine.vision.positions import MRopePositions
 
 MAX_DECODE_LEN = 8   # rows per sequence the decode kernels take (1, or k+1 for speculative verify)
 
@@ -40,6 +46,8 @@ class ForwardBatch:
     max_seq_len: int = 0         # upper bound of seq_lens (sizes the decode attention grid)
     snapshot: StateSnapshot | None = None
     verify: VerifyRows | None = None  # speculative verify: GDN layers keep their state, fill these rows (stacked)
+    image_rows: torch.Tensor | None = None    # [R] int64: rows whose input embedding is an image's (None: none)
+    image_embeds: torch.Tensor | None = None  # [R, hidden]: those embeddings, in the order of image_rows
 
     @property
     def num_seqs(self) -> int:
@@ -58,8 +66,13 @@ def build_batch(
     snapshots: list[tuple[int, int]] | None = None,
     conv_width: int = 0,
     decode_len: int | None = None,
+    mrope: list[MRopePositions | None] | None = None,
+    image_rows: list[list[int]] | None = None,
+    image_embeds: torch.Tensor | None = None,
 ) -> ForwardBatch:
-    """Build a ForwardBatch from per-sequence host lists (text positions unless given). snapshots: per sequence
+    """Build a ForwardBatch from per-sequence host lists (text positions unless given). mrope: per sequence its
+    3-axis positions (engine.vision.positions; None: text), the rows of this step taken from them. image_rows: per
+    sequence the rows of its step (0 = its first) that take image_embeds' rows, in order. snapshots: per sequence
     (tokens, slot) for a StateSnapshot, tokens 0 for none; each saved prefix holds at least conv_width - 1 rows.
     decode_len: rows per sequence for the decode kernels (speculative verify: k + 1); None: 1 when every sequence
     has one row (decode), else the prefill kernels. A prompt's short last step (2..8 rows) takes the prefill kernels:
@@ -77,8 +90,16 @@ def build_batch(
             pos.append(t)
     width = max((len(t) for t in page_tables), default=0) or 1
     tables = [t + [0] * (width - len(t)) for t in page_tables]
+    if mrope is not None and any(m is not None for m in mrope):
+        assert positions is None
+        positions = torch.cat([torch.arange(c, c + n).expand(3, -1) if m is None else m.rows(c, c + n)
+                               for n, c, m in zip(query_lens, cached_lens, mrope)], dim=1)
     if positions is None:
         positions = torch.tensor(pos, dtype=torch.int64).unsqueeze(0).expand(3, -1)
+    rows = None
+    if image_rows is not None and any(image_rows):
+        rows = torch.tensor([cu[i] + r for i, seq_rows in enumerate(image_rows) for r in seq_rows], dtype=torch.int64)
+        assert image_embeds is not None and image_embeds.shape[0] == rows.shape[0]
     dev = torch.device(device)
     snapshot = None
     if snapshots and any(t for t, _ in snapshots):
@@ -102,4 +123,6 @@ def build_batch(
         decode_len=decode_len,
         max_seq_len=max(c + n for n, c in zip(query_lens, cached_lens)),
         snapshot=snapshot,
+        image_rows=None if rows is None else rows.to(dev),
+        image_embeds=None if rows is None else image_embeds.to(dev),
     )

@@ -58,10 +58,12 @@ class Qwen3_5Model(nn.Module):
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed.lookup(input_ids)
 
-    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, pools: CacheTensors,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """Packed input ids [T] -> final hidden states [T, hidden] (after the final norm)."""
-        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, pools: CacheTensors) -> torch.Tensor:
+        """Packed input ids [T] -> final hidden states [T, hidden] (after the final norm). Rows of image tokens take
+        the batch's image embeddings instead of the token table's."""
+        x = self.embed_tokens(input_ids)
+        if batch.image_rows is not None:
+            x = x.index_copy(0, batch.image_rows, batch.image_embeds.to(x.dtype))
         rope = self.rotary()
         residual = None
         for layer, idx in zip(self.layers, self._pool_index):
