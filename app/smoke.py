@@ -4,13 +4,15 @@ The real window does the work, as a user would: it loads FOLDER/checkpoint (the 
 chat turn typed into the composer, switches the local endpoint on from the settings (port 0: a free one),
 then waits until FOLDER/quit appears (the driver, installer/smoke.py, sends an OpenAI SDK request meanwhile)
 and quits. What happened goes to FOLDER/events.jsonl, one JSON object per line, since a windowed Windows
-executable has no stdout. The app's data lives in FOLDER/data: the user's conversations are never touched.
+executable has no stdout. The app's data lives in FOLDER/data, emptied first: the user's conversations are never
+touched.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -28,7 +30,9 @@ def smoke_folder() -> Path | None:
 
 
 def prepare(folder: Path) -> None:
-    """Before the app touches its folders: data, converted weights and Triton's cache inside FOLDER."""
+    """Before the app touches its folders: data (fresh each run, as on a first launch: no model loads by itself),
+    converted weights and Triton's cache inside FOLDER."""
+    shutil.rmtree(folder / "data", ignore_errors=True)
     os.environ["QWENDESK_DATA_DIR"] = str(folder / "data")
     os.environ["QWENDESK_CACHE_DIR"] = str(folder / "cache")
     os.environ["TRITON_CACHE_DIR"] = str(folder / "triton-cache")

@@ -172,3 +172,10 @@ def make_plan(gpus: list[NvidiaGpu], platform: str = sys.platform) -> RuntimePla
     choice = choose(gpus, platform, os.environ.get("QWENDESK_RUNTIME_VARIANT", ""))
     return RuntimePlan(choice, load_pins(), runtime_root(), Path(wheels) if wheels else None,
                        with_compiler=platform == "linux" and not has_c_compiler())
+
+
+if __name__ == "__main__":
+    # `python -m installer.firstrun.plan VARIANT`: the requirements of that build for this platform, one a line
+    # (the Makefile fills a local wheel folder with them; the release workflow checks the index has them)
+    forced = choose([], sys.platform, sys.argv[1] if len(sys.argv) > 1 else "cpu")
+    print("\n".join(RuntimePlan(forced, pins_from_environment(), Path(".")).requirements))

@@ -1,0 +1,26 @@
+"""The app's logo (resources/icons/logo.svg) as PNG files, for the Windows executable and the Linux desktop."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+LOGO = Path(__file__).resolve().parent.parent / "resources" / "icons" / "logo.svg"
+
+
+def render_png(size: int, out: Path, svg: Path = LOGO) -> Path:
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PySide6.QtCore import Qt
+    from PySide6.QtGui import QGuiApplication, QImage, QPainter
+    from PySide6.QtSvg import QSvgRenderer
+
+    app = QGuiApplication.instance() or QGuiApplication([])   # noqa: F841 (QPainter needs one)
+    image = QImage(size, size, QImage.Format.Format_ARGB32)
+    image.fill(Qt.GlobalColor.transparent)
+    painter = QPainter(image)
+    QSvgRenderer(str(svg)).render(painter)
+    painter.end()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not image.save(str(out)):
+        raise OSError(f"could not write {out}")
+    return out
