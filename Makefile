@@ -5,7 +5,7 @@ PY    := $(VENV)/bin/python
 # The CPU build on these machines; set TORCH=torch to let pip pick your platform's default build.
 TORCH ?= torch==2.13.0
 
-.PHONY: app test clean
+.PHONY: app test package test-package clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -21,11 +21,32 @@ $(VENV)/.test: pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
+$(VENV)/.package: pyproject.toml | $(PY)
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[test,package]"
+	touch $@
+
 app: $(VENV)/.app
 	$(VENV)/bin/qwendesk
 
 test: $(VENV)/.test
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q
+
+# The frozen app (dist/qwendesk/) and the Linux AppDir (dist/QwenDesk.AppDir/; packed into an AppImage where
+# appimagetool is on PATH). installer/README.md says what each step does.
+package: $(VENV)/.package
+	$(PY) -m PyInstaller --noconfirm --log-level WARN --distpath dist --workpath build/pyinstaller \
+		installer/qwendesk.spec
+	$(PY) -m installer.linux.build_appdir
+
+# A local wheel folder with the CPU runtime: the first launch's offline install in the packaging tests.
+build/wheels: $(VENV)/.package
+	$(PY) -m pip download -q --only-binary=:all: -d $@ $$($(PY) -m installer.firstrun.plan cpu)
+
+# The packaging tests (minutes): smoke runs of the venv, the frozen app and the AppDir, the desktop files,
+# the workflows. desktop-file-validate and appstreamcli come from Debian's desktop-file-utils and appstream.
+test-package: package build/wheels
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -m package
 
 clean:
 	rm -rf $(VENV)

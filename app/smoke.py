@@ -1,7 +1,8 @@
 """The smoke run of an installed or frozen app: QWENDESK_SMOKE=FOLDER.
 
-The real window does the work, as a user would: it loads FOLDER/checkpoint (the engine thread), answers one
-chat turn typed into the composer, switches the local endpoint on from the settings (port 0: a free one),
+The real window does the work, as a user would: it loads FOLDER/checkpoint (the engine thread), builds a
+Python extension the way Triton builds its launcher stubs (its compiler, the bundle's Python headers: what a
+GPU's first kernel launch needs), answers one chat turn typed into the composer, switches the local endpoint on from the settings (port 0: a free one),
 then waits until FOLDER/quit appears (the driver, installer/smoke.py, sends an OpenAI SDK request meanwhile)
 and quits. What happened goes to FOLDER/events.jsonl, one JSON object per line, since a windowed Windows
 executable has no stdout. The app's data lives in FOLDER/data, emptied first: the user's conversations are never
@@ -19,6 +20,12 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QTimer
 
 SMOKE_ENV = "QWENDESK_SMOKE"
+STUB = """#include <Python.h>
+static PyObject *answer(PyObject *self, PyObject *args) { return PyLong_FromLong(42); }
+static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "qwendesk_smoke_stub", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_qwendesk_smoke_stub(void) { return PyModule_Create(&module); }
+"""
 PROMPT = "Hello! Say something short."
 TIMEOUT_S = 600
 TICK_MS = 50
@@ -30,12 +37,22 @@ def smoke_folder() -> Path | None:
 
 
 def prepare(folder: Path) -> None:
-    """Before the app touches its folders: data (fresh each run, as on a first launch: no model loads by itself),
-    converted weights and Triton's cache inside FOLDER."""
-    shutil.rmtree(folder / "data", ignore_errors=True)
+    """Before the app touches its folders: data and Triton's cache (fresh each run, as on a first launch: no model
+    loads by itself, the stub is compiled) and converted weights inside FOLDER."""
+    for fresh in ("data", "triton-cache"):
+        shutil.rmtree(folder / fresh, ignore_errors=True)
     os.environ["QWENDESK_DATA_DIR"] = str(folder / "data")
     os.environ["QWENDESK_CACHE_DIR"] = str(folder / "cache")
     os.environ["TRITON_CACHE_DIR"] = str(folder / "triton-cache")
+
+
+def build_stub() -> dict:
+    from triton.runtime.build import compile_module_from_src
+
+    started = time.monotonic()
+    module = compile_module_from_src(STUB, "qwendesk_smoke_stub")
+    assert module.answer() == 42
+    return {"seconds": round(time.monotonic() - started, 2), "cc": os.environ.get("CC", "")}
 
 
 class SmokeRun(QObject):
@@ -78,6 +95,10 @@ class SmokeRun(QObject):
         self._ticker.stop()
         self._emit("loaded", device=model.device, seconds=round(model.load_seconds, 3),
                    max_stall_ms=round(self.max_stall_ms, 1))
+        try:
+            self._emit("toolchain", **build_stub())
+        except Exception as e:  # noqa: BLE001 (any failure to build is the finding)
+            return self._fail(f"Triton could not build a stub: {type(e).__name__}: {e}")
         context = self.window.context
         context.save_settings(context.settings.copy(max_tokens=8, temperature=0.0, thinking=False))
         self.window.chat.composer.think_button.setChecked(False)

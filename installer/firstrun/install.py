@@ -45,11 +45,11 @@ def pip_command() -> list[str]:
 
 
 def pip_env() -> dict:
-    """pip with no configuration of the user's (it could point anywhere) and no questions."""
-    env = dict(os.environ, PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1",
-               PYTHONUNBUFFERED="1")
-    env.pop("PYTHONPATH", None)
-    return env
+    """pip with no configuration of the user's (files or PIP_* variables: they could point anywhere) and no
+    questions."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "PYTHONPATH"}
+    return dict(env, PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1",
+                PYTHONUNBUFFERED="1")
 
 
 def is_complete(target: Path) -> bool:
