@@ -27,6 +27,7 @@ def use_runtime(runtime: Path) -> None:
     from installer.firstrun.install import cc_wrapper
 
     sys.path.append(str(runtime))
+    sys.dont_write_bytecode = False     # PyInstaller turns it off: without .pyc files every launch recompiles torch
     compilers = [cc_wrapper(runtime), runtime / "triton" / "runtime" / "tcc" / "tcc.exe"]
     for compiler in compilers:
         if compiler.is_file() and "CC" not in os.environ:

@@ -34,18 +34,18 @@ class Variant:
     name: str                        # the PyTorch index's name for the build: cu130, cu128, cu126, cpu
     label: str
     min_driver: dict                 # sys.platform -> the oldest driver the build runs on
-    download_gb: float               # about how much pip downloads for it
+    download_gb: float               # about how much pip downloads (CPU: measured on Linux; GPU: an estimate)
 
     def runs_on(self, gpu: NvidiaGpu, platform: str) -> bool:
         return gpu.driver >= self.min_driver[platform]
 
 
 GPU_VARIANTS = (     # best first
-    Variant("cu130", "CUDA 13.0", {"linux": (580, 65, 6), "win32": (580, 88)}, 3.0),
-    Variant("cu128", "CUDA 12.8", {"linux": (570, 26), "win32": (570, 65)}, 3.3),
-    Variant("cu126", "CUDA 12.6", {"linux": (560, 28, 3), "win32": (560, 76)}, 3.0),
+    Variant("cu130", "CUDA 13.0", {"linux": (580, 65, 6), "win32": (580, 88)}, 3.5),
+    Variant("cu128", "CUDA 12.8", {"linux": (570, 26), "win32": (570, 65)}, 3.5),
+    Variant("cu126", "CUDA 12.6", {"linux": (560, 28, 3), "win32": (560, 76)}, 3.5),
 )
-CPU = Variant("cpu", "CPU", {}, 0.3)
+CPU = Variant("cpu", "CPU", {}, 0.5)
 CPU_MEANS = ("Models then run on the processor: expect a few tokens per second at best, which is fine for the "
              "smallest models only.")
 
