@@ -2,11 +2,11 @@
 
 The real window does the work, as a user would: it loads FOLDER/checkpoint (the engine thread), builds a
 Python extension the way Triton builds its launcher stubs (its compiler, the bundle's Python headers: what a
-GPU's first kernel launch needs), answers one chat turn typed into the composer, switches the local endpoint on from the settings (port 0: a free one),
-then waits until FOLDER/quit appears (the driver, installer/smoke.py, sends an OpenAI SDK request meanwhile)
-and quits. What happened goes to FOLDER/events.jsonl, one JSON object per line, since a windowed Windows
-executable has no stdout. The app's data lives in FOLDER/data, emptied first: the user's conversations are never
-touched.
+GPU's first kernel launch needs), answers one chat turn typed into the composer, switches the local endpoint
+on from the settings (port 0: a free one), then waits until FOLDER/quit appears (the driver,
+installer/smoke.py, sends an OpenAI SDK request meanwhile) and quits. What happened goes to
+FOLDER/events.jsonl, one JSON object per line, since a windowed Windows executable has no stdout. The app's
+data lives in FOLDER/data, emptied first: the user's conversations are never touched.
 """
 
 from __future__ import annotations

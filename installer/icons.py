@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+_APPS: list = []
 LOGO = Path(__file__).resolve().parent.parent / "resources" / "icons" / "logo.svg"
 
 
@@ -15,7 +16,8 @@ def render_png(size: int, out: Path, svg: Path = LOGO) -> Path:
     from PySide6.QtGui import QGuiApplication, QImage, QPainter
     from PySide6.QtSvg import QSvgRenderer
 
-    app = QGuiApplication.instance() or QGuiApplication([])   # noqa: F841 (QPainter needs one)
+    if QGuiApplication.instance() is None:
+        _APPS.append(QGuiApplication([]))        # QPainter needs one; kept alive here
     image = QImage(size, size, QImage.Format.Format_ARGB32)
     image.fill(Qt.GlobalColor.transparent)
     painter = QPainter(image)

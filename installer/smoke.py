@@ -82,7 +82,8 @@ def run_smoke(app: list[str], folder: Path, env: dict, timeout: float) -> dict:
     assert "quit" in [e["event"] for e in read_events(events_path)], "the app exited without its quit event"
     return {"launch_to_window_s": round(at["window"]["time"] - started, 2),
             "model_load_s": at["loaded"]["seconds"], "max_gui_stall_during_load_ms": at["loaded"]["max_stall_ms"],
-            "device": at["loaded"]["device"], "stub_build_s": at["toolchain"]["seconds"], "chat_output_tokens": at["reply"]["output_tokens"], "sdk": sdk,
+            "device": at["loaded"]["device"], "stub_build_s": at["toolchain"]["seconds"],
+            "chat_output_tokens": at["reply"]["output_tokens"], "sdk": sdk,
             "total_s": round(time.time() - started, 2), "exit_code": code}
 
 
