@@ -18,6 +18,8 @@ from pathlib import Path
 def run_pip(args: list[str]) -> int:
     from pip._internal.cli.main import main as pip_main
 
+    if sys.stdout is None:      # a windowed executable started without pipes: pip still works, unseen
+        sys.stdout = sys.stderr = open(os.devnull, "w")
     return pip_main(args)
 
 
@@ -46,12 +48,14 @@ def ensure_runtime() -> Path | None:
     """The runtime folder this machine needs, installed by the first-launch window if it is not there yet;
     None when the user closed that window (then the app does not start)."""
     from installer.firstrun.gpu import detect_gpus
-    from installer.firstrun.install import is_complete
+    from installer.firstrun.install import is_complete, kept_gpu_runtime
     from installer.firstrun.plan import make_plan
 
     plan = make_plan(detect_gpus())
     if is_complete(plan.target):
         return plan.target
+    if kept := kept_gpu_runtime(plan):
+        return kept
     from installer.firstrun.window import provision
 
     return provision(plan)

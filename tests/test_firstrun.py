@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from installer.firstrun.gpu import NvidiaGpu, parse_nvidia_smi
-from installer.firstrun.install import MARKER, Installer, InstallError, Progress, is_complete, read_progress
+from installer.firstrun.install import (MARKER, Installer, InstallError, Progress, is_complete, kept_gpu_runtime,
+                                        read_progress)
 from installer.firstrun.plan import CPU, RuntimePlan, choose
 
 PINS = {"python": "3.11", "packages": {"torch": "2.13.0", "triton": "3.9.0", "fla-core": "0.6.0"}}
@@ -112,3 +113,14 @@ def test_offline_install_from_a_wheel_folder_resumes_after_a_failure(tmp_path):
     marker = json.loads((target / MARKER).read_text())
     assert marker["variant"] == "cpu" and marker["source"] == str(wheels)
     assert Installer(plan).run() == target          # complete: nothing to do
+
+
+def test_a_gpu_runtime_outlives_a_failed_gpu_check(tmp_path):
+    cpu = RuntimePlan(choose([], "linux"), PINS, tmp_path)
+    assert kept_gpu_runtime(cpu) is None
+    gpu_plan = RuntimePlan(choose([gpu((575, 57, 8))], "linux"), PINS, tmp_path)
+    gpu_plan.target.mkdir(parents=True)
+    (gpu_plan.target / MARKER).write_text("{}")
+    assert kept_gpu_runtime(cpu) == gpu_plan.target and kept_gpu_runtime(gpu_plan) is None
+    newer = RuntimePlan(choose([], "linux"), {**PINS, "packages": {**PINS["packages"], "torch": "2.14.0"}}, tmp_path)
+    assert kept_gpu_runtime(newer) is None          # an app update with a new torch installs anew

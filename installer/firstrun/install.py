@@ -10,6 +10,7 @@ its first argument is --pip (installer/launcher.py); elsewhere `python -m pip`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -20,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from installer.firstrun.plan import RuntimePlan
+from installer.firstrun.plan import CPU, GPU_VARIANTS, RuntimePlan
 
 MARKER = "qwendesk-runtime.json"
 PROGRESS = re.compile(r"Progress (\d+) of (\d+)")
@@ -54,6 +55,18 @@ def pip_env() -> dict:
 
 def is_complete(target: Path) -> bool:
     return (target / MARKER).is_file()
+
+
+def kept_gpu_runtime(plan: RuntimePlan) -> Path | None:
+    """A GPU runtime of the same versions installed earlier, when this launch's check chose the CPU: a GPU check
+    that failed once (a driver mid-update) must not replace a working GPU engine with the CPU one."""
+    if plan.choice.variant is not CPU:
+        return None
+    for variant in GPU_VARIANTS:
+        other = dataclasses.replace(plan, choice=dataclasses.replace(plan.choice, variant=variant))
+        if is_complete(other.target):
+            return other.target
+    return None
 
 
 def read_progress(line: str, progress: Progress) -> bool:
