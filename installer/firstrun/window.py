@@ -53,7 +53,7 @@ class FirstRunWindow(QWidget):
         super().__init__()
         self.plan = plan
         self.setWindowTitle("Qwen Desk: first start")
-        self.setMinimumWidth(560)
+        self.setFixedWidth(600)
         source = f" From the local wheel folder {plan.wheels}." if plan.wheels else ""
         self.message = label(plan.choice.message + source, wrap=True)
         self.detail = label("", name="muted", wrap=True)
@@ -78,6 +78,15 @@ class FirstRunWindow(QWidget):
         column.addLayout(buttons)
         self.thread: InstallThread | None = None
         self._result: Path | None = None
+        self._fit()
+
+    def _fit(self) -> None:
+        """Room for every line of the wrapped texts (a window's first layout does not ask for it)."""
+        margins = self.layout().contentsMargins()
+        width = self.width() - margins.left() - margins.right()
+        for text in (self.message, self.detail):
+            text.setMinimumHeight(max(0, text.heightForWidth(width)))
+        self.adjustSize()
 
     def start(self) -> None:
         self.retry.hide()
@@ -91,6 +100,7 @@ class FirstRunWindow(QWidget):
 
     def _progress(self, progress: Progress) -> None:
         self.detail.setText(progress_text(progress))
+        self._fit()
         if progress.total:
             self.bar.setRange(0, 1000)
             self.bar.setValue(int(1000 * progress.done / progress.total))
@@ -107,6 +117,7 @@ class FirstRunWindow(QWidget):
         self.bar.setValue(0)
         self.detail.setText(f"{message}\nWhat was downloaded is kept: Try again goes on from there.")
         self.retry.show()
+        self._fit()
 
     def closeEvent(self, event) -> None:
         if self.thread is not None and self.thread.isRunning():
