@@ -124,3 +124,20 @@ def test_a_gpu_runtime_outlives_a_failed_gpu_check(tmp_path):
     assert kept_gpu_runtime(cpu) == gpu_plan.target and kept_gpu_runtime(gpu_plan) is None
     newer = RuntimePlan(choose([], "linux"), {**PINS, "packages": {**PINS["packages"], "torch": "2.14.0"}}, tmp_path)
     assert kept_gpu_runtime(newer) is None          # an app update with a new torch installs anew
+
+
+def test_the_window_installs_and_closes_with_the_runtime(qtbot, tmp_path):
+    from installer.firstrun.window import FirstRunWindow
+
+    wheels = tmp_path / "wheels"
+    for name, version, module in (("torch", "2.13.0+cpu", "torch"), ("triton", "3.9.0", "triton"),
+                                  ("fla-core", "0.6.0", "fla")):
+        write_wheel(wheels, name, version, module)
+    plan = RuntimePlan(choose([], "linux"), PINS, tmp_path / "runtime", wheels=wheels)
+    window = FirstRunWindow(plan)
+    qtbot.addWidget(window)
+    assert "No NVIDIA GPU was found" in window.message.text() and str(wheels) in window.message.text()
+    window.show()
+    with qtbot.waitSignal(window.done, timeout=120_000) as done:
+        window.start()
+    assert done.args == [plan.target] and is_complete(plan.target) and not window.isVisible()
