@@ -6,7 +6,7 @@ PY    := $(VENV)/bin/python
 # build. The venv remembers the TORCH it has (.venv/.torch): later runs keep it, a different TORCH replaces it.
 TORCH ?= $(or $(shell cat $(VENV)/.torch 2>/dev/null),torch==2.13.0)
 
-.PHONY: app test clean FORCE
+.PHONY: app test package test-package clean FORCE
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -26,11 +26,31 @@ $(VENV)/.test: pyproject.toml $(VENV)/.torch
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
+$(VENV)/.package: pyproject.toml $(VENV)/.torch
+	$(PY) -m pip install -q -e ".[test,package]"
+	touch $@
+
 app: $(VENV)/.app
 	$(VENV)/bin/qwendesk
 
 test: $(VENV)/.test
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q
+
+# The frozen app (dist/qwendesk/) and the Linux AppDir (dist/QwenDesk.AppDir/; packed into an AppImage where
+# appimagetool is on PATH). installer/README.md says what each step does.
+package: $(VENV)/.package
+	$(PY) -m PyInstaller --noconfirm --log-level WARN --distpath dist --workpath build/pyinstaller \
+		installer/qwendesk.spec
+	$(PY) -m installer.linux.build_appdir
+
+# A local wheel folder with the CPU runtime: the first launch's offline install in the packaging tests.
+build/wheels: $(VENV)/.package
+	$(PY) -m pip download -q --only-binary=:all: -d $@ $$($(PY) -m installer.firstrun.plan cpu)
+
+# The packaging tests (minutes): smoke runs of the venv, the frozen app and the AppDir, the desktop files,
+# the workflows. desktop-file-validate and appstreamcli come from Debian's desktop-file-utils and appstream.
+test-package: package build/wheels
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -m package
 
 clean:
 	rm -rf $(VENV)

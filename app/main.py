@@ -40,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     parse_args(argv)
     from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
+    from app.smoke import prepare, smoke_folder
+
+    smoke_dir = smoke_folder()          # QWENDESK_SMOKE: the packaged app's smoke run (app/smoke.py)
+    if smoke_dir is not None:
+        prepare(smoke_dir)
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Qwen Desk")
     app.setDesktopFileName("qwendesk")
@@ -68,8 +73,13 @@ def main(argv: list[str] | None = None) -> int:
         app.setQuitOnLastWindowClosed(False)
         window.quit_requested.connect(app.quit)
     window.show()
+    smoke_run = None
+    if smoke_dir is not None:
+        from app.smoke import SmokeRun
+
+        smoke_run = SmokeRun(window, smoke_dir)
     code = app.exec()
     context.store.close()
     if window.engine.isRunning():
         os._exit(code)           # a model still loading: do not keep the user waiting for it
-    return code
+    return smoke_run.code if smoke_run is not None else code

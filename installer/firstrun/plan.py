@@ -1,0 +1,181 @@
+"""Which PyTorch build this machine gets, and what installing it means: the packages pinned at build time,
+where they come from (the PyTorch index for that build, or a local wheel folder), and where they go.
+
+The GPU builds need a driver at least as new as their CUDA release (NVIDIA's CUDA toolkit release notes,
+"CUDA Toolkit and Corresponding Driver Versions"); an older driver, or no NVIDIA GPU, gets the CPU build and a
+message that says why and what that means. Which builds exist changes with each PyTorch release: check VARIANTS
+against https://download.pytorch.org/whl/ when the torch pin moves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from installer.firstrun.gpu import NvidiaGpu
+
+PYTORCH_INDEX = "https://download.pytorch.org/whl/{variant}"
+PYPI_INDEX = "https://pypi.org/simple"
+PINS_FILE = "runtime-pins.json"
+# the packages installed at first launch instead of being frozen into the app (pyproject.toml declares them)
+PROVISIONED = {"linux": ("torch", "triton", "fla-core"), "win32": ("torch", "triton-windows")}
+# Linux without a C compiler: Triton builds its launcher stubs with zig's (installer/launcher.py points CC at it)
+COMPILER_PACKAGE = "ziglang"
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str                        # the PyTorch index's name for the build: cu130, cu128, cu126, cpu
+    label: str
+    min_driver: dict                 # sys.platform -> the oldest driver the build runs on
+    download_gb: float               # about how much pip downloads (CPU: measured on Linux; GPU: an estimate)
+
+    def runs_on(self, gpu: NvidiaGpu, platform: str) -> bool:
+        return gpu.driver >= self.min_driver[platform]
+
+
+GPU_VARIANTS = (     # best first
+    Variant("cu130", "CUDA 13.0", {"linux": (580, 65, 6), "win32": (580, 88)}, 3.5),
+    Variant("cu128", "CUDA 12.8", {"linux": (570, 26), "win32": (570, 65)}, 3.5),
+    Variant("cu126", "CUDA 12.6", {"linux": (560, 28, 3), "win32": (560, 76)}, 3.5),
+)
+CPU = Variant("cpu", "CPU", {}, 0.5)
+CPU_MEANS = ("Models then run on the processor: expect a few tokens per second at best, which is fine for the "
+             "smallest models only.")
+
+
+@dataclass(frozen=True)
+class Choice:
+    variant: Variant
+    gpu: NvidiaGpu | None
+    platform: str
+
+    @property
+    def message(self) -> str:
+        size = f"about {self.variant.download_gb:.1f} GB"
+        if self.variant is not CPU:
+            return (f"Found {self.gpu.name} ({self.gpu.memory_mib / 1024:.0f} GB, driver {self.gpu.driver_text}). "
+                    f"Qwen Desk installs its GPU engine (PyTorch for {self.variant.label}, {size} to download) "
+                    f"once, into your user folder.")
+        if self.gpu is None:
+            why = "No NVIDIA GPU was found, so Qwen Desk installs its CPU engine"
+        else:
+            oldest = min(v.min_driver[self.platform] for v in GPU_VARIANTS)
+            why = (f"Your NVIDIA driver ({self.gpu.driver_text}) is older than the "
+                   f"{'.'.join(map(str, oldest))} that the GPU engine needs. Update the driver and start Qwen Desk "
+                   f"again to get the GPU engine; until then it installs its CPU engine")
+        return f"{why} ({size} to download). {CPU_MEANS}"
+
+
+def choose(gpus: list[NvidiaGpu], platform: str = sys.platform, forced: str = "") -> Choice:
+    """The best build the first GPU's driver runs; `forced` (QWENDESK_RUNTIME_VARIANT) names one outright."""
+    gpu = gpus[0] if gpus else None
+    if forced:
+        variant = {v.name: v for v in (*GPU_VARIANTS, CPU)}.get(forced)
+        if variant is None:
+            raise ValueError(f"QWENDESK_RUNTIME_VARIANT={forced!r} is not one of "
+                             f"{', '.join(v.name for v in (*GPU_VARIANTS, CPU))}")
+        return Choice(variant, gpu, platform)
+    if gpu is not None:
+        for variant in GPU_VARIANTS:
+            if variant.runs_on(gpu, platform):
+                return Choice(variant, gpu, platform)
+    return Choice(CPU, gpu, platform)
+
+
+def pins_from_environment(platform: str = sys.platform) -> dict:
+    """The versions this build was made and tested with: what the build environment has installed (a local
+    version such as +cpu dropped), plus the compiler package where installed."""
+    packages = {}
+    for name in (*PROVISIONED[platform], COMPILER_PACKAGE):
+        try:
+            packages[name] = metadata.version(name).split("+")[0]
+        except metadata.PackageNotFoundError:
+            if name != COMPILER_PACKAGE:
+                raise
+    return {"python": f"{sys.version_info.major}.{sys.version_info.minor}", "packages": packages}
+
+
+def load_pins() -> dict:
+    """The frozen app's pins (written by installer/qwendesk.spec), else the running environment's."""
+    bundled = Path(getattr(sys, "_MEIPASS", "")) / PINS_FILE
+    if getattr(sys, "frozen", False) and bundled.is_file():
+        return json.loads(bundled.read_text(encoding="utf-8"))
+    return pins_from_environment()
+
+
+def has_c_compiler() -> bool:
+    """Triton's own search on Linux: $CC, else gcc or clang on PATH."""
+    return bool(os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang"))
+
+
+@dataclass(frozen=True)
+class RuntimePlan:
+    choice: Choice
+    pins: dict
+    root: Path                       # <user data>/runtime
+    wheels: Path | None = None       # a local wheel folder: install from it, offline
+    with_compiler: bool = False
+
+    @property
+    def key(self) -> str:
+        python = self.pins["python"].replace(".", "")
+        return f"torch-{self.pins['packages']['torch']}-{self.choice.variant.name}-py{python}"
+
+    @property
+    def target(self) -> Path:
+        """The finished runtime: a folder that goes on sys.path."""
+        return self.root / self.key
+
+    @property
+    def staging(self) -> Path:
+        return self.root / f"{self.key}.partial"
+
+    @property
+    def download_dir(self) -> Path:
+        """Downloaded wheels, kept until the install succeeds: a retry downloads only what is missing."""
+        return self.root / "wheels"
+
+    @property
+    def requirements(self) -> list[str]:
+        packages = self.pins["packages"]
+        names = list(PROVISIONED[self.choice.platform])
+        if self.with_compiler and COMPILER_PACKAGE in packages:
+            names.append(COMPILER_PACKAGE)
+        return [f"{name}=={packages[name]}+{self.choice.variant.name}" if name == "torch" else
+                f"{name}=={packages[name]}" for name in names]
+
+    @property
+    def index_args(self) -> list[str]:
+        return ["--index-url", PYTORCH_INDEX.format(variant=self.choice.variant.name),
+                "--extra-index-url", PYPI_INDEX]
+
+
+def runtime_root() -> Path:
+    """QWENDESK_RUNTIME_DIR, else runtime/ in the app's data folder."""
+    from app.paths import data_dir
+
+    override = os.environ.get("QWENDESK_RUNTIME_DIR")
+    return Path(override) if override else data_dir() / "runtime"
+
+
+def make_plan(gpus: list[NvidiaGpu], platform: str = sys.platform) -> RuntimePlan:
+    """This machine's plan, from its GPUs and the environment: QWENDESK_WHEELS (a local wheel folder: the offline
+    path), QWENDESK_RUNTIME_VARIANT (force a build), QWENDESK_RUNTIME_DIR (where runtimes live)."""
+    wheels = os.environ.get("QWENDESK_WHEELS")
+    choice = choose(gpus, platform, os.environ.get("QWENDESK_RUNTIME_VARIANT", ""))
+    return RuntimePlan(choice, load_pins(), runtime_root(), Path(wheels) if wheels else None,
+                       with_compiler=platform == "linux" and not has_c_compiler())
+
+
+if __name__ == "__main__":
+    # `python -m installer.firstrun.plan VARIANT`: the requirements of that build for this platform, one a line
+    # (the Makefile fills a local wheel folder with them; the release workflow checks the index has them)
+    forced = choose([], sys.platform, sys.argv[1] if len(sys.argv) > 1 else "cpu")
+    print("\n".join(RuntimePlan(forced, pins_from_environment(), Path(".")).requirements))

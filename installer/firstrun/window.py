@@ -1,0 +1,147 @@
+"""The first-launch window: says which engine this machine gets and why, installs it with a progress bar, and
+offers Try again after a failure (what was downloaded stays)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import QEventLoop, Qt, QThread, Signal
+from PySide6.QtWidgets import QApplication, QHBoxLayout, QProgressBar, QVBoxLayout, QWidget
+
+from installer.firstrun.install import Installer, InstallError, Progress
+from installer.firstrun.plan import RuntimePlan
+
+log = logging.getLogger("qwendesk.firstrun")
+GB = 1e9
+
+
+def progress_text(progress: Progress) -> str:
+    if progress.step == "Downloading":
+        done = f" · {progress.files} file{'s' if progress.files != 1 else ''} done" if progress.files else ""
+        size = f" · {progress.done / GB:.2f} of {progress.total / GB:.2f} GB" if progress.total else ""
+        return f"Downloading {progress.detail or '…'}{size}{done}"
+    if progress.step == "Installing":
+        return "Installing (unpacking the packages; a minute or two)"
+    return progress.step
+
+
+class InstallThread(QThread):
+    progress = Signal(object)           # Progress
+    finished_ok = Signal(str)           # the runtime's folder
+    failed = Signal(str)
+
+    def __init__(self, plan: RuntimePlan, parent=None):
+        super().__init__(parent)
+        self.installer = Installer(plan, lambda p: self.progress.emit(dataclasses.replace(p)))
+
+    def run(self) -> None:
+        try:
+            self.finished_ok.emit(str(self.installer.run()))
+        except (InstallError, OSError) as e:
+            self.failed.emit(str(e))
+
+
+class FirstRunWindow(QWidget):
+    done = Signal(object)               # the runtime's Path, or None when the user gave up
+
+    def __init__(self, plan: RuntimePlan):
+        from app.widgets import label, text_button
+
+        super().__init__()
+        self.plan = plan
+        self.setWindowTitle("Qwen Desk: first start")
+        self.setFixedWidth(600)
+        source = f" From the local wheel folder {plan.wheels}." if plan.wheels else ""
+        self.message = label(plan.choice.message + source, wrap=True)
+        self.detail = label("", name="muted", wrap=True)
+        self.bar = QProgressBar()
+        self.bar.setObjectName("loadBar")
+        self.bar.setTextVisible(False)
+        self.retry = text_button("Try again", kind="primary")
+        self.quit = text_button("Quit")
+        self.retry.clicked.connect(self.start)
+        self.quit.clicked.connect(self.close)
+        buttons = QHBoxLayout()
+        buttons.addStretch(1)
+        buttons.addWidget(self.quit)
+        buttons.addWidget(self.retry)
+        column = QVBoxLayout(self)
+        column.setContentsMargins(24, 22, 24, 20)
+        column.setSpacing(12)
+        column.addWidget(label("Setting up Qwen Desk", name="pageTitle"))
+        column.addWidget(self.message)
+        column.addWidget(self.bar)
+        column.addWidget(self.detail)
+        column.addLayout(buttons)
+        self.thread: InstallThread | None = None
+        self._result: Path | None = None
+        self._fit()
+
+    def _fit(self) -> None:
+        """Room for every line of the wrapped texts (a window's first layout does not ask for it)."""
+        margins = self.layout().contentsMargins()
+        width = self.width() - margins.left() - margins.right()
+        for text in (self.message, self.detail):
+            text.setMinimumHeight(max(0, text.heightForWidth(width)))
+        self.adjustSize()
+
+    def start(self) -> None:
+        self.retry.hide()
+        self.detail.setText("Starting…")
+        self.bar.setRange(0, 0)
+        self.thread = InstallThread(self.plan, self)
+        self.thread.progress.connect(self._progress)
+        self.thread.finished_ok.connect(self._finished)
+        self.thread.failed.connect(self._failed)
+        self.thread.start()
+
+    def _progress(self, progress: Progress) -> None:
+        self.detail.setText(progress_text(progress))
+        self._fit()
+        if progress.total:
+            self.bar.setRange(0, 1000)
+            self.bar.setValue(int(1000 * progress.done / progress.total))
+        else:
+            self.bar.setRange(0, 0)
+
+    def _finished(self, runtime: str) -> None:
+        self._result = Path(runtime)
+        self.close()
+
+    def _failed(self, message: str) -> None:
+        log.error("installing the runtime failed: %s", message)
+        self.bar.setRange(0, 1)
+        self.bar.setValue(0)
+        self.detail.setText(f"{message}\nWhat was downloaded is kept: Try again goes on from there.")
+        self.retry.show()
+        self._fit()
+
+    def closeEvent(self, event) -> None:
+        if self.thread is not None and self.thread.isRunning():
+            self.thread.installer.cancel()
+            self.thread.wait()
+        event.accept()
+        self.done.emit(self._result)
+
+
+def provision(plan: RuntimePlan) -> Path | None:
+    """Show the window, install, and return the runtime's folder (None: the user quit first)."""
+    from app.theme import apply_theme
+
+    app = QApplication.instance() or QApplication(sys.argv)
+    apply_theme(app)
+    quit_on_close = app.quitOnLastWindowClosed()
+    app.setQuitOnLastWindowClosed(False)
+    window = FirstRunWindow(plan)
+    result: list[Path | None] = []
+    loop = QEventLoop()
+    window.done.connect(lambda runtime: (result.append(runtime), loop.quit()))
+    window.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+    window.show()
+    window.start()
+    loop.exec()
+    app.setQuitOnLastWindowClosed(quit_on_close)
+    return result[0] if result else None

@@ -1,0 +1,1 @@
+"""The Linux AppDir and AppImage."""

@@ -1,0 +1,67 @@
+; Inno Setup 6 script: the Windows installer of the frozen app (dist\qwendesk\, built by installer\qwendesk.spec).
+;
+;   ISCC.exe /DAppVersion=0.1.0 installer\windows\qwendesk.iss      -> dist\QwenDesk-Setup-0.1.0.exe
+;
+; Per user, no administrator rights: it installs into %LOCALAPPDATA%\Programs\Qwen Desk. The PyTorch stack is not
+; in it (the app installs the build the GPU needs at its first start), so the installer stays near 100 MB and
+; needs no disk spanning (Inno Setup needs DiskSpanning=yes above about 2.1 GB; release assets stop at 2 GiB).
+; The uninstaller asks whether to remove the user's data too (conversations, settings, downloaded models, the
+; installed PyTorch runtime and the caches: %LOCALAPPDATA%\qwendesk); by default it keeps them.
+
+#ifndef AppVersion
+  #define AppVersion "0.1.0"
+#endif
+#define AppName "Qwen Desk"
+#define AppExe "qwendesk.exe"
+#define Root SourcePath + "..\.."
+
+[Setup]
+AppId={{6F1B2C9E-3D4A-4E57-9A0B-7C2D5E8F1A36}
+AppName={#AppName}
+AppVersion={#AppVersion}
+AppPublisher=The Qwen Desk authors
+DefaultDirName={autopf}\{#AppName}
+DefaultGroupName={#AppName}
+DisableProgramGroupPage=yes
+PrivilegesRequired=lowest
+ArchitecturesAllowed=x64compatible
+ArchitecturesInstallIn64BitMode=x64compatible
+MinVersion=10.0.17763
+OutputDir={#Root}\dist
+OutputBaseFilename=QwenDesk-Setup-{#AppVersion}
+SetupIconFile={#Root}\build\pyinstaller\qwendesk\qwendesk.ico
+UninstallDisplayIcon={app}\{#AppExe}
+UninstallDisplayName={#AppName}
+Compression=lzma2
+SolidCompression=yes
+WizardStyle=modern
+CloseApplications=yes
+
+[Tasks]
+Name: "desktopicon"; Description: "{cm:CreateDesktopIcon}"; GroupDescription: "{cm:AdditionalIcons}"; Flags: unchecked
+
+[Files]
+Source: "{#Root}\dist\qwendesk\*"; DestDir: "{app}"; Flags: ignoreversion recursesubdirs createallsubdirs
+
+[Icons]
+Name: "{autoprograms}\{#AppName}"; Filename: "{app}\{#AppExe}"
+Name: "{autodesktop}\{#AppName}"; Filename: "{app}\{#AppExe}"; Tasks: desktopicon
+
+[Run]
+Filename: "{app}\{#AppExe}"; Description: "{cm:LaunchProgram,{#AppName}}"; Flags: nowait postinstall skipifsilent
+
+[Code]
+// The app's data folder: platformdirs' user data dir for "qwendesk" (its runtime and caches live below it).
+function UserDataDir(): String;
+begin
+  Result := ExpandConstant('{localappdata}\qwendesk');
+end;
+
+procedure CurUninstallStepChanged(CurUninstallStep: TUninstallStep);
+begin
+  if (CurUninstallStep = usPostUninstall) and DirExists(UserDataDir()) then
+    if (not UninstallSilent()) and (MsgBox('Also remove your Qwen Desk data?' + #13#10#13#10 +
+        'Conversations, settings, downloaded models, the installed PyTorch engine and caches in ' + UserDataDir() +
+        '. Choose No to keep them for a later install.', mbConfirmation, MB_YESNO or MB_DEFBUTTON2) = IDYES) then
+      DelTree(UserDataDir(), True, True, True);
+end;

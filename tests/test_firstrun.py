@@ -1,0 +1,143 @@
+"""The first launch's runtime provisioning (installer/firstrun): the GPU check, the build it picks and what it
+says, pip's progress lines, and a real offline install from a local wheel folder of small stand-in wheels
+(the real torch wheels install the same way in the packaging tests: tests/test_packaging.py)."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from installer.firstrun.gpu import NvidiaGpu, parse_nvidia_smi
+from installer.firstrun.install import (MARKER, Installer, InstallError, Progress, is_complete, kept_gpu_runtime,
+                                        read_progress)
+from installer.firstrun.plan import CPU, RuntimePlan, choose
+
+PINS = {"python": "3.11", "packages": {"torch": "2.13.0", "triton": "3.9.0", "fla-core": "0.6.0"}}
+
+
+def gpu(driver: tuple[int, ...]) -> NvidiaGpu:
+    return NvidiaGpu("NVIDIA GeForce RTX 4090", driver, 24564)
+
+
+def test_nvidia_smi_lines_parse_and_junk_is_skipped():
+    out = "NVIDIA GeForce RTX 4090, 575.57.08, 24564\nNVIDIA RTX A6000, 535.104.05, 49140\n" \
+          "No devices were found\nNVIDIA H200, [N/A], 143771\n"
+    assert parse_nvidia_smi(out) == [NvidiaGpu("NVIDIA GeForce RTX 4090", (575, 57, 8), 24564),
+                                     NvidiaGpu("NVIDIA RTX A6000", (535, 104, 5), 49140)]
+
+
+@pytest.mark.parametrize("platform, driver, variant", [
+    ("linux", (580, 95, 5), "cu130"), ("linux", (575, 57, 8), "cu128"), ("linux", (570, 26), "cu128"),
+    ("linux", (565, 57, 1), "cu126"), ("win32", (580, 88), "cu130"), ("win32", (570, 64), "cu126"),
+    ("win32", (560, 76), "cu126"), ("linux", (550, 54, 14), "cpu"), ("win32", (560, 70), "cpu")])
+def test_the_newest_build_the_driver_runs_is_chosen(platform, driver, variant):
+    assert choose([gpu(driver)], platform).variant.name == variant
+
+
+def test_the_cpu_build_says_why_and_what_it_means():
+    none = choose([], "linux")
+    assert none.variant is CPU and "No NVIDIA GPU was found" in none.message
+    assert "few tokens per second" in none.message
+    old = choose([gpu((535, 104, 5))], "win32").message
+    assert "driver (535.104.5) is older than the 560.76" in old and "Update the driver" in old
+    assert "CUDA 12.8" in choose([gpu((575, 57, 8))], "linux").message
+
+
+def test_a_forced_build_must_exist():
+    assert choose([], "linux", "cu128").variant.name == "cu128"
+    with pytest.raises(ValueError, match="QWENDESK_RUNTIME_VARIANT='cu99' is not one of"):
+        choose([], "linux", "cu99")
+
+
+def test_requirements_pin_the_build_and_its_index(tmp_path):
+    plan = RuntimePlan(choose([gpu((575, 57, 8))], "linux"), PINS, tmp_path)
+    assert plan.requirements == ["torch==2.13.0+cu128", "triton==3.9.0", "fla-core==0.6.0"]
+    assert plan.index_args[1] == "https://download.pytorch.org/whl/cu128"
+    assert plan.key == "torch-2.13.0-cu128-py311"
+    windows_pins = {"python": "3.12", "packages": {"torch": "2.13.0", "triton-windows": "3.8.0.post29"}}
+    windows = RuntimePlan(choose([], "win32"), windows_pins, tmp_path)
+    assert windows.requirements == ["torch==2.13.0+cpu", "triton-windows==3.8.0.post29"]
+    pins = {"python": "3.11", "packages": {**PINS["packages"], "ziglang": "0.17.1"}}
+    assert RuntimePlan(choose([], "linux"), pins, tmp_path, with_compiler=True).requirements[-1] == "ziglang==0.17.1"
+
+
+def test_pip_output_becomes_progress():
+    progress = Progress("Downloading")
+    lines = ["Collecting torch==2.13.0+cu128",
+             "Downloading https://x/whl/cu128/torch-2.13.0%2Bcu128-cp311.whl (900.1 MB)",
+             "Progress 0 of 943820800", "Progress 471910400 of 943820800", "Saved ./torch.whl",
+             "File was already downloaded /r/wheels/sympy-1.14.0-py3-none-any.whl",
+             "Installing collected packages: a, b"]
+    shown = [read_progress(line, progress) for line in lines]
+    assert shown == [False, True, True, True, True, True, True]
+    assert progress.files == 2 and progress.step == "Installing"
+    progress = Progress("Downloading")
+    for line in lines[1:4]:
+        read_progress(line, progress)
+    assert progress.detail == "torch-2.13.0%2Bcu128-cp311.whl"
+    assert (progress.done, progress.total) == (471910400, 943820800)
+
+
+def write_wheel(folder: Path, name: str, version: str, module: str) -> Path:
+    """A minimal valid wheel of one module that records its own version."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    path = folder / f"{dist}-py3-none-any.whl"
+    files = {f"{module}/__init__.py": f"__version__ = {version!r}\n",
+             f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                        "Tag: py3-none-any\n"}
+    files[f"{dist}.dist-info/RECORD"] = "".join(f"{f},,\n" for f in files) + f"{dist}.dist-info/RECORD,,\n"
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as z:
+        for name_in_zip, text in files.items():
+            z.writestr(name_in_zip, text)
+    return path
+
+
+def test_offline_install_from_a_wheel_folder_resumes_after_a_failure(tmp_path):
+    wheels = tmp_path / "wheels"
+    write_wheel(wheels, "torch", "2.13.0+cpu", "torch")
+    write_wheel(wheels, "triton", "3.9.0", "triton")
+    plan = RuntimePlan(choose([], "linux"), PINS, tmp_path / "runtime", wheels=wheels)
+    seen: list[str] = []
+    with pytest.raises(InstallError, match="pip install failed .*fla-core==0.6.0"):   # fla-core is missing
+        Installer(plan, lambda p: seen.append(p.step)).run()
+    assert not is_complete(plan.target) and not plan.target.exists()
+    write_wheel(wheels, "fla-core", "0.6.0", "fla")
+    target = Installer(plan, lambda p: seen.append(p.step)).run()
+    assert target == plan.target and not plan.staging.exists() and seen[-1] == "Done"
+    assert (target / "torch" / "__init__.py").read_text() == "__version__ = '2.13.0+cpu'\n"
+    marker = json.loads((target / MARKER).read_text())
+    assert marker["variant"] == "cpu" and marker["source"] == str(wheels)
+    assert Installer(plan).run() == target          # complete: nothing to do
+
+
+def test_a_gpu_runtime_outlives_a_failed_gpu_check(tmp_path):
+    cpu = RuntimePlan(choose([], "linux"), PINS, tmp_path)
+    assert kept_gpu_runtime(cpu) is None
+    gpu_plan = RuntimePlan(choose([gpu((575, 57, 8))], "linux"), PINS, tmp_path)
+    gpu_plan.target.mkdir(parents=True)
+    (gpu_plan.target / MARKER).write_text("{}")
+    assert kept_gpu_runtime(cpu) == gpu_plan.target and kept_gpu_runtime(gpu_plan) is None
+    newer = RuntimePlan(choose([], "linux"), {**PINS, "packages": {**PINS["packages"], "torch": "2.14.0"}}, tmp_path)
+    assert kept_gpu_runtime(newer) is None          # an app update with a new torch installs anew
+
+
+def test_the_window_installs_and_closes_with_the_runtime(qtbot, tmp_path):
+    from installer.firstrun.window import FirstRunWindow
+
+    wheels = tmp_path / "wheels"
+    for name, version, module in (("torch", "2.13.0+cpu", "torch"), ("triton", "3.9.0", "triton"),
+                                  ("fla-core", "0.6.0", "fla")):
+        write_wheel(wheels, name, version, module)
+    plan = RuntimePlan(choose([], "linux"), PINS, tmp_path / "runtime", wheels=wheels)
+    window = FirstRunWindow(plan)
+    qtbot.addWidget(window)
+    assert "No NVIDIA GPU was found" in window.message.text() and str(wheels) in window.message.text()
+    window.show()
+    with qtbot.waitSignal(window.done, timeout=120_000) as done:
+        window.start()
+    assert done.args == [plan.target] and is_complete(plan.target) and not window.isVisible()
