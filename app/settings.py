@@ -12,7 +12,7 @@ from engine.api import EngineConfig, SamplingParams
 SETTINGS_KEY = "app_settings"
 
 # changing one of these needs the engine reloaded
-RELOAD_FIELDS = ("device", "weights", "profile", "kv_dtype", "max_context", "speculation")
+RELOAD_FIELDS = ("device", "weights", "profile", "kv_dtype", "max_context", "speculative_tokens")
 ENDPOINT_FIELDS = ("endpoint_enabled", "endpoint_host", "endpoint_port", "endpoint_api_key")
 REMOTE_FIELDS = ("remote_enabled", "remote_base_url", "remote_api_key", "remote_model")
 
@@ -28,7 +28,7 @@ class AppSettings:
     profile: str = "C1"
     kv_dtype: str = "bf16"               # bf16 | int8
     max_context: int | None = None       # None: as much as memory allows
-    speculation: int = 0                 # MTP draft tokens, 0 = off (the engine does not speculate yet)
+    speculative_tokens: int | None = None  # MTP drafts per round: None automatic (3 on a GPU), 0 off, 1..5
     # generation defaults
     temperature: float = 0.7
     top_p: float = 0.95
@@ -71,7 +71,8 @@ class AppSettings:
 
     def engine_config(self, model_path: str) -> EngineConfig:
         return EngineConfig(model=model_path, device=self.device, weights=self.weights, profile=self.profile,
-                            kv_dtype=self.kv_dtype, max_context=self.max_context)
+                            kv_dtype=self.kv_dtype, max_context=self.max_context,
+                            speculative_tokens=self.speculative_tokens)
 
     def sampling_params(self, thinking: bool) -> SamplingParams:
         return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,

@@ -29,7 +29,7 @@ from app.profile_plans import plan_profiles, profile_descriptions
 from app.profile_table import ProfileTable
 from app.settings import RELOAD_FIELDS, AppSettings
 from app.widgets import Card, Form, label, page_header, scrolling_page, text_button
-from engine.api import PROFILES
+from engine.api import MAX_DRAFTS, PROFILES
 
 WIDE, NARROW, BUTTON, GAP = 360, 130, 104, 8
 WEIGHTS = (("auto", "Automatic: 16-bit when it fits, else int4"), ("bf16", "16-bit: exact, twice the memory"),
@@ -106,12 +106,12 @@ class SettingsPage(QWidget):
         self.max_context.setSingleStep(4096)
         self.max_context.setSpecialValueText("As much as memory allows")
         self.speculation = QComboBox()
+        self.speculation.addItem("Automatic: 3 drafts on a GPU, off on the CPU", "auto")
         self.speculation.addItem("Off", 0)
-        for n in range(1, 6):
+        for n in range(1, MAX_DRAFTS + 1):
             self.speculation.addItem(f"MTP, {n} draft token{'s' if n > 1 else ''}", n)
-        self.speculation.setEnabled(False)
-        self.speculation.setToolTip("Speculative decoding with the model's MTP head arrives with the engine's "
-                                    "speculation support.")
+        self.speculation.setToolTip("The model drafts a few tokens with its own MTP head and checks them in one "
+                                    "step: the same output, faster. It switches itself off while it does not pay.")
         for widget in (self.device, self.weights, self.kv_dtype, self.speculation, self.max_context):
             widget.setFixedWidth(WIDE)
         for widget in (self.device, self.weights, self.kv_dtype, self.speculation):
@@ -123,7 +123,6 @@ class SettingsPage(QWidget):
         form.addRow("Max context", self.max_context)
         form.addRow("Speculation", self.speculation)
         card.body.addLayout(form)
-        card.body.addWidget(label("Speculation is off until the engine's MTP speculation lands.", "muted"))
         row = QHBoxLayout()
         self.engine_status = label("", "muted", wrap=True)
         self.apply_engine = text_button("Apply and reload", "regenerate", "primary")
@@ -276,7 +275,8 @@ class SettingsPage(QWidget):
         self.weights.setCurrentIndex(self.weights.findData(s.weights))
         self.kv_dtype.setCurrentIndex(self.kv_dtype.findData(s.kv_dtype))
         self.max_context.setValue(s.max_context or 0)
-        self.speculation.setCurrentIndex(self.speculation.findData(s.speculation))
+        self.speculation.setCurrentIndex(self.speculation.findData(
+            "auto" if s.speculative_tokens is None else s.speculative_tokens))
         self.temperature.setValue(s.temperature)
         self.top_p.setValue(s.top_p)
         self.top_k.setValue(s.top_k)
@@ -305,7 +305,8 @@ class SettingsPage(QWidget):
         return self.current().copy(
             profile=profile, device=self.device.currentData(), weights=self.weights.currentData(),
             kv_dtype=self.kv_dtype.currentData(),
-            max_context=self.max_context.value() or None, speculation=self.speculation.currentData(),
+            max_context=self.max_context.value() or None,
+            speculative_tokens=None if self.speculation.currentData() == "auto" else self.speculation.currentData(),
             temperature=round(self.temperature.value(), 2), top_p=round(self.top_p.value(), 2),
             top_k=self.top_k.value(), min_p=round(self.min_p.value(), 2),
             presence_penalty=round(self.presence_penalty.value(), 2), max_tokens=self.max_tokens.value(),

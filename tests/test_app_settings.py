@@ -150,3 +150,18 @@ def test_remote_errors_reach_the_chat_as_messages(app_env, qtbot):
         assert reply.error.isVisible()
     finally:
         server.stop()
+
+
+def test_speculation_setting_reaches_the_engine_config(app_env, qtbot):
+    """Automatic by default (3 drafts on a GPU, off on the CPU); a choice is kept and handed to the engine."""
+    from app.settings import AppSettings
+    window = open_window(qtbot, make_context(app_env), autoload=False)
+    page = window.settings_page
+    assert page.speculation.currentData() == "auto" and page.speculation.isEnabled()
+    assert page.edited_settings().speculative_tokens is None
+    page.speculation.setCurrentIndex(page.speculation.findData(0))
+    assert page.edited_settings().speculative_tokens == 0
+    page.speculation.setCurrentIndex(page.speculation.findData(5))
+    page.apply_engine_settings()
+    assert window.context.settings.speculative_tokens == 5
+    assert AppSettings.load(window.context.store).engine_config("x").speculative_tokens == 5

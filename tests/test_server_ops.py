@@ -259,3 +259,21 @@ def test_qwendesk_serve_command(checkpoint, tmp_path):
                           str(free_port()), "--device", "cpu"], capture_output=True, text=True, timeout=90,
                          env={**os.environ, "QWENDESK_API_KEY": ""})
     assert bad.returncode == 1 and "cannot load" in bad.stderr
+
+
+def test_usage_reports_speculation():
+    """A request that speculated: its kept and thrown-away drafts are OpenAI's accepted / rejected prediction
+    tokens, with rounds and per-position rates beside them (Anthropic: the same block)."""
+    from engine.api import SpeculationStats, Usage
+    from engine.server import anthropic_routes, openai_routes
+    spec = SpeculationStats()
+    spec.add(3, 2)
+    spec.add(3, 0)
+    usage = Usage(prompt_tokens=10, completion_tokens=4, speculation=spec)
+    body = openai_routes.usage_json(usage)
+    assert body["completion_tokens_details"]["accepted_prediction_tokens"] == 2
+    assert body["completion_tokens_details"]["rejected_prediction_tokens"] == 4
+    assert body["speculation"] == {"rounds": 2, "drafted_tokens": 6, "accepted_tokens": 2, "tokens_per_round": 2.0,
+                                   "position_rates": [0.5, 0.5, 0.0]}
+    assert anthropic_routes.usage_json(usage)["speculation"] == body["speculation"]
+    assert "speculation" not in openai_routes.usage_json(Usage(prompt_tokens=1))

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from engine.api import CallArgs, CallStart, Reasoning, Text, Usage
+from engine.server.openai_routes import speculation_json
 from engine.server.anthropic_convert import chat_request
 from engine.server.anthropic_schema import CountTokensRequest, MessagesRequest
 from engine.server.body import parse_body
@@ -137,9 +138,12 @@ def stop_fields(finish: Finish) -> dict:
 
 def usage_json(u: Usage) -> dict:
     """Anthropic counts cached prompt tokens apart: input_tokens are the ones computed afresh."""
-    return {"input_tokens": u.prompt_tokens - u.cached_tokens, "output_tokens": u.completion_tokens,
-            "cache_read_input_tokens": u.cached_tokens, "cache_creation_input_tokens": 0,
-            "output_tokens_details": {"thinking_tokens": u.reasoning_tokens}}
+    out = {"input_tokens": u.prompt_tokens - u.cached_tokens, "output_tokens": u.completion_tokens,
+           "cache_read_input_tokens": u.cached_tokens, "cache_creation_input_tokens": 0,
+           "output_tokens_details": {"thinking_tokens": u.reasoning_tokens}}
+    if u.speculation is not None:
+        out["speculation"] = speculation_json(u.speculation)
+    return out
 
 
 def signature(thinking: str) -> str:

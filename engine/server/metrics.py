@@ -14,6 +14,16 @@ ENGINE_GAUGES = (  # engine.stats() key, metric, help
     ("kv_pages_used", "qwendesk_kv_pages_used", "KV cache pages held by requests."),
     ("kv_pages_cached", "qwendesk_kv_pages_cached", "KV cache pages kept for prefix reuse."),
     ("kv_pages_total", "qwendesk_kv_pages_total", "KV cache pages in the pool."),
+    ("state_slots_used", "qwendesk_state_slots_used", "GDN state slots held by running requests."),
+    ("snapshots_cached", "qwendesk_snapshots_cached", "GDN state snapshots kept for prefix reuse."),
+    ("spec_drafts", "qwendesk_speculative_drafts", "MTP drafts per speculative round (0: no speculation)."),
+    ("spec_on", "qwendesk_speculating", "1 while rounds pay (else plain steps for a while)."),
+)
+ENGINE_COUNTERS = (  # engine.stats() key, metric, help
+    ("prefix_hit_tokens", "qwendesk_prefix_cache_hit_tokens_total", "Prompt tokens reused from the prefix cache."),
+    ("spec_rounds", "qwendesk_speculative_rounds_total", "Speculative rounds, one per sequence in each."),
+    ("spec_drafted_tokens", "qwendesk_speculative_drafted_tokens_total", "Draft tokens proposed."),
+    ("spec_accepted_tokens", "qwendesk_speculative_accepted_tokens_total", "Draft tokens kept."),
 )
 
 
@@ -80,11 +90,10 @@ class Metrics:
                                      ("qwendesk_request_latency_seconds", self.latency, "Submit to last token.")):
                 out += [f"# HELP {name} {text}", f"# TYPE {name} histogram"] + hist.lines(name)
         if engine_stats is not None:
-            for key, name, text in ENGINE_GAUGES:
-                out += [f"# HELP {name} {text}", f"# TYPE {name} gauge", f"{name} {engine_stats.get(key, 0)}"]
-            name = "qwendesk_prefix_cache_hit_tokens_total"
-            out += [f"# HELP {name} Prompt tokens reused from the prefix cache since start.",
-                    f"# TYPE {name} counter", f"{name} {engine_stats.get('prefix_hit_tokens', 0)}"]
+            for kind, table in (("gauge", ENGINE_GAUGES), ("counter", ENGINE_COUNTERS)):
+                for key, name, text in table:
+                    value = int(engine_stats.get(key, 0))
+                    out += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {value}"]
         out += ["# HELP qwendesk_ready 1 once the model is loaded.", "# TYPE qwendesk_ready gauge",
                 f"qwendesk_ready {int(engine_stats is not None)}"]
         return "\n".join(out) + "\n"

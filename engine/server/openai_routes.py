@@ -185,10 +185,23 @@ async def completion_stream(gens, meta: dict, echoes: list[str], include_usage: 
 
 
 def usage_json(u: Usage) -> dict:
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.prompt_tokens + u.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-            "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens}}
+    """With speculative decoding, the drafts kept and thrown away are OpenAI's accepted / rejected prediction
+    tokens, and `speculation` says per round and per draft position how it went."""
+    out = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+           "total_tokens": u.prompt_tokens + u.completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+           "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens}}
+    if u.speculation is not None:
+        spec = u.speculation
+        out["completion_tokens_details"].update(accepted_prediction_tokens=spec.accepted,
+                                                rejected_prediction_tokens=spec.drafted - spec.accepted)
+        out["speculation"] = speculation_json(spec)
+    return out
+
+
+def speculation_json(s) -> dict:
+    return {"rounds": s.rounds, "drafted_tokens": s.drafted, "accepted_tokens": s.accepted,
+            "tokens_per_round": round(s.tokens_per_round, 3), "position_rates": [round(r, 3) for r in s.position_rates]}
 
 
 def total_usage(usages: list[Usage]) -> Usage:
