@@ -87,9 +87,6 @@ class EngineThread(QThread):
         self.state = "loading"
         self._commands.put(("load", config))
 
-    def unload(self) -> None:
-        self._commands.put(("unload",))
-
     def generate(self, request_id: str, messages: list[dict], params, template_kwargs: dict) -> None:
         self._commands.put(("generate", request_id, messages, params, template_kwargs))
 
@@ -130,9 +127,6 @@ class EngineThread(QThread):
                     return
                 if command == "load":
                     self._load(*args)
-                elif command == "unload":
-                    self._close_engine()
-                    self._set_state("idle", "")
                 elif command == "generate":
                     self._generate(*args)
                 elif command == "endpoint":

@@ -57,13 +57,6 @@ def _size(px: int):
     return QSize(px, px)
 
 
-def hline() -> QFrame:
-    line = QFrame()
-    line.setObjectName("separator")
-    line.setFixedHeight(1)
-    return line
-
-
 BANNER_ICONS = {"info": ("info", icons.ACCENT), "warning": ("warning", icons.WARNING),
                 "error": ("warning", icons.DANGER)}
 

@@ -78,11 +78,6 @@ class ConversationList(QFrame):
             self.list.setCurrentRow(-1)
         self._filling = False
 
-    def start_rename(self, conversation_id: int) -> None:
-        item = self._item(conversation_id)
-        if item:
-            self.list.editItem(item)
-
     def _item(self, conversation_id: int) -> QListWidgetItem | None:
         for i in range(self.list.count()):
             if self.list.item(i).data(ID_ROLE) == conversation_id:

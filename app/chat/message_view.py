@@ -25,7 +25,6 @@ BUBBLE_TEXT_WIDTH = 560
 
 
 class MessageView(QFrame):
-    copy_requested = Signal()
     regenerate_requested = Signal()
     edit_requested = Signal()
 

@@ -49,10 +49,6 @@ class ForwardBatch:
     image_rows: torch.Tensor | None = None    # [R] int64: rows whose input embedding is an image's (None: none)
     image_embeds: torch.Tensor | None = None  # [R, hidden]: those embeddings, in the order of image_rows
 
-    @property
-    def num_seqs(self) -> int:
-        return self.seq_lens.shape[0]
-
 
 def build_batch(
     query_lens: list[int],

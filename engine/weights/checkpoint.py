@@ -14,10 +14,6 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-               "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U32": 4, "I4": 1}
-
-
 class CheckpointError(ValueError):
     pass
 
