@@ -78,12 +78,6 @@ class ConversationList(QFrame):
             self.list.setCurrentRow(-1)
         self._filling = False
 
-    def _item(self, conversation_id: int) -> QListWidgetItem | None:
-        for i in range(self.list.count()):
-            if self.list.item(i).data(ID_ROLE) == conversation_id:
-                return self.list.item(i)
-        return None
-
     def _on_clicked(self, item: QListWidgetItem) -> None:
         self.selected.emit(item.data(ID_ROLE))
 
