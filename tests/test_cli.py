@@ -170,3 +170,11 @@ def test_bench_without_transformers_skips_the_comparison_with_a_note(capsys, mon
         bench_main([])
     out = capsys.readouterr().out
     assert out.startswith("note: skipping the comparison with HF transformers (")
+
+
+@pytest.mark.parametrize("value", ["-1", "6"])
+def test_speculative_tokens_out_of_range_is_refused(checkpoint, capsys, value):
+    from engine.server.cli import parse_args
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--model", str(checkpoint("base")), "--speculative-tokens", value])
+    assert e.value.code == 2 and "speculative_tokens must be between 0 and 5" in capsys.readouterr().err

@@ -40,6 +40,8 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, EngineConfig]:
     ap.add_argument("--device", default="auto", help="auto | cuda | cuda:N | cpu")
     ap.add_argument("--dtype", default="auto", choices=DTYPE_NAMES)
     ap.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond the profile before 429/529")
+    ap.add_argument("--speculative-tokens", type=int, default=None, metavar="K",
+                    help="MTP drafts per decode round, 0 to 5 (0: off; default: 3 on a GPU, 0 on the CPU)")
     ap.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                     help="accept this Host name besides loopback names and IP addresses (repeatable; '*': any)")
     ap.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
@@ -51,7 +53,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, EngineConfig]:
         ap.error(f"argument --max-body-mb: must be more than 0, not {args.max_body_mb}")
     config = checked(ap, EngineConfig(model=args.model, device=args.device, dtype=args.dtype, profile=args.profile,
                                       kv_dtype=args.kv_dtype, max_context=args.max_context,
-                                      max_queue=args.max_queue))
+                                      max_queue=args.max_queue, speculative_tokens=args.speculative_tokens))
     return args, config
 
 
