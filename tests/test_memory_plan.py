@@ -69,3 +69,20 @@ def test_plan_never_exceeds_its_budget_when_it_says_it_fits():
 def test_max_context_beyond_the_model_is_an_error():
     with pytest.raises(ValueError, match="exceeds the model"):
         plan(max_context=10**7)
+
+
+def test_24gib_card_keeps_its_scenarios_with_speculation():
+    """The app's default on a GPU: 3 MTP drafts, so the MTP module (0.2 GiB int4), its KV and the rounds' buffers
+    are planned too, and the 24 GiB scenarios still fit."""
+    with_mtp = policy_bytes(model_tensor_shapes(CFG, with_mtp=True, with_vision=False), DEFAULT_POLICY)["total"]
+    assert 0.15 * GIB < with_mtp - INT4 < 0.3 * GIB
+
+    def spec_plan(**fields):
+        return plan_memory(CFG, EngineConfig(model="", **fields), torch.bfloat16, weights_bytes=with_mtp,
+                           budget_bytes=24 * GIB, drafts=3, on_gpu=True)
+
+    assert spec_plan(profile="C1", max_context=32768).fits
+    assert spec_plan(profile="C8", max_context=8192).fits
+    p = spec_plan(profile="C1", kv_dtype="int8")
+    assert p.fits and p.max_context >= 170_000 and p.drafts == 3 and 0 < p.speculation_bytes < 0.1 * GIB
+    assert p.kv_bytes_per_token > plan(profile="C1", kv_dtype="int8").kv_bytes_per_token     # the MTP layer's KV
