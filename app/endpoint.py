@@ -1,4 +1,4 @@
-"""The local OpenAI- and Anthropic-compatible endpoint around the loaded engine (engine.api.serve)."""
+"""The local OpenAI- and Anthropic-compatible endpoint around the loaded engine (engine.server.serve)."""
 
 from __future__ import annotations
 
@@ -28,11 +28,12 @@ class EndpointStatus:
 
 def start_endpoint(engine, settings: EndpointSettings, model_id: str):
     """-> (server or None, EndpointStatus). Never raises: a failure is a status message."""
-    from engine.api import serve
     try:
-        server = serve(engine, model_id, settings.host, settings.port, settings.api_key or None)
+        from engine.server import serve           # FastAPI and uvicorn: a build may lack them
     except ImportError:
         return None, EndpointStatus(False, message=UNAVAILABLE)
+    try:
+        server = serve(engine, model_id, settings.host, settings.port, settings.api_key or None)
     except (OSError, RuntimeError) as e:
         return None, EndpointStatus(False, message=f"The endpoint could not listen on "
                                                    f"{settings.host}:{settings.port}: {e}")

@@ -1,6 +1,7 @@
 """The engine's public surface: everything the desktop app and the HTTP server use, and nothing else.
 
-app/ imports the engine only from here; engine/server/ takes what it needs of the engine from here too.
+app/ imports the engine only from here (and the endpoint from engine.server); engine/server/ takes what it needs of
+the engine from here too.
 """
 
 from engine.chat.tools import ToolCallParser, call_arguments, tool_schemas
@@ -12,15 +13,6 @@ from engine.params import (DTYPE_NAMES, KV_DTYPES, MAX_DRAFTS, PROFILES, WEIGHTS
                            ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, Reasoning, SamplingParams,
                            SpeculationStats, StreamEvent, Text, Timings, TokenLogprob, ToolCall, Usage, add_calls)
 from engine.streaming import starts_in_reasoning
-
-
-def serve(engine: Engine, model_id: str, host: str, port: int, api_key: str | None = None):
-    """Start the OpenAI- and Anthropic-compatible endpoint around a loaded engine on its own thread; returns the
-    running server (`.port` is the port it listens on, `.stop()` ends it). FastAPI is imported only here, so a
-    build without it can still run the engine (ImportError says so)."""
-    from engine.server import ServerSettings, ServerThread, create_app
-    app = create_app(ServerSettings(model_id=model_id, host=host, port=port, api_key=api_key), engine)
-    return ServerThread(app, host, port).start()
 
 
 __all__ = ["DTYPE_NAMES", "KV_DTYPES", "MAX_DRAFTS", "PROFILES", "WEIGHTS", "CallArgs", "CallStart",

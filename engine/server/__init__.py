@@ -4,4 +4,12 @@ from engine.server.app import create_app
 from engine.server.serve import ServerThread
 from engine.server.settings import ServerSettings
 
-__all__ = ["ServerSettings", "ServerThread", "create_app"]
+
+def serve(engine, model_id: str, host: str, port: int, api_key: str | None = None) -> ServerThread:
+    """Start the endpoint around a loaded engine on its own thread; returns the running server (`.port` is the
+    port it listens on, `.stop()` ends it)."""
+    app = create_app(ServerSettings(model_id=model_id, host=host, port=port, api_key=api_key), engine)
+    return ServerThread(app, host, port).start()
+
+
+__all__ = ["ServerSettings", "ServerThread", "create_app", "serve"]
