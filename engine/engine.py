@@ -138,8 +138,7 @@ class Engine:
             speculator = Speculator(self._model, self._pools, self.drafts, config.max_running, self.max_context,
                                     config.draft_vocab)
             self._runner.speculator = speculator
-            self._spec = Speculation(speculator, self._cache, config.max_running, self.max_context,
-                                     config.cuda_graphs)
+            self._spec = Speculation(speculator, self._cache, config.max_running, config.cuda_graphs)
         self._inbox: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._active = 0                       # submitted and not finished
@@ -413,7 +412,7 @@ class Engine:
         for seq in seqs:
             if seq.num_computed % self._cache.page_size == 0:
                 self._rolling_snapshot(seq)
-        if all(self._plain(seq) for seq in seqs):
+        if all(seq.sampled_on_device for seq in seqs):
             self._in_flight = StepInFlight.launch(seqs, self._runner.sample_on_device(seqs, logits, ahead))
         else:
             self._accept(seqs, self._runner.sample(seqs, logits))
@@ -447,19 +446,12 @@ class Engine:
                 break
         self._spec.round_over(seq)
 
-    @staticmethod
-    def _plain(seq: Sequence) -> bool:
-        """The next token can be sampled without the host seeing the logits."""
-        p = seq.params
-        return not (p.logits_processors or p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
-                    or p.logprobs is not None or seq.forced)
-
     def _can_follow(self, flight: StepInFlight, seqs: list[Sequence]) -> bool:
         """The next step can start from the tokens in flight: the same sequences, none that its token in flight
         may end by length, none whose next step fills a page."""
         page = self._cache.page_size
         return [s.id for s in seqs] == [s.id for s in flight.seqs] and all(
-            self._plain(s) and (s.num_computed + 1) % page and len(s.output) + 1 < s.params.max_tokens
+            s.sampled_on_device and (s.num_computed + 1) % page and len(s.output) + 1 < s.params.max_tokens
             and len(s) + 1 < s.max_total for s in seqs)
 
     def _accept_in_flight(self, flight: StepInFlight) -> None:

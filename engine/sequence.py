@@ -45,6 +45,14 @@ class Sequence:
         return len(self.prompt) + len(self.output)
 
     @property
+    def sampled_on_device(self) -> bool:
+        """Its next token can be drawn without the host seeing the logits: no logits processors, penalties or
+        logprobs, no forced token pending (a decode step in flight, a speculative round)."""
+        p = self.params
+        return not (p.logits_processors or p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
+                    or p.logprobs is not None or self.forced)
+
+    @property
     def prefilling(self) -> bool:
         return self.num_computed < len(self.prompt)
 

@@ -68,8 +68,7 @@ def _ema(old: float | None, new: float) -> float:
 
 
 class Speculation:
-    def __init__(self, speculator: Speculator, cache: CacheManager, max_batch: int, max_context: int,
-                 cuda_graphs: bool):
+    def __init__(self, speculator: Speculator, cache: CacheManager, max_batch: int, cuda_graphs: bool):
         self.spec, self.cache, self.k = speculator, cache, speculator.k
         self.max_pages = -(-speculator.max_seq_len // cache.page_size)     # block tables cover every verify row
         self.graphs = None
@@ -94,8 +93,7 @@ class Speculation:
     # ---- which steps speculate ------------------------------------------------------------------------------------
     def eligible(self, seq: Sequence) -> bool:
         p = seq.params
-        if (p.logits_processors or p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
-                or p.logprobs is not None or seq.forced):
+        if not seq.sampled_on_device:
             return False
         stream = seq.stream
         return not (p.thinking_budget is not None and stream.in_reasoning
