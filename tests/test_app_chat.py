@@ -214,7 +214,8 @@ def test_conversations_search_rename_and_delete(chat_window, qtbot, monkeypatch)
     assert [listing.list.item(i).text() for i in range(listing.list.count())] == ["Apples and pears"]
     listing.search.setText("")
     apples = next(c for c in window.context.store.conversations() if c.title.startswith("Apples"))
-    item = listing._item(apples.id)
+    item = next(listing.list.item(i) for i in range(listing.list.count())
+                if listing.list.item(i).text().startswith("Apples"))
     item.setText("Fruit")                                # what an inline edit does
     assert window.context.store.conversation(apples.id).title == "Fruit"
     monkeypatch.setattr("app.dialogs.confirm", lambda *args: True)

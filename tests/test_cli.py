@@ -32,7 +32,9 @@ def test_chat_cli_streams_a_reply(checkpoint):
 
 
 def test_chat_cli_reports_a_checkpoint_that_fails_to_load(tmp_path, checkpoint):
-    (tmp_path / "config.json").write_bytes((checkpoint("base") / "config.json").read_bytes())  # no weights
+    for f in checkpoint("base").iterdir():                                       # all but the weights
+        if f.suffix != ".safetensors":
+            (tmp_path / f.name).write_bytes(f.read_bytes())
     proc = subprocess.run([sys.executable, "-m", "engine.cli", "--model", str(tmp_path), "--device", "cpu"],
                           input="", capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1

@@ -150,7 +150,7 @@ def test_stored_forms_round_trip():
                 torch.rand(6, 2).half() * 15)
     values = {"a.weight": int4, "b.weight": Int8(torch.randint(-127, 128, (6, 64), dtype=torch.int8),
                                                   torch.rand(6, 2).half()),
-              "c.weight": ActOrderInt4(int4, torch.randperm(64)), "d.weight": torch.randn(3, 5).bfloat16()}
+              "d.weight": torch.randn(3, 5).bfloat16()}   # act-order GPTQ never reaches the cache (convert)
     for name, value in values.items():
         kind, stored = _encode(name, value)
         assert same(_decode(kind, name, stored.__getitem__), value), name
