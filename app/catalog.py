@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 
 from app.paths import resources_dir
-from engine.api import DeviceInfo, EngineConfig, MemoryPlan, ModelConfig, parse_model_config, plan_for
+from engine.api import DeviceInfo, MemoryPlan, ModelConfig, parse_model_config
 
 USEFUL_CONTEXT = 32768      # a recommendation must leave at least this much context at C1
 
@@ -36,11 +36,6 @@ def load_catalog() -> list[CatalogEntry]:
     data = json.loads((resources_dir() / "catalog.json").read_text(encoding="utf-8"))
     architectures = {size: parse_model_config(raw) for size, raw in data["architectures"].items()}
     return [CatalogEntry(**entry, architecture=architectures[entry["params"]]) for entry in data["models"]]
-
-
-def plan_entry(entry: CatalogEntry, config: EngineConfig, device: DeviceInfo) -> MemoryPlan:
-    """The plan the engine would load `entry` with on `device` under `config` (the app's engine settings)."""
-    return plan_for(config, device, model=entry.architecture)
 
 
 def runs_as(plan: MemoryPlan, device: DeviceInfo) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.sampling import filtered_probs_ref, random_uniform_ref
+from kernels.sampling import filtered_probs_ref, race_ref, random_uniform_ref
 
 # counter streams: a request's draws at generation step s use counter 4 s + stream
 DRAFT, ACCEPT, RESIDUAL = 0, 1, 2
@@ -55,7 +55,7 @@ def pick_draft(logits: torch.Tensor, s: Sampling, j: int, sampled: bool) -> tupl
     if not sampled:
         return greedy, None
     q = draft_probs(logits, s)
-    race = (q / -torch.log(_uniforms(s, j, DRAFT, q.shape[-1]))).argmax(-1)
+    race = race_ref(q, _uniforms(s, j, DRAFT, q.shape[-1]))
     return torch.where(s.temperature > 0, race, greedy), q
 
 
@@ -86,11 +86,10 @@ def accept(drafts: torch.Tensor, target_logits: torch.Tensor, s: Sampling, q: to
     residual = torch.where((at < k)[:, None], (p_at - q_full[rows, at.clamp(max=k - 1)]).clamp(min=0), p_at)
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_at)
     u_extra = torch.stack([_uniforms(s, j + 1, RESIDUAL, V) for j in range(k + 1)], 1)[rows, at]
-    extra = (residual / -torch.log(u_extra)).argmax(-1)
+    extra = race_ref(residual, u_extra)
     tokens = torch.cat([drafts, drafts[:, :1]], 1).scatter(1, at[:, None], extra[:, None])
     # seeded rows: the token plain decoding draws at each position (same uniforms), drafts kept while they match
-    plain = torch.stack([(p[:, j] / -torch.log(random_uniform_ref(s.seeds, s.steps + j, V))).argmax(-1)
-                         for j in range(k + 1)], 1)
+    plain = torch.stack([race_ref(p[:, j], random_uniform_ref(s.seeds, s.steps + j, V)) for j in range(k + 1)], 1)
     plain_kept = (drafts == plain[:, :k]).int().cumprod(1).sum(1)
     sampled_kept = torch.where(s.seeded, plain_kept, sampled_kept)
     tokens = torch.where(s.seeded[:, None], plain, tokens)

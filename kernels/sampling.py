@@ -100,12 +100,16 @@ def filtered_probs_ref(logits, temperature, top_k, top_p, min_p):
     return probs / probs.sum(-1, keepdim=True)
 
 
+def race_ref(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The exponential race: argmax p_i / E_i with E_i = -log u_i draws token i with probability p_i."""
+    return (probs / -torch.log(uniforms)).argmax(-1)
+
+
 def sample_ref(logits, temperature, top_k, top_p, min_p, seeds, steps):
     """logits [B, V] fp32 (penalties already applied) -> token ids [B] int64."""
     greedy = logits.argmax(-1)
     probs = filtered_probs_ref(logits, temperature, top_k, top_p, min_p)
-    race = probs / -torch.log(random_uniform_ref(seeds, steps, logits.shape[-1]))
-    sampled = race.argmax(-1)
+    sampled = race_ref(probs, random_uniform_ref(seeds, steps, logits.shape[-1]))
     return torch.where(temperature > 0, sampled, greedy)
 
 
