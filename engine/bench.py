@@ -260,6 +260,8 @@ def main(argv=None) -> int:
                     "(engine/bench_spec.py), per --profiles and --drafts")
     ap.add_argument("--drafts", default="1,3,5", type=token_counts, help="MTP drafts per round (--draft-oracle)")
     ap.add_argument("--spec-context", type=positive_int, default=512, help="prompt tokens (--draft-oracle)")
+    ap.add_argument("--profile-rounds", action="store_true",
+                    help="(--draft-oracle) also profile the rounds of the first rate by kernel")
     ap.add_argument("--kv-dtype", default="bf16", choices=["bf16", "int8"], help="KV cache (--draft-oracle)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)

@@ -80,7 +80,7 @@ class Speculation:
         self.pays = Pays()
         self.adaptive = True                      # off: every eligible step speculates (measurements)
         self.totals = SpeculationStats()          # every sequence's rounds together
-        self.round_ms = 0.0                       # time spent in rounds (host view, each waits for its tokens)
+        self.round_ms = 0.0                       # time in rounds (host view, waiting for tokens; captures not)
 
     def use_oracle(self, oracle, adaptive: bool = True) -> None:
         """Drafts from a DraftOracle (engine/speculative.py; None: the MTP's own); captured rounds are dropped.
@@ -127,14 +127,17 @@ class Speculation:
             reqs.append(self._request(s, base=s.num_computed, snap_row=row, snap_slot=slot))
         sampled = any(s.params.temperature > 0 for s in seqs)
         started = time.perf_counter()
-        if self.graphs is not None and self.graphs.fits(len(seqs)):
+        graphed = self.graphs is not None and self.graphs.fits(len(seqs))
+        timed = not graphed or self.graphs.captured(len(seqs), sampled)      # a capture is no round's cost
+        if graphed:
             out = self.graphs.run(reqs, sampled)
         else:
             out = self.spec.round(round_inputs(reqs, self.max_pages, self.spec.pools.conv.device), sampled)
         kept, tokens = out.kept.tolist(), out.tokens.tolist()
         seconds = time.perf_counter() - started
-        self.round_ms += 1e3 * seconds
-        self.pays.round_done(sum(kept) + len(seqs), seconds)
+        if timed:
+            self.round_ms += 1e3 * seconds
+            self.pays.round_done(sum(kept) + len(seqs), seconds)
         for s, n in zip(seqs, kept):
             s.spec_counts.add(k, n)
             self.totals.add(k, n)
