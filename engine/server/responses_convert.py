@@ -217,10 +217,14 @@ def reasoning_text(item: dict, where: str) -> str:
     """The reasoning an earlier turn returned: its reasoning_text, else its sealed copy, else its summary."""
     r = _check(ReasoningItem, item, where)
     if r.content:
-        return "".join(p.get("text", "") for p in r.content if p.get("type") == "reasoning_text")
+        return "".join(_texts(r.content, "reasoning_text"))
     if r.encrypted_content:
         return unseal(r.encrypted_content, f"{where}.encrypted_content")
-    return "\n\n".join(p.get("text", "") for p in r.summary if p.get("type") == "summary_text")
+    return "\n\n".join(_texts(r.summary, "summary_text"))
+
+
+def _texts(parts: list[dict], kind: str) -> list[str]:
+    return [p["text"] for p in parts if p.get("type") == kind and isinstance(p.get("text"), str)]
 
 
 def seal(text: str) -> str:
