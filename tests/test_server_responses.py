@@ -159,6 +159,8 @@ def test_stream_events_in_order(client, steer):
     assert "".join(d.delta for d in deltas) == final.output_text == "Streamed answer, in pieces."
     assert final.output[0].content[0].text == "Think a bit." and final.usage.output_tokens > 0
     assert events[0].response.status == "in_progress" and events[-1].response.status == "completed"
+    kept = client.responses.retrieve(final.id)                                  # kept as the stream ended
+    assert kept.output_text == final.output_text and [o.id for o in kept.output] == [o.id for o in final.output]
 
 
 def test_stream_function_calls(client, steer):
@@ -312,16 +314,26 @@ def test_openai_agents_runner_calls_the_tool_and_finishes(server, steer):
         seen.append((city, days))
         return "18 C, sunny"
 
-    steer.say("I need the weather.</think>\n\n" + CALL, "Hm.</think>\n\nIt is 18 C and sunny in Paris.")
     model = agents.OpenAIResponsesModel(model=MODEL, openai_client=openai.AsyncOpenAI(
         base_url=server.url + "/v1", api_key="unused", max_retries=0))
     agent = agents.Agent(name="weather", instructions="Answer with the tool.", tools=[get_weather], model=model,
                          model_settings=agents.ModelSettings(tool_choice="required", max_tokens=200))
-    result = asyncio.run(agents.Runner.run(agent, "Weather in Paris?", max_turns=3))
-    assert seen == [("Paris", 3)] and result.final_output == "It is 18 C and sunny in Paris."
+
+    async def both():                   # one event loop: the client's connections belong to it
+        steer.say("I need the weather.</think>\n\n" + CALL, "Hm.</think>\n\nIt is 18 C and sunny in Paris.")
+        result = await agents.Runner.run(agent, "Weather in Paris?", max_turns=3)
+        steer.say("I need the weather.</think>\n\n" + CALL, "Hm.</think>\n\nStreamed: sunny.")
+        streamed = agents.Runner.run_streamed(agent, "Weather in Paris?", max_turns=3)
+        events = [event.type async for event in streamed.stream_events()]
+        return result, streamed, events
+
+    result, streamed, events = asyncio.run(both())
+    assert result.final_output == "It is 18 C and sunny in Paris."
     kinds = [item.type for item in result.new_items]
     assert "tool_call_item" in kinds and "tool_call_output_item" in kinds and kinds[-1] == "message_output_item"
     assert sum(r.usage.input_tokens for r in result.raw_responses) > 0
+    assert streamed.final_output == "Streamed: sunny." and "raw_response_event" in events
+    assert seen == [("Paris", 3)] * 2
 
 
 def test_langchain_chat_openai_with_the_responses_api(server, steer):
