@@ -150,7 +150,8 @@ def check(server, path, body, api):
         assert (err["type"] == "error" and err["error"]["message"]) if api == "anthropic" else err["error"]["message"]
     elif headers["content-type"].startswith("text/event-stream"):
         for name, data in sse_events(out):
-            assert name not in ("error", "response.failed") and (data == "[DONE]" or "error" not in json.loads(data)), data
+            assert name not in ("error", "response.failed"), data
+            assert data == "[DONE]" or "error" not in json.loads(data), data
     else:
         json.loads(out)
 

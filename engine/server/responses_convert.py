@@ -96,9 +96,9 @@ def response_format(fmt: dict | None) -> dict | None:
 
 
 def refuse_unsupported(body: ResponsesRequest) -> None:
-    given = {k: v for k, v in (body.model_extra or {}).items() if v not in (None, False, [], {})}
-    for name, value in given.items():
-        raise APIError(400, REFUSED.get(name, f"{name} is not supported by this server"), param=name)
+    given = [k for k, v in (body.model_extra or {}).items() if v not in (None, False, [], {})]   # null: absent
+    if given:
+        raise APIError(400, REFUSED.get(given[0], f"{given[0]} is not supported by this server"), param=given[0])
     if body.background:
         raise APIError(400, REFUSED["background"], param="background")
     if body.truncation == "auto":
@@ -135,8 +135,6 @@ def chat_messages(items: list[dict], n_history: int) -> tuple[list[dict], list]:
         return "previous_response_id" if j < n_history else f"input.{j - n_history}"
 
     for j, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise APIError(400, f"{where(j)} is not an object", param=where(j))
         kind = item.get("type", "message")
         assistant = kind in ("reasoning", "function_call") or (kind == "message" and item.get("role") == "assistant")
         if assistant:
