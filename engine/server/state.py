@@ -1,4 +1,4 @@
-"""ServerState: what the routes share — the engine (None while it loads), settings, metrics."""
+"""ServerState: what the routes share — the engine (None while it loads), settings, metrics, stored responses."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from engine.server.generation import Generation
 from engine.server.logprobs import TokenBytes
 from engine.server.metrics import Metrics
 from engine.server.prompting import generation_defaults
+from engine.server.responses_store import ResponseStore
 from engine.server.settings import ServerSettings
 
 
@@ -18,6 +19,7 @@ class ServerState:
         (tests use it to script the model's output); None in normal use."""
         self.settings = settings
         self.metrics = Metrics()
+        self.responses = ResponseStore()          # the Responses API's stored responses
         self.params_hook = params_hook
         self.created = int(time.time())
         self.engine = None
