@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.gc_guard import collect_in_gui_thread
+from app.gc_guard import collect_in_gui_thread, freeze_long_lived
 from app import icons
 from app.chat.chat_page import ChatPage
 from app.chat.session import ChatSession
@@ -181,6 +181,7 @@ class MainWindow(QMainWindow):
 
     def _loaded(self, model: LoadedModel) -> None:
         self.loading_path = ""
+        freeze_long_lived()                 # the model's objects: out of the collector's way from now on
         self.context.save_settings(self.context.settings.copy(last_model=model.path))
         self.status.loaded(model)
         self.models.set_engine_state(model.path, "")
