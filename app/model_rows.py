@@ -123,8 +123,9 @@ class DownloadRow(QFrame):
         top.addStretch(1)
         self.pause = icon_button("pause", "Pause")
         self.resume = icon_button("play", "Resume", icons.ACCENT)
-        self.cancel = icon_button("close", "Cancel and delete the partial files")
-        self.forget = icon_button("close", "Remove from the list")
+        # destructive (asks first, app/models_page.py) and harmless actions look different: a bin, a cross
+        self.cancel = icon_button("trash", "Cancel the download and delete its files…")
+        self.forget = icon_button("close", "Remove from this list (the model stays on disk)")
         self.pause.clicked.connect(lambda: self.pause_requested.emit(repo_id))
         self.resume.clicked.connect(lambda: self.resume_requested.emit(repo_id))
         self.cancel.clicked.connect(lambda: self.cancel_requested.emit(repo_id))

@@ -18,6 +18,7 @@ from app import dialogs, icons
 from app.catalog import recommend, runs_as
 from app.context import AppContext
 from app.downloads import DownloadManager
+from app.formatting import human_bytes
 from app.local_models import LocalModel, delete_model, scan_all
 from app.model_rows import CatalogCard, DownloadRow, LocalModelRow
 from app.widgets import Banner, Card, label, page_header, scrolling_page, text_button
@@ -208,7 +209,7 @@ class ModelsPage(QWidget):
                 row = DownloadRow(repo_id)
                 row.pause_requested.connect(self.downloads.pause)
                 row.resume_requested.connect(self.downloads.resume)
-                row.cancel_requested.connect(self.downloads.cancel)
+                row.cancel_requested.connect(self.confirm_cancel)
                 row.forget_requested.connect(self.downloads.forget)
                 self.downloads_box.addWidget(row)
                 self.download_rows[repo_id] = row
@@ -245,6 +246,16 @@ class ModelsPage(QWidget):
     def save_token(self) -> None:
         self.context.save_settings(self.context.settings.copy(hf_token=self.token.text().strip()))
         self.banner.show_message("info", "Token saved." if self.token.text().strip() else "Token removed.")
+
+    def confirm_cancel(self, repo_id: str) -> None:
+        """Cancelling deletes what was downloaded so far: ask first, saying how much."""
+        status = self.downloads.status(repo_id)
+        if status is None:
+            return
+        done = f" and delete the {human_bytes(status.done_bytes)} downloaded so far" if status.done_bytes else ""
+        if dialogs.confirm(self, "Delete download", f"Stop downloading {repo_id}{done}? Pause keeps them to "
+                           "resume later.", "Delete", keep="Keep"):
+            self.downloads.cancel(repo_id)
 
     def confirm_delete(self, model: LocalModel) -> None:
         if not dialogs.confirm(self, "Delete model", f"Delete {model.name} from disk? This frees "

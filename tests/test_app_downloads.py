@@ -246,3 +246,43 @@ def test_models_on_disk_are_found_and_deleted(app_env, qtbot, checkpoint, monkey
     assert not downloaded.exists()
     assert not (context.hf_cache_dir / "models--Qwen--Cached").exists()
     assert [r.delete.isVisible() for r in page.local_rows] == [False]    # your own folders stay yours
+
+
+def test_deleting_a_download_asks_first_and_hiding_a_finished_one_does_not(app_env, qtbot, hub, monkeypatch):
+    hub.delay = 0.01
+    context = make_context(app_env, hub_endpoint=hub.url)
+    window = open_window(qtbot, context, autoload=False)
+    window.downloads.stall_after_s = 30
+    page = window.models
+    page.download(REPO)
+    qtbot.waitUntil(lambda: REPO in page.download_rows and window.downloads.status(REPO).done_bytes > 100_000,
+                    timeout=20_000)
+    row = page.download_rows[REPO]
+    row.pause.click()
+    qtbot.waitUntil(lambda: window.downloads.status(REPO).state == "paused", timeout=10_000)
+    assert row.cancel.isVisible() and not row.forget.isVisible()
+    assert row.cancel.icon().cacheKey() != row.forget.icon().cacheKey()
+    screenshot(window, "models_download_paused_actions")
+    asked = []
+    monkeypatch.setattr("app.dialogs.confirm", lambda parent, title, text, action, keep="": asked.append(text) or False)
+    row.cancel.click()
+    folder = app_env / "data" / "models" / "Qwen" / "Qwen3.5-Tiny"
+    assert len(asked) == 1 and "downloaded so far" in asked[0]
+    assert window.downloads.status(REPO).state == "paused" and folder.exists()      # kept: the user said no
+    monkeypatch.setattr("app.dialogs.confirm", lambda *args, **kw: True)
+    row.cancel.click()
+    qtbot.waitUntil(lambda: window.downloads.status(REPO) is None, timeout=10_000)
+    assert not folder.exists()
+
+    hub.delay = 0.0
+    window.downloads.stall_after_s = 30
+    monkeypatch.setattr("app.dialogs.confirm", lambda *args, **kw: asked.append("again") or False)
+    window.engine.load = lambda config: None              # the finished download would load: not this test's job
+    page.download(REPO)
+    qtbot.waitUntil(lambda: window.downloads.status(REPO) is not None and
+                    window.downloads.status(REPO).state == "ready", timeout=20_000)
+    row = page.download_rows[REPO]
+    assert row.forget.isVisible() and not row.cancel.isVisible()
+    row.forget.click()                                    # only hides the row: no question, files kept
+    qtbot.waitUntil(lambda: REPO not in page.download_rows, timeout=5_000)
+    assert asked == [asked[0]] and folder.exists()
