@@ -39,11 +39,14 @@ def _restyle(widget) -> None:
 class CatalogCard(QFrame):
     download_requested = Signal(str)       # repo id
     load_requested = Signal(str)           # checkpoint directory
+    eject_requested = Signal()
+    cancel_load_requested = Signal()
 
     def __init__(self, entry: CatalogEntry, recommended: bool, runs_as: str, parent=None):
         super().__init__(parent)
         self.entry = entry
         self.local_path = ""
+        self.engine_state = ""              # "", "loading" or "loaded": this card's model in the engine
         self.setObjectName("card")
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Maximum)
         column = QVBoxLayout(self)
@@ -73,13 +76,14 @@ class CatalogCard(QFrame):
     def set_runs_as(self, runs_as: str) -> None:
         self.facts.setText(f"Download {self.entry.download_gb:g} GB   ·   {runs_as}")
 
-    def set_state(self, local_path: str, download: DownloadStatus | None, loaded: bool) -> None:
-        self.local_path = local_path
+    def set_state(self, local_path: str, download: DownloadStatus | None, engine_state: str = "") -> None:
+        """engine_state: "loading" or "loaded" when this card's checkpoint is in the engine."""
+        self.local_path, self.engine_state = local_path, engine_state if local_path else ""
         if local_path:
-            self.state.setText("Loaded" if loaded else "On this computer")
-            self.button.setText("Loaded" if loaded else "Load")
-            self.button.setEnabled(not loaded)
-            self.button.setIcon(icons.icon("play", icons.ON_ACCENT))
+            self.state.setText({"loaded": "Loaded", "loading": "Loading…"}.get(self.engine_state, "On this computer"))
+            self.button.setText({"loaded": "Eject", "loading": "Cancel"}.get(self.engine_state, "Load"))
+            self.button.setEnabled(True)
+            self.button.setIcon(icons.icon("close" if self.engine_state else "play", icons.ON_ACCENT))
         elif download is not None and download.state in ("paused", "failed"):
             self.state.setText(f"{STATE_TEXT[download.state]}: {download.fraction:.0%}")
             self.button.setText("Resume")
@@ -96,7 +100,11 @@ class CatalogCard(QFrame):
             self.button.setIcon(icons.icon("download", icons.ON_ACCENT))
 
     def _clicked(self) -> None:
-        if self.local_path:
+        if self.engine_state == "loaded":
+            self.eject_requested.emit()
+        elif self.engine_state == "loading":
+            self.cancel_load_requested.emit()
+        elif self.local_path:
             self.load_requested.emit(self.local_path)
         else:
             self.download_requested.emit(self.entry.id)
@@ -170,6 +178,8 @@ class DownloadRow(QFrame):
 
 class LocalModelRow(QFrame):
     load_requested = Signal(str)
+    eject_requested = Signal()
+    cancel_load_requested = Signal()
     delete_requested = Signal(object)      # LocalModel
 
     def __init__(self, model: LocalModel, runs_as: str, parent=None):
@@ -195,8 +205,9 @@ class LocalModelRow(QFrame):
         text.addWidget(self.runs_as)
         text.addWidget(ElidedLabel(model.path, "path", Qt.TextElideMode.ElideMiddle))
         row.addLayout(text, 1)
+        self.engine_state = ""
         self.load = text_button("Load", "play", "primary")
-        self.load.clicked.connect(lambda: self.load_requested.emit(model.path))
+        self.load.clicked.connect(self._clicked)
         row.addWidget(self.load)
         self.delete = icon_button("trash", "Delete this model from disk", icons.MUTED)
         self.delete.clicked.connect(lambda: self.delete_requested.emit(model))
@@ -210,13 +221,19 @@ class LocalModelRow(QFrame):
         self.runs_as.setText(runs_as)
 
     def set_engine_state(self, loaded_path: str, loading_path: str) -> None:
-        if self.model.path == loading_path:
-            self.load.setText("Loading…")
-            self.load.setEnabled(False)
-        elif self.model.path == loaded_path:
-            self.load.setText("Loaded")
-            self.load.setEnabled(False)
+        """Load; Cancel while this model loads; Eject once it is loaded."""
+        self.engine_state = "loading" if self.model.path == loading_path else \
+            "loaded" if self.model.path == loaded_path else ""
+        self.load.setText({"loading": "Cancel", "loaded": "Eject"}.get(self.engine_state, "Load"))
+        self.load.setIcon(icons.icon("close" if self.engine_state else "play", icons.ON_ACCENT))
+        self.load.setToolTip({"loading": "Stop loading this model", "loaded": "Unload this model and free its "
+                              "memory"}.get(self.engine_state, ""))
+        self.delete.setEnabled(not self.engine_state)
+
+    def _clicked(self) -> None:
+        if self.engine_state == "loading":
+            self.cancel_load_requested.emit()
+        elif self.engine_state == "loaded":
+            self.eject_requested.emit()
         else:
-            self.load.setText("Load")
-            self.load.setEnabled(True)
-        self.delete.setEnabled(self.model.path not in (loaded_path, loading_path))
+            self.load_requested.emit(self.model.path)

@@ -27,6 +27,8 @@ from engine.api import MemoryPlan, ModelConfig, plan_for
 
 class ModelsPage(QWidget):
     load_requested = Signal(str)              # checkpoint directory
+    eject_requested = Signal()
+    cancel_load_requested = Signal()
 
     def __init__(self, context: AppContext, downloads: DownloadManager, parent=None):
         super().__init__(parent)
@@ -88,6 +90,8 @@ class ModelsPage(QWidget):
                                                                          self.context.device))
             card.download_requested.connect(self.download)
             card.load_requested.connect(self.load_requested)
+            card.eject_requested.connect(self.eject_requested)
+            card.cancel_load_requested.connect(self.cancel_load_requested)
             grid.addWidget(card, i // 2, i % 2)
             self.cards.append(card)
         column.addLayout(grid)
@@ -168,6 +172,8 @@ class ModelsPage(QWidget):
         for model in self.local:
             row = LocalModelRow(model, runs_as(self.plan(model.path, model.architecture), self.context.device))
             row.load_requested.connect(self.load_requested)
+            row.eject_requested.connect(self.eject_requested)
+            row.cancel_load_requested.connect(self.cancel_load_requested)
             row.delete_requested.connect(self.confirm_delete)
             row.set_engine_state(self.loaded_path, self.loading_path)
             self.local_box.addWidget(row)
@@ -184,7 +190,9 @@ class ModelsPage(QWidget):
     def _refresh_cards(self) -> None:
         for card in self.cards:
             path = self.local_path_for(card.entry.id)
-            card.set_state(path, self.downloads.status(card.entry.id), bool(path) and path == self.loaded_path)
+            card.set_state(path, self.downloads.status(card.entry.id),
+                           "loaded" if path and path == self.loaded_path else
+                           "loading" if path and path == self.loading_path else "")
         path = self.local_path_for(self.recommended.id)
         status = self.downloads.status(self.recommended.id)
         if path:

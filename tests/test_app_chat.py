@@ -56,7 +56,7 @@ def test_send_streams_a_reply_from_the_engine(chat_window, qtbot):
     screenshot(window, "chat_reply_tiny_model")
     window.chat._fill_model_menu()
     actions = [(a.text(), a.isChecked()) for a in window.chat.model_menu.actions() if not a.isSeparator()]
-    assert actions == [("base", True), ("Download or manage models…", False)]
+    assert actions == [("base", True), ("Eject base", False), ("Download or manage models…", False)]
 
 
 def test_shift_enter_is_a_new_line_and_enter_sends(chat_window, qtbot):

@@ -201,7 +201,8 @@ def test_models_page_shows_downloads_and_the_result(app_env, qtbot, hub):
     wait_ready = lambda: window.engine.model is not None
     qtbot.waitUntil(wait_ready, timeout=30_000)
     # the engine thread reports the load through a queued signal: wait for the page to show it
-    qtbot.waitUntil(lambda: page.cards[0].button.text() == "Loaded", timeout=10_000)
+    qtbot.waitUntil(lambda: page.cards[0].state.text() == "Loaded", timeout=10_000)
+    assert page.cards[0].button.text() == "Eject"
     assert [m.name for m in page.local] == [REPO]
 
 
