@@ -42,9 +42,11 @@ class CatalogCard(QFrame):
     eject_requested = Signal()
     cancel_load_requested = Signal()
 
-    def __init__(self, entry: CatalogEntry, recommended: bool, runs_as: str, parent=None):
+    def __init__(self, entry: CatalogEntry, recommended: bool, runs_as: str, too_large: str = "", parent=None):
+        """too_large: the badge's words when the engine's plan does not fit this machine ("" when it does)."""
         super().__init__(parent)
         self.entry = entry
+        self.too_large = ""
         self.local_path = ""
         self.engine_state = ""              # "", "loading" or "loaded": this card's model in the engine
         self.setObjectName("card")
@@ -58,23 +60,36 @@ class CatalogCard(QFrame):
         top.addWidget(badge(entry.variant))
         if recommended:
             top.addWidget(badge("Recommended", "accent"))
+        self.fit_badge = badge("", "danger")
+        top.addWidget(self.fit_badge)
         top.addStretch(1)
         column.addLayout(top)
         column.addWidget(label(entry.id, "mono"))
         column.addWidget(label(entry.summary, "body", wrap=True))
         self.facts = label("", "facts", wrap=True)
         column.addWidget(self.facts)
-        self.set_runs_as(runs_as)
         bottom = QHBoxLayout()
         self.state = label("", "muted")
         self.button = text_button("Download", "download", "primary")
         self.button.clicked.connect(self._clicked)
+        self.set_runs_as(runs_as, too_large)
         bottom.addWidget(self.state, 1)
         bottom.addWidget(self.button)
         column.addLayout(bottom)
 
-    def set_runs_as(self, runs_as: str) -> None:
+    def set_runs_as(self, runs_as: str, too_large: str = "") -> None:
+        self.too_large = too_large
+        self.fit_badge.setText(too_large)
+        self.fit_badge.setVisible(bool(too_large))
         self.facts.setText(f"Download {self.entry.download_gb:g} GB   ·   {runs_as}")
+        self._style_button()
+
+    def _style_button(self) -> None:
+        """A model that fits gets the primary button; one too large a plain one (it still downloads, after a
+        question)."""
+        primary = not self.too_large or bool(self.local_path)
+        self.button.setObjectName("primary" if primary else "")
+        _restyle(self.button)
 
     def set_state(self, local_path: str, download: DownloadStatus | None, engine_state: str = "") -> None:
         """engine_state: "loading" or "loaded" when this card's checkpoint is in the engine."""
