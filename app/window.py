@@ -212,7 +212,7 @@ class MainWindow(QMainWindow):
             return
         freeze_long_lived()                 # the model's objects were frozen at load: let them go
         self.models.set_engine_state("", self.loading_path)
-        self.settings_page.set_model("")
+        self.settings_page.set_model(self.context.settings.last_model)      # plans for it, on the whole device
         self._apply_backend()
 
     def _loaded_path(self) -> str:
