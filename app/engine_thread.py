@@ -39,14 +39,19 @@ class LoadedModel:
     max_context: int
     plan: MemoryPlan        # what the engine runs with (weights, context, memory)
     load_seconds: float
+    vision: bool = False    # the engine takes images in chat messages
 
 
 def engine_messages(messages: list[dict]) -> list[dict]:
-    """The chat history as the checkpoint's template takes it: tool-call arguments as dicts,
-    no images (the engine has no vision yet)."""
+    """The chat history as Engine.submit takes it: tool-call arguments as dicts, and a message with
+    stored images (paths under the attachments folder) as list content: an {"type": "image", "image":
+    <the encoded file's bytes>} part per image, then the text."""
     out = []
     for m in messages:
         entry = {k: v for k, v in m.items() if k != "images"}
+        if m.get("images"):
+            entry["content"] = [*({"type": "image", "image": Path(path).read_bytes()} for path in m["images"]),
+                                {"type": "text", "text": m.get("content") or ""}]
         if entry.get("tool_calls"):
             entry["tool_calls"] = [ShownCall.from_dict(c).as_dict() for c in entry["tool_calls"]]
         out.append(entry)
@@ -71,7 +76,6 @@ class EngineThread(QThread):
     reply_finished = Signal(str, object)    # request id, ReplyResult
     endpoint_changed = Signal(object)       # EndpointStatus
 
-    supports_vision = False                 # the engine does not take images yet
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -114,6 +118,10 @@ class EngineThread(QThread):
 
     def set_endpoint(self, settings: EndpointSettings | None) -> None:
         self._commands.put(("endpoint", settings))
+
+    @property
+    def supports_vision(self) -> bool:
+        return bool(self.model and self.model.vision)
 
     @property
     def max_context(self) -> int | None:
@@ -188,7 +196,8 @@ class EngineThread(QThread):
             return self._fail(f"{name} could not be loaded: {type(e).__name__}: {e}")
         self._engine = engine
         self.model = LoadedModel(name, config.model, engine.device.type, config.profile, engine.plan().max_context,
-                                 engine.plan(), time.monotonic() - started)
+                                 engine.plan(), time.monotonic() - started,
+                                 vision=getattr(engine, "supports_vision", False))   # engines before vision: none
         self._set_state("ready", name)
         self.loaded.emit(self.model)
         if config.device == "auto" and engine.device.type == "cpu":

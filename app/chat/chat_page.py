@@ -123,6 +123,7 @@ class ChatPage(QWidget):
         self._set_badge(name or "No model loaded", "loaded" if name else "")
         self.choose_model.setText("Change model" if name else "Choose a model")
         self.composer.set_blocked(blocked_reason)
+        self.composer.set_vision(self.session.vision)
         self._refresh_hint()
 
     def set_loading(self, load) -> None:
@@ -134,6 +135,7 @@ class ChatPage(QWidget):
         if first:
             self.choose_model.setText("Change model")
             self.composer.set_blocked(f"Loading {load.name}…")
+            self.composer.set_vision(False)
             self._refresh_hint()
 
     def _set_badge(self, text: str, state: str) -> None:
