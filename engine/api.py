@@ -7,7 +7,7 @@ the engine from here too.
 from engine.chat.tools import ToolCallParser, call_arguments, tool_schemas
 from engine.config import ModelConfig, UnsupportedModelError, load_model_config, parse_model_config
 from engine.device import DeviceInfo, probe
-from engine.engine import Engine, RequestHandle
+from engine.engine import Engine, LoadCancelled, RequestHandle
 from engine.memory import MemoryPlan, plan_for
 from engine.params import (DTYPE_NAMES, KV_DTYPES, MAX_DRAFTS, PROFILES, WEIGHTS, CallArgs, CallStart,
                            ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, Reasoning, SamplingParams,
@@ -16,7 +16,7 @@ from engine.streaming import starts_in_reasoning
 
 
 __all__ = ["DTYPE_NAMES", "KV_DTYPES", "MAX_DRAFTS", "PROFILES", "WEIGHTS", "CallArgs", "CallStart",
-           "ContextLengthError", "DeviceInfo", "Engine", "EngineConfig", "GenerateOutput", "MemoryPlan",
+           "ContextLengthError", "DeviceInfo", "Engine", "EngineConfig", "GenerateOutput", "LoadCancelled", "MemoryPlan",
            "ModelConfig", "QueueFullError", "Reasoning", "RequestHandle", "SamplingParams", "SpeculationStats",
            "StreamEvent", "Text", "Timings", "TokenLogprob", "ToolCall", "ToolCallParser", "UnsupportedModelError",
            "Usage", "add_calls", "call_arguments", "load_model_config", "parse_model_config", "plan_for", "probe",

@@ -84,11 +84,23 @@ class RequestHandle:
         self._engine.cancel(self.id)
 
 
+class LoadCancelled(Exception):
+    """Engine(cancel=event) stopped loading because the event was set; nothing of it stays in memory."""
+
+
 class Engine:
-    def __init__(self, config: EngineConfig, progress=None, _parts=None):
+    def __init__(self, config: EngineConfig, progress=None, cancel: threading.Event | None = None, _parts=None):
         """progress(stage, done, total): what loading is doing (weights, int4 conversion, CUDA graphs,
-        warm-up), for a progress bar."""
-        self._progress = progress or (lambda stage, done, total: None)
+        warm-up), for a progress bar. cancel: set it from any thread to stop loading at the next step
+        reported (a weight, a kernel tuned, a warm-up prompt); the constructor then raises LoadCancelled."""
+        report = progress or (lambda stage, done, total: None)
+
+        def step(stage: str, done: int, total: int) -> None:
+            if cancel is not None and cancel.is_set():
+                raise LoadCancelled(f"loading {config.model} was cancelled")
+            report(stage, done, total)
+
+        self._progress = step
         config.validate()
         self.config = config
         self.device = resolve_device(config.device)
@@ -103,7 +115,7 @@ class Engine:
             self.template = ChatTemplate.from_checkpoint(config.model)
             self._model, self._vision_weights = load_model(config.model, self.device, self._dtype,
                                                            mtp=planned.drafts > 0, vision=config.vision,
-                                                           policy=config.policy(self.weights), progress=progress)
+                                                           policy=config.policy(self.weights), progress=step)
         else:
             self._model, self.tokenizer, self.template = _parts
             self.model_config, self._vision_weights = self._model.cfg, {}
@@ -152,7 +164,11 @@ class Engine:
             self._warm_up_linears()
         self._thread.start()
         if self.device.type == "cuda":
-            self._warm_up()
+            try:
+                self._warm_up()
+            except LoadCancelled:
+                self.close()
+                raise
 
     def _warm_up_linears(self) -> None:
         """Run each quantized weight shape at WARM_UP_ROWS (2 .. FUSED_MAX_M rows: a prompt's last step, a short chat
