@@ -20,4 +20,4 @@ __all__ = ["DTYPE_NAMES", "KV_DTYPES", "MAX_DRAFTS", "PROFILES", "WEIGHTS", "Cal
            "ModelConfig", "QueueFullError", "Reasoning", "RequestHandle", "SamplingParams", "SpeculationStats",
            "StreamEvent", "Text", "Timings", "TokenLogprob", "ToolCall", "ToolCallParser", "UnsupportedModelError",
            "Usage", "add_calls", "call_arguments", "load_model_config", "parse_model_config", "plan_for", "probe",
-           "serve", "starts_in_reasoning", "tool_schemas"]
+           "starts_in_reasoning", "tool_schemas"]
