@@ -10,13 +10,13 @@ from engine.device import DeviceInfo, probe
 from engine.engine import Engine, RequestHandle
 from engine.memory import MemoryPlan, plan_for
 from engine.params import (DTYPE_NAMES, KV_DTYPES, MAX_DRAFTS, PROFILES, WEIGHTS, CallArgs, CallStart,
-                           ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, Reasoning, SamplingParams,
+                           Constraint, ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, Reasoning, SamplingParams,
                            SpeculationStats, StreamEvent, Text, Timings, TokenLogprob, ToolCall, Usage, add_calls)
 from engine.streaming import starts_in_reasoning
 
 
 __all__ = ["DTYPE_NAMES", "KV_DTYPES", "MAX_DRAFTS", "PROFILES", "WEIGHTS", "CallArgs", "CallStart",
-           "ContextLengthError", "DeviceInfo", "Engine", "EngineConfig", "GenerateOutput", "MemoryPlan",
+           "Constraint", "ContextLengthError", "DeviceInfo", "Engine", "EngineConfig", "GenerateOutput", "MemoryPlan",
            "ModelConfig", "QueueFullError", "Reasoning", "RequestHandle", "SamplingParams", "SpeculationStats",
            "StreamEvent", "Text", "Timings", "TokenLogprob", "ToolCall", "ToolCallParser", "UnsupportedModelError",
            "Usage", "add_calls", "call_arguments", "load_model_config", "parse_model_config", "plan_for", "probe",

@@ -89,9 +89,10 @@ class Grammars:
             if c.tool_name is not None and c.tool_name not in schemas:
                 raise ValueError(f"tool_choice names {c.tool_name!r}, which is not one of the tools")
             rules.append(calls_rules(schemas, open_id, close_id, JSON_OPTIONS, only=c.tool_name,
-                                     parallel=c.parallel and c.tool_name is None))
+                                     parallel=c.parallel and c.tool_name is None, check=check_schema))
             content.append("calls")
         if c.json_schema is not None and not (c.tools and c.tool_mode == "required"):
+            check_schema(c.json_schema, "the JSON schema")
             rules.append(f"json_body: %json {json.dumps({**c.json_schema, 'x-guidance': JSON_OPTIONS})}")
             content.insert(0, "json_body")
         if c.tools and c.tool_mode == "auto" and c.json_schema is None:     # free text until the model opens a call
@@ -128,6 +129,15 @@ class Grammars:
             if self._ll is None:
                 self._ll = ll_tokenizer(self.tokenizer, self.vocab_size)
             return self._ll
+
+
+def check_schema(schema: dict, where: str) -> None:
+    """ValueError naming `where` when llguidance's JSON grammar refuses the schema (invalid, or a keyword it cannot
+    enforce)."""
+    grammar = llguidance.LLMatcher.grammar_from_json_schema({**schema, "x-guidance": JSON_OPTIONS})
+    bad, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, limits=LIMITS)
+    if bad:
+        raise ValueError(f"{where}: {_one_line(messages[0])}")
 
 
 def ll_tokenizer(tokenizer, vocab_size: int) -> llguidance.LLTokenizer:

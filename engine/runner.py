@@ -102,6 +102,11 @@ class ModelRunner:
             for i in torch.nonzero(logits.amax(-1) == float("-inf")).flatten().tolist():
                 seqs[i].error = "every token was excluded (logits processors / logit bias left nothing to sample)"
                 logits[i] = 0.0
+        if mask is not None:
+            logits = token_mask(logits, pinned(mask).to(dev, non_blocking=True))
+            for i in torch.nonzero(logits.amax(-1) == float("-inf")).flatten().tolist():
+                seqs[i].error = "the grammar allows none of the tokens the logits processors left"
+                logits[i] = 0.0
         penalties = None
         if any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0 for p in ps):
             counts = torch.zeros(logits.shape, dtype=torch.int32, device=dev)
@@ -113,7 +118,7 @@ class ModelRunner:
                 in_prompt[i, torch.tensor(s.prompt, device=dev)] = True
             penalties = Penalties(counts, in_prompt, self._vec(ps, "presence_penalty"),
                                   self._vec(ps, "frequency_penalty"), self._vec(ps, "repetition_penalty"))
-        ids = self.sample_on_device(seqs, logits, penalties=penalties, mask=mask).tolist()
+        ids = self.sample_on_device(seqs, logits, penalties=penalties).tolist()
         for i, s in enumerate(seqs):
             if s.forced:
                 ids[i] = s.forced.popleft()

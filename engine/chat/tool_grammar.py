@@ -34,21 +34,22 @@ RAW_TEXT_KEYS = ("pattern", "contentEncoding", "contentMediaType")
 
 
 def calls_rules(tools: dict[str, dict], open_id: int, close_id: int, json_options: dict, only: str | None = None,
-                parallel: bool = True) -> str:
+                parallel: bool = True, check=None) -> str:
     """Lark rules for `calls` (one call, or with `parallel` one or more) and `call_body` (a call after its
-    <tool_call> token). tools: name -> parameters schema; only: the one tool allowed. ValueError names what a
-    schema has that cannot be enforced."""
+    <tool_call> token). tools: name -> parameters schema; only: the one tool allowed; check(schema, where): raises
+    ValueError for a JSON value's schema the JSON grammar refuses. ValueError names what a schema has that cannot be
+    enforced."""
     names = [only] if only else list(tools)
     functions = " | ".join(f"fn_{i}" for i in range(len(names)))
     rules = ["calls: call" + (f" ({_lit(chr(10))} call)*" if parallel else ""),
              f"call: <[{open_id}]> call_body",
              f"call_body: {_lit(chr(10))} ({functions}) {_lit(FUNC_CLOSE + chr(10))} <[{close_id}]>"]
     for i, name in enumerate(names):
-        rules += _function(i, name, tools[name] or {}, json_options)
+        rules += _function(i, name, tools[name] or {}, json_options, check)
     return "\n".join(rules)
 
 
-def _function(i: int, name: str, schema: dict, json_options: dict) -> list[str]:
+def _function(i: int, name: str, schema: dict, json_options: dict, check) -> list[str]:
     where = f"tool {name!r}"
     if not isinstance(schema, dict) or schema.get("type", "object") != "object":
         raise ValueError(f"{where}: parameters must be a JSON Schema of type object")
@@ -65,13 +66,13 @@ def _function(i: int, name: str, schema: dict, json_options: dict) -> list[str]:
         if not re.fullmatch(r"[^\s<>]{1,256}", pname):
             raise ValueError(f"{where}: parameter name {pname!r} cannot be written in a tool call")
         rule = f"p_{i}_{j}"
-        rules += _parameter(rule, pname, schema, json_options, f"{where} parameter {pname!r}")
+        rules += _parameter(rule, pname, schema, json_options, check, f"{where} parameter {pname!r}")
         parts.append(rule if pname in required else rule + "?")
     head = _lit(f"{FUNC_OPEN}{name}>\n")
     return [f"fn_{i}: {head} {' '.join(parts)}".rstrip()] + rules
 
 
-def _parameter(rule: str, pname: str, root: dict, json_options: dict, where: str) -> list[str]:
+def _parameter(rule: str, pname: str, root: dict, json_options: dict, check, where: str) -> list[str]:
     schema = param_schema(root, pname)
     schema = {} if schema is None else schema
     if not isinstance(schema, (dict, bool)):
@@ -84,6 +85,8 @@ def _parameter(rule: str, pname: str, root: dict, json_options: dict, where: str
     for key in ("$defs", "definitions"):       # local $refs inside the value resolve against the tool's schema
         if key in root and key not in sub:
             sub[key] = root[key]
+    if check is not None:
+        check(sub, where)
     sub["x-guidance"] = json_options
     return [f"{rule}: {head} {rule}_value {_lit(VALUE_CLOSE)}", f"{rule}_value: %json {json.dumps(sub)}"]
 
