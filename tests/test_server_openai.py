@@ -5,6 +5,7 @@ import json
 
 import jsonschema
 import openai
+import pydantic
 import pytest
 
 from tests.server_harness import MODEL, engine, raw, reset, server, steer  # noqa: F401 (fixtures)
@@ -296,3 +297,48 @@ def test_curl_style_form_content_type_still_parses_json(server, steer):
     status, _, out = raw(server, "POST", "/v1/chat/completions", body,
                          headers={"content-type": "application/x-www-form-urlencoded"})
     assert status == 200 and json.loads(out)["choices"][0]["message"]["content"] == "ok"
+
+
+class City(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=6)
+    sunny: bool
+    days: list[int] = pydantic.Field(max_length=2)
+
+
+def test_structured_output_parse_with_a_pydantic_model(client):
+    """The SDK's chat.completions.parse sends the model's strict JSON schema; the (random) model's reply parses."""
+    for seed in range(3):
+        r = client.chat.completions.parse(model=MODEL, messages=USER, response_format=City, max_tokens=300,
+                                          seed=seed, temperature=1.0, reasoning_effort="none")
+        assert r.choices[0].finish_reason == "stop" and isinstance(r.choices[0].message.parsed, City)
+
+
+def test_json_object_and_completions(client, steer):
+    steer.say('{"city": "Paris", "days": [1, 2]}')
+    r = chat(client, response_format={"type": "json_object"}, reasoning_effort="none")
+    assert json.loads(r.choices[0].message.content) == {"city": "Paris", "days": [1, 2]}
+    steer.reset()
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    c = client.completions.create(model=MODEL, prompt="Answer:", max_tokens=50, temperature=1.0, seed=3,
+                                  extra_body={"response_format": {"type": "json_schema",
+                                                                  "json_schema": {"name": "a", "schema": schema}}})
+    jsonschema.validate(json.loads(c.choices[0].text), schema)
+
+
+@pytest.mark.parametrize("fmt, words", [
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}, "Invalid type: strin"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"if": {}, "then": {}}}}, "Unimplemented keys"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": []}}, "must be a JSON object"),
+])
+def test_bad_schemas_are_400_naming_the_problem(client, fmt, words):
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, response_format=fmt)
+    assert words in e.value.body["message"]
+
+
+def test_invalid_tool_schema_is_400(client):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integr"}}}}}]
+    with pytest.raises(openai.BadRequestError, match="Invalid type: integr"):
+        chat(client, tools=tools)
