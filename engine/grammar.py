@@ -64,7 +64,6 @@ class Grammars:
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
         self.words = -(-vocab_size // 32)               # int32 words of one mask row
         self._ll: llguidance.LLTokenizer | None = None
-        self._executor: llguidance.LLExecutor | None = None
         self._lock = threading.Lock()
 
     def matcher(self, constraint: Constraint, in_reasoning: bool) -> Matcher:
@@ -116,12 +115,8 @@ class Grammars:
                 mask[i, t // 32] &= ~(1 << (t % 32)) if t % 32 < 31 else 0x7FFFFFFF
         if not rows:
             return mask
-        if len(rows) == 1:
-            rows[0][0].unsafe_compute_mask_ptr(mask[rows[0][1]].data_ptr(), self.words * 4)
-        else:
-            if self._executor is None:
-                self._executor = llguidance.LLExecutor()
-            self._executor.unsafe_compute_mask_ptr(rows, mask.data_ptr(), self.words * 4, len(matchers))
+        for ll, i in rows:      # one by one: llguidance's thread pool cost more than it saved at C2..C8 here
+            ll.unsafe_compute_mask_ptr(mask[i].data_ptr(), self.words * 4)
         return mask
 
     def _tokenizer(self) -> llguidance.LLTokenizer:
