@@ -56,3 +56,46 @@ def bench_grammar(model, args) -> dict:
 def report(r: dict) -> None:
     for key, val in r.items():
         print(f"{key:40s} {val:10.3f}" if isinstance(val, float) else f"{key:40s} {val}")
+
+
+def mask_cost(tokenizer_dir: str, schema_file: str, vocab: int = 248320, steps: int = 256, walks: int = 8) -> dict:
+    """The host's cost of the grammar alone (no model): compile the schema, then random walks through it, each
+    token drawn uniformly from the mask; times per step of Grammars.masks and of feeding the token."""
+    import random
+
+    import torch
+
+    from engine.api import Constraint
+    from engine.grammar import Grammars
+    from engine.tokenizer import Tokenizer
+    with open(schema_file, encoding="utf-8") as f:
+        schema = json.load(f)
+    grammars = Grammars(Tokenizer.from_checkpoint(tokenizer_dir), vocab)
+    t = time.perf_counter()
+    grammars.matcher(Constraint(json_schema={"type": "object"}), in_reasoning=False)
+    setup = time.perf_counter() - t
+    compiles, masks, feeds, rng = [], [], [], random.Random(0)
+    for _ in range(walks):
+        t = time.perf_counter()
+        m = grammars.matcher(Constraint(json_schema=schema), in_reasoning=False)
+        compiles.append(time.perf_counter() - t)
+        for _ in range(steps):
+            t = time.perf_counter()
+            mask = grammars.masks([m])
+            masks.append(time.perf_counter() - t)
+            bits = ((mask[0].unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).flatten()[:vocab]
+            token = rng.choice(torch.nonzero(bits).flatten().tolist())
+            t = time.perf_counter()
+            m.advance(token, "content")
+            feeds.append(time.perf_counter() - t)
+            if m.done:
+                break
+    ms = sorted(1e3 * x for x in masks)
+    return {"tokenizer_setup_s": setup, "compile_ms_mean": 1e3 * sum(compiles) / len(compiles),
+            "mask_ms_mean": sum(ms) / len(ms), "mask_ms_p50": ms[len(ms) // 2], "mask_ms_p99": ms[int(.99 * len(ms))],
+            "mask_ms_max": ms[-1], "feed_ms_mean": 1e3 * sum(feeds) / len(feeds), "steps": len(ms)}
+
+
+if __name__ == "__main__":       # python -m engine.bench_grammar TOKENIZER_DIR SCHEMA_FILE: the host's cost alone
+    import sys
+    report(mask_cost(sys.argv[1], sys.argv[2]))

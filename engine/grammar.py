@@ -115,8 +115,10 @@ class Grammars:
                 mask[i, t // 32] &= ~(1 << (t % 32)) if t % 32 < 31 else 0x7FFFFFFF
         if not rows:
             return mask
+        known = -(-self._tokenizer().vocab_size // 32)     # the tokenizer's words; the model's rows past it stay out
         for ll, i in rows:      # one by one: llguidance's thread pool cost more than it saved at C2..C8 here
-            ll.unsafe_compute_mask_ptr(mask[i].data_ptr(), self.words * 4)
+            mask[i, known:] = 0
+            ll.unsafe_compute_mask_ptr(mask[i].data_ptr(), known * 4)
         return mask
 
     def _tokenizer(self) -> llguidance.LLTokenizer:

@@ -212,3 +212,13 @@ def test_masks_match_the_reference_bit_layout(eng):
     texts = {eng.tokenizer.decode([t]) for t in allowed}
     assert texts and all("true".startswith(x) or "false".startswith(x) for x in texts), texts
     assert mask.dtype == torch.int32
+
+
+def test_model_rows_past_the_tokenizer_are_never_allowed(eng):
+    """Qwen's LM head has more rows (248,320) than its tokenizer has tokens (248,077): those never pass a mask."""
+    from engine.grammar import Grammars
+    n = eng.tokenizer.vocab_size
+    grammars = Grammars(eng.tokenizer, n + 100)
+    mask = grammars.masks([grammars.matcher(Constraint(json_schema={"type": "string"}), in_reasoning=False)])
+    allowed = [t for t in range(n + 100) if (int(mask[0, t // 32]) >> (t % 32)) & 1]
+    assert allowed and max(allowed) < n
