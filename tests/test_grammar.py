@@ -110,8 +110,8 @@ def test_forced_tool_calls_always_parse_and_validate(eng, cases):
         c = Constraint(tools=tools, tool_mode="required", tool_name=name, parallel=parallel)
         requests.append(([{"role": "user", "content": "call"}], SamplingParams(
             max_tokens=400, temperature=1.0, seed=i, constraint=c), tools))
-    for j, (req, (text, calls, finish)) in enumerate(zip(requests, run_all(eng, [(
-            eng.encode_prompt(p, tools=t, enable_thinking=False), params, t) for p, params, t in requests]))):
+    for j, (text, calls, finish) in enumerate(run_all(eng, [(
+            eng.encode_prompt(p, tools=t, enable_thinking=False), params, t) for p, params, t in requests])):
         tools, named, parallel = cases[j]
         schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
         assert finish == "tool_calls" and text == "" and calls, (tools, text, calls)
