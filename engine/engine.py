@@ -22,6 +22,7 @@ from engine.chat.template import ChatTemplate
 from engine.config import load_model_config
 from engine.kv_cache import CacheTensors
 from engine.device import probe, resolve_device, resolve_dtype
+from engine.grammar import Grammars
 from engine.memory import MemoryPlan, budget_for, plan_for, plan_memory
 from engine.model import load_model
 from engine.model.linear import Embedding, Linear
@@ -151,6 +152,7 @@ class Engine:
                                     config.draft_vocab)
             self._runner.speculator = speculator
             self._spec = Speculation(speculator, self._cache, config.max_running, config.cuda_graphs)
+        self._grammars = Grammars(self.tokenizer, self.model_config.vocab_size)
         self._inbox: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._active = 0                       # submitted and not finished
@@ -232,6 +234,9 @@ class Engine:
         if len(ids) >= self.max_context:
             raise ContextLengthError(f"the prompt has {len(ids)} tokens; the context holds {self.max_context} "
                                      f"(prompt plus at least one new token)")
+        tok = self.tokenizer
+        in_reasoning = starts_in_reasoning(ids, tok.think_start_id, tok.think_end_id)
+        matcher = self._grammars.matcher(params.constraint, in_reasoning) if params.constraint else None
         with self._lock:
             if self._active >= self.config.max_running + self.config.max_queue:
                 raise QueueFullError(f"the engine is busy: {self._active} requests in flight (profile "
@@ -243,8 +248,8 @@ class Engine:
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         seq = Sequence(id=seq_id, prompt=ids, params=params, seed=seed,
                        max_total=min(len(ids) + params.max_tokens, self.max_context))
-        tok = self.tokenizer
-        seq.stream = OutputStream(tok, params, starts_in_reasoning(ids, tok.think_start_id, tok.think_end_id), tools)
+        seq.stream = OutputStream(tok, params, in_reasoning, tools)
+        seq.matcher = matcher
         if params.thinking_budget == 0 and seq.stream.in_reasoning and tok.think_end_id is not None:
             seq.forced.extend([tok.think_end_id] + tok.encode("\n\n"))
         self._inbox.put(("submit", seq))
@@ -397,7 +402,7 @@ class Engine:
                     done.append(i)
             if done:
                 ready = [seqs[i] for i in done]
-                self._accept(ready, self._runner.sample(ready, logits[done]))
+                self._accept(ready, self._runner.sample(ready, logits[done], self._masks(ready)))
                 if self._spec is not None:              # their first drafts, from the prompt's last hidden states
                     live = [i for i, s in zip(done, ready) if s.finish_reason is None]
                     if live:
@@ -429,9 +434,13 @@ class Engine:
             if seq.num_computed % self._cache.page_size == 0:
                 self._rolling_snapshot(seq)
         if all(seq.sampled_on_device for seq in seqs):
-            self._in_flight = StepInFlight.launch(seqs, self._runner.sample_on_device(seqs, logits, ahead))
+            if ahead and any(seq.matcher is not None for seq in seqs):
+                self._accept_in_flight(flight)      # the masks need those tokens: read them while this step runs
+                ahead = 0
+            ids = self._runner.sample_on_device(seqs, logits, ahead, mask=self._masks(seqs))
+            self._in_flight = StepInFlight.launch(seqs, ids)
         else:
-            self._accept(seqs, self._runner.sample(seqs, logits))
+            self._accept(seqs, self._runner.sample(seqs, logits, self._masks(seqs)))
         if ahead:
             self._accept_in_flight(flight)
         if self._spec is not None:
@@ -461,6 +470,13 @@ class Engine:
             if seq.finish_reason is not None:
                 break
         self._spec.round_over(seq)
+
+    def _masks(self, seqs: list[Sequence]) -> torch.Tensor | None:
+        """The grammar masks of the sequences' next tokens (host, int32 [N, words]); None when none is constrained.
+        A sequence that has ended (its step in flight is dropped) gets no mask."""
+        if all(seq.matcher is None for seq in seqs):
+            return None
+        return self._grammars.masks([seq.matcher if seq.finish_reason is None else None for seq in seqs])
 
     def _can_follow(self, flight: StepInFlight, seqs: list[Sequence]) -> bool:
         """The next step can start from the tokens in flight: the same sequences, none that its token in flight
@@ -503,7 +519,10 @@ class Engine:
                 reason = "stop"
             else:
                 kind, pieces = seq.stream.push(token)
-                if seq.stream.stopped:
+                if seq.matcher is not None and not seq.matcher.advance(token, kind):
+                    seq.error = f"the grammar refused token {token}: {seq.matcher.error}"
+                    reason = "error"
+                elif seq.stream.stopped or (seq.matcher is not None and seq.matcher.done):
                     reason = "stop"
                 elif len(seq.output) >= p.max_tokens or len(seq) >= seq.max_total:
                     reason = "length"
@@ -513,7 +532,7 @@ class Engine:
             logprobs = seq.logprobs[-1:] if p.logprobs is not None else None
             seq.emit(StreamEvent("delta", pieces, token_ids=[token], token_kinds=[kind], logprobs=logprobs))
             if reason:
-                self._finish(seq, reason)
+                self._finish(seq, reason, seq.error)
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         """End a request: give back what it holds and send its finish event. The event goes out even when the

@@ -75,6 +75,30 @@ def one_of(name: str, value, allowed) -> None:
 
 
 @dataclass
+class Constraint:
+    """What a reply must be, enforced while decoding (engine/grammar.py: a token mask at every step). The reasoning
+    stays free: the constraint starts after </think>.
+    - json_schema: the reply is one JSON value matching it ({"type": "object"}: any JSON object). A keyword the
+      grammar cannot enforce is an error, never ignored.
+    - tools (OpenAI-style): tool calls in the model's own syntax, arguments matching each tool's parameters schema.
+      tool_mode "required": the reply is one or more calls (only to `tool_name` when set: then one call); "auto": the
+      model may answer in text (or, with json_schema too, in JSON), and once it opens a call the call is constrained.
+      parallel False: at most one call."""
+    json_schema: dict | None = None
+    tools: list[dict] | None = None
+    tool_mode: str = "auto"         # auto | required
+    tool_name: str | None = None
+    parallel: bool = True
+
+    def validate(self) -> None:
+        if self.json_schema is None and not self.tools:
+            raise ValueError("a constraint needs a json_schema or tools")
+        one_of("tool_mode", self.tool_mode, ("auto", "required"))
+        if self.json_schema is not None and not isinstance(self.json_schema, dict):
+            raise ValueError("json_schema must be a JSON object")
+
+
+@dataclass
 class SamplingParams:
     max_tokens: int = 256
     temperature: float = 1.0        # 0: greedy
@@ -93,6 +117,7 @@ class SamplingParams:
     thinking_budget: int | None = None  # reasoning tokens after which </think> is forced
     # callables (output token ids so far, fp32 logits [V]) -> logits, applied before sampling
     logits_processors: list = field(default_factory=list)
+    constraint: Constraint | None = None  # what the reply must be (grammar-constrained decoding)
 
     def validate(self) -> None:
         if self.max_tokens < 1:
@@ -113,6 +138,8 @@ class SamplingParams:
             raise ValueError("logprobs must be between 0 and 20")
         if self.thinking_budget is not None and self.thinking_budget < 0:
             raise ValueError("thinking_budget must be >= 0")
+        if self.constraint is not None:
+            self.constraint.validate()
 
 
 @dataclass

@@ -18,7 +18,7 @@ from engine.model.qwen3_5 import Qwen3_5Model
 from engine.params import TokenLogprob
 from engine.sequence import Sequence
 from engine.speculative import Speculator
-from kernels.sampling import Penalties, sample, token_logprobs
+from kernels.sampling import Penalties, sample, token_logprobs, token_mask
 
 BUCKETS = (1, 2, 4, 8)
 
@@ -82,8 +82,9 @@ class ModelRunner:
                                    dataclasses.replace(batch, slot_mapping=slots, logits_rows=None, snapshot=None))
 
     @torch.inference_mode()
-    def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+    def sample(self, seqs: list[Sequence], logits: torch.Tensor, mask: torch.Tensor | None = None) -> list[int]:
         """Pick each sequence's next token from its logits row (fp32 [N, V]); record logprobs if asked.
+        mask: grammar masks (host int32 [N, words], engine/grammar.py), applied after the logits processors.
         A sequence whose logits processor fails, or that has no token left to pick, gets `error` set
         (and a meaningless token) instead of failing the whole batch."""
         dev, V = logits.device, logits.shape[-1]
@@ -100,6 +101,11 @@ class ModelRunner:
                     logits[i] = 0.0
             for i in torch.nonzero(logits.amax(-1) == float("-inf")).flatten().tolist():
                 seqs[i].error = "every token was excluded (logits processors / logit bias left nothing to sample)"
+                logits[i] = 0.0
+        if mask is not None:
+            logits = token_mask(logits, pinned(mask).to(dev, non_blocking=True))
+            for i in torch.nonzero(logits.amax(-1) == float("-inf")).flatten().tolist():
+                seqs[i].error = "the grammar allows none of the tokens the logits processors left"
                 logits[i] = 0.0
         penalties = None
         if any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0 for p in ps):
@@ -128,11 +134,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def sample_on_device(self, seqs: list[Sequence], logits: torch.Tensor, ahead: int = 0,
-                         penalties: Penalties | None = None) -> torch.Tensor:
+                         penalties: Penalties | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The next token of each sequence [N] int64, on the logits' device, with no host sync: argmax when every
         one is greedy, else the Triton sampler (the same tokens as the torch references, which serve the CPU).
-        ahead: tokens sampled before these that the outputs do not hold yet (the seeds' step counts them)."""
+        ahead: tokens sampled before these that the outputs do not hold yet (the seeds' step counts them).
+        mask: grammar masks (host int32 [N, words]): the tokens they leave out get -inf first."""
         ps = [s.params for s in seqs]
+        if mask is not None:
+            logits = token_mask(logits, pinned(mask).to(logits.device, non_blocking=True))
         if penalties is None and all(p.temperature == 0 for p in ps):
             return logits.argmax(-1)
         return sample(logits.contiguous(), self._vec(ps, "temperature"), self._upload([p.top_k for p in ps]),

@@ -33,6 +33,7 @@ class Sequence:
     forced: deque = field(default_factory=deque)  # tokens to emit next instead of sampling
     events: queue.Queue = field(default_factory=queue.Queue)   # StreamEvents for the consumer
     stream: object = None                       # engine.streaming.OutputStream
+    matcher: object = None                      # engine.grammar.Matcher: a constrained request's grammar state
     t_submit: float = field(default_factory=time.perf_counter)
     t_admit: float = 0.0
     t_first: float = 0.0

@@ -93,7 +93,7 @@ class Speculation:
     # ---- which steps speculate ------------------------------------------------------------------------------------
     def eligible(self, seq: Sequence) -> bool:
         p = seq.params
-        if not seq.sampled_on_device:
+        if not seq.sampled_on_device or seq.matcher is not None:    # a grammar needs each token before the next mask
             return False
         stream = seq.stream
         return not (p.thinking_budget is not None and stream.in_reasoning

@@ -11,6 +11,7 @@ from engine.server.anthropic_schema import Block, CountTokensRequest, MessagesRe
 from engine.server.errors import APIError
 from engine.server.openai_convert import NO_VISION
 from engine.server.prompting import ChatRequest, Thinking, ToolChoice
+from engine.server.structured import response_constraint
 
 CHOICES = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}
 
@@ -25,12 +26,13 @@ def chat_request(body: CountTokensRequest) -> ChatRequest:
         choice = ToolChoice(CHOICES[body.tool_choice.type], body.tool_choice.name,
                             not body.tool_choice.disable_parallel_tool_use)
     out = body.output_config
-    if out is not None and out.format is not None:
-        raise APIError(400, "output_config.format is not supported (no constrained decoding)",
-                       param="output_config.format")
+    if out is not None and out.format is not None and body.output_format is not None:
+        raise APIError(400, "give output_config.format or output_format, not both", param="output_format")
+    fmt, param = ((out.format, "output_config.format") if out is not None and out.format is not None
+                  else (body.output_format, "output_format"))
     messages, prefill = template_messages(body.system, body.messages)
     req = ChatRequest(messages=messages, sampling={}, tools=tools or None, tool_choice=choice,
-                      thinking=_thinking(body), prefill=prefill)
+                      thinking=_thinking(body), prefill=prefill, json_format=response_constraint(fmt, param))
     if isinstance(body, MessagesRequest):
         req.max_tokens = body.max_tokens
         req.sampling = dict(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,

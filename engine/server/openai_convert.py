@@ -7,6 +7,7 @@ from engine.server.errors import APIError
 from engine.server.openai_schema import ChatCompletionRequest, ChatMessage, ContentPart, SamplingFields
 from engine.server.processors import LogitBias
 from engine.server.prompting import ChatRequest, Thinking, ToolChoice
+from engine.server.structured import response_constraint
 
 # Until the vision tower is wired into the engine, every image is refused with this 400.
 NO_VISION = "the loaded model has no vision enabled"
@@ -16,9 +17,6 @@ IMAGE_PARTS = ("image_url", "input_image", "image", "video_url", "video")
 def chat_request(body: ChatCompletionRequest, vocab_size: int) -> ChatRequest:
     if body.n not in (None, 1):
         raise APIError(400, "n must be 1: this server returns one choice per request", param="n")
-    if body.response_format is not None and body.response_format.type != "text":
-        raise APIError(400, f"response_format {body.response_format.type!r} is not supported (no constrained "
-                            "decoding); describe the format in the prompt or use tools", param="response_format")
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     sampling = sampling_fields(body, vocab_size)
@@ -39,6 +37,7 @@ def chat_request(body: ChatCompletionRequest, vocab_size: int) -> ChatRequest:
         tool_choice=ToolChoice(mode, name, body.parallel_tool_calls is not False),
         thinking=Thinking(effort=body.reasoning_effort, budget=body.thinking_token_budget),
         template_kwargs=dict(body.chat_template_kwargs or {}),
+        json_format=response_constraint(body.response_format),
     )
 
 
