@@ -7,7 +7,7 @@ the engine from here too.
 from engine.chat.tools import ToolCallParser, call_arguments, tool_schemas
 from engine.config import ModelConfig, UnsupportedModelError, load_model_config, parse_model_config
 from engine.device import DeviceInfo, probe
-from engine.engine import Engine, RequestHandle
+from engine.engine import NO_VISION, Engine, RequestHandle
 from engine.memory import MemoryPlan, plan_for
 from engine.params import (DTYPE_NAMES, KV_DTYPES, MAX_DRAFTS, PROFILES, VISION, WEIGHTS, CallArgs, CallStart,
                            ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, Reasoning, SamplingParams,
@@ -19,7 +19,7 @@ from engine.vision.prompt import split_images
 
 __all__ = ["DTYPE_NAMES", "KV_DTYPES", "MAX_DRAFTS", "PROFILES", "VISION", "WEIGHTS", "CallArgs", "CallStart",
            "ContextLengthError", "DeviceInfo", "Engine", "EngineConfig", "GenerateOutput", "ImageInputError", "MemoryPlan",
-           "ModelConfig", "QueueFullError", "Reasoning", "RequestHandle", "SamplingParams", "SpeculationStats",
+           "ModelConfig", "NO_VISION", "QueueFullError", "Reasoning", "RequestHandle", "SamplingParams", "SpeculationStats",
            "StreamEvent", "Text", "Timings", "TokenLogprob", "ToolCall", "ToolCallParser", "UnsupportedModelError",
            "Usage", "add_calls", "call_arguments", "load_model_config", "parse_model_config", "plan_for", "probe",
            "split_images", "starts_in_reasoning", "tool_schemas"]

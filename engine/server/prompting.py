@@ -17,12 +17,14 @@ Decisions:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.api import SamplingParams, starts_in_reasoning, tool_schemas
+from engine.api import ImageInputError, SamplingParams, split_images, starts_in_reasoning, tool_schemas
 from engine.server.errors import APIError
+from engine.server.images import ImageOptions, fetch_images
 from engine.server.processors import BanTokens, ForceToolCall, StopAfterToolCall
 
 EFFORT_BUDGETS = {"minimal": 256, "low": 1024}
@@ -49,6 +51,7 @@ class Prompt:
     ids: list[int]
     params: SamplingParams
     tools: list[dict] | None        # the tools whose calls the engine parses out of the reply; None: no parsing
+    images: list = field(default_factory=list)   # the engine's ProcessedImages of an expanded prompt
 
 
 @dataclass
@@ -61,6 +64,7 @@ class ChatRequest:
     thinking: Thinking = field(default_factory=Thinking)
     template_kwargs: dict = field(default_factory=dict)
     prefill: str = ""               # text the reply continues (Anthropic's trailing assistant message)
+    images: ImageOptions | None = None   # what its image parts may be (None: it has none)
 
 
 def generation_defaults(model_dir: str) -> dict:
@@ -84,15 +88,31 @@ def sampling_params(given: dict, defaults: dict) -> SamplingParams:
 
 
 def chat_prompt(engine, req: ChatRequest, defaults: dict) -> Prompt:
-    """Render, tokenize and check one chat request (runs in a worker thread: templates can be slow)."""
-    ids = render(engine, req)
+    """Render, tokenize and check one chat request (runs in a worker thread: templates and images can be slow)."""
+    ids, images = prompt_ids(engine, req)
     tok = engine.tokenizer
     params = sampling_params(req.sampling, defaults)
     in_reasoning = starts_in_reasoning(ids, tok.think_start_id, tok.think_end_id)
     params.max_tokens = completion_room(engine, len(ids), req.max_tokens)
     params.thinking_budget = thinking_budget(engine, req.thinking)
     params.logits_processors = tool_processors(tok, req.tools, req.tool_choice, in_reasoning) + params.logits_processors
-    return Prompt(ids, params, req.tools if req.tool_choice.mode != "none" else None)
+    return Prompt(ids, params, req.tools if req.tool_choice.mode != "none" else None, images)
+
+
+def prompt_ids(engine, req: ChatRequest) -> tuple[list, list]:
+    """The prompt's token ids, each image's placeholder expanded, and its images (the engine's): URL images fetched
+    (server/images.py), the pixels read by the engine; a bad image is a 400."""
+    messages = fetch_images(req.messages, req.images) if req.images and req.images.allow_urls else req.messages
+    messages, data = split_images(messages)
+    try:
+        images = engine.process_images(data)
+    except ImageInputError as e:
+        raise APIError(400, str(e), param="messages") from None
+    ids = render(engine, dataclasses.replace(req, messages=messages))
+    try:
+        return engine.expand_images(ids, images), images
+    except ImageInputError as e:
+        raise APIError(400, str(e), param="messages") from None
 
 
 def render(engine, req: ChatRequest) -> list[int]:
