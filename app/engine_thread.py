@@ -40,8 +40,8 @@ class LoadedModel:
 
 
 def engine_messages(messages: list[dict]) -> list[dict]:
-    """The chat history as the checkpoint's template takes it: tool-call arguments as dicts,
-    no images (the engine has no vision yet)."""
+    """The chat history as the checkpoint's template takes it: tool-call arguments as dicts, without the app's
+    `images` entries."""
     out = []
     for m in messages:
         entry = {k: v for k, v in m.items() if k != "images"}
@@ -67,7 +67,6 @@ class EngineThread(QThread):
     reply_finished = Signal(str, object)    # request id, ReplyResult
     endpoint_changed = Signal(object)       # EndpointStatus
 
-    supports_vision = False                 # the engine does not take images yet
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -100,6 +99,12 @@ class EngineThread(QThread):
 
     def set_endpoint(self, settings: EndpointSettings | None) -> None:
         self._commands.put(("endpoint", settings))
+
+    @property
+    def supports_vision(self) -> bool:
+        """The loaded engine takes images (its checkpoint has a vision tower and it is on)."""
+        engine = self._engine
+        return engine is not None and engine.accepts_images
 
     @property
     def max_context(self) -> int | None:

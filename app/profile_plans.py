@@ -20,6 +20,8 @@ class ProfilePlan:
     total_bytes: int
     budget_bytes: int
     message: str
+    vision: str = "off"     # the vision tower: off | resident | on_demand (engine.api MemoryPlan.vision)
+    vision_bytes: int = 0   # what encoding the largest image holds on the GPU
 
 
 def profile_descriptions() -> dict[str, dict]:
@@ -40,5 +42,5 @@ def plan_profiles(config: EngineConfig, loaded_plan=None) -> list[ProfilePlan]:
             plans.append(ProfilePlan(profile, config.weights, False, 0, 0, budget or 0, str(e)))
             continue
         plans.append(ProfilePlan(profile, plan.weights, plan.fits, plan.max_context, plan.total_bytes,
-                                 plan.budget_bytes, plan.message))
+                                 plan.budget_bytes, plan.message, plan.vision, plan.vision_bytes))
     return plans

@@ -60,4 +60,8 @@ class ProfileTable(QWidget):
                 cell.setProperty("fits", plan.fits)
             if not plan.fits and plan.message:
                 cell.setToolTip(plan.message)
+            elif col == 4 and plan.vision != "off":
+                where = "on the GPU only while encoding" if plan.vision == "on_demand" else "kept on the GPU"
+                cell.setToolTip(f"Includes the vision tower ({where}): {human_gib(plan.vision_bytes)} to encode the "
+                                f"largest image")
             self.grid.addWidget(cell, row, col)
