@@ -65,7 +65,7 @@ def main(argv=None) -> dict:
                              vision_gib=plan.vision_bytes / GIB, summary=plan.summary())
     print("24 GiB plan:", plan.summary(), flush=True)
 
-    model = build_random_model(raw["text_config"], "bf16")
+    model = build_random_model(raw, "bf16")            # the wrapper's config: the engine reads its vision part
     tower = VisionTower(cfg.vision, Build(torch.bfloat16, "cuda", None))
     randomize_(tower)
     tower.eval()
