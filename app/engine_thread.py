@@ -121,6 +121,7 @@ class EngineThread(QThread):
 
     @property
     def supports_vision(self) -> bool:
+        """The loaded engine takes images (its checkpoint has a vision tower and it is on)."""
         return bool(self.model and self.model.vision)
 
     @property
@@ -197,7 +198,7 @@ class EngineThread(QThread):
         self._engine = engine
         self.model = LoadedModel(name, config.model, engine.device.type, config.profile, engine.plan().max_context,
                                  engine.plan(), time.monotonic() - started,
-                                 vision=getattr(engine, "supports_vision", False))   # engines before vision: none
+                                 vision=engine.accepts_images)
         self._set_state("ready", name)
         self.loaded.emit(self.model)
         if config.device == "auto" and engine.device.type == "cpu":

@@ -65,6 +65,10 @@ class ProfileTable(QWidget):
                 cell.setProperty("fits", plan.fits)
             if not plan.fits and plan.message:
                 cell.setToolTip(plan.message)
+            elif plan.vision != "off" and col == (len(cells) - 2 if plan.vision == "on_demand" else 2):
+                where = "on the GPU only while encoding" if plan.vision == "on_demand" else "kept on the GPU"
+                cell.setToolTip(f"Includes the vision tower ({where}): {human_gib(plan.vision_bytes)} to encode the "
+                                f"largest image")
             elif plan.total_bytes:
                 cell.setToolTip(f"{human_gib(plan.total_bytes)} in all of {human_gib(plan.budget_bytes)} available")
             self.grid.addWidget(cell, row, col)

@@ -12,6 +12,7 @@ DEVICES = ("auto", "cuda", "cpu")                       # "cuda:N" picks one GPU
 DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32")
 KV_DTYPES = ("bf16", "int8")
 WEIGHTS = ("auto", "bf16", "int4")
+VISION = ("auto", "resident", "on_demand", "off")   # where the vision tower lives (engine/memory.py vision_placement)
 
 
 @dataclass
@@ -33,7 +34,10 @@ class EngineConfig:
     cuda_graphs: bool = True        # capture decode in CUDA graphs (CUDA only)
     speculative_tokens: int | None = None  # MTP drafts per round (1..5; 0 off); None: 3 on a GPU, 0 on the CPU
     draft_vocab: int = 32768        # draft head rows: the most frequent tokens (verify uses the full head)
-    vision: bool = False            # load the vision tower's weights: nothing uses them until images are encoded
+    vision: str = "auto"            # the vision tower: auto (on demand on cards <= 24 GiB, else resident) | resident
+    #                                 (on the GPU always) | on_demand (host memory; on the GPU only while encoding) | off
+    max_images: int = 16            # images per request
+    max_image_bytes: int = 20 << 20  # encoded bytes of one image (the file as sent)
 
     def policy(self, weights: str | None = None):
         """The quantization policy for `weights` (default: this config's); None for 16-bit weights."""
@@ -57,6 +61,9 @@ class EngineConfig:
         one_of("kv_dtype", self.kv_dtype, KV_DTYPES)
         one_of("weights", self.weights, WEIGHTS)
         one_of("profile", self.profile, PROFILES)
+        one_of("vision", self.vision, VISION)
+        if self.max_images < 0 or self.max_image_bytes < 1:
+            raise ValueError("max_images must be >= 0 and max_image_bytes >= 1")
         self.drafts(on_gpu=False)
         if self.max_context is not None and self.max_context < 1:
             raise ValueError(f"max_context must be at least 1 token, not {self.max_context}")

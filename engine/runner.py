@@ -53,10 +53,12 @@ class ModelRunner:
                 input_ids = torch.tensor([t for s, n in zip(seqs, query_lens)
                                           for t in s.tokens[s.num_computed:s.num_computed + n]], dtype=torch.int64,
                                          device=self.device)
+            images = {} if not any(s.images for s in seqs) else \
+                dict(mrope=[s.images.mrope if s.images else None for s in seqs], **image_inputs(seqs, query_lens))
             batch = build_batch(query_lens, [s.num_computed for s in seqs], [s.state_slot for s in seqs],
                                 [s.pages for s in seqs], self.pools.page_size, self.device,
                                 last_only=not all_logits, snapshots=snapshots,
-                                conv_width=self.model.cfg.conv_kernel)
+                                conv_width=self.model.cfg.conv_kernel, **images)
             hidden = self.model(input_ids, batch, self.pools)
             if prefill and self.speculator is not None:
                 self._prompt_mtp(seqs, query_lens, hidden, batch)
@@ -66,6 +68,9 @@ class ModelRunner:
             logits = self.model.logits(hidden)
         for s, n in zip(seqs, query_lens):
             s.num_computed += n
+            if s.image_embeds:                     # embeddings whose rows are all computed now are dropped
+                for k in [k for k in s.image_embeds if s.images.spans[k][1] <= s.num_computed]:
+                    del s.image_embeds[k]
         return logits
 
     def _prompt_mtp(self, seqs: list[Sequence], query_lens: list[int], hidden: torch.Tensor, batch) -> None:
@@ -156,6 +161,21 @@ class ModelRunner:
         return pinned(torch.tensor(values)).to(self.device, non_blocking=True)
 
 
+def image_inputs(seqs: list[Sequence], query_lens: list[int]) -> dict:
+    """build_batch's image_rows / image_embeds for a step running query_lens[i] tokens of each sequence: the rows of
+    its images' tokens, taking their embeddings (Sequence.image_embeds, encoded before the step)."""
+    rows, embeds = [], []
+    for s, n in zip(seqs, query_lens):
+        start, end, mine = s.num_computed, s.num_computed + n, []
+        for k, (a, b) in enumerate(s.images.spans if s.images else ()):
+            lo, hi = max(a, start), min(b, end)
+            if lo < hi:
+                mine += range(lo - start, hi - start)
+                embeds.append(s.image_embeds[k][lo - a:hi - a])
+        rows.append(mine)
+    return dict(image_rows=rows, image_embeds=torch.cat(embeds) if embeds else None)
+
+
 def pinned(t: torch.Tensor) -> torch.Tensor:
     """t in page-locked memory where CUDA is up: a copy from pageable memory to the GPU first waits for all the work
     queued on the stream, which would make the host wait for a decode step it has just launched."""
@@ -228,7 +248,8 @@ class DecodeGraphs:
         else:
             self.ids[:n].copy_(input_ids)
         state_slots = [s.state_slot for s in seqs] + [self.scratch_slot] * pad
-        for buf, host in ((self.positions[:, :b], torch.tensor([pos + [0] * pad] * 3)),
+        rotary = [p + s.position_delta for s, p in zip(seqs, pos)]
+        for buf, host in ((self.positions[:, :b], torch.tensor([rotary + [0] * pad] * 3)),
                           (self.seq_lens[:b], torch.tensor([p + 1 for p in pos] + [1] * pad)),
                           (self.has_state[:b], torch.tensor([p > 0 for p in pos] + [False] * pad)),
                           (self.state_slots[:b], torch.tensor(state_slots)),

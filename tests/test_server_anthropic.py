@@ -155,7 +155,7 @@ def test_count_tokens(client, engine):
 
 def test_images_say_there_is_no_vision(client):
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
-    with pytest.raises(anthropic.BadRequestError, match="no vision enabled"):
+    with pytest.raises(anthropic.BadRequestError, match="has no vision"):
         create(client, messages=[{"role": "user", "content": [image, {"type": "text", "text": "what is it?"}]}])
 
 

@@ -51,7 +51,8 @@ class Generation:
         self.keepalive_s, self.raw, self.metrics = keepalive_s, raw, metrics
         self.shown = ("content", "reasoning") if raw else ("content",)    # the tokens whose logprobs go out
         self.finished = False
-        self.handle = engine.submit(prompt.ids, self.params, tools=prompt.tools)   # raises QueueFullError, ValueError
+        self.handle = engine.submit(prompt.ids, self.params, tools=prompt.tools,   # raises QueueFullError, ValueError
+                                    images=prompt.images or None)
         self.queue: asyncio.Queue = asyncio.Queue()
         self.loop = asyncio.get_running_loop()
         threading.Thread(target=self._pump, name=f"qwendesk-stream-{self.handle.id}", daemon=True).start()

@@ -28,7 +28,7 @@ async def chat_completions(request: Request):
     body = await parse_body(request, ChatCompletionRequest)
     engine = server.ready()
     server.check_model(body.model)
-    req = chat_request(body, engine.model_config.vocab_size)
+    req = chat_request(body, engine.model_config.vocab_size, server.image_options())
     prompt = await run_in_threadpool(chat_prompt, engine, req, server.defaults)
     gen = server.start(prompt)
     meta = {"id": "chatcmpl-" + secrets.token_hex(12), "created": int(time.time()), "model": body.model}

@@ -17,12 +17,14 @@ Decisions:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.api import Constraint, SamplingParams, tool_schemas
+from engine.api import Constraint, ImageInputError, SamplingParams, split_images, tool_schemas
 from engine.server.errors import APIError
+from engine.server.images import ImageOptions, fetch_images
 from engine.server.processors import BanTokens
 from engine.server.structured import request_constraint
 
@@ -50,6 +52,7 @@ class Prompt:
     ids: list[int]
     params: SamplingParams
     tools: list[dict] | None        # the tools whose calls the engine parses out of the reply; None: no parsing
+    images: list = field(default_factory=list)   # the engine's ProcessedImages of an expanded prompt
 
 
 @dataclass
@@ -63,6 +66,7 @@ class ChatRequest:
     template_kwargs: dict = field(default_factory=dict)
     prefill: str = ""               # text the reply continues (Anthropic's trailing assistant message)
     json_format: Constraint | None = None   # structured output (structured.py response_constraint)
+    images: ImageOptions | None = None   # what its image parts may be (None: it has none)
 
 
 def generation_defaults(model_dir: str) -> dict:
@@ -86,15 +90,31 @@ def sampling_params(given: dict, defaults: dict) -> SamplingParams:
 
 
 def chat_prompt(engine, req: ChatRequest, defaults: dict) -> Prompt:
-    """Render, tokenize and check one chat request (runs in a worker thread: templates can be slow)."""
-    ids = render(engine, req)
+    """Render, tokenize and check one chat request (runs in a worker thread: templates and images can be slow)."""
+    ids, images = prompt_ids(engine, req)
     params = sampling_params(req.sampling, defaults)
     params.max_tokens = completion_room(engine, len(ids), req.max_tokens)
     params.thinking_budget = thinking_budget(engine, req.thinking)
     choice = req.tool_choice
     params.constraint = request_constraint(req.json_format, req.tools, choice.mode, choice.name, choice.parallel)
     params.logits_processors = tool_processors(engine.tokenizer, req.tools, choice) + params.logits_processors
-    return Prompt(ids, params, req.tools if choice.mode != "none" else None)
+    return Prompt(ids, params, req.tools if choice.mode != "none" else None, images)
+
+
+def prompt_ids(engine, req: ChatRequest) -> tuple[list, list]:
+    """The prompt's token ids, each image's placeholder expanded, and its images (the engine's): URL images fetched
+    (server/images.py), the pixels read by the engine; a bad image is a 400."""
+    messages = fetch_images(req.messages, req.images) if req.images and req.images.allow_urls else req.messages
+    messages, data = split_images(messages)
+    try:
+        images = engine.process_images(data)
+    except ImageInputError as e:
+        raise APIError(400, str(e), param="messages") from None
+    ids = render(engine, dataclasses.replace(req, messages=messages))
+    try:
+        return engine.expand_images(ids, images), images
+    except ImageInputError as e:
+        raise APIError(400, str(e), param="messages") from None
 
 
 def render(engine, req: ChatRequest) -> list[int]:

@@ -6,6 +6,7 @@ import time
 
 from engine.server.errors import APIError, from_engine_error
 from engine.server.generation import Generation
+from engine.server.images import ImageOptions
 from engine.server.logprobs import TokenBytes
 from engine.server.metrics import Metrics
 from engine.server.prompting import generation_defaults
@@ -45,6 +46,12 @@ class ServerState:
         if name != self.settings.model_id:
             raise APIError(404, f"The model {name!r} does not exist; this server serves "
                                 f"{self.settings.model_id!r}", "not_found", param="model", code="model_not_found")
+
+    def image_options(self) -> ImageOptions:
+        """What requests' images may be: the engine's limits, the server's URL setting."""
+        c = self.engine.config
+        return ImageOptions(vision=self.engine.accepts_images, max_images=c.max_images, max_bytes=c.max_image_bytes,
+                            allow_urls=self.settings.allow_image_urls, url_timeout_s=self.settings.image_url_timeout_s)
 
     def start(self, prompt, raw: bool = False) -> Generation:
         """Submit a prepared prompt; engine refusals become API errors (429/529, 400, 503)."""
