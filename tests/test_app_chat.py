@@ -332,7 +332,7 @@ def test_the_engine_thread_carries_the_engines_parsed_calls(chat_window, qtbot):
     params = SamplingParams(max_tokens=80, temperature=0.0,
                             logits_processors=[Script(tok.encode("Checking.\n\n" + XML_CALL), tok.eos_token_ids[0])])
     deltas = []
-    engine.delta.connect(lambda request_id, text, reasoning: deltas.append(text))
+    engine.delta.connect(lambda request_id, text, reasoning, tokens: deltas.append(text))
     with qtbot.waitSignal(engine.reply_finished, timeout=30_000) as finished:
         engine.generate("tools-1", [{"role": "user", "content": "Weather?"}], params,
                         {"tools": tools, "enable_thinking": False})

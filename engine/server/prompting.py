@@ -26,7 +26,7 @@ from engine.server.errors import APIError
 from engine.server.processors import BanTokens, ForceToolCall, StopAfterToolCall
 
 EFFORT_BUDGETS = {"minimal": 256, "low": 1024}
-RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "template_name")
+RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "template_name", "continue_final_message")
 GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
