@@ -200,6 +200,7 @@ class ChatPage(QWidget):
             self.transcript.add_notice(message).action_requested.connect(self._notice_action)
         else:
             view = self.transcript.add_message(message, self.model_name)
+            view.delete_requested.connect(lambda m=message: self._delete_message(m))
             if message.role == "assistant":
                 view.regenerate_requested.connect(self._regenerate)
                 view.continue_requested.connect(self._continue)
@@ -262,6 +263,11 @@ class ChatPage(QWidget):
 
     def _regenerate(self) -> None:
         self.session.regenerate(self.composer.think_button.isChecked())
+
+    def _delete_message(self, message: Message) -> None:
+        if dialogs.confirm(self, "Delete message", "Delete this message? The rest of the conversation stays.",
+                           "Delete"):
+            self.session.delete_message(message.id)
 
     def _continue(self) -> None:
         self.session.continue_reply(self.composer.think_button.isChecked())

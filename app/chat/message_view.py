@@ -28,6 +28,7 @@ BUBBLE_TEXT_WIDTH = 560
 class MessageView(QFrame):
     regenerate_requested = Signal()
     continue_requested = Signal()
+    delete_requested = Signal()
     edit_requested = Signal()
 
     def __init__(self, message: Message, model_name: str = "", parent=None):
@@ -42,6 +43,9 @@ class MessageView(QFrame):
         copy = icon_button("copy", "Copy message", size=15)
         copy.clicked.connect(self._copy)
         self.actions.addWidget(copy)
+        self.delete_button = icon_button("trash", "Delete this message", size=15)
+        self.delete_button.clicked.connect(self.delete_requested)
+        self.actions.addWidget(self.delete_button)
         if message.role == "user":
             self._build_user(message)
         else:

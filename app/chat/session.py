@@ -35,6 +35,15 @@ TURN_TOO_LONG = ("The latest message alone does not fit the model's context ({bu
                  "reply), so nothing was sent. Shorten it, or load the model with a longer context.")
 
 
+def title_from(text: str) -> str:
+    """A new conversation's title: its first line, cut at a word with an ellipsis when long."""
+    line = (text.strip().splitlines() or ["Images"])[0].strip()
+    if len(line) <= TITLE_LENGTH:
+        return line or "New chat"
+    cut = line[:TITLE_LENGTH].rsplit(" ", 1)[0] if " " in line[:TITLE_LENGTH] else line[:TITLE_LENGTH]
+    return cut.rstrip(" ,;:.-") + "…"
+
+
 @dataclass
 class ActiveReply:
     message: Message
@@ -151,8 +160,7 @@ class ChatSession(QObject):
             self._drop_from(self._editing)
             self._editing = None
         if self.current is None:
-            title = (text.strip().splitlines() or ["Images"])[0][:TITLE_LENGTH]
-            self.current = self.store.create_conversation(title or "New chat")
+            self.current = self.store.create_conversation(title_from(text))
             self.conversations_changed.emit()
         self.message_added.emit(self.store.add_message(self.current.id, "user", content=text, attachments=images))
         if images and not self.vision:
@@ -212,6 +220,14 @@ class ChatSession(QObject):
             return None
         before = count(history, kwargs) if history else 0
         return with_draft - (before or 0), with_draft
+
+    def delete_message(self, message_id: int) -> None:
+        """One message out of the conversation (not the reply streaming)."""
+        if self.current is None or (self.active and self.active.message.id == message_id):
+            return
+        self.store.delete_message(message_id)
+        self.message_removed.emit(message_id)
+        self._emit_context()
 
     def begin_edit(self) -> Message | None:
         """The last user message, to edit; the next send() replaces it and what followed."""
