@@ -72,7 +72,7 @@ class EngineThread(QThread):
     load_cancelled = Signal(str)            # checkpoint path
     unloaded = Signal()
     warning = Signal(str)
-    delta = Signal(str, str, str)           # request id, content text, reasoning text
+    delta = Signal(str, str, str, int)      # request id, content text, reasoning text, tokens
     reply_finished = Signal(str, object)    # request id, ReplyResult
     endpoint_changed = Signal(object)       # EndpointStatus
 
@@ -118,6 +118,17 @@ class EngineThread(QThread):
 
     def set_endpoint(self, settings: EndpointSettings | None) -> None:
         self._commands.put(("endpoint", settings))
+
+    def count_tokens(self, messages: list[dict], template_kwargs: dict) -> int | None:
+        """The prompt's tokens as the engine would run it (its template and tokenizer; safe from the GUI
+        thread); None without a model or when the template refuses the conversation."""
+        engine = self._engine
+        if engine is None:
+            return None
+        try:
+            return len(engine.encode_prompt(engine_messages(messages), **template_kwargs))
+        except (ValueError, OSError):
+            return None
 
     @property
     def supports_vision(self) -> bool:
@@ -239,8 +250,8 @@ class EngineThread(QThread):
             for event in handle:
                 add_calls(calls, event.pieces)
                 if event.kind == "delta":
-                    if event.text or event.reasoning:
-                        self.delta.emit(request_id, event.text, event.reasoning)
+                    if event.text or event.reasoning or event.token_ids:
+                        self.delta.emit(request_id, event.text, event.reasoning, len(event.token_ids))
                 else:
                     self.reply_finished.emit(request_id, ReplyResult(
                         event.finish_reason, error=event.error or "", text=event.text, reasoning=event.reasoning,

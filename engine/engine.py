@@ -236,12 +236,15 @@ class Engine:
         return cls(config, _parts=(model, tokenizer, template) + ((vision,) if vision else ()))
 
     # ---- public API (any thread) ---------------------------------------------------------
-    def encode_prompt(self, prompt, tools=None, **template_kwargs) -> list[int]:
-        """Token ids as given, or chat messages rendered with the checkpoint's template."""
+    def encode_prompt(self, prompt, tools=None, continue_final_message: bool = False, **template_kwargs) -> list[int]:
+        """Token ids as given, or chat messages rendered with the checkpoint's template (with
+        `continue_final_message`, the reply continues the last message, an assistant's cut-short reply,
+        instead of starting a new one). Also how a caller counts a conversation's tokens."""
         if isinstance(prompt, str):
             raise TypeError("give token ids or chat messages (a list of {'role', 'content'} dicts), not a str")
         if prompt and isinstance(prompt[0], dict):
-            text = self.template.render(prompt, tools=tools, add_generation_prompt=True, **template_kwargs)
+            text = self.template.render(prompt, tools=tools, add_generation_prompt=not continue_final_message,
+                                        continue_final_message=continue_final_message, **template_kwargs)
             return self.tokenizer.encode(text)
         ids = [int(t) for t in prompt]
         if not ids:
@@ -288,9 +291,10 @@ class Engine:
                **template_kwargs) -> RequestHandle:
         """Queue a request (token ids or chat messages); returns at once. `tools` (OpenAI-style): chat messages are
         rendered with them, and the reply's calls to them come out as CallStart / CallArgs pieces (token ids: the
-        caller rendered them; give them for the parsing). Chat messages may hold image parts {"type": "image",
-        "image": <the image file's bytes>}. images: for token ids only, the ProcessedImages (process_images) of a
-        prompt already expanded (expand_images). Raises ValueError for bad parameters (ImageInputError for images),
+        caller rendered them; give them for the parsing); `continue_final_message=True` continues the last message
+        (encode_prompt). Chat messages may hold image parts {"type": "image", "image": <the image file's bytes>}.
+        images: for token ids only, the ProcessedImages (process_images) of a prompt already expanded
+        (expand_images). Raises ValueError for bad parameters (ImageInputError for images),
         ContextLengthError when the prompt does not fit, QueueFullError when busy."""
         if self._closed:
             raise RuntimeError("the engine is closed")

@@ -52,7 +52,7 @@ def test_send_streams_a_reply_from_the_engine(chat_window, qtbot):
     assert [v.message.role for v in views] == ["user", "assistant"]
     assert "prompt" in views[1].metrics.text() and "output" in views[1].metrics.text()
     assert window.chat.gauge.total == window.engine.max_context and window.chat.gauge.used > 0
-    assert window.chat.conversations.list.count() == 1
+    assert len(window.chat.conversations.items()) == 1
     assert window.chat.title.full_text == "Hello there"
     screenshot(window, "chat_reply_tiny_model")
     window.chat._fill_model_menu()
@@ -154,8 +154,7 @@ def test_conversation_survives_a_restart(app_env, qtbot, checkpoint):
 
     second = open_window(qtbot, make_context(app_env))
     wait_ready(qtbot, second)
-    assert second.chat.conversations.list.count() == 1
-    item = second.chat.conversations.list.item(0)
+    (item,) = second.chat.conversations.items()
     assert item.text() == "Remember me"
     qtbot.mouseClick(second.chat.conversations.list.viewport(), Qt.MouseButton.LeftButton,
                      pos=second.chat.conversations.list.visualItemRect(item).center())
@@ -179,19 +178,18 @@ def test_conversations_search_rename_and_delete(chat_window, qtbot, monkeypatch)
         send(qtbot, window, text)
         wait_reply(qtbot, window)
     listing = window.chat.conversations
-    assert listing.list.count() == 2
+    assert len(listing.items()) == 2 and listing.list.item(0).text() == "Today"
     listing.search.setText("pear")
-    assert [listing.list.item(i).text() for i in range(listing.list.count())] == ["Apples and pears"]
+    assert [item.text() for item in listing.items()] == ["Apples and pears"]
     listing.search.setText("")
     apples = next(c for c in window.context.store.conversations() if c.title.startswith("Apples"))
-    item = next(listing.list.item(i) for i in range(listing.list.count())
-                if listing.list.item(i).text().startswith("Apples"))
+    item = next(item for item in listing.items() if item.text().startswith("Apples"))
     item.setText("Fruit")                                # what an inline edit does
     assert window.context.store.conversation(apples.id).title == "Fruit"
     monkeypatch.setattr("app.dialogs.confirm", lambda *args: True)
     window.chat.confirm_delete(apples.id)
     assert [c.title for c in window.context.store.conversations()] == ["Bananas"]
-    assert listing.list.count() == 1
+    assert len(listing.items()) == 1
 
 
 REPLY = """Here is a function that adds two numbers, with a quick check:
@@ -332,7 +330,7 @@ def test_the_engine_thread_carries_the_engines_parsed_calls(chat_window, qtbot):
     params = SamplingParams(max_tokens=80, temperature=0.0,
                             logits_processors=[Script(tok.encode("Checking.\n\n" + XML_CALL), tok.eos_token_ids[0])])
     deltas = []
-    engine.delta.connect(lambda request_id, text, reasoning: deltas.append(text))
+    engine.delta.connect(lambda request_id, text, reasoning, tokens: deltas.append(text))
     with qtbot.waitSignal(engine.reply_finished, timeout=30_000) as finished:
         engine.generate("tools-1", [{"role": "user", "content": "Weather?"}], params,
                         {"tools": tools, "enable_thinking": False})

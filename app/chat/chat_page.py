@@ -5,18 +5,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QMenu, QVBoxLayout, QWidget
 
 from app import dialogs, icons
 from app.chat.composer import Composer
+from app.chat.context_fit import prompt_budget
 from app.chat.context_gauge import ContextGauge
 from app.chat.conversation_list import ConversationList
 from app.chat.session import ChatSession
 from app.chat.transcript import Transcript
+from app.formatting import human_tokens
 from app.store import Message
 from app.widgets import Banner, ElidedLabel, label, text_button
+
+
+DRAFT_COUNT_MS = 400
 
 
 class ChatPage(QWidget):
@@ -46,6 +51,10 @@ class ChatPage(QWidget):
         self.transcript = Transcript()
         self.composer = Composer()
         self.composer.think_button.setChecked(thinking_default)
+        self._draft_timer = QTimer(self)          # the draft is counted when typing pauses
+        self._draft_timer.setSingleShot(True)
+        self._draft_timer.setInterval(DRAFT_COUNT_MS)
+        self._draft_timer.timeout.connect(self._count_draft)
         self._layout()
         self._connect()
         self._shortcuts()
@@ -94,6 +103,8 @@ class ChatPage(QWidget):
         self.composer.send_requested.connect(self._send)
         self.composer.stop_requested.connect(s.stop)
         self.composer.cancel_edit_requested.connect(self._cancel_edit)
+        self.composer.input.textChanged.connect(self._draft_timer.start)
+        self.composer.think_button.toggled.connect(self._draft_timer.start)
         s.conversations_changed.connect(self.refresh_conversations)
         s.opened.connect(self._show_conversation)
         s.message_added.connect(self._add_message)
@@ -102,6 +113,8 @@ class ChatPage(QWidget):
         s.reply_finished.connect(self._finish_reply)
         s.busy_changed.connect(self._busy_changed)
         s.context_changed.connect(self.gauge.set_usage)
+        for signal in (s.opened, s.reply_finished, s.message_removed):
+            signal.connect(self._draft_timer.start)
 
     def _shortcuts(self) -> None:
         for keys, action in (("Ctrl+N", self.session.new_conversation),
@@ -184,11 +197,13 @@ class ChatPage(QWidget):
         if self.session.current is None or message.conversation_id != self.session.current.id:
             return
         if message.role == "notice":
-            self.transcript.add_notice(message)
+            self.transcript.add_notice(message).action_requested.connect(self._notice_action)
         else:
             view = self.transcript.add_message(message, self.model_name)
+            view.delete_requested.connect(lambda m=message: self._delete_message(m))
             if message.role == "assistant":
                 view.regenerate_requested.connect(self._regenerate)
+                view.continue_requested.connect(self._continue)
             else:
                 view.edit_requested.connect(self._edit_last)
         self.title.setText(self.session.current.title)
@@ -204,6 +219,8 @@ class ChatPage(QWidget):
         view = self.transcript.view_for(message_id)
         if view:
             view.update_reply(content, reasoning, streaming=True)
+            if self.session.active:
+                view.set_live_rate(self.session.active.tokens, self.session.active.tok_s)
 
     def _finish_reply(self, message: Message) -> None:
         view = self.transcript.view_for(message.id)
@@ -246,6 +263,46 @@ class ChatPage(QWidget):
 
     def _regenerate(self) -> None:
         self.session.regenerate(self.composer.think_button.isChecked())
+
+    def _delete_message(self, message: Message) -> None:
+        if dialogs.confirm(self, "Delete message", "Delete this message? The rest of the conversation stays.",
+                           "Delete"):
+            self.session.delete_message(message.id)
+
+    def _continue(self) -> None:
+        self.session.continue_reply(self.composer.think_button.isChecked())
+
+    def _notice_action(self, action: str) -> None:
+        """A full context's choices: a new chat (the unanswered message moves to the composer), or
+        leaving out the oldest messages of this one."""
+        if action == "leave_out":
+            self.session.leave_out_oldest(self.composer.think_button.isChecked())
+        elif action == "new_chat" and self.session.current is not None:
+            users = [m for m in self.session.store.messages(self.session.current.id) if m.role == "user"]
+            self.session.new_conversation()
+            if users:
+                self.composer.input.setPlainText(users[-1].content)
+            self.composer.input.setFocus()
+
+    def _count_draft(self) -> None:
+        """The draft's tokens under the composer, counted by the backend with the conversation so far."""
+        text = self.composer.input.toPlainText()
+        counted = self.session.count_draft(text, self.composer.think_button.isChecked()) if text.strip() else None
+        total = getattr(self.session.backend, "max_context", None)
+        if counted is None or not total:
+            self.composer.set_draft_count("")
+            return
+        draft, prompt = counted
+        budget = prompt_budget(total, self.session.settings().max_tokens)
+        over = prompt > budget
+        text = f"{human_tokens(draft)} token{'s' if draft != 1 else ''}"
+        if draft > budget:
+            text += "  ·  longer than the context holds: shorten it"
+        elif over:
+            text += ("  ·  the oldest messages will be left out to fit" if self.session.context_policy() == "truncate"
+                     else "  ·  the conversation will no longer fit")
+        self.composer.set_draft_count(text, f"With this message the prompt takes {prompt:,} of {total:,} tokens "
+                                            f"({budget:,} leave room for a reply).", over)
 
     def _edit_last(self) -> None:
         message = self.session.begin_edit()

@@ -1,5 +1,6 @@
 """The composer: Enter sends, Shift+Enter starts a new line; images arrive by drop, paste or the
-file picker; the send button turns into Stop while a reply streams."""
+file picker; the send button turns into Stop while a reply streams. Under the text, the draft's token
+count (the page counts it when typing pauses)."""
 
 from __future__ import annotations
 
@@ -117,6 +118,7 @@ class Composer(QFrame):
         self.think_button.setToolTip("Let the model think before it answers")
         self.think_button.setCursor(Qt.CursorShape.PointingHandCursor)
         self.status = label("", "composerStatus")
+        self.draft_count = label("", "draftCount")
         self.send_button = QToolButton()
         self.send_button.setObjectName("sendButton")
         self.send_button.setIconSize(QSize(18, 18))
@@ -125,6 +127,7 @@ class Composer(QFrame):
         tools.addWidget(self.attach_button)
         tools.addWidget(self.think_button)
         tools.addStretch(1)
+        tools.addWidget(self.draft_count)
         tools.addWidget(self.status)
         tools.addWidget(self.send_button)
         column.addWidget(self.edit_banner)
@@ -159,6 +162,14 @@ class Composer(QFrame):
         self.attach_button.setToolTip("Attach images" if takes_images else NO_IMAGES)
         if takes_images:
             self.note.hide()
+
+    def set_draft_count(self, text: str, tooltip: str = "", over: bool = False) -> None:
+        """The draft's tokens ("" hides it); `over`: sending it would pass the context."""
+        self.draft_count.setText(text)
+        self.draft_count.setToolTip(tooltip)
+        self.draft_count.setProperty("over", over)
+        self.draft_count.style().unpolish(self.draft_count)
+        self.draft_count.style().polish(self.draft_count)
 
     def _show_note(self, text: str) -> None:
         self.note.setText(text)

@@ -29,7 +29,7 @@ from engine.server.processors import BanTokens
 from engine.server.structured import request_constraint
 
 EFFORT_BUDGETS = {"minimal": 256, "low": 1024}
-RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "template_name")
+RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "template_name", "continue_final_message")
 GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
