@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.config import ModelConfig, load_model_config
-from engine.device import DeviceInfo, probe, resolve_dtype
+from engine.device import DeviceInfo, host_ram_bytes, probe, resolve_dtype
 from engine.model.shapes import model_tensor_shapes
 from engine.params import PROFILES, EngineConfig
 from engine.weights.policy import policy_bytes
@@ -24,6 +24,7 @@ from engine.weights.policy import policy_bytes
 GIB = 1 << 30
 PREFIX_EXTRA = 1.25          # at most this many KV pages per reserved page (the rest: cached prefixes)
 MAX_SNAPSHOTS = 16
+HOST_CACHE_DEFAULT = (8 * GIB, 0.25)     # the host tier's default budget: min(8 GiB, a quarter of RAM)
 
 
 @dataclass
@@ -43,6 +44,7 @@ class MemoryPlan:
     weights: str = "bf16"       # bf16 (16-bit) | int4: what the weights are loaded as
     drafts: int = 0              # MTP drafts per speculative round (0: none, no MTP module)
     speculation_bytes: int = 0   # of the workspace: each running sequence's verify rows and round logits
+    host_cache_bytes: int = 0    # the host-RAM tier's budget (host memory: not in total_bytes)
     fits: bool = True
     message: str = ""
     alternatives: list[str] = field(default_factory=list)
@@ -59,7 +61,16 @@ class MemoryPlan:
                 f"workspace {g(self.workspace_bytes)}, margin {g(self.margin_bytes)}: "
                 f"{g(self.total_bytes)} of {g(self.budget_bytes)}"
                 + (f"; speculation ({self.drafts} drafts) {g(self.speculation_bytes)} of the workspace"
-                   if self.drafts else ""))
+                   if self.drafts else "")
+                + (f"; host-RAM cache tier up to {g(self.host_cache_bytes)}" if self.host_cache_bytes else ""))
+
+
+def host_cache_bytes(config: EngineConfig) -> int:
+    """The host tier's budget: config.host_cache_gb, or by default min(8 GiB, a quarter of RAM)."""
+    if config.host_cache_gb is not None:
+        return int(config.host_cache_gb * GIB)
+    cap, share = HOST_CACHE_DEFAULT
+    return min(cap, int(host_ram_bytes() * share))
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype, mtp: bool, int8: bool = False) -> int:
@@ -139,7 +150,7 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
                           state_bytes=(C + snapshots + 1) * per_slot, workspace_bytes=work, margin_bytes=margin,
                           max_context=ctx, num_pages=pages, num_slots=C + snapshots + 1, snapshots=snapshots,
                           kv_bytes_per_token=per_tok, state_bytes_per_slot=per_slot, drafts=drafts,
-                          speculation_bytes=spec)
+                          speculation_bytes=spec, host_cache_bytes=host_cache_bytes(config))
 
     if config.max_context is not None:
         ctx = config.max_context

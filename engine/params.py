@@ -34,6 +34,11 @@ class EngineConfig:
     speculative_tokens: int | None = None  # MTP drafts per round (1..5; 0 off); None: 3 on a GPU, 0 on the CPU
     draft_vocab: int = 32768        # draft head rows: the most frequent tokens (verify uses the full head)
     vision: bool = False            # load the vision tower's weights: nothing uses them until images are encoded
+    host_cache_gb: float | None = None  # host-RAM tier for KV pages / snapshots evicted from the GPU; None:
+                                        # min(8 GiB, 25% of RAM); 0: off
+    disk_cache: bool = False        # write each finished request's KV pages and snapshots to disk (found after restarts)
+    disk_cache_gb: float = 20.0     # the disk tier's bound (least recently used files go first)
+    disk_cache_dir: str | None = None   # None: QWENDESK_CACHE_DIR/kv, else the user cache folder's qwendesk/kv
 
     def policy(self, weights: str | None = None):
         """The quantization policy for `weights` (default: this config's); None for 16-bit weights."""
@@ -62,6 +67,12 @@ class EngineConfig:
             raise ValueError(f"max_context must be at least 1 token, not {self.max_context}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, not {self.max_queue}")
+        if self.host_cache_gb is not None and not self.host_cache_gb >= 0:
+            raise ValueError(f"host_cache_gb must be >= 0 (0: no host tier), not {self.host_cache_gb}")
+        if not self.disk_cache_gb > 0:
+            raise ValueError(f"disk_cache_gb must be > 0, not {self.disk_cache_gb}")
+        if self.disk_cache and self.host_cache_gb == 0:
+            raise ValueError("disk_cache reads through the host tier: it needs host_cache_gb > 0")
 
     @property
     def max_running(self) -> int:
