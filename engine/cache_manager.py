@@ -264,9 +264,10 @@ class CacheManager:
             self._persist(hashes)
 
     def _persist(self, hashes: list[bytes]) -> None:
-        """Queue a finished sequence's indexed pages and the snapshots along them for the disk tier."""
+        """Queue a finished sequence's indexed pages and the snapshots along them for the disk tier (the snapshots
+        first: when too much is pending, the writes skipped are the last pages')."""
         keys = [h for h in hashes if h in self.index]
-        self.disk.write_pages(self.pools, keys, [self.index[h] for h in keys])
         for key in keys:
             if key in self.snapshots:
                 self.disk.write_state(self.pools, key, self.snapshots.slot(key))
+        self.disk.write_pages(self.pools, keys, [self.index[h] for h in keys])

@@ -42,7 +42,7 @@ MAGIC = b"QDKV"
 HEADER = struct.Struct("<4sIB3x16s16sQ16s")     # magic, version, kind, key, namespace, payload bytes, checksum
 KINDS = {"page": 1, "state": 2}
 WRITE_CHUNK_PAGES = 32
-MAX_PENDING_BYTES = 1 << 30                       # pinned bytes waiting for the writer before writes are skipped
+MAX_PENDING_BYTES = 2 << 30     # pinned bytes waiting for the writer before writes are skipped (27B: a 32K turn ~1.3 GB)
 
 
 def default_root() -> Path:
