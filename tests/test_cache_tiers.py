@@ -84,3 +84,15 @@ def test_tier_settings_are_checked():
     for bad in (dict(host_cache_gb=-1), dict(disk_cache_gb=0), dict(disk_cache=True, host_cache_gb=0)):
         with pytest.raises(ValueError):
             EngineConfig(model="m", **bad).validate()
+
+
+def test_the_plan_shows_the_host_tier_apart_from_device_memory(ckpt):
+    from engine.api import plan_for
+    from engine.device import host_ram_bytes
+
+    base = dict(model=ckpt, device="cpu", max_context=1024)
+    off, some, default = (plan_for(EngineConfig(**base, host_cache_gb=gb)) for gb in (0, 1.5, None))
+    assert (off.host_cache_bytes, some.host_cache_bytes) == (0, int(1.5 * (1 << 30)))
+    assert default.host_cache_bytes == min(8 << 30, host_ram_bytes() // 4)
+    assert off.total_bytes == some.total_bytes == default.total_bytes
+    assert "host-RAM cache tier up to 1.50 GiB" in some.summary() and "host-RAM" not in off.summary()
