@@ -73,6 +73,7 @@ class DiskCache:
         self.max_pending_bytes = max_pending_bytes
         self._lock = threading.Lock()
         self._files: dict[Path, tuple[float, int]] = {}          # every entry under root -> (last use, size)
+        self._bytes = 0                                            # their sizes' sum
         self._keys: dict[str, set[bytes]] = {kind: set() for kind in KINDS}   # this namespace's entries
         self._queued: set[tuple[str, bytes]] = set()
         self._pending_bytes = 0
@@ -97,11 +98,16 @@ class DiskCache:
                     path.unlink(missing_ok=True)
                 elif path.suffix == ".kv" and path.is_file():
                     st = path.stat()
-                    self._files[path] = (st.st_mtime, st.st_size)
+                    self._record(path, st.st_mtime, st.st_size)
                     if path.parent.parent == self.dir and path.parent.name in KINDS:
                         self._keys[path.parent.name].add(bytes.fromhex(path.stem))
             except (OSError, ValueError):
                 continue
+
+    def _record(self, path: Path, used: float, size: int) -> None:
+        """(under the lock, or before the writer starts)"""
+        self._bytes += size - self._files.get(path, (0, 0))[1]
+        self._files[path] = (used, size)
 
     def has(self, kind: str, key: bytes) -> bool:
         with self._lock:
@@ -109,19 +115,19 @@ class DiskCache:
 
     def size_bytes(self) -> int:
         with self._lock:
-            return sum(size for _, size in self._files.values())
+            return self._bytes
 
     def stats(self) -> dict:
         with self._lock:
             return {"disk_pages": len(self._keys["page"]), "disk_snapshots": len(self._keys["state"]),
-                    "disk_bytes": sum(size for _, size in self._files.values()), "disk_budget_bytes": self.budget_bytes,
+                    "disk_bytes": self._bytes, "disk_budget_bytes": self.budget_bytes,
                     "disk_hit_pages": self.hit_pages, "disk_hit_snapshots": self.hit_snapshots,
                     "disk_written": self.written, "disk_write_errors": self.write_errors,
                     "disk_write_skipped": self.skipped, "disk_rejected": self.rejected, "disk_evicted": self.evicted}
 
     def _forget(self, path: Path, kind: str | None = None, key: bytes | None = None) -> None:
         with self._lock:
-            self._files.pop(path, None)
+            self._bytes -= self._files.pop(path, (0, 0))[1]
             if kind is not None:
                 self._keys[kind].discard(key)
 
@@ -165,7 +171,7 @@ class DiskCache:
         except OSError:
             pass
         with self._lock:
-            self._files[path] = (now, HEADER.size + nbytes)
+            self._record(path, now, HEADER.size + nbytes)
         if kind == "page":
             self.hit_pages += 1
         else:
@@ -241,13 +247,13 @@ class DiskCache:
             tmp.unlink(missing_ok=True)
             return
         with self._lock:
-            self._files[path] = (time.time(), HEADER.size + payload.nbytes)
+            self._record(path, time.time(), HEADER.size + payload.nbytes)
             self._keys[kind].add(key)
         self.written += 1
 
     def _evict_over_budget(self) -> None:
         with self._lock:
-            total = sum(size for _, size in self._files.values())
+            total = self._bytes
             if total <= self.budget_bytes:
                 return
             oldest = sorted(self._files.items(), key=lambda item: item[1][0])

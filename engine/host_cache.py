@@ -34,6 +34,7 @@ class HostCache:
         self.free: list[int] = []
         self.entries: OrderedDict[tuple[str, bytes], list[int]] = OrderedDict()   # LRU first
         self.held: set[tuple[str, bytes]] = set()
+        self.counts = {"page": 0, "state": 0}          # entries by kind (stats are read every engine step)
         self.hit_pages = 0
         self.hit_snapshots = 0
 
@@ -41,15 +42,12 @@ class HostCache:
     def has(self, kind: str, key: bytes) -> bool:
         return (kind, key) in self.entries
 
-    def count(self, kind: str) -> int:
-        return sum(1 for k, _ in self.entries if k == kind)
-
     @property
     def allocated_bytes(self) -> int:
         return len(self.slabs) * self.slab_blocks * self.block
 
     def stats(self) -> dict:
-        return {"host_pages": self.count("page"), "host_snapshots": self.count("state"),
+        return {"host_pages": self.counts["page"], "host_snapshots": self.counts["state"],
                 "host_bytes": self.allocated_bytes, "host_budget_bytes": self.max_blocks * self.block,
                 "host_hit_pages": self.hit_pages, "host_hit_snapshots": self.hit_snapshots}
 
@@ -86,7 +84,7 @@ class HostCache:
     def _evict_one(self) -> bool:
         for entry in self.entries:
             if entry not in self.held:
-                self.free.extend(reversed(self.entries.pop(entry)))
+                self.discard(*entry)
                 return True
         return False
 
@@ -94,6 +92,7 @@ class HostCache:
         blocks = self.entries.pop((kind, key), None)
         if blocks is not None:
             self.free.extend(reversed(blocks))
+            self.counts[kind] -= 1
 
     def _put(self, kind: str, key: bytes, n_blocks: int) -> list[int] | None:
         if (kind, key) in self.entries:
@@ -102,6 +101,7 @@ class HostCache:
         blocks = self._take(n_blocks)
         if blocks is not None:
             self.entries[(kind, key)] = blocks
+            self.counts[kind] += 1
         return blocks
 
     # ---- GPU -> host -------------------------------------------------------------------------------
