@@ -28,6 +28,7 @@ from app.formatting import human_gib
 from app.profile_plans import plan_profiles, profile_descriptions
 from app.profile_table import ProfileTable
 from app.settings import RELOAD_FIELDS, AppSettings
+from app.switch import Switch
 from app.widgets import Card, Form, label, page_header, scrolling_page, text_button
 from engine.api import MAX_DRAFTS, PROFILES
 
@@ -178,7 +179,7 @@ class SettingsPage(QWidget):
         card.body.addWidget(label("Local endpoint", "cardTitle"))
         card.body.addWidget(label("Serve the loaded model to other programs on an OpenAI-compatible API.",
                                   "muted", wrap=True))
-        self.endpoint_enabled = QCheckBox("Serve the loaded model")
+        self.endpoint_enabled = Switch("Serve the loaded model")
         self.endpoint_host = QLineEdit()
         self.endpoint_port = QSpinBox()
         self.endpoint_port.setRange(1, 65535)
@@ -355,7 +356,10 @@ class SettingsPage(QWidget):
         self.profile_summary.setText(self.descriptions[edited.profile]["summary"])
         pending = self._pending_engine_changes()
         self.apply_engine.setEnabled(bool(pending))
-        self.engine_status.setText("Unapplied changes: the model reloads when you apply them." if pending
+        loaded = self.loaded_plan is not None
+        self.apply_engine.setText("Apply and reload" if loaded else "Apply")
+        self.engine_status.setText(("Unapplied changes: the model reloads when you apply them." if loaded else
+                                    "Unapplied changes: they take effect when a model loads.") if pending
                                    else self.engine_status_text)
         self._fill_plans(edited)
 

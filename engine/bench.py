@@ -263,13 +263,19 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-rounds", action="store_true",
                     help="(--draft-oracle) also profile the rounds of the first rate by kernel")
     ap.add_argument("--kv-dtype", default="bf16", choices=["bf16", "int8"], help="KV cache (--draft-oracle)")
+    ap.add_argument("--json-schema", metavar="FILE", help="instead of the speed runs: decode with this JSON schema "
+                    "as a constraint against without, at --profiles (engine/bench_grammar.py; needs --tokenizer)")
+    ap.add_argument("--tokenizer", metavar="DIR", help="a byte-level tokenizer's folder (--json-schema)")
     ap.add_argument("--cache-tiers", action="store_true",
                     help="instead of the speed runs: the host and disk cache tiers (engine/bench_tiers.py): next-turn "
                     "TTFT after a restart, warm vs cold, int8 and bf16 KV; restore bandwidth; decode during a disk write")
     ap.add_argument("--tiers-context", type=positive_int, default=32768, help="conversation tokens (--cache-tiers)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
-    args.hf = args.hf and args.weights == "bf16" and not (args.simulate_gb or args.profile or args.cache_tiers)  # the runs that compare
+    if args.json_schema and not args.tokenizer:
+        ap.error("--json-schema needs --tokenizer DIR (a folder with the model's tokenizer.json)")
+    args.hf = args.hf and args.weights == "bf16" and not (args.simulate_gb or args.profile or args.json_schema
+                                                                   or args.cache_tiers)
     if args.hf and (why := transformers_missing()):
         print(f"note: skipping the comparison with HF transformers ({why}); pip install transformers to run it")
         args.hf = False
@@ -303,6 +309,10 @@ def main(argv=None) -> int:
         from engine import bench_tiers
         results.update(bench_tiers.bench_tiers(model, args))
         bench_tiers.report(results)
+    if args.json_schema:
+        from engine import bench_grammar
+        results.update(bench_grammar.bench_grammar(model, args))
+        bench_grammar.report(results)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)

@@ -93,7 +93,7 @@ class Speculation:
     # ---- which steps speculate ------------------------------------------------------------------------------------
     def eligible(self, seq: Sequence) -> bool:
         p = seq.params
-        if not seq.sampled_on_device:
+        if not seq.sampled_on_device or seq.matcher is not None:    # a grammar needs each token before the next mask
             return False
         stream = seq.stream
         return not (p.thinking_budget is not None and stream.in_reasoning
@@ -152,7 +152,7 @@ class Speculation:
         becomes its rolling end-of-turn snapshot (the older one is given back)."""
         _, slot = seq.spec_snapshot
         seq.spec_snapshot = None
-        self.cache.index_pages(seq.hashes, seq.tokens, seq.num_computed, seq.pages)
+        self.cache.index_pages(seq.hashes, seq.hash_tokens, seq.num_computed, seq.pages)
         if seq.rolling_slot >= 0:
             self.cache.snapshots.drop(seq.rolling_slot)
         seq.rolling_slot = slot
@@ -169,7 +169,7 @@ class Speculation:
                             limit=len(s.pages) * self.cache.page_size, snap_row=snap_row,
                             snap_slot=snap_slot if snap_row >= 0 else self.cache.scratch_slot,
                             temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, seed=s.seed,
-                            steps=len(s.output), seeded=p.seed is not None)
+                            steps=len(s.output), seeded=p.seed is not None, delta=s.position_delta)
 
     def stats(self) -> dict:
         t = self.totals

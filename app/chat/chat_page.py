@@ -22,6 +22,8 @@ from app.widgets import Banner, ElidedLabel, label, text_button
 class ChatPage(QWidget):
     open_models_requested = Signal()
     load_requested = Signal(str)              # checkpoint directory picked from the model menu
+    cancel_load_requested = Signal()
+    eject_requested = Signal()
 
     def __init__(self, session: ChatSession, thinking_default: bool,
                  local_models: Callable[[], list[tuple[str, str, bool]]], parent=None):
@@ -30,6 +32,7 @@ class ChatPage(QWidget):
         self.session = session
         self.local_models = local_models
         self.model_name = ""
+        self.loading_name = ""
         self.conversations = ConversationList()
         self.title = ElidedLabel("New chat", "chatTitle")
         self.model_badge = label("No model loaded", "modelBadge")
@@ -116,14 +119,30 @@ class ChatPage(QWidget):
     # ---- what the window tells the page --------------------------------------------------------
     def set_model(self, name: str, blocked_reason: str = "") -> None:
         """The model the chat talks to ("" when none) and why sending is impossible, if it is."""
-        self.model_name = name
-        self.model_badge.setText(name or "No model loaded")
-        self.model_badge.setProperty("loaded", bool(name))
-        self.model_badge.style().unpolish(self.model_badge)
-        self.model_badge.style().polish(self.model_badge)
+        self.model_name, self.loading_name = name, ""
+        self._set_badge(name or "No model loaded", "loaded" if name else "")
         self.choose_model.setText("Change model" if name else "Choose a model")
         self.composer.set_blocked(blocked_reason)
+        self.composer.set_vision(self.session.vision)
         self._refresh_hint()
+
+    def set_loading(self, load) -> None:
+        """A model is loading (app.load_progress.LoadProgress): the header says which, and how far."""
+        first = self.loading_name != load.name or self.model_name
+        self.model_name, self.loading_name = "", load.name
+        fraction = load.fraction
+        self._set_badge(f"Loading {load.name}…" + (f"  {fraction:.0%}" if fraction is not None else ""), "loading")
+        if first:
+            self.choose_model.setText("Change model")
+            self.composer.set_blocked(f"Loading {load.name}…")
+            self.composer.set_vision(False)
+            self._refresh_hint()
+
+    def _set_badge(self, text: str, state: str) -> None:
+        self.model_badge.setText(text)
+        self.model_badge.setProperty("state", state)
+        self.model_badge.style().unpolish(self.model_badge)
+        self.model_badge.style().polish(self.model_badge)
 
     def _fill_model_menu(self) -> None:
         self.model_menu.clear()
@@ -134,6 +153,12 @@ class ChatPage(QWidget):
             action.setToolTip(path)
         if not self.model_menu.isEmpty():
             self.model_menu.addSeparator()
+        if self.loading_name:
+            self.model_menu.addAction(icons.icon("stop"), f"Cancel loading {self.loading_name}",
+                                      self.cancel_load_requested)
+        loaded = [name for name, _, is_loaded in self.local_models() if is_loaded]
+        if loaded:
+            self.model_menu.addAction(icons.icon("close"), f"Eject {loaded[0]}", self.eject_requested)
         self.model_menu.addAction(icons.icon("models"), "Download or manage models…", self.open_models_requested)
 
     def show_banner(self, kind: str, text: str, action: str = "") -> None:
@@ -204,9 +229,15 @@ class ChatPage(QWidget):
                 view.set_can_regenerate(view is last_reply and not busy)
 
     def _refresh_hint(self) -> None:
-        self.transcript.empty_state.hint.setText(
-            "Ask anything. Attach images with the paperclip, drop them here or paste them."
-            if self.model_name else "Load a model on the Models page to start chatting.")
+        if self.loading_name:
+            hint = f"{self.loading_name} is loading; you can write your message meanwhile."
+        elif not self.model_name:
+            hint = "Load a model on the Models page to start chatting."
+        elif self.session.vision:
+            hint = "Ask anything. Attach images with the paperclip, drop them here or paste them."
+        else:
+            hint = "Ask anything."
+        self.transcript.empty_state.hint.setText(hint)
 
     # ---- widgets -> session --------------------------------------------------------------------
     def _send(self, text: str, images: list[str]) -> None:

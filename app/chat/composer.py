@@ -24,11 +24,14 @@ from app.chat.attachments import (
 from app.widgets import icon_button, label
 
 MAX_LINES = 10
+NO_IMAGES = "The model in use does not take images, so images cannot be attached."
 
 
 class ComposerEdit(QPlainTextEdit):
     submit = Signal()
     image_pasted = Signal(str)        # kept image path
+    images_refused = Signal()         # an image dropped or pasted while the model takes none
+    images_allowed = True
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -50,6 +53,10 @@ class ComposerEdit(QPlainTextEdit):
         return source.hasImage() or source.hasUrls() or super().canInsertFromMimeData(source)
 
     def insertFromMimeData(self, source) -> None:
+        if (source.hasImage() or any(is_image_file(u.toLocalFile()) for u in source.urls() if u.isLocalFile())) \
+                and not self.images_allowed:
+            self.images_refused.emit()
+            return
         if source.hasImage():
             self.image_pasted.emit(keep_image(source.imageData()))
             return
@@ -89,10 +96,13 @@ class Composer(QFrame):
         banner_row.addWidget(cancel_edit)
         self.edit_banner.hide()
         self.attachments = AttachmentStrip()
+        self.note = label("", "composerNote", wrap=True)
+        self.note.hide()
         self.input = ComposerEdit()
         self.input.setPlaceholderText("Message the model  (Enter to send, Shift+Enter for a new line)")
         self.input.submit.connect(self._submit)
         self.input.image_pasted.connect(self.attachments.add)
+        self.input.images_refused.connect(lambda: self._show_note(NO_IMAGES))
         tools = QHBoxLayout()
         tools.setSpacing(6)
         self.attach_button = icon_button("attach", "Attach images", size=17)
@@ -118,6 +128,7 @@ class Composer(QFrame):
         tools.addWidget(self.status)
         tools.addWidget(self.send_button)
         column.addWidget(self.edit_banner)
+        column.addWidget(self.note)
         column.addWidget(self.attachments)
         column.addWidget(self.input)
         column.addLayout(tools)
@@ -139,6 +150,19 @@ class Composer(QFrame):
         """Sending is impossible (no model loaded): say why; empty reason unblocks."""
         self._blocked_reason = reason
         self._update_enabled()
+
+    def set_vision(self, takes_images: bool) -> None:
+        """Whether the chat's model takes images: without, the paperclip is off and says why, and a drop or
+        paste is refused with a note (before anything is sent)."""
+        self.input.images_allowed = takes_images
+        self.attach_button.setEnabled(takes_images)
+        self.attach_button.setToolTip("Attach images" if takes_images else NO_IMAGES)
+        if takes_images:
+            self.note.hide()
+
+    def _show_note(self, text: str) -> None:
+        self.note.setText(text)
+        self.note.show()
 
     def start_editing(self, text: str, images: list[str]) -> None:
         self.input.setPlainText(text)
@@ -167,7 +191,7 @@ class Composer(QFrame):
         for path in paths:
             self.attachments.add(keep_image_file(path))
 
-    def dragEnterEvent(self, event) -> None:
+    def dragEnterEvent(self, event) -> None:       # accepted without vision too: the drop explains the refusal
         if event.mimeData().hasUrls() or event.mimeData().hasImage():
             event.acceptProposedAction()
 
@@ -187,4 +211,5 @@ class Composer(QFrame):
             return
         images = self.attachments.take()
         self.input.clear()
+        self.note.hide()
         self.send_requested.emit(text, images)

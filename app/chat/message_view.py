@@ -6,15 +6,14 @@ answered, the folded reasoning, the content, the numbers, and its actions.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QGuiApplication, QPixmap
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QVBoxLayout
 
 from app import icons
 from app.chat.blocks import ShownCall
 from app.chat.content_view import ContentView
+from app.chat.image_viewer import Thumbnail
 from app.chat.metrics import metrics_line
 from app.chat.thinking_block import ThinkingBlock
 from app.store import Message
@@ -59,7 +58,7 @@ class MessageView(QFrame):
             thumbs = QHBoxLayout()
             thumbs.setSpacing(6)
             for path in message.attachments:
-                thumbs.addWidget(_thumbnail(path))
+                thumbs.addWidget(Thumbnail(path, THUMB))
             thumbs.addStretch(1)
             inner.addLayout(thumbs)
         if message.content:
@@ -156,16 +155,3 @@ class NoticeView(QFrame):
         glyph.setPixmap(icons.pixmap("info", 14, icons.WARNING))
         row.addWidget(glyph, 0, Qt.AlignmentFlag.AlignTop)
         row.addWidget(label(message.content, "noticeText", wrap=True, selectable=True), 1)
-
-
-def _thumbnail(path: str) -> QWidget:
-    thumb = QLabel()
-    thumb.setObjectName("thumbnail")
-    image = QPixmap(path)
-    if image.isNull():
-        thumb.setText(Path(path).name)
-    else:
-        thumb.setPixmap(image.scaled(THUMB, THUMB, Qt.AspectRatioMode.KeepAspectRatio,
-                                     Qt.TransformationMode.SmoothTransformation))
-    thumb.setToolTip(Path(path).name)
-    return thumb

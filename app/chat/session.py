@@ -133,7 +133,7 @@ class ChatSession(QObject):
             self.current = self.store.create_conversation(title or "New chat")
             self.conversations_changed.emit()
         self.message_added.emit(self.store.add_message(self.current.id, "user", content=text, attachments=images))
-        if images and not self._vision():
+        if images and not self.vision:
             self.message_added.emit(self.store.add_message(self.current.id, "notice", content=NO_VISION))
             if not text:
                 return
@@ -166,7 +166,9 @@ class ChatSession(QObject):
             self.backend.cancel(self.active.request_id)
 
     # ---- internals -----------------------------------------------------------------------------
-    def _vision(self) -> bool:
+    @property
+    def vision(self) -> bool:
+        """Whether the chat's backend takes images."""
         return bool(self.backend is not None and self.backend.supports_vision)
 
     def _drop_from(self, first: Message) -> None:
@@ -197,7 +199,7 @@ class ChatSession(QObject):
             if m.role == "notice" or (m.role == "assistant" and failed_or_empty):
                 continue
             entry = {"role": m.role, "content": m.content}
-            if m.attachments and self._vision():
+            if m.attachments and self.vision:
                 entry["images"] = m.attachments
             if m.reasoning:
                 entry["reasoning_content"] = m.reasoning

@@ -16,7 +16,7 @@ from engine.server.anthropic_schema import CountTokensRequest, MessagesRequest
 from engine.server.body import parse_body
 from engine.server.errors import error_payload
 from engine.server.generation import Finish, Keepalive, Reply, collect_all
-from engine.server.prompting import chat_prompt, render
+from engine.server.prompting import chat_prompt, prompt_ids
 from engine.server.sse import JSON, event, sse_response
 
 router = APIRouter()
@@ -30,7 +30,7 @@ async def messages(request: Request):
     body = await parse_body(request, MessagesRequest)
     engine = server.ready()
     server.check_model(body.model)
-    prompt = await run_in_threadpool(chat_prompt, engine, chat_request(body), server.defaults)
+    prompt = await run_in_threadpool(chat_prompt, engine, chat_request(body, server.image_options()), server.defaults)
     gen = server.start(prompt)
     omit_thinking = bool(body.thinking and body.thinking.display == "omitted")
     message = {"id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant", "model": body.model}
@@ -50,7 +50,7 @@ async def count_tokens(request: Request):
     body = await parse_body(request, CountTokensRequest)
     engine = server.ready()
     server.check_model(body.model)
-    ids = await run_in_threadpool(render, engine, chat_request(body))
+    ids, _ = await run_in_threadpool(prompt_ids, engine, chat_request(body, server.image_options()))
     return JSON({"input_tokens": len(ids)})
 
 

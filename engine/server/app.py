@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from engine.server import anthropic_routes, models_routes, openai_routes, ops_routes
+from engine.server import anthropic_routes, models_routes, openai_routes, ops_routes, responses_routes
 from engine.server.errors import install_error_handlers
 from engine.server.metrics import MetricsMiddleware
 from engine.server.security import Guard
@@ -19,11 +19,11 @@ def create_app(settings: ServerSettings | None = None, engine=None, *, params_ho
     settings = settings or ServerSettings()
     app = FastAPI(title="Qwen Desk local API", docs_url=None, redoc_url=None)
     app.state.server = ServerState(settings, engine, params_hook)
-    for module in (openai_routes, anthropic_routes, models_routes, ops_routes):
+    for module in (openai_routes, responses_routes, anthropic_routes, models_routes, ops_routes):
         app.include_router(module.router)
     install_error_handlers(app)
     if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["*"])
     app.add_middleware(Guard, settings=settings)
     app.add_middleware(MetricsMiddleware, metrics=app.state.server.metrics)

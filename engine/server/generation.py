@@ -51,7 +51,8 @@ class Generation:
         self.keepalive_s, self.raw, self.metrics = keepalive_s, raw, metrics
         self.shown = ("content", "reasoning") if raw else ("content",)    # the tokens whose logprobs go out
         self.finished = False
-        self.handle = engine.submit(prompt.ids, self.params, tools=prompt.tools)   # raises QueueFullError, ValueError
+        self.handle = engine.submit(prompt.ids, self.params, tools=prompt.tools,   # raises QueueFullError, ValueError
+                                    images=prompt.images or None)
         self.queue: asyncio.Queue = asyncio.Queue()
         self.loop = asyncio.get_running_loop()
         threading.Thread(target=self._pump, name=f"qwendesk-stream-{self.handle.id}", daemon=True).start()
@@ -144,9 +145,10 @@ async def collect(gen: Generation) -> Reply:
     return reply
 
 
-async def collect_all(request, gens: list[Generation]) -> list[Reply]:
-    """Run generations to their end; cancel them all if the client disconnects first (a response
-    that is not streamed has no other way to notice)."""
+async def collect_all(request, gens: list[Generation], consume=collect) -> list:
+    """Run generations to their end (`consume(gen)`: what a generation's events become; a Reply by
+    default); cancel them all if the client disconnects first (a response that is not streamed has no
+    other way to notice)."""
     async def watch():
         while (await request.receive())["type"] != "http.disconnect":
             pass
@@ -155,7 +157,7 @@ async def collect_all(request, gens: list[Generation]) -> list[Reply]:
 
     watcher = asyncio.ensure_future(watch())
     try:
-        return list(await asyncio.gather(*(collect(g) for g in gens)))
+        return list(await asyncio.gather(*(consume(g) for g in gens)))
     finally:
         watcher.cancel()
 
