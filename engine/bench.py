@@ -270,6 +270,9 @@ def main(argv=None) -> int:
                     help="instead of the speed runs: the host and disk cache tiers (engine/bench_tiers.py): next-turn "
                     "TTFT after a restart, warm vs cold, int8 and bf16 KV; restore bandwidth; decode during a disk write")
     ap.add_argument("--tiers-context", type=positive_int, default=32768, help="conversation tokens (--cache-tiers)")
+    ap.add_argument("--tiers-kv", default="int8,bf16", type=kv_dtypes, help="KV dtypes, comma-separated (--cache-tiers)")
+    ap.add_argument("--tiers-decode", action=argparse.BooleanOptionalAction, default=True,
+                    help="(--cache-tiers) also decode during a background disk write")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     if args.json_schema and not args.tokenizer:
@@ -347,6 +350,14 @@ def rates(value: str) -> list[float]:
 def token_counts(value: str) -> list[int]:
     """argparse type: "512,8192" -> [512, 8192]."""
     return [positive_int(n) for n in value.split(",")]
+
+
+def kv_dtypes(value: str) -> list[str]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in names if v not in ("bf16", "int8")]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"{bad[0] if bad else value!r} is not a KV dtype (bf16, int8)")
+    return names
 
 
 def profile_names(value: str) -> list[str]:

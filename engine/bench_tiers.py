@@ -1,4 +1,5 @@
-"""The cache tiers at real shapes: `qwendesk-bench --cache-tiers [--tiers-context 32768]`.
+"""The cache tiers at real shapes: `qwendesk-bench --cache-tiers [--tiers-context 32768] [--tiers-kv int8,bf16]
+[--no-tiers-decode]`.
 
 Per KV dtype (int8, bf16): a conversation of --tiers-context tokens is answered by an engine writing the disk tier;
 the engine is closed (its writes finish) and the files are dropped from the OS page cache (fsync + fadvise), so
@@ -91,7 +92,7 @@ def bench_tiers(model, args) -> dict:
         out = eng.generate(prompt, SamplingParams(max_tokens=1, **greedy))
         return out.timings.ttft_ms, out.usage.cached_tokens
 
-    for kv in ("int8", "bf16"):
+    for kv in args.tiers_kv:
         folder = Path(tempfile.mkdtemp(prefix=f"qwendesk-tiers-{kv}-"))
         tiers = dict(disk_cache=True, disk_cache_dir=str(folder))
         eng = engine(kv, **tiers)
@@ -119,6 +120,8 @@ def bench_tiers(model, args) -> dict:
         res[kv] = r
         print(f"{kv} KV: {r}", flush=True)
 
+    if not args.tiers_decode:
+        return res
     # decode of one stream alone, then while the writer thread writes a just-finished long request's pages
     with tempfile.TemporaryDirectory(prefix="qwendesk-tiers-write-") as folder:
         eng = Engine.from_model(EngineConfig(model=f"random-{args.shape}-write", device="cuda", profile="C1",
@@ -148,11 +151,15 @@ def report(res: dict) -> None:
           "| disk read GB/s | disk MB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for kv in ("int8", "bf16"):
+        if kv not in res:
+            continue
         r = res[kv]
         print(f"| {kv} | {r['cold_ttft_ms']:.0f} ms | {r['restart_ttft_ms']:.0f} ms ({r['restart_cached']} cached) "
               f"| {r['restart_vs_cold']:.1%} | {r['warmed_ttft_ms']:.0f} ms | {r['warmed_vs_cold']:.1%} "
               f"| {r['warm_ms']:.0f} ms | {r['restore_gbps']:.1f} | {r['pinned_copy_gbps']:.1f} "
               f"| {r['disk_read_gbps']:.2f} | {r['disk_bytes'] / 1e6:.0f} |")
+    if "decode_ratio" not in res:
+        return
     print(f"decode tok/s alone {res['decode_alone_tok_s']:.1f}, during a background disk write "
           f"{res['decode_during_write_tok_s']:.1f} ({res['decode_ratio']:.3f}x); the write took {res['write_s']:.1f} s "
           f"from the decode's start, the decode {res['decode_s']:.1f} s")

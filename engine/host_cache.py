@@ -18,7 +18,7 @@ import torch
 
 from engine.kv_cache import CacheTensors
 
-SLAB_BLOCKS = 64          # blocks per slab (27B shapes: ~140 MiB)
+SLAB_BYTES = 128 << 20    # a slab holds as many blocks as fit here (torch's pinned allocator rounds up to a power of 2)
 STAGE_PAGES = 32          # pages restored per GPU staging buffer
 
 
@@ -28,7 +28,7 @@ class HostCache:
         self.block = pools.page_nbytes
         self.state_blocks = -(-pools.state_nbytes // self.block)
         self.max_blocks = budget_bytes // self.block
-        self.slab_blocks = max(1, min(SLAB_BLOCKS, self.max_blocks))
+        self.slab_blocks = max(1, min(SLAB_BYTES // self.block, self.max_blocks))
         self.pinned = pools.k.is_cuda
         self.slabs: list[torch.Tensor] = []                                  # [slab_blocks, block] uint8
         self.free: list[int] = []
