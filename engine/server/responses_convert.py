@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from engine.api import call_arguments
 from engine.server.errors import APIError, validation_error
+from engine.server.images import ImageOptions
 from engine.server.openai_convert import chat_request
 from engine.server.openai_schema import ChatCompletionRequest
 from engine.server.prompting import ChatRequest
@@ -53,7 +54,7 @@ class Prepared:
     renames: "Renames"          # for the errors that rendering and submitting the chat request raise
 
 
-def prepare(body: ResponsesRequest, history: list[dict], vocab_size: int) -> Prepared:
+def prepare(body: ResponsesRequest, history: list[dict], vocab_size: int, images: ImageOptions) -> Prepared:
     """`history`: the items of the response named by previous_response_id ([] if none)."""
     refuse_unsupported(body)
     given = body.input
@@ -81,7 +82,7 @@ def prepare(body: ResponsesRequest, history: list[dict], vocab_size: int) -> Pre
             "user": body.user}
     renames = Renames(sources, len(history))
     try:
-        req = chat_request(ChatCompletionRequest.model_validate(chat), vocab_size)
+        req = chat_request(ChatCompletionRequest.model_validate(chat), vocab_size, images)
     except ValidationError as e:
         raise renames(validation_error(e.errors())) from None
     except APIError as e:

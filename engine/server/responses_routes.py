@@ -37,7 +37,7 @@ async def create_response(request: Request):
             raise APIError(400, f"Previous response with id '{body.previous_response_id}' not found.",
                            param="previous_response_id", code="previous_response_not_found")
         history = stored.items
-    prepared = prepare(body, history, engine.model_config.vocab_size)
+    prepared = prepare(body, history, engine.model_config.vocab_size, server.image_options())
     try:
         prompt = await run_in_threadpool(chat_prompt, engine, prepared.chat, server.defaults)
         gen = server.start(prompt)
