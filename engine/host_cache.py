@@ -71,7 +71,12 @@ class HostCache:
         return self.slabs[first // self.slab_blocks][row:row + n]
 
     def _take(self, n: int) -> list[int] | None:
-        """n free blocks, growing the slabs within the budget, else evicting unheld entries (None: cannot)."""
+        """n free blocks, growing the slabs within the budget, else evicting unheld entries (None: cannot, and then
+        nothing is evicted)."""
+        growable = (self.max_blocks // self.slab_blocks - len(self.slabs)) * self.slab_blocks
+        if len(self.free) + growable < n and len(self.free) + growable + sum(
+                len(b) for e, b in self.entries.items() if e not in self.held) < n:
+            return None
         while len(self.free) < n:
             if (len(self.slabs) + 1) * self.slab_blocks <= self.max_blocks:
                 first = len(self.slabs) * self.slab_blocks

@@ -67,6 +67,8 @@ def test_held_entries_are_not_evicted_and_a_full_host_drops_the_newcomer():
     host.held.update({("page", b"0"), ("page", b"1")})
     host.put_pages([b"2"], [2])
     assert host.has("page", b"0") and host.has("page", b"1") and not host.has("page", b"2")
+    host.put_state(b"s", 3)                           # no room beside the held entries: refused, nothing evicted
+    assert not host.has("state", b"s") and host.has("page", b"0") and host.has("page", b"1")
     host.held.clear()
     host.put_pages([b"2"], [2])
     assert host.has("page", b"2") and not host.has("page", b"0")
