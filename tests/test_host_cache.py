@@ -112,3 +112,30 @@ def test_the_cache_spills_evicted_pages_and_snapshots_and_restores_a_hit_from_th
     assert torch.equal(p.ssm[:, live], snap)
     assert cache.match_prefix(tokens + [99]).pages == got        # indexed on the GPU again
     assert cache.reserved == 4 - 2 and cache.stats()["prefix_hit_tokens"] == 8
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_pinned_copies_keep_stream_order(tmp_path):
+    """Pools on the GPU: the host tier's blocks are pinned and its copies queued without waiting; a page overwritten
+    right after its spill, and a block reused right after a restore, still give the right bytes. The disk tier's
+    write waits for its copy out of the GPU."""
+    from engine.disk_cache import DiskCache, namespace
+    cpu = pools(num_pages=8, int8=True)
+    p = CacheTensors(**{name: (getattr(cpu, name).cuda() if name != "page_size" else cpu.page_size)
+                        for name in ("k", "v", "k_scale", "v_scale", "conv", "ssm", "page_size")})
+    host = HostCache(p, budget_bytes=3 * p.page_nbytes + 1)
+    assert host.pinned
+    want = {i: [t.cpu() for t in page_of(p, i)] for i in range(3)}
+    host.put_pages([b"0", b"1", b"2"], [0, 1, 2])
+    p.k.fill_(7)                                        # queued after the spill
+    host.load_pages([b"0", b"1", b"2"], [5, 6, 7])
+    host.put_pages([b"3"], [3])                         # evicts "0" and reuses its block after the restore read it
+    torch.cuda.synchronize()
+    for i in range(3):
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(page_of(p, 5 + i), want[i]))
+    disk = DiskCache(tmp_path, namespace({"gpu": True}), budget_bytes=1 << 20)
+    disk.write_pages(p, [b"p" * 16], [6])
+    disk.flush()
+    views = [torch.zeros(p.page_nbytes, dtype=torch.uint8)]
+    assert disk.read_into("page", b"p" * 16, views) and torch.equal(views[0], p.read_pages([6])[0].cpu())
+    disk.close()
