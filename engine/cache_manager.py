@@ -114,6 +114,9 @@ class CacheManager:
                 if end < 0:
                     return PrefixHit()
                 keys = hashes[:end + 1]
+                if self.host is not None:                        # hold this candidate's entries (and no others)
+                    self.host.held.clear()
+                    self.host.held.add(("state", keys[-1]))
                 secured = self._from_disk(keys)
                 if secured < len(keys):
                     limit = secured            # a page could not be read: look again, short of it

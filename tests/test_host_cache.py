@@ -139,3 +139,29 @@ def test_on_the_gpu_pinned_copies_keep_stream_order(tmp_path):
     views = [torch.zeros(p.page_nbytes, dtype=torch.uint8)]
     assert disk.read_into("page", b"p" * 16, views) and torch.equal(views[0], p.read_pages([6])[0].cpu())
     disk.close()
+
+
+def test_a_disk_hit_bigger_than_the_host_tier_restores_what_it_can(tmp_path):
+    """Three pages and snapshots after pages 1 and 3 on disk, a host tier of 4 blocks (a snapshot takes 2): the
+    3-page hit cannot be held whole, so the lookup settles for the first page and its snapshot."""
+    from engine.cache_manager import chain_hashes
+    from engine.disk_cache import DiskCache, namespace
+    src = pools(num_pages=4, num_slots=5, seed=1)
+    tokens = list(range(13))
+    keys = chain_hashes(tokens[:12], 4)
+    disk = DiskCache(tmp_path, namespace({"t": 1}), budget_bytes=1 << 20)
+    disk.write_pages(src, keys, [0, 1, 2])
+    disk.write_state(src, keys[0], 1)
+    disk.write_state(src, keys[2], 2)
+    disk.flush()
+    p = pools(num_pages=4, num_slots=5, seed=2)
+    host = HostCache(p, budget_bytes=4 * p.page_nbytes)
+    assert host.state_blocks == 2
+    cache = CacheManager(p, num_seq_slots=1, host=host, disk=disk)
+    hit = cache.match_prefix(tokens)
+    assert (hit.tokens, hit.snapshot, hit.pages) == (4, keys[0], [-1])
+    pages, slot = cache.admit(hit, 13)
+    assert all(torch.equal(a, b) for a, b in zip(page_of(p, pages[0]), page_of(src, 0)))
+    assert torch.equal(p.conv[:, slot], src.conv[:, 1]) and torch.equal(p.ssm[:, slot], src.ssm[:, 1])
+    assert disk.stats()["disk_rejected"] == 0 and cache.stats()["disk_hit_snapshots"] >= 1
+    disk.close()
