@@ -266,11 +266,19 @@ def main(argv=None) -> int:
     ap.add_argument("--json-schema", metavar="FILE", help="instead of the speed runs: decode with this JSON schema "
                     "as a constraint against without, at --profiles (engine/bench_grammar.py; needs --tokenizer)")
     ap.add_argument("--tokenizer", metavar="DIR", help="a byte-level tokenizer's folder (--json-schema)")
+    ap.add_argument("--cache-tiers", action="store_true",
+                    help="instead of the speed runs: the host and disk cache tiers (engine/bench_tiers.py): next-turn "
+                    "TTFT after a restart, warm vs cold, int8 and bf16 KV; restore bandwidth; decode during a disk write")
+    ap.add_argument("--tiers-context", type=positive_int, default=32768, help="conversation tokens (--cache-tiers)")
+    ap.add_argument("--tiers-kv", default="int8,bf16", type=kv_dtypes, help="KV dtypes, comma-separated (--cache-tiers)")
+    ap.add_argument("--tiers-decode", action=argparse.BooleanOptionalAction, default=True,
+                    help="(--cache-tiers) also decode during a background disk write")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     if args.json_schema and not args.tokenizer:
         ap.error("--json-schema needs --tokenizer DIR (a folder with the model's tokenizer.json)")
-    args.hf = args.hf and args.weights == "bf16" and not (args.simulate_gb or args.profile or args.json_schema)
+    args.hf = args.hf and args.weights == "bf16" and not (args.simulate_gb or args.profile or args.json_schema
+                                                                   or args.cache_tiers)
     if args.hf and (why := transformers_missing()):
         print(f"note: skipping the comparison with HF transformers ({why}); pip install transformers to run it")
         args.hf = False
@@ -300,6 +308,10 @@ def main(argv=None) -> int:
                 json.dump(results, f, indent=1)
         return 0
     model = build_random_model(raw, args.weights)
+    if args.cache_tiers:
+        from engine import bench_tiers
+        results.update(bench_tiers.bench_tiers(model, args))
+        bench_tiers.report(results)
     if args.json_schema:
         from engine import bench_grammar
         results.update(bench_grammar.bench_grammar(model, args))
@@ -338,6 +350,14 @@ def rates(value: str) -> list[float]:
 def token_counts(value: str) -> list[int]:
     """argparse type: "512,8192" -> [512, 8192]."""
     return [positive_int(n) for n in value.split(",")]
+
+
+def kv_dtypes(value: str) -> list[str]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in names if v not in ("bf16", "int8")]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"{bad[0] if bad else value!r} is not a KV dtype (bf16, int8)")
+    return names
 
 
 def profile_names(value: str) -> list[str]:

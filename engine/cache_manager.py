@@ -13,6 +13,13 @@ pages and a snapshot at the same boundary; a page leaving the index takes its sn
 
 Memory is promised up front: admission reserves every page a sequence can still need
 (prompt + max new tokens), so a running sequence never runs out of pages.
+
+Tiers. With a host tier (engine.host_cache.HostCache), a page or snapshot leaving the GPU is copied out to host
+memory first; with a disk tier (engine.disk_cache.DiskCache), the pages and snapshots of a finished sequence are
+also written to disk in the background. A lookup walks the chain through GPU -> host -> disk: the longest prefix
+whose every page is in some tier and which has a snapshot in some tier at its end is the hit. Disk entries of a hit
+are read into the host tier during the lookup (a file that does not check out is a miss there, and the lookup
+looks again); admission copies the host entries into fresh GPU pages and indexes them there.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from engine.disk_cache import DiskCache
+from engine.host_cache import HostCache
 from engine.kv_cache import CacheTensors, IdPool
 from engine.snapshots import Snapshots
 
@@ -38,14 +47,23 @@ def chain_hashes(tokens: list[int], page_size: int, prev: bytes = b"") -> list[b
 
 @dataclass
 class PrefixHit:
-    pages: list[int] = field(default_factory=list)
+    pages: list[int] = field(default_factory=list)   # GPU page of each page of the prefix (-1: in the host tier)
     tokens: int = 0                 # prefix length reused (a multiple of the page size)
     snapshot: bytes | None = None   # key of the snapshot holding the GDN state after `tokens` tokens (None: no hit)
+    keys: list[bytes] = field(default_factory=list, compare=False)   # chain hash of each page
+
+    @property
+    def on_gpu(self) -> list[int]:
+        return [p for p in self.pages if p >= 0]
 
 
 class CacheManager:
-    def __init__(self, pools: CacheTensors, num_seq_slots: int):
-        """State slots: 0 .. num_seq_slots - 1 for live sequences, then snapshots, the last one scratch."""
+    def __init__(self, pools: CacheTensors, num_seq_slots: int, host: HostCache | None = None,
+                 disk: DiskCache | None = None):
+        """State slots: 0 .. num_seq_slots - 1 for live sequences, then snapshots, the last one scratch.
+        disk: written at release and read through the host tier (so it needs one)."""
+        if disk is not None and host is None:
+            raise ValueError("the disk tier reads through the host tier: give a host tier too")
         self.pools = pools
         self.page_size = pools.page_size
         n = pools.num_pages
@@ -57,7 +75,9 @@ class CacheManager:
         self.reserved = 0                                          # promised, not yet taken
         self.seq_slots = IdPool(num_seq_slots)
         self.scratch_slot = pools.num_slots - 1                    # padding rows of graph batches write here
-        self.snapshots = Snapshots(pools, range(num_seq_slots, self.scratch_slot))
+        self.host, self.disk = host, disk
+        self.snapshots = Snapshots(pools, range(num_seq_slots, self.scratch_slot),
+                                   on_evict=host.put_state if host is not None else None)
         self.hits = 0                                              # prefix tokens reused so far
 
     # ---- accounting ----------------------------------------------------------------------
@@ -74,39 +94,108 @@ class CacheManager:
                 "kv_pages_cached": len(self.cached),
                 "state_slots_used": self.seq_slots.used,
                 "snapshots_cached": len(self.snapshots),
-                "prefix_hit_tokens": self.hits}
+                "prefix_hit_tokens": self.hits,
+                **(self.host.stats() if self.host is not None else {}),
+                **(self.disk.stats() if self.disk is not None else {})}
 
     # ---- prefix lookup ---------------------------------------------------------------------
     def match_prefix(self, tokens: list[int]) -> PrefixHit:
-        """Longest cached prefix (pages + snapshot), leaving at least one token to compute."""
-        best = PrefixHit()
-        pages = []
-        for i, h in enumerate(chain_hashes(tokens[:len(tokens) - 1], self.page_size)):
-            page = self.index.get(h)
-            if page is None:
-                break
-            pages.append(page)
-            if h in self.snapshots:
-                best = PrefixHit(list(pages), (i + 1) * self.page_size, h)
-        return best
+        """Longest cached prefix (pages + snapshot, in any tier), leaving at least one token to compute. What the
+        hit needs from the disk tier is read into the host tier here."""
+        hashes = chain_hashes(tokens[:len(tokens) - 1], self.page_size)
+        limit, no_state = len(hashes), set()
+        try:
+            while True:
+                n = 0
+                while n < limit and self._has("page", hashes[n]):
+                    n += 1
+                end = next((i for i in range(n - 1, -1, -1)
+                            if hashes[i] not in no_state and self._has("state", hashes[i])), -1)
+                if end < 0:
+                    return PrefixHit()
+                keys = hashes[:end + 1]
+                if self.host is not None:                        # hold this candidate's entries (and no others)
+                    self.host.held.clear()
+                    self.host.held.add(("state", keys[-1]))
+                secured = self._from_disk(keys)
+                if secured < len(keys):
+                    limit = secured            # a page could not be read: look again, short of it
+                    continue
+                if not self._state_from_disk(keys[-1]):
+                    no_state.add(keys[-1])
+                    continue
+                return PrefixHit([self.index.get(h, -1) for h in keys], len(keys) * self.page_size, keys[-1], keys)
+        finally:
+            if self.host is not None:
+                self.host.held.clear()
+
+    def warm(self, tokens: list[int]) -> int:
+        """Bring what a prompt's prefix needs from the disk tier into the host tier, ahead of its request;
+        returns the prefix tokens a request would reuse now."""
+        return self.match_prefix(tokens).tokens
+
+    def _has(self, kind: str, key: bytes) -> bool:
+        if (key in self.index) if kind == "page" else (key in self.snapshots):
+            return True
+        return (self.host is not None and self.host.has(kind, key)) or (
+            self.disk is not None and self.disk.has(kind, key))
+
+    def _from_disk(self, keys: list[bytes]) -> int:
+        """Read the pages among `keys` found only on disk into the host tier, holding the hit's host entries
+        there meanwhile; returns how many leading pages are now on the GPU or in the host tier."""
+        for i, key in enumerate(keys):
+            if key in self.index:
+                continue
+            if not self.host.has("page", key) and not (
+                    self.disk is not None and self.host.store_from("page", key, lambda v, k=key: self.disk.read_into(
+                        "page", k, v))):
+                return i
+            self.host.held.add(("page", key))
+        return len(keys)
+
+    def _state_from_disk(self, key: bytes) -> bool:
+        if key in self.snapshots or self.host.has("state", key):
+            return True
+        return self.disk is not None and self.host.store_from("state", key, lambda v: self.disk.read_into(
+            "state", key, v))
 
     # ---- admission and growth ------------------------------------------------------------------
     def can_admit(self, hit: PrefixHit, total_tokens: int) -> bool:
-        need = -(-total_tokens // self.page_size) - len(hit.pages)
-        reusable = sum(1 for p in hit.pages if self.refs[p] == 0)  # cached pages we would revive
+        gpu = hit.on_gpu
+        need = -(-total_tokens // self.page_size) - len(gpu)
+        reusable = sum(1 for p in gpu if self.refs[p] == 0)  # cached pages we would revive
         return self.seq_slots.free > 0 and need <= self.available_pages() - reusable
 
     def admit(self, hit: PrefixHit, total_tokens: int) -> tuple[list[int], int]:
-        """Take the hit's pages and a state slot (with the snapshot copied in); reserve the
-        pages for the rest of the sequence. Returns (pages, slot)."""
-        for p in hit.pages:
+        """Take the hit's pages and a state slot (with the snapshot copied in); reserve the pages for the rest of the
+        sequence. The hit's pages in the host tier are copied into pages taken from that reservation (and indexed).
+        Returns (pages, slot)."""
+        for p in hit.on_gpu:
             self._ref(p)
         slot = self.seq_slots.take()[0]
         if hit.snapshot is not None:
-            self.snapshots.restore(hit.snapshot, slot)
+            if hit.snapshot in self.snapshots:
+                self.snapshots.restore(hit.snapshot, slot)
+            else:
+                self.host.load_state(hit.snapshot, slot)
             self.hits += hit.tokens
-        self.reserved += -(-total_tokens // self.page_size) - len(hit.pages)
-        return list(hit.pages), slot
+        self.reserved += -(-total_tokens // self.page_size) - len(hit.on_gpu)
+        pages = list(hit.pages)
+        missing = [i for i, p in enumerate(pages) if p < 0]
+        if missing:
+            keys = [hit.keys[i] for i in missing]
+            self.host.held.update(("page", k) for k in keys)    # the pages taken below spill: not over these
+            try:
+                for i in missing:
+                    pages[i] = self._take_page()
+                    self.reserved -= 1
+                self.host.load_pages(keys, [pages[i] for i in missing])
+            finally:
+                self.host.held.clear()
+            for i, key in zip(missing, keys):
+                self.index[key] = pages[i]
+                self.page_key[pages[i]] = key
+        return pages, slot
 
     def grow(self, pages: list[int], n_tokens: int) -> None:
         """Extend a page table (in place) to hold n_tokens, from the sequence's reservation."""
@@ -117,7 +206,9 @@ class CacheManager:
     def _take_page(self) -> int:
         if not self.free_pages:
             page, _ = self.cached.popitem(last=False)      # evict the least recently used
-            self._unindex(page)
+            if self.host is not None and page in self.page_key:
+                self.host.put_pages([self.page_key[page]], [page])
+            self._unindex(page)                            # (its snapshot goes to the host tier there)
             return page
         page = self.free_pages.pop()
         self.refs[page] = 1
@@ -155,7 +246,7 @@ class CacheManager:
         """A sequence is done (finished or cancelled): index its full computed pages for reuse (`hashes` is
         extended in place), drop its references, free its state slot and what is left of the reservation
         admit() made for `total_tokens`, and keep its rolling snapshot as the end-of-turn snapshot where
-        its last full page is indexed."""
+        its last full page is indexed. With a disk tier, what it indexed is written there too."""
         self.index_pages(hashes, tokens, num_computed, pages)
         newly_cached = []
         for page in pages:
@@ -172,3 +263,14 @@ class CacheManager:
             self.seq_slots.give([state_slot])
         last = hashes[-1] if hashes else None
         self.snapshots.promote(rolling_slot, last if last in self.index else None)
+        if self.disk is not None:
+            self._persist(hashes)
+
+    def _persist(self, hashes: list[bytes]) -> None:
+        """Queue a finished sequence's indexed pages and the snapshots along them for the disk tier (the snapshots
+        first: when too much is pending, the writes skipped are the last pages')."""
+        keys = [h for h in hashes if h in self.index]
+        for key in keys:
+            if key in self.snapshots:
+                self.disk.write_state(self.pools, key, self.snapshots.slot(key))
+        self.disk.write_pages(self.pools, keys, [self.index[h] for h in keys])

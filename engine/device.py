@@ -52,6 +52,14 @@ def resolve_dtype(name: str, kind: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def host_ram_bytes() -> int:
+    """Physical RAM of this machine (16 GiB when it cannot be told)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 16 * GIB
+
+
 def probe(name: str = "auto") -> DeviceInfo:
     """The device `name` resolves to, with its memory now."""
     device = resolve_device(name)

@@ -15,12 +15,15 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from engine.cache_manager import CacheManager, PrefixHit
 from engine.chat.template import ChatTemplate
 from engine.config import load_model_config
+from engine.disk_cache import DiskCache, default_root, namespace
+from engine.host_cache import HostCache
 from engine.kv_cache import CacheTensors
 from engine.device import probe, resolve_device, resolve_dtype
 from engine.grammar import Grammars
@@ -36,6 +39,7 @@ from engine.speculation import Speculation
 from engine.speculative import Speculator
 from engine.streaming import OutputStream, starts_in_reasoning
 from engine.tokenizer import Tokenizer
+from engine.weights.convert_cache import source_identity
 from engine.vision.encoder import ImageEncoder
 from engine.vision.processor import ImageInputError, ProcessedImage, load_processor_config, process_image
 from engine.vision.prompt import image_prompt, split_images
@@ -167,7 +171,10 @@ class Engine:
                                             self._plan.num_slots, self._dtype, self.device,
                                             mtp_layers=1 if self._model.mtp is not None else 0,
                                             kv_int8=config.kv_dtype == "int8")
-        self._cache = CacheManager(self._pools, num_seq_slots=config.max_running)
+        host = HostCache(self._pools, self._plan.host_cache_bytes) if self._plan.host_cache_bytes else None
+        self._cache = CacheManager(self._pools, num_seq_slots=config.max_running, host=host)
+        self._disk = DiskCache(config.disk_cache_dir or default_root(), namespace(self._cache_identity()),
+                               int(config.disk_cache_gb * (1 << 30))) if config.disk_cache else None
         self._scheduler = Scheduler(self._cache, config.max_running, config.prefill_chunk,
                                     im_start_id=self.tokenizer.token_to_id("<|im_start|>"))
         if self.device.type == "cuda" and config.cuda_graphs:
@@ -200,6 +207,7 @@ class Engine:
             except LoadCancelled:
                 self.close()
                 raise
+        self._cache.disk = self._disk          # after the warm-up: its prompts are not worth a disk write
 
     def _warm_up_linears(self) -> None:
         """Run each quantized weight shape at WARM_UP_ROWS (2 .. FUSED_MAX_M rows: a prompt's last step, a short chat
@@ -227,6 +235,15 @@ class Engine:
             self._progress("Warming up", i, len(lengths))
             self.generate([(7 * t + i) % self.model_config.vocab_size for t in range(length)],
                           SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+
+    def _cache_identity(self) -> dict:
+        """What the disk tier's entries depend on besides their chain hash (engine.disk_cache.namespace). An engine
+        around a given model (from_model) is known by config.model's text."""
+        path = Path(self.config.model)
+        policy = self.config.policy(self.weights)
+        return {"source": source_identity(path) if path.is_dir() else {"name": self.config.model},
+                "weights": self.weights, "policy": policy.key() if policy is not None else None,
+                "dtype": str(self._dtype), "layout": self._pools.layout()}
 
     @classmethod
     def from_model(cls, config: EngineConfig, model, tokenizer, template=None, vision=None) -> "Engine":
@@ -300,18 +317,7 @@ class Engine:
             raise RuntimeError("the engine is closed")
         params = params or SamplingParams()
         params.validate()
-        if prompt and not isinstance(prompt, str) and isinstance(prompt[0], dict):
-            if images:
-                raise ValueError("images go inside chat messages as image parts, or with token ids")
-            prompt, data = split_images(prompt)
-            images = self.process_images(data)
-            ids = self.expand_images(self.encode_prompt(prompt, tools=tools, **template_kwargs), images)
-        else:
-            ids = self.encode_prompt(prompt, tools=tools, **template_kwargs)
-        if images and self._encoder is None:
-            raise ImageInputError(NO_VISION)
-        image_info = image_prompt(ids, list(images), self.model_config.image_token_id,
-                                  self.model_config.vision.spatial_merge_size) if images else None
+        ids, image_info = self._prompt(prompt, tools, images, template_kwargs)
         if len(ids) >= self.max_context:
             raise ContextLengthError(f"the prompt has {len(ids)} tokens; the context holds {self.max_context} "
                                      f"(prompt plus at least one new token)")
@@ -335,6 +341,22 @@ class Engine:
             seq.forced.extend([tok.think_end_id] + tok.encode("\n\n"))
         self._inbox.put(("submit", seq))
         return RequestHandle(self, seq)
+
+    def _prompt(self, prompt, tools, images, template_kwargs) -> tuple[list[int], object]:
+        """A request's token ids and its ImagePrompt (None without images): submit's and warm's."""
+        if prompt and not isinstance(prompt, str) and isinstance(prompt[0], dict):
+            if images:
+                raise ValueError("images go inside chat messages as image parts, or with token ids")
+            prompt, data = split_images(prompt)
+            images = self.process_images(data)
+            ids = self.expand_images(self.encode_prompt(prompt, tools=tools, **template_kwargs), images)
+        else:
+            ids = self.encode_prompt(prompt, tools=tools, **template_kwargs)
+        if images and self._encoder is None:
+            raise ImageInputError(NO_VISION)
+        image_info = image_prompt(ids, list(images), self.model_config.image_token_id,
+                                  self.model_config.vision.spatial_merge_size) if images else None
+        return ids, image_info
 
     def cancel(self, request_id: int) -> None:
         self._inbox.put(("cancel", request_id))
@@ -375,6 +397,15 @@ class Engine:
                                       usage=ev.usage, timings=ev.timings)
         raise RuntimeError("the request ended without a finish event")
 
+    def warm(self, prompt, tools=None, images=None, **template_kwargs) -> Future:
+        """Ahead of a request (a conversation reopened after a restart): read what its prompt's prefix has in the
+        disk tier into host memory, so that the request restores it by fast copies. Returns once the prompt is
+        rendered; the Future gives the prompt tokens a request would now reuse. The prompt as submit() takes it."""
+        ids, image_info = self._prompt(prompt, tools, images, template_kwargs)
+        done: Future = Future()
+        self._inbox.put(("warm", image_info.hash_tokens if image_info else ids, done))
+        return done
+
     def score(self, token_ids) -> torch.Tensor:
         """Logits of every position of one sequence, [len, vocab] float32 on the CPU."""
         ids = self.encode_prompt(token_ids)
@@ -390,6 +421,8 @@ class Engine:
         self._closed = True
         self._inbox.put(("stop",))
         self._thread.join()
+        if self._disk is not None:
+            self._disk.close()                  # the writes queued so far are finished first
         # drop every reference to device memory (graphs, pools, cache), then give it back
         self._runner = self._model = self._pools = self._cache = self._scheduler = self._encoder = None
         if self.device.type == "cuda":
@@ -434,10 +467,10 @@ class Engine:
             seq = self._seqs.get(msg[1])
             if seq is not None:
                 self._finish(seq, "cancelled")
-        elif kind == "score":
+        elif kind in ("score", "warm"):
             _, ids, done = msg
             try:
-                done.set_result(self._score(ids))
+                done.set_result(self._score(ids) if kind == "score" else self._cache.warm(ids))
             except Exception as e:
                 done.set_exception(e)
 

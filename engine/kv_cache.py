@@ -70,6 +70,55 @@ class CacheTensors:
         self.conv[:, dst].copy_(self.conv[:, src])
         self.ssm[:, dst].copy_(self.ssm[:, src])
 
+    # ---- pages and states as bytes: what the host and disk tiers store --------------------------
+    def _page_parts(self) -> list[torch.Tensor]:
+        return [t for t in (self.k, self.v, self.k_scale, self.v_scale) if t is not None]
+
+    @property
+    def page_nbytes(self) -> int:
+        """Bytes of one page: K and V of every attention layer (and their int8 scales)."""
+        return sum(t[:, 0].numel() * t.element_size() for t in self._page_parts())
+
+    @property
+    def state_nbytes(self) -> int:
+        """Bytes of one slot's GDN state (conv window and recurrent state of every layer)."""
+        return sum(t[:, 0].numel() * t.element_size() for t in (self.conv, self.ssm))
+
+    def read_pages(self, pages: list[int]) -> torch.Tensor:
+        """Pages as bytes, [len(pages), page_nbytes] uint8 on the pools' device (a gather: a new tensor)."""
+        idx = torch.tensor(pages, dtype=torch.long, device=self.k.device)
+        return torch.cat([t.index_select(1, idx).transpose(0, 1).reshape(len(pages), -1).view(torch.uint8)
+                          for t in self._page_parts()], dim=1)
+
+    def write_pages(self, pages: list[int], data: torch.Tensor) -> None:
+        """Inverse of read_pages: `data` [len(pages), page_nbytes] uint8 on the pools' device into those pages."""
+        idx = torch.tensor(pages, dtype=torch.long, device=self.k.device)
+        offset = 0
+        for t in self._page_parts():
+            shape = t[:, 0].shape
+            n = t[:, 0].numel() * t.element_size()
+            part = data[:, offset:offset + n].contiguous().view(t.dtype).view(len(pages), *shape)
+            t.index_copy_(1, idx, part.transpose(0, 1))
+            offset += n
+
+    def read_state(self, slot: int) -> torch.Tensor:
+        """One slot's GDN state as bytes, [state_nbytes] uint8 on the pools' device."""
+        return torch.cat([t[:, slot].contiguous().view(-1).view(torch.uint8) for t in (self.conv, self.ssm)])
+
+    def write_state(self, slot: int, data: torch.Tensor) -> None:
+        """Inverse of read_state."""
+        offset = 0
+        for t in (self.conv, self.ssm):
+            n = t[:, slot].numel() * t.element_size()
+            t[:, slot].copy_(data[offset:offset + n].view(t.dtype).view(t[:, slot].shape))
+            offset += n
+
+    def layout(self) -> dict:
+        """What the stored bytes of a page and a state mean: shapes and dtypes of the pools (per page / slot)."""
+        return {name: [list(t[:, 0].shape), str(t.dtype)] for name, t in
+                (("k", self.k), ("v", self.v), ("k_scale", self.k_scale), ("v_scale", self.v_scale),
+                 ("conv", self.conv), ("ssm", self.ssm)) if t is not None}
+
 
 class IdPool:
     """A free list of integer ids (pages or state slots)."""

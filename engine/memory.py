@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.config import ModelConfig, load_model_config
-from engine.device import DeviceInfo, probe, resolve_dtype
+from engine.device import DeviceInfo, host_ram_bytes, probe, resolve_dtype
 from engine.model.shapes import model_tensor_shapes, vision_tensor_shapes
 from engine.params import PROFILES, EngineConfig
 from engine.weights.policy import policy_bytes
@@ -24,6 +24,7 @@ from engine.weights.policy import policy_bytes
 GIB = 1 << 30
 PREFIX_EXTRA = 1.25          # at most this many KV pages per reserved page (the rest: cached prefixes)
 MAX_SNAPSHOTS = 16
+HOST_CACHE_DEFAULT = (8 * GIB, 0.25)     # the host tier's default budget: min(8 GiB, a quarter of RAM)
 
 
 @dataclass
@@ -46,6 +47,7 @@ class MemoryPlan:
     vision: str = "off"          # the vision tower: off | resident (its weights in weights_bytes) | on_demand (on the
     #                              GPU only while encoding: its weights are in the workspace, which the two share)
     vision_bytes: int = 0        # what encoding the largest image takes on the GPU: tower weights + its activations
+    host_cache_bytes: int = 0    # the host-RAM tier's budget (host memory: not in total_bytes)
     fits: bool = True
     message: str = ""
     alternatives: list[str] = field(default_factory=list)
@@ -64,7 +66,16 @@ class MemoryPlan:
                 + (f"; speculation ({self.drafts} drafts) {g(self.speculation_bytes)} of the workspace"
                    if self.drafts else "")
                 + (f"; vision tower {self.vision.replace('_', ' ')}, {g(self.vision_bytes)} while encoding"
-                   if self.vision != "off" else ""))
+                   if self.vision != "off" else "")
+                + (f"; host-RAM cache tier up to {g(self.host_cache_bytes)}" if self.host_cache_bytes else ""))
+
+
+def host_cache_bytes(config: EngineConfig) -> int:
+    """The host tier's budget: config.host_cache_gb, or by default min(8 GiB, a quarter of RAM)."""
+    if config.host_cache_gb is not None:
+        return int(config.host_cache_gb * GIB)
+    cap, share = HOST_CACHE_DEFAULT
+    return min(cap, int(host_ram_bytes() * share))
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype, mtp: bool, int8: bool = False) -> int:
@@ -199,7 +210,8 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
                           max_context=ctx, num_pages=pages, num_slots=C + snapshots + 1, snapshots=snapshots,
                           kv_bytes_per_token=per_tok, state_bytes_per_slot=per_slot, drafts=drafts,
                           speculation_bytes=spec, vision=vision.placement,
-                          vision_bytes=vision.weights_bytes + vision.encode_bytes if vision.placement != "off" else 0)
+                          vision_bytes=vision.weights_bytes + vision.encode_bytes if vision.placement != "off" else 0,
+                          host_cache_bytes=host_cache_bytes(config))
 
     if config.max_context is not None:
         ctx = config.max_context

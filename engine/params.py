@@ -38,6 +38,11 @@ class EngineConfig:
     #                                 (on the GPU always) | on_demand (host memory; on the GPU only while encoding) | off
     max_images: int = 16            # images per request
     max_image_bytes: int = 20 << 20  # encoded bytes of one image (the file as sent)
+    host_cache_gb: float | None = None  # host-RAM tier for KV pages / snapshots evicted from the GPU; None:
+                                        # min(8 GiB, 25% of RAM); 0: off
+    disk_cache: bool = False        # write each finished request's KV pages and snapshots to disk (found after restarts)
+    disk_cache_gb: float = 20.0     # the disk tier's bound (least recently used files go first)
+    disk_cache_dir: str | None = None   # None: QWENDESK_CACHE_DIR/kv, else the user cache folder's qwendesk/kv
 
     def policy(self, weights: str | None = None):
         """The quantization policy for `weights` (default: this config's); None for 16-bit weights."""
@@ -69,6 +74,12 @@ class EngineConfig:
             raise ValueError(f"max_context must be at least 1 token, not {self.max_context}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, not {self.max_queue}")
+        if self.host_cache_gb is not None and not self.host_cache_gb >= 0:
+            raise ValueError(f"host_cache_gb must be >= 0 (0: no host tier), not {self.host_cache_gb}")
+        if not self.disk_cache_gb > 0:
+            raise ValueError(f"disk_cache_gb must be > 0, not {self.disk_cache_gb}")
+        if self.disk_cache and self.host_cache_gb == 0:
+            raise ValueError("disk_cache reads through the host tier: it needs host_cache_gb > 0")
 
     @property
     def max_running(self) -> int:

@@ -10,19 +10,22 @@ recently used snapshot gives up its slot. Snapshots are taken at two kinds of bo
   - rolling: while a sequence decodes, its state at the latest page boundary it passed is copied into a slot
     it holds (`roll`); when it ends, that slot becomes the end-of-turn snapshot (`promote`).
 A prefix hit copies a snapshot into the new sequence's live slot (`restore`); a page leaving the prefix
-index takes its snapshot with it (`forget`).
+index takes its snapshot with it (`forget`). A snapshot leaving (evicted or forgotten) is first handed to
+`on_evict(key, slot)` when one is given: the host tier copies it out (engine.host_cache).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from engine.kv_cache import CacheTensors
 
 
 class Snapshots:
-    def __init__(self, pools: CacheTensors, slots: range):
+    def __init__(self, pools: CacheTensors, slots: range, on_evict: Callable[[bytes, int], None] | None = None):
         self.pools = pools
+        self.on_evict = on_evict
         self._free = list(reversed(slots))                       # the lowest slot is taken first
         self._kept: OrderedDict[bytes, int] = OrderedDict()      # page hash -> slot, least recently used first
 
@@ -37,7 +40,9 @@ class Snapshots:
         if self._free:
             return self._free.pop()
         if self._kept:
-            _, slot = self._kept.popitem(last=False)
+            key, slot = self._kept.popitem(last=False)
+            if self.on_evict is not None:
+                self.on_evict(key, slot)
             return slot
         return -1
 
@@ -68,7 +73,13 @@ class Snapshots:
         """Drop the snapshot at `key`, if there is one (its page left the prefix index)."""
         slot = self._kept.pop(key, None)
         if slot is not None:
+            if self.on_evict is not None:
+                self.on_evict(key, slot)
             self._free.append(slot)
+
+    def slot(self, key: bytes) -> int:
+        """The slot holding the snapshot at `key` (which must be kept)."""
+        return self._kept[key]
 
     def roll(self, live_slot: int, rolling_slot: int) -> int:
         """Copy a decoding sequence's state (at a page boundary) into its rolling snapshot, taking a slot for it

@@ -83,6 +83,8 @@ def test_chat_refuses_bad_settings(capsys, checkpoint, no_load, args, message):
     (["--kv-dtype", "fp8"], "argument --kv-dtype: invalid choice: 'fp8'"),
     (["--dtype", "half"], "argument --dtype: invalid choice: 'half'"),
     (["--max-body-mb", "0"], "argument --max-body-mb: must be more than 0"),
+    (["--disk-cache", "--host-cache-gb", "0"], "disk_cache reads through the host tier"),
+    (["--disk-cache-gb", "-2"], "disk_cache_gb must be > 0, not -2.0"),
 ])
 def test_serve_refuses_bad_settings(capsys, checkpoint, args, message):
     line = refusal(capsys, serve_args, ["--model", str(checkpoint("base")), *args])
@@ -94,6 +96,11 @@ def test_serve_takes_good_settings(checkpoint):
                                "--profile", "C4", "--kv-dtype", "int8", "--max-context", "1"])
     assert (args.port, config.device, config.max_running, config.kv_dtype, config.max_context) == \
         (65535, "cuda:1", 4, "int8", 1)
+    assert not config.disk_cache and config.host_cache_gb is None
+    _, config = serve_args(["--model", str(checkpoint("base")), "--disk-cache", "--disk-cache-gb", "5",
+                            "--disk-cache-dir", "/tmp/kv", "--host-cache-gb", "2"])
+    assert (config.disk_cache, config.disk_cache_gb, config.disk_cache_dir, config.host_cache_gb) == \
+        (True, 5.0, "/tmp/kv", 2.0)
 
 
 @pytest.mark.parametrize("run", [chat_main, serve_args], ids=["chat", "serve"])

@@ -42,6 +42,13 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, EngineConfig]:
     ap.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond the profile before 429/529")
     ap.add_argument("--speculative-tokens", type=int, default=None, metavar="K",
                     help="MTP drafts per decode round, 0 to 5 (0: off; default: 3 on a GPU, 0 on the CPU)")
+    ap.add_argument("--host-cache-gb", type=float, default=None, metavar="GB",
+                    help="host-RAM tier for KV pages evicted from the GPU (default: min(8, a quarter of RAM); 0: off)")
+    ap.add_argument("--disk-cache", action="store_true",
+                    help="write each finished request's KV cache to disk, so that a restart reuses it")
+    ap.add_argument("--disk-cache-gb", type=float, default=20.0, metavar="GB", help="bound on the disk tier's folder")
+    ap.add_argument("--disk-cache-dir", default=None, metavar="DIR",
+                    help="the disk tier's folder (default: $QWENDESK_CACHE_DIR/kv, else the user cache folder)")
     ap.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                     help="accept this Host name besides loopback names and IP addresses (repeatable; '*': any)")
     ap.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
@@ -63,7 +70,9 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, EngineConfig]:
                                       kv_dtype=args.kv_dtype, max_context=args.max_context,
                                       max_queue=args.max_queue, speculative_tokens=args.speculative_tokens,
                                       vision=args.vision, max_images=args.max_images,
-                                      max_image_bytes=max(1, int(args.max_image_mb * 2**20))))
+                                      max_image_bytes=max(1, int(args.max_image_mb * 2**20)),
+                                      host_cache_gb=args.host_cache_gb, disk_cache=args.disk_cache,
+                                      disk_cache_gb=args.disk_cache_gb, disk_cache_dir=args.disk_cache_dir))
     return args, config
 
 

@@ -18,12 +18,22 @@ ENGINE_GAUGES = (  # engine.stats() key, metric, help
     ("snapshots_cached", "qwendesk_snapshots_cached", "GDN state snapshots kept for prefix reuse."),
     ("spec_drafts", "qwendesk_speculative_drafts", "MTP drafts per speculative round (0: no speculation)."),
     ("spec_on", "qwendesk_speculating", "1 while rounds pay (else plain steps for a while)."),
+    ("host_pages", "qwendesk_host_cache_pages", "KV pages kept in the host-RAM tier."),
+    ("host_snapshots", "qwendesk_host_cache_snapshots", "GDN snapshots kept in the host-RAM tier."),
+    ("host_bytes", "qwendesk_host_cache_bytes", "Host memory the host-RAM tier holds."),
+    ("disk_pages", "qwendesk_disk_cache_pages", "KV pages in the disk tier."),
+    ("disk_snapshots", "qwendesk_disk_cache_snapshots", "GDN snapshots in the disk tier."),
+    ("disk_bytes", "qwendesk_disk_cache_bytes", "Bytes of the disk tier's folder."),
 )
 ENGINE_COUNTERS = (  # engine.stats() key, metric, help
     ("prefix_hit_tokens", "qwendesk_prefix_cache_hit_tokens_total", "Prompt tokens reused from the prefix cache."),
     ("spec_rounds", "qwendesk_speculative_rounds_total", "Speculative rounds, one per sequence in each."),
     ("spec_drafted_tokens", "qwendesk_speculative_drafted_tokens_total", "Draft tokens proposed."),
     ("spec_accepted_tokens", "qwendesk_speculative_accepted_tokens_total", "Draft tokens kept."),
+    ("host_hit_pages", "qwendesk_host_cache_hit_pages_total", "KV pages restored from the host-RAM tier."),
+    ("disk_hit_pages", "qwendesk_disk_cache_hit_pages_total", "KV pages read from the disk tier."),
+    ("disk_write_errors", "qwendesk_disk_cache_write_errors_total", "Disk tier writes that failed (IO errors)."),
+    ("disk_rejected", "qwendesk_disk_cache_rejected_total", "Disk tier files removed as corrupt or foreign."),
 )
 
 

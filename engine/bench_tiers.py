@@ -1,0 +1,165 @@
+"""The cache tiers at real shapes: `qwendesk-bench --cache-tiers [--tiers-context 32768] [--tiers-kv int8,bf16]
+[--no-tiers-decode]`.
+
+Per KV dtype (int8, bf16): a conversation of --tiers-context tokens is answered by an engine writing the disk tier;
+the engine is closed (its writes finish) and the files are dropped from the OS page cache (fsync + fadvise), so
+that the next start really reads the disk. Then the next turn's TTFT: after a restart with the disk tier (read
+during the request), after a restart and Engine.warm (disk -> host before the request: the app's path), and cold (a
+fresh engine without tiers). Also the host -> GPU restore bandwidth (HostCache.load_pages of the conversation's
+pages), the disk's read speed (the tier's files read back cold), and decode tok/s of one stream while the writer
+thread writes a just-finished long request's pages, beside the same stream alone.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def drop_page_cache(folder: Path) -> int:
+    """Flush the files under `folder` and ask the OS to drop them from its page cache; returns their bytes."""
+    total = 0
+    for path in folder.rglob("*.kv"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            total += os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+    return total
+
+
+def disk_read_gbps(folder: Path) -> float:
+    nbytes = drop_page_cache(folder)
+    t = time.perf_counter()
+    for path in folder.rglob("*.kv"):
+        path.read_bytes()
+    seconds = time.perf_counter() - t
+    drop_page_cache(folder)
+    return nbytes / seconds / 1e9
+
+
+def restore_gbps(eng, n_pages: int) -> tuple[float, float]:
+    """(HostCache.load_pages GB/s, plain pinned -> GPU copy GB/s) for n_pages pages of this (closed) engine's layout,
+    in a pool of their own."""
+    from engine.host_cache import HostCache
+    from engine.kv_cache import CacheTensors
+    pools = CacheTensors.allocate(eng.model_config, n_pages, eng.config.page_size, 2, eng._dtype, eng.device,
+                                  kv_int8=eng.config.kv_dtype == "int8")
+    host = HostCache(pools, (n_pages + 1) * pools.page_nbytes)
+    keys = [i.to_bytes(16, "little") for i in range(n_pages)]
+    host.put_pages(keys, list(range(n_pages)))
+    host.load_pages(keys, list(range(n_pages)))            # first use: staging allocations
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    host.load_pages(keys, list(range(n_pages)))
+    torch.cuda.synchronize()
+    restore = n_pages * pools.page_nbytes / (time.perf_counter() - t) / 1e9
+    src = torch.empty(n_pages * pools.page_nbytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty_like(src, device="cuda")
+    dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    plain = src.numel() / (time.perf_counter() - t) / 1e9
+    del pools, host, src, dst
+    torch.cuda.empty_cache()
+    return restore, plain
+
+
+def bench_tiers(model, args) -> dict:
+    from engine.api import Engine, EngineConfig, SamplingParams
+    from engine.random_model import bench_tokenizer, rand_ids
+
+    tok = bench_tokenizer()
+    n = args.tiers_context
+    greedy = dict(temperature=0.0, ignore_eos=True)
+    turn1 = rand_ids(n, 1)
+    res = {"context": n}
+
+    def engine(kv, **tiers):
+        config = EngineConfig(model=f"random-{args.shape}-{args.weights}-seed0", device="cuda", profile="C1",
+                              max_context=n + 2048, kv_dtype=kv, prefill_chunk=args.prefill_chunk, **tiers)
+        return Engine.from_model(config, model, tok)
+
+    def ttft(eng, prompt):
+        out = eng.generate(prompt, SamplingParams(max_tokens=1, **greedy))
+        return out.timings.ttft_ms, out.usage.cached_tokens
+
+    for kv in args.tiers_kv:
+        folder = Path(tempfile.mkdtemp(prefix=f"qwendesk-tiers-{kv}-"))
+        tiers = dict(disk_cache=True, disk_cache_dir=str(folder))
+        eng = engine(kv, **tiers)
+        reply = eng.generate(turn1, SamplingParams(max_tokens=64, **greedy)).token_ids
+        turn2 = turn1 + reply + rand_ids(64, 2)
+        eng.close()
+        r = {"disk_bytes": drop_page_cache(folder)}
+        eng = engine(kv, **tiers)
+        r["restart_ttft_ms"], r["restart_cached"] = ttft(eng, turn2)
+        eng.close()
+        drop_page_cache(folder)
+        eng = engine(kv, **tiers)
+        t = time.perf_counter()
+        eng.warm(turn2).result()
+        r["warm_ms"] = 1e3 * (time.perf_counter() - t)
+        r["warmed_ttft_ms"], r["warmed_cached"] = ttft(eng, turn2)
+        eng.close()                     # (its pools give their memory back for the restore pools)
+        r["restore_gbps"], r["pinned_copy_gbps"] = restore_gbps(eng, n // eng.config.page_size)
+        eng = engine(kv, host_cache_gb=0)
+        r["cold_ttft_ms"], _ = ttft(eng, turn2)
+        eng.close()
+        r["disk_read_gbps"] = disk_read_gbps(folder)
+        r["restart_vs_cold"] = r["restart_ttft_ms"] / r["cold_ttft_ms"]
+        r["warmed_vs_cold"] = r["warmed_ttft_ms"] / r["cold_ttft_ms"]
+        res[kv] = r
+        print(f"{kv} KV: {r}", flush=True)
+
+    if not args.tiers_decode:
+        return res
+    # decode of one stream alone, then while the writer thread writes a just-finished long request's pages
+    with tempfile.TemporaryDirectory(prefix="qwendesk-tiers-write-") as folder:
+        eng = Engine.from_model(EngineConfig(model=f"random-{args.shape}-write", device="cuda", profile="C1",
+                                             max_context=n + 2048, prefill_chunk=args.prefill_chunk, disk_cache=True,
+                                             disk_cache_dir=folder), model, tok)
+        decode = SamplingParams(max_tokens=args.decode_tokens, **greedy)
+        eng.generate(rand_ids(512, 3), decode)               # warm-up at this shape (its own write is small)
+        eng._disk.flush()
+        alone = eng.generate(rand_ids(512, 4), decode).timings.decode_tok_s
+        eng._disk.flush()
+        eng.generate(rand_ids(n, 5), SamplingParams(max_tokens=1, **greedy))   # its pages are queued for writing
+        t = time.perf_counter()
+        during = eng.generate(rand_ids(512, 6), decode)
+        decode_s = time.perf_counter() - t
+        eng._disk.flush()
+        write_s = time.perf_counter() - t
+        res["decode_alone_tok_s"], res["decode_during_write_tok_s"] = alone, during.timings.decode_tok_s
+        res["decode_ratio"] = during.timings.decode_tok_s / alone
+        res["write_s"], res["decode_s"] = write_s, decode_s
+        eng.close()
+    return res
+
+
+def report(res: dict) -> None:
+    print(f"\ncache tiers, {res['context']}-token conversation:")
+    print("| KV | cold TTFT | restart TTFT (disk) | ratio | warmed TTFT | ratio | warm() | restore GB/s | pinned copy GB/s "
+          "| disk read GB/s | disk MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for kv in ("int8", "bf16"):
+        if kv not in res:
+            continue
+        r = res[kv]
+        print(f"| {kv} | {r['cold_ttft_ms']:.0f} ms | {r['restart_ttft_ms']:.0f} ms ({r['restart_cached']} cached) "
+              f"| {r['restart_vs_cold']:.1%} | {r['warmed_ttft_ms']:.0f} ms | {r['warmed_vs_cold']:.1%} "
+              f"| {r['warm_ms']:.0f} ms | {r['restore_gbps']:.1f} | {r['pinned_copy_gbps']:.1f} "
+              f"| {r['disk_read_gbps']:.2f} | {r['disk_bytes'] / 1e6:.0f} |")
+    if "decode_ratio" not in res:
+        return
+    print(f"decode tok/s alone {res['decode_alone_tok_s']:.1f}, during a background disk write "
+          f"{res['decode_during_write_tok_s']:.1f} ({res['decode_ratio']:.3f}x); the write took {res['write_s']:.1f} s "
+          f"from the decode's start, the decode {res['decode_s']:.1f} s")

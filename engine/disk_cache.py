@@ -1,0 +1,275 @@
+"""DiskCache: KV pages and GDN snapshots of finished turns, kept on disk so that a restarted engine finds them.
+
+One file per page or snapshot, `<root>/<namespace>/<kind>/<chain hash>.kv`. The namespace hashes everything that
+changes what the bytes mean (the checkpoint's identity, the weights and their quantization, the activation dtype,
+the pools' layout: KV dtype, page size, layer and head shapes; FORMAT_VERSION), so another model's or version's
+entries are never looked at. A file is a header (magic, version, kind, key, namespace, payload size, blake2b
+checksum of the payload) and the payload; it is written under a temporary name and renamed into place, so a write
+that dies leaves no entry. A file that does not check out on reading (truncated, corrupt, foreign, another version)
+is removed and counts as a miss: it is never served.
+
+Writes never wait on the disk in the engine loop: the loop copies the bytes into pinned host memory (queued on the
+stream) and a writer thread waits for that copy, then writes; when too much is pending, a write is skipped. Reads
+(disk -> host tier, engine.host_cache) happen in the loop, when a prefix lookup or Engine.warm needs them. The
+folder's size is bounded: the least recently used files (by the time they were written or last read: their mtime)
+go first, whatever namespace they belong to. An IO error (a full disk) is logged and the engine carries on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import struct
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+import torch
+
+from engine.kv_cache import CacheTensors
+
+log = logging.getLogger("qwendesk.engine")
+
+FORMAT_VERSION = 1
+CACHE_ENV = "QWENDESK_CACHE_DIR"
+MAGIC = b"QDKV"
+HEADER = struct.Struct("<4sIB3x16s16sQ16s")     # magic, version, kind, key, namespace, payload bytes, checksum
+KINDS = {"page": 1, "state": 2}
+WRITE_CHUNK_PAGES = 32
+MAX_PENDING_BYTES = 2 << 30     # pinned bytes waiting for the writer before writes are skipped (27B: a 32K turn ~1.3 GB)
+
+
+def default_root() -> Path:
+    """QWENDESK_CACHE_DIR/kv, else the user cache folder's qwendesk/kv (beside the converted weights)."""
+    base = os.environ.get(CACHE_ENV) or platformdirs.user_cache_dir("qwendesk", appauthor=False)
+    return Path(base) / "kv"
+
+
+def namespace(identity: dict) -> bytes:
+    blob = json.dumps({**identity, "format_version": FORMAT_VERSION}, sort_keys=True, default=str)
+    return hashlib.blake2b(blob.encode(), digest_size=16).digest()
+
+
+@dataclass
+class WriteJob:
+    kind: str
+    keys: list[bytes]
+    data: torch.Tensor          # [len(keys), nbytes] uint8 in (pinned) host memory
+    ready: object = None        # torch.cuda.Event recorded after the copy into `data` (None on the CPU)
+
+
+class DiskCache:
+    def __init__(self, root: str | Path, ns: bytes, budget_bytes: int, max_pending_bytes: int = MAX_PENDING_BYTES):
+        self.root = Path(root)
+        self.ns = ns
+        self.dir = self.root / ns.hex()
+        self.budget_bytes = budget_bytes
+        self.max_pending_bytes = max_pending_bytes
+        self._lock = threading.Lock()
+        self._files: dict[Path, tuple[float, int]] = {}          # every entry under root -> (last use, size)
+        self._bytes = 0                                            # their sizes' sum
+        self._keys: dict[str, set[bytes]] = {kind: set() for kind in KINDS}   # this namespace's entries
+        self._queued: set[tuple[str, bytes]] = set()
+        self._pending_bytes = 0
+        self.hit_pages = self.hit_snapshots = self.written = self.write_errors = self.skipped = 0
+        self.rejected = self.evicted = 0
+        self._scan()
+        self._queue: queue.Queue[WriteJob | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._write_loop, name="qwendesk-disk-cache", daemon=True)
+        self._thread.start()
+
+    # ---- index -------------------------------------------------------------------------------
+    def _path(self, kind: str, key: bytes) -> Path:
+        return self.dir / kind / f"{key.hex()}.kv"
+
+    def _scan(self) -> None:
+        """Index what is there; remove temporary files an interrupted write left."""
+        if not self.root.is_dir():
+            return
+        for path in self.root.rglob("*"):
+            try:
+                if path.name.startswith(".tmp-"):
+                    path.unlink(missing_ok=True)
+                elif path.suffix == ".kv" and path.is_file():
+                    st = path.stat()
+                    self._record(path, st.st_mtime, st.st_size)
+                    if path.parent.parent == self.dir and path.parent.name in KINDS:
+                        self._keys[path.parent.name].add(bytes.fromhex(path.stem))
+            except (OSError, ValueError):
+                continue
+
+    def _record(self, path: Path, used: float, size: int) -> None:
+        """(under the lock, or before the writer starts)"""
+        self._bytes += size - self._files.get(path, (0, 0))[1]
+        self._files[path] = (used, size)
+
+    def has(self, kind: str, key: bytes) -> bool:
+        with self._lock:
+            return key in self._keys[kind]
+
+    def size_bytes(self) -> int:
+        with self._lock:
+            return self._bytes
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {"disk_pages": len(self._keys["page"]), "disk_snapshots": len(self._keys["state"]),
+                    "disk_bytes": self._bytes, "disk_budget_bytes": self.budget_bytes,
+                    "disk_hit_pages": self.hit_pages, "disk_hit_snapshots": self.hit_snapshots,
+                    "disk_written": self.written, "disk_write_errors": self.write_errors,
+                    "disk_write_skipped": self.skipped, "disk_rejected": self.rejected, "disk_evicted": self.evicted}
+
+    def _forget(self, path: Path, kind: str | None = None, key: bytes | None = None) -> None:
+        with self._lock:
+            self._bytes -= self._files.pop(path, (0, 0))[1]
+            if kind is not None:
+                self._keys[kind].discard(key)
+
+    # ---- reading (the engine loop) ---------------------------------------------------------------
+    def read_into(self, kind: str, key: bytes, views: list[torch.Tensor]) -> bool:
+        """Fill `views` (1-D uint8 CPU tensors: the entry's bytes in order) from the file at (kind, key). A file that
+        does not check out is removed: False, as for a missing one."""
+        path = self._path(kind, key)
+        nbytes = sum(v.numel() for v in views)
+        try:
+            with open(path, "rb") as f:
+                head = f.read(HEADER.size)
+                if len(head) != HEADER.size:
+                    raise ValueError("truncated header")
+                magic, version, kind_id, file_key, file_ns, size, checksum = HEADER.unpack(head)
+                if (magic, version, kind_id, file_key, file_ns, size) != (MAGIC, FORMAT_VERSION, KINDS[kind], key,
+                                                                          self.ns, nbytes):
+                    raise ValueError("a foreign or other-version entry")
+                digest = hashlib.blake2b(digest_size=16)
+                for view in views:
+                    buf = memoryview(view.numpy())
+                    if f.readinto(buf) != len(buf):
+                        raise ValueError("truncated payload")
+                    digest.update(buf)
+                if f.read(1):
+                    raise ValueError("trailing bytes")
+                if digest.digest() != checksum:
+                    raise ValueError("checksum mismatch")
+        except FileNotFoundError:
+            self._forget(path, kind, key)
+            return False
+        except (OSError, ValueError) as e:
+            log.warning("disk cache: removing %s: %s", path, e)
+            self.rejected += 1
+            self._forget(path, kind, key)
+            path.unlink(missing_ok=True)
+            return False
+        now = time.time()
+        try:
+            os.utime(path, (now, now))
+        except OSError:
+            pass
+        with self._lock:
+            self._record(path, now, HEADER.size + nbytes)
+        if kind == "page":
+            self.hit_pages += 1
+        else:
+            self.hit_snapshots += 1
+        return True
+
+    # ---- writing (queued by the engine loop, done by the writer thread) ------------------------------
+    def write_pages(self, pools: CacheTensors, keys: list[bytes], pages: list[int]) -> None:
+        """Queue GPU pages for writing under their chain hashes (those already on disk or queued are skipped)."""
+        todo = [(k, p) for k, p in zip(keys, pages) if not self._known("page", k)]
+        for i in range(0, len(todo), WRITE_CHUNK_PAGES):
+            chunk = todo[i:i + WRITE_CHUNK_PAGES]
+            self._queue_job("page", [k for k, _ in chunk], lambda c=chunk: pools.read_pages([p for _, p in c]))
+
+    def write_state(self, pools: CacheTensors, key: bytes, slot: int) -> None:
+        """Queue a GDN state slot for writing as the snapshot at `key`."""
+        if not self._known("state", key):
+            self._queue_job("state", [key], lambda: pools.read_state(slot).view(1, -1))
+
+    def _known(self, kind: str, key: bytes) -> bool:
+        with self._lock:
+            return key in self._keys[kind] or (kind, key) in self._queued
+
+    def _queue_job(self, kind: str, keys: list[bytes], read) -> None:
+        data = read()
+        n = data.numel()
+        with self._lock:
+            if self._pending_bytes + n > self.max_pending_bytes:
+                self.skipped += len(keys)
+                return
+            self._pending_bytes += n
+            self._queued.update((kind, k) for k in keys)
+        job = WriteJob(kind, keys, torch.empty(data.shape, dtype=torch.uint8, pin_memory=data.is_cuda))
+        job.data.copy_(data, non_blocking=True)
+        if data.is_cuda:
+            job.ready = torch.cuda.Event()
+            job.ready.record()
+        self._queue.put(job)
+
+    def _write_loop(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is None:
+                    return
+                if job.ready is not None:
+                    job.ready.synchronize()
+                for key, row in zip(job.keys, job.data):
+                    self._write_file(job.kind, key, row.numpy())
+                with self._lock:
+                    self._pending_bytes -= job.data.numel()
+                    self._queued.difference_update((job.kind, k) for k in job.keys)
+                self._evict_over_budget()
+            except Exception:          # never let the writer die: the engine keeps serving without it
+                log.exception("disk cache: writer failed")
+            finally:
+                self._queue.task_done()
+
+    def _write_file(self, kind: str, key: bytes, payload) -> None:
+        path = self._path(kind, key)
+        checksum = hashlib.blake2b(payload, digest_size=16).digest()
+        head = HEADER.pack(MAGIC, FORMAT_VERSION, KINDS[kind], key, self.ns, payload.nbytes, checksum)
+        tmp = path.parent / f".tmp-{key.hex()}-{uuid.uuid4().hex[:8]}"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(head)
+                f.write(memoryview(payload))
+            os.replace(tmp, path)
+        except OSError as e:
+            self.write_errors += 1
+            log.warning("disk cache: could not write %s: %s", path, e)
+            tmp.unlink(missing_ok=True)
+            return
+        with self._lock:
+            self._record(path, time.time(), HEADER.size + payload.nbytes)
+            self._keys[kind].add(key)
+        self.written += 1
+
+    def _evict_over_budget(self) -> None:
+        with self._lock:
+            total = self._bytes
+            if total <= self.budget_bytes:
+                return
+            oldest = sorted(self._files.items(), key=lambda item: item[1][0])
+        for path, (_, size) in oldest:
+            if total <= self.budget_bytes:
+                break
+            path.unlink(missing_ok=True)
+            ours = path.parent.parent == self.dir and path.parent.name in KINDS
+            self._forget(path, *((path.parent.name, bytes.fromhex(path.stem)) if ours else ()))
+            self.evicted += 1
+            total -= size
+
+    def flush(self) -> None:
+        """Wait until every queued write is done (tests, shutdown)."""
+        self._queue.join()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()

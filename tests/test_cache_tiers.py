@@ -1,0 +1,98 @@
+"""The cache tiers in a real engine (tiny checkpoint, CPU): a conversation pushed out of the GPU pool comes back from
+the host tier, and after a restart from the disk tier (Engine.warm first), and either way the next turn equals a
+cold run (greedy tokens identical, logprobs within 1e-4), with bf16 and int8 KV. A damaged disk entry found after a
+restart costs only reuse, never correctness."""
+
+import pytest
+import torch
+
+from engine.api import Engine, EngineConfig, SamplingParams
+
+GREEDY = dict(temperature=0.0, ignore_eos=True, logprobs=0)
+
+
+@pytest.fixture(scope="module")
+def ckpt(checkpoint):
+    return str(checkpoint("gqa3_ratio3"))
+
+
+def make(ckpt, **kw):
+    # max_context 1024 at C1: a pool of 21 pages of 64 tokens, so two 1,000-token requests push a conversation out
+    return Engine(EngineConfig(model=ckpt, device="cpu", dtype="float32", profile="C1", max_context=1024, **kw))
+
+
+def prompt(n, seed):
+    return torch.randint(0, 600, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def same(a, b):
+    assert a.token_ids == b.token_ids
+    assert max(abs(x.logprob - y.logprob) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+def test_host_and_disk_hits_equal_a_cold_run(ckpt, tmp_path, kv_dtype):
+    params = SamplingParams(max_tokens=10, **GREEDY)
+    tiers = dict(kv_dtype=kv_dtype, host_cache_gb=0.01, disk_cache=True, disk_cache_dir=str(tmp_path))
+    first = prompt(300, 1)
+    eng = make(ckpt, **tiers)
+    try:
+        reply = eng.generate(first, params)
+        turn2 = first + reply.token_ids + prompt(20, 9)
+        for seed in (2, 3):                            # other work pushes the conversation out of the GPU pool
+            eng.generate(prompt(1000, seed), SamplingParams(max_tokens=8, **GREEDY))
+        s = eng.stats()
+        assert s["host_pages"] > 0 and s["host_snapshots"] > 0 and s["host_hit_pages"] == 0
+        from_host = eng.generate(turn2, params)
+        s = eng.stats()
+        assert from_host.usage.cached_tokens == 256 and s["host_hit_pages"] == 4 and s["host_hit_snapshots"] == 1
+    finally:
+        eng.close()                                    # finishes the queued disk writes
+    cold_engine = make(ckpt, kv_dtype=kv_dtype, host_cache_gb=0)
+    try:
+        cold = cold_engine.generate(turn2, params)
+        turn3 = turn2 + cold.token_ids + prompt(7, 10)
+        cold3 = cold_engine.generate(turn3, params)
+    finally:
+        cold_engine.close()
+    assert cold.usage.cached_tokens == 0 and "host_pages" not in cold_engine.stats()
+    same(from_host, cold)
+
+    restarted = make(ckpt, **tiers)
+    try:
+        assert restarted.warm(turn2).result(timeout=60) == 320   # turn 2's end-of-turn snapshot, at 320 tokens
+        assert restarted.stats()["disk_hit_pages"] == 5 and restarted.stats()["disk_hit_snapshots"] == 1
+        from_disk = restarted.generate(turn2, params)
+        assert from_disk.usage.cached_tokens == 320
+        same(from_disk, cold)
+    finally:
+        restarted.close()
+
+    # damage every page file: the next start reads none of them, and the turn is still right
+    for path in (tmp_path).rglob("page/*.kv"):
+        path.write_bytes(path.read_bytes()[:-1])
+    again = make(ckpt, **tiers)
+    try:
+        out = again.generate(turn3, params)
+        assert out.usage.cached_tokens == 0 and again.stats()["disk_rejected"] >= 1
+        same(out, cold3)
+    finally:
+        again.close()
+
+
+def test_tier_settings_are_checked():
+    for bad in (dict(host_cache_gb=-1), dict(disk_cache_gb=0), dict(disk_cache=True, host_cache_gb=0)):
+        with pytest.raises(ValueError):
+            EngineConfig(model="m", **bad).validate()
+
+
+def test_the_plan_shows_the_host_tier_apart_from_device_memory(ckpt):
+    from engine.api import plan_for
+    from engine.device import host_ram_bytes
+
+    base = dict(model=ckpt, device="cpu", max_context=1024)
+    off, some, default = (plan_for(EngineConfig(**base, host_cache_gb=gb)) for gb in (0, 1.5, None))
+    assert (off.host_cache_bytes, some.host_cache_bytes) == (0, int(1.5 * (1 << 30)))
+    assert default.host_cache_bytes == min(8 << 30, host_ram_bytes() // 4)
+    assert off.total_bytes == some.total_bytes == default.total_bytes
+    assert "host-RAM cache tier up to 1.50 GiB" in some.summary() and "host-RAM" not in off.summary()

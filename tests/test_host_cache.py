@@ -1,0 +1,167 @@
+"""The host tier on its own (real CacheTensors on the CPU): pages and snapshots copied out and back bit for bit (int8
+KV with its scales too), slabs grown only within the budget, LRU eviction that spares held entries; and CacheManager
+spilling GPU evictions into it and restoring a hit from it."""
+
+import pytest
+import torch
+
+from engine.cache_manager import CacheManager, PrefixHit
+from engine.host_cache import HostCache
+from engine.kv_cache import CacheTensors
+
+
+def pools(num_pages=6, num_slots=5, page_size=4, int8=False, seed=0) -> CacheTensors:
+    """Random pools: 2 attention layers, 2 heads of 8; 3 GDN layers whose state is bigger than a page."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (2, num_pages, page_size, 2, 8)
+    kv = (lambda: torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)) if int8 else \
+        (lambda: torch.randn(shape, generator=g))
+    scale = (lambda: torch.rand(shape[:-1], generator=g)) if int8 else (lambda: None)
+    return CacheTensors(k=kv(), v=kv(), k_scale=scale(), v_scale=scale(),
+                        conv=torch.randn(3, num_slots, 3, 40, generator=g),
+                        ssm=torch.randn(3, num_slots, 2, 4, 4, generator=g), page_size=page_size)
+
+
+def page_of(p: CacheTensors, page: int) -> list[torch.Tensor]:
+    return [t[:, page].clone() for t in (p.k, p.v, p.k_scale, p.v_scale) if t is not None]
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_pages_and_snapshots_come_back_bit_for_bit(int8):
+    p = pools(int8=int8)
+    host = HostCache(p, budget_bytes=1 << 20)
+    assert host.state_blocks > 1                       # a snapshot spans several blocks
+    want = {page: page_of(p, page) for page in (1, 4, 2)}
+    state = (p.conv[:, 3].clone(), p.ssm[:, 3].clone())
+    host.put_pages([b"a", b"b", b"c"], [1, 4, 2])
+    host.put_state(b"s", 3)
+    for t in (p.k, p.v, p.conv, p.ssm):
+        t.zero_()                                      # the GPU copies are overwritten
+    host.load_pages([b"c", b"a", b"b"], [0, 5, 3])
+    host.load_state(b"s", 0)
+    for got, src in ((0, 2), (5, 1), (3, 4)):
+        assert all(torch.equal(a, b) for a, b in zip(page_of(p, got), want[src]))
+    assert torch.equal(p.conv[:, 0], state[0]) and torch.equal(p.ssm[:, 0], state[1])
+    s = host.stats()
+    assert (s["host_pages"], s["host_snapshots"], s["host_hit_pages"], s["host_hit_snapshots"]) == (3, 1, 3, 1)
+
+
+def test_the_budget_bounds_the_slabs_and_the_least_recently_used_go_first():
+    p = pools(num_pages=8)
+    budget = 4 * p.page_nbytes                         # four blocks: no room for a snapshot beside four pages
+    host = HostCache(p, budget_bytes=budget)
+    assert host.stats()["host_bytes"] == 0             # nothing is allocated before it is needed
+    host.put_pages([b"0", b"1", b"2", b"3"], [0, 1, 2, 3])
+    host.load_pages([b"0"], [7])                       # "0" is now the most recently used
+    host.put_pages([b"4"], [4])
+    assert not host.has("page", b"1") and host.has("page", b"0") and host.has("page", b"4")
+    assert host.stats()["host_bytes"] <= budget
+    host.put_state(b"s", 1)                            # needs every block (state_blocks <= 4 here)
+    assert host.has("state", b"s") and host.stats()["host_pages"] == 4 - host.state_blocks
+
+
+def test_held_entries_are_not_evicted_and_a_full_host_drops_the_newcomer():
+    p = pools(num_pages=8)
+    host = HostCache(p, budget_bytes=2 * p.page_nbytes)
+    host.put_pages([b"0", b"1"], [0, 1])
+    host.held.update({("page", b"0"), ("page", b"1")})
+    host.put_pages([b"2"], [2])
+    assert host.has("page", b"0") and host.has("page", b"1") and not host.has("page", b"2")
+    host.put_state(b"s", 3)                           # no room beside the held entries: refused, nothing evicted
+    assert not host.has("state", b"s") and host.has("page", b"0") and host.has("page", b"1")
+    host.held.clear()
+    host.put_pages([b"2"], [2])
+    assert host.has("page", b"2") and not host.has("page", b"0")
+
+
+def test_a_batch_larger_than_the_budget_keeps_what_fits_consistently():
+    p = pools(num_pages=8)
+    host = HostCache(p, budget_bytes=3 * p.page_nbytes)
+    want = {k: page_of(p, i) for i, k in enumerate([b"0", b"1", b"2", b"3", b"4"])}
+    host.put_pages(list(want), list(range(5)))
+    kept = [k for k in want if host.has("page", k)]
+    assert len(kept) == 3
+    host.load_pages(kept, [5, 6, 7])
+    for page, k in zip([5, 6, 7], kept):
+        assert all(torch.equal(a, b) for a, b in zip(page_of(p, page), want[k]))
+
+
+def test_the_cache_spills_evicted_pages_and_snapshots_and_restores_a_hit_from_the_host():
+    p = pools(num_pages=4, num_slots=5, page_size=4)
+    cache = CacheManager(p, num_seq_slots=1, host=HostCache(p, 1 << 20))
+    tokens = list(range(12))
+    pages, slot = cache.admit(PrefixHit(), 12)
+    cache.grow(pages, 12)
+    hashes = []
+    cache.index_pages(hashes, tokens, 12, pages)
+    cache.snapshots.save(slot, hashes[1])
+    want = [page_of(p, page) for page in pages[:2]]
+    snap = p.ssm[:, slot].clone()
+    cache.release(pages=pages, state_slot=slot, total_tokens=12, hashes=hashes, tokens=tokens, num_computed=12)
+    other, s2 = cache.admit(PrefixHit(), 16)          # takes every page: the cached ones are evicted
+    cache.grow(other, 16)
+    assert cache.stats()["host_pages"] == 3 and cache.stats()["host_snapshots"] == 1
+    assert cache.match_prefix(tokens + [99]).pages == [-1, -1]      # both pages now only in the host tier
+    p.k.zero_()
+    p.ssm.zero_()
+    cache.release(pages=other, state_slot=s2, total_tokens=16, hashes=[], tokens=[], num_computed=0)
+    hit = cache.match_prefix(tokens + [99])
+    assert (hit.tokens, hit.snapshot) == (8, hashes[1]) and cache.can_admit(hit, 16)
+    got, live = cache.admit(hit, 16)
+    assert all(torch.equal(a, b) for page, w in zip(got, want) for a, b in zip(page_of(p, page), w))
+    assert torch.equal(p.ssm[:, live], snap)
+    assert cache.match_prefix(tokens + [99]).pages == got        # indexed on the GPU again
+    assert cache.reserved == 4 - 2 and cache.stats()["prefix_hit_tokens"] == 8
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_pinned_copies_keep_stream_order(tmp_path):
+    """Pools on the GPU: the host tier's blocks are pinned and its copies queued without waiting; a page overwritten
+    right after its spill, and a block reused right after a restore, still give the right bytes. The disk tier's
+    write waits for its copy out of the GPU."""
+    from engine.disk_cache import DiskCache, namespace
+    cpu = pools(num_pages=8, int8=True)
+    p = CacheTensors(**{name: (getattr(cpu, name).cuda() if name != "page_size" else cpu.page_size)
+                        for name in ("k", "v", "k_scale", "v_scale", "conv", "ssm", "page_size")})
+    host = HostCache(p, budget_bytes=3 * p.page_nbytes + 1)
+    assert host.pinned
+    want = {i: [t.cpu() for t in page_of(p, i)] for i in range(3)}
+    host.put_pages([b"0", b"1", b"2"], [0, 1, 2])
+    p.k.fill_(7)                                        # queued after the spill
+    host.load_pages([b"0", b"1", b"2"], [5, 6, 7])
+    host.put_pages([b"3"], [3])                         # evicts "0" and reuses its block after the restore read it
+    torch.cuda.synchronize()
+    for i in range(3):
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(page_of(p, 5 + i), want[i]))
+    disk = DiskCache(tmp_path, namespace({"gpu": True}), budget_bytes=1 << 20)
+    disk.write_pages(p, [b"p" * 16], [6])
+    disk.flush()
+    views = [torch.zeros(p.page_nbytes, dtype=torch.uint8)]
+    assert disk.read_into("page", b"p" * 16, views) and torch.equal(views[0], p.read_pages([6])[0].cpu())
+    disk.close()
+
+
+def test_a_disk_hit_bigger_than_the_host_tier_restores_what_it_can(tmp_path):
+    """Three pages and snapshots after pages 1 and 3 on disk, a host tier of 4 blocks (a snapshot takes 2): the
+    3-page hit cannot be held whole, so the lookup settles for the first page and its snapshot."""
+    from engine.cache_manager import chain_hashes
+    from engine.disk_cache import DiskCache, namespace
+    src = pools(num_pages=4, num_slots=5, seed=1)
+    tokens = list(range(13))
+    keys = chain_hashes(tokens[:12], 4)
+    disk = DiskCache(tmp_path, namespace({"t": 1}), budget_bytes=1 << 20)
+    disk.write_pages(src, keys, [0, 1, 2])
+    disk.write_state(src, keys[0], 1)
+    disk.write_state(src, keys[2], 2)
+    disk.flush()
+    p = pools(num_pages=4, num_slots=5, seed=2)
+    host = HostCache(p, budget_bytes=4 * p.page_nbytes)
+    assert host.state_blocks == 2
+    cache = CacheManager(p, num_seq_slots=1, host=host, disk=disk)
+    hit = cache.match_prefix(tokens)
+    assert (hit.tokens, hit.snapshot, hit.pages) == (4, keys[0], [-1])
+    pages, slot = cache.admit(hit, 13)
+    assert all(torch.equal(a, b) for a, b in zip(page_of(p, pages[0]), page_of(src, 0)))
+    assert torch.equal(p.conv[:, slot], src.conv[:, 1]) and torch.equal(p.ssm[:, slot], src.ssm[:, 1])
+    assert disk.stats()["disk_rejected"] == 0 and cache.stats()["disk_hit_snapshots"] >= 1
+    disk.close()
