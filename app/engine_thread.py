@@ -75,6 +75,7 @@ class EngineThread(QThread):
     delta = Signal(str, str, str, int)      # request id, content text, reasoning text, tokens
     reply_finished = Signal(str, object)    # request id, ReplyResult
     endpoint_changed = Signal(object)       # EndpointStatus
+    warmed = Signal(int)                    # prompt tokens a conversation's next turn reuses (warm())
 
 
     def __init__(self, parent=None):
@@ -118,6 +119,11 @@ class EngineThread(QThread):
 
     def set_endpoint(self, settings: EndpointSettings | None) -> None:
         self._commands.put(("endpoint", settings))
+
+    def warm(self, messages: list[dict], template_kwargs: dict) -> None:
+        """Ahead of a conversation's next turn: its prefix read from the engine's disk tier into host memory (after
+        a restart), so the turn restores it instead of computing it again; `warmed` says how many tokens."""
+        self._commands.put(("warm", messages, template_kwargs))
 
     def count_tokens(self, messages: list[dict], template_kwargs: dict) -> int | None:
         """The prompt's tokens as the engine would run it (its template and tokenizer; safe from the GUI
@@ -169,6 +175,8 @@ class EngineThread(QThread):
                     self._restart_endpoint()
                 elif command == "generate":
                     self._generate(*args)
+                elif command == "warm":
+                    self._warm(*args)
                 elif command == "endpoint":
                     self._endpoint = args[0]
                     self._restart_endpoint()
@@ -225,6 +233,16 @@ class EngineThread(QThread):
         self.model = None
         self._set_state("error", message)
         self.load_failed.emit(message)
+
+    def _warm(self, messages, template_kwargs) -> None:
+        if self._engine is None:
+            return
+        try:
+            future = self._engine.warm(engine_messages(messages), **template_kwargs)
+        except (ValueError, OSError, RuntimeError) as e:     # the next send says what is wrong, if anything is
+            log.debug("warming a conversation failed: %s", e)
+            return
+        future.add_done_callback(lambda f: f.exception() is None and self.warmed.emit(f.result()))
 
     def _generate(self, request_id: str, messages, params, template_kwargs) -> None:
         with self._handles_lock:

@@ -77,7 +77,7 @@ class AppSettings:
     def engine_config(self, model_path: str) -> EngineConfig:
         return EngineConfig(model=model_path, device=self.device, weights=self.weights, profile=self.profile,
                             kv_dtype=self.kv_dtype, max_context=self.max_context,
-                            speculative_tokens=self.speculative_tokens)
+                            speculative_tokens=self.speculative_tokens, disk_cache=True)
 
     def sampling_params(self, thinking: bool) -> SamplingParams:
         return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,

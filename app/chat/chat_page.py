@@ -113,6 +113,7 @@ class ChatPage(QWidget):
         s.reply_finished.connect(self._finish_reply)
         s.busy_changed.connect(self._busy_changed)
         s.context_changed.connect(self.gauge.set_usage)
+        s.cache_warmed.connect(self.gauge.set_cached)
         for signal in (s.opened, s.reply_finished, s.message_removed):
             signal.connect(self._draft_timer.start)
 

@@ -25,10 +25,22 @@ class ContextGauge(QWidget):
         row.addWidget(self.bar)
         self.left_out_text = label("", "gaugeLeftOut")
         row.addWidget(self.left_out_text)
+        self.cached_text = label("", "gaugeCached")
+        self.cached_text.hide()
+        row.addWidget(self.cached_text)
         self.used, self.total, self.left_out = 0, None, 0
         self.set_usage(0, None)
 
+    def set_cached(self, tokens: int) -> None:
+        """The reopened conversation's cache came back (the engine's disk tier): its next reply starts sooner."""
+        self.cached_text.setText(f"{human_tokens(tokens)} cached" if tokens else "")
+        self.cached_text.setToolTip(f"{tokens:,} tokens of this conversation were kept from an earlier session: "
+                                    "the next reply does not read them again." if tokens else "")
+        self.cached_text.setVisible(bool(tokens))
+
     def set_usage(self, used: int, total: int | None, left_out: int = 0) -> None:
+        if used != self.used:
+            self.cached_text.hide()           # a new turn: what was cached is part of what it used
         self.used, self.total, self.left_out = used, total, left_out
         self.left_out_text.setText(f"{left_out} oldest left out" if left_out else "")
         self.left_out_text.setVisible(bool(left_out))

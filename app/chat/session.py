@@ -76,6 +76,7 @@ class ChatSession(QObject):
     reply_finished = Signal(object)        # the final Message
     busy_changed = Signal(bool)
     context_changed = Signal(int, object, int)  # tokens used, context size (None: unknown), messages left out
+    cache_warmed = Signal(int)             # the open conversation's tokens the next reply will not recompute
 
     def __init__(self, store: Store, settings: Callable[[], AppSettings], parent=None):
         super().__init__(parent)
@@ -99,10 +100,14 @@ class ChatSession(QObject):
         if self.backend is not None:
             self.backend.delta.disconnect(self._on_delta)
             self.backend.reply_finished.disconnect(self._on_finished)
+            if hasattr(self.backend, "warmed"):
+                self.backend.warmed.disconnect(self.cache_warmed)
         self.backend = backend
         if backend is not None:
             backend.delta.connect(self._on_delta)
             backend.reply_finished.connect(self._on_finished)
+            if hasattr(backend, "warmed"):
+                backend.warmed.connect(self.cache_warmed)
         self._emit_context()
 
     @property
@@ -135,6 +140,9 @@ class ChatSession(QObject):
                     m.content, m.reasoning, m.status = self.active.content, self.active.reasoning, "streaming"
         self.opened.emit(conversation, messages)
         self._emit_context()
+        warm = getattr(self.backend, "warm", None)
+        if warm is not None and not self.busy and any(m.role == "assistant" for m in messages):
+            warm(self._history(), {"enable_thinking": True})   # the flag changes only the prompt's tail
 
     def rename(self, conversation_id: int, title: str) -> None:
         self.store.rename_conversation(conversation_id, title)
