@@ -93,7 +93,8 @@ class Speculation:
     # ---- which steps speculate ------------------------------------------------------------------------------------
     def eligible(self, seq: Sequence) -> bool:
         p = seq.params
-        if not seq.sampled_on_device or seq.matcher is not None:    # a grammar needs each token before the next mask
+        m = seq.matcher           # a grammar needs each token before the next mask; one waiting for its trigger
+        if not seq.sampled_on_device or (m is not None and (m.active or m.banned)):   # (<tool_call>) ends the round
             return False
         stream = seq.stream
         return not (p.thinking_budget is not None and stream.in_reasoning
@@ -169,7 +170,8 @@ class Speculation:
                             limit=len(s.pages) * self.cache.page_size, snap_row=snap_row,
                             snap_slot=snap_slot if snap_row >= 0 else self.cache.scratch_slot,
                             temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, seed=s.seed,
-                            steps=len(s.output), seeded=p.seed is not None, delta=s.position_delta)
+                            steps=len(s.output), seeded=p.seed is not None, delta=s.position_delta,
+                            stop=s.matcher.trigger if s.matcher is not None else -1)
 
     def stats(self) -> dict:
         t = self.totals

@@ -70,6 +70,7 @@ class RoundInputs:
     snap_rows: torch.Tensor      # int32 verify row after which to snapshot the GDN state (-1: none)
     snap_slots: torch.Tensor     # int64 where (the scratch slot where none)
     delta: torch.Tensor          # int64 rotary position of row p: p + delta (below 0 after a prompt's images)
+    stop: torch.Tensor           # int64 a token that ends the round where it is kept (-1: none)
     sampling: Sampling
 
 
@@ -164,6 +165,7 @@ class Speculator:
         hidden = model(torch.cat([inp.last[:, None], drafts], 1).reshape(-1), verify, pools)   # [B (k+1), H]
         logits = model.logits(hidden).view(B, k + 1, -1)
         kept, tokens = accept(drafts, logits, s, torch.stack(qs, 1) if sampled else None)
+        kept = cut_at_stop(kept, tokens, inp.stop)
         gdn_replay(pools.conv, pools.ssm, inp.slots, (kept + 1).int(), rows, inp.snap_rows, inp.snap_slots)
         catch_up = rows_batch(inp, 0, k + 1, page, self.max_seq_len)
         m = model.mtp_forward(tokens.reshape(-1), hidden, catch_up, pools).view(B, k + 1, -1)
@@ -172,6 +174,15 @@ class Speculator:
         self.draft_tokens[inp.slots] = pick_draft(self.draft_logits(m), next_s, 1, sampled)[0]
         self.draft_hidden[inp.slots] = m
         return RoundOutputs(kept, tokens)
+
+
+def cut_at_stop(kept: torch.Tensor, tokens: torch.Tensor, stop: torch.Tensor) -> torch.Tensor:
+    """kept [B] shortened so that a row's new tokens (tokens[:, :kept + 1]) end at the first `stop` among them: the
+    tokens after it would have been drawn under rules that the stop token changes (a grammar that starts there).
+    Taking fewer tokens of a round is exact: each one kept was drawn exactly as plain decoding draws it."""
+    hit = tokens == stop[:, None]                                                     # stop -1 matches nothing
+    first = torch.where(hit.any(1), hit.int().argmax(1), torch.full_like(kept, tokens.shape[1]))
+    return torch.minimum(kept, first)
 
 
 @dataclass
@@ -192,6 +203,7 @@ class RoundRequest:
     steps: int
     seeded: bool
     delta: int = 0
+    stop: int = -1
 
 
 def round_inputs(reqs: list[RoundRequest], max_pages: int, device, pad_to: int = 0, pad_slot: int = 0,
@@ -206,7 +218,8 @@ def round_inputs(reqs: list[RoundRequest], max_pages: int, device, pad_to: int =
     col = lambda name, dtype: torch.tensor([getattr(r, name) for r in reqs], dtype=dtype)  # noqa: E731
     host = RoundInputs(col("slot", torch.int64), col("base", torch.int64), col("last", torch.int64), tables,
                        col("limit", torch.int64), col("snap_row", torch.int32), col("snap_slot", torch.int64),
-                       col("delta", torch.int64), Sampling(col("temperature", torch.float32), col("top_k", torch.int64),
+                       col("delta", torch.int64), col("stop", torch.int64),
+                       Sampling(col("temperature", torch.float32), col("top_k", torch.int64),
                                 col("top_p", torch.float32), col("min_p", torch.float32), col("seed", torch.int64),
                                 col("steps", torch.int64), col("seeded", torch.bool)))
     pinned = torch.cuda.is_available()
@@ -219,11 +232,11 @@ def round_inputs(reqs: list[RoundRequest], max_pages: int, device, pad_to: int =
 def _fields(inp: RoundInputs) -> list[torch.Tensor]:
     s = inp.sampling
     return [inp.slots, inp.base, inp.last, inp.block_tables, inp.limit, inp.snap_rows, inp.snap_slots, inp.delta,
-            s.temperature, s.top_k, s.top_p, s.min_p, s.seeds, s.steps, s.seeded]
+            inp.stop, s.temperature, s.top_k, s.top_p, s.min_p, s.seeds, s.steps, s.seeded]
 
 
 def _from_fields(t: list[torch.Tensor]) -> RoundInputs:
-    return RoundInputs(*t[:8], Sampling(*t[8:]))
+    return RoundInputs(*t[:9], Sampling(*t[9:]))
 
 
 def _map(inp: RoundInputs, fn) -> RoundInputs:

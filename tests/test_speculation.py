@@ -2,15 +2,17 @@
 k = 1 .. 5 with drafts right at every rate (a DraftOracle stands in for a trained head), batched, with prefix hits,
 int8 KV, int4 weights, stop strings and a thinking budget; the GDN state after a round equals the plain path's;
 cancels give everything back; seeded sampling reproduces; and a head distilled from the model itself in the test
-gets drafts accepted well above chance on its own."""
+gets drafts accepted well above chance on its own; a request whose tool calls are constrained once opened (tool_choice
+auto) speculates until the call opens, and the round ends there."""
 
 import random
+import shutil
 import time
 
 import pytest
 import torch
 
-from engine.api import Engine, EngineConfig, SamplingParams
+from engine.api import Constraint, Engine, EngineConfig, SamplingParams
 from engine.speculative import DraftOracle
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -46,6 +48,39 @@ def with_oracle(e, p, runs):
     """runs: {prompt tuple: its plain output}."""
     e.set_draft_oracle(DraftOracle(p, {tuple(ids): list(ids) + out for ids, out in runs.items()}))
     return e
+
+
+def test_tool_auto_speculates_until_a_call_opens(ckpt, tmp_path):
+    """The checkpoint's LM head row of <tool_call> copies (x 1.01) the row of its plain greedy run's 8th token, so
+    the call opens there, mid-round. Rounds then stop at the <tool_call> they keep (drafts past it were verified
+    without the grammar), and the call is made under it: output equal to plain decoding's, drafts right or not."""
+    from safetensors.torch import load_file, save_file
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"]}}}]
+    messages = [{"role": "user", "content": "call f please"}]
+    e = make(ckpt, 0)
+    ids = e.encode_prompt(messages, tools=tools, enable_thinking=False)
+    free = e.generate(ids, SamplingParams(max_tokens=12, **GREEDY)).token_ids
+    call_open = e.tokenizer.token_to_id("<tool_call>")
+    e.close()
+    steered = tmp_path / "steered"
+    shutil.copytree(ckpt, steered)
+    weights = load_file(steered / "model.safetensors")
+    weights["lm_head.weight"][call_open] = weights["lm_head.weight"][free[7]] * 1.01
+    save_file(weights, str(steered / "model.safetensors"), metadata={"format": "pt"})
+    params = dict(max_tokens=60, temperature=0.0, constraint=Constraint(tools=tools))
+    e = make(str(steered), 0)
+    want = e.generate(ids, SamplingParams(**params), tools=tools)
+    e.close()
+    assert call_open in want.token_ids[3:] and want.finish_reason == "tool_calls"
+    for p in (1.0, 0.0):
+        e = with_oracle(make(str(steered), 3), p, {tuple(ids): want.token_ids})
+        try:
+            out = e.generate(ids, SamplingParams(**params), tools=tools)
+            assert out.token_ids == want.token_ids and out.tool_calls == want.tool_calls
+            assert out.usage.speculation.rounds > 0
+        finally:
+            e.close()
 
 
 @pytest.mark.parametrize("k, p", [(1, 1.0), (2, 0.5), (3, 0.82), (4, 0.0), (5, 0.9)])
