@@ -87,9 +87,9 @@ def main(argv=None) -> dict:
           f"{out['tower_images_per_s']:.1f} images/s", flush=True)
 
     def ttft(seed: int) -> float:
-        question = rand_ids(args.question, seed)
+        question, data = rand_ids(args.question, seed), png(args.side, 100 + seed)   # the file as a client sends it
         started = time.perf_counter()
-        images = eng.process_images([png(args.side, 100 + seed)])
+        images = eng.process_images([data])
         ids = eng.expand_images([cfg.image_token_id] + question, images)
         handle = eng.submit(ids, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True), images=images)
         for _ in handle:
