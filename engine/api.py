@@ -11,7 +11,8 @@ from engine.engine import NO_VISION, Engine, LoadCancelled, RequestHandle
 from engine.memory import MemoryPlan, plan_for
 from engine.params import (DTYPE_NAMES, KV_DTYPES, MAX_DRAFTS, PROFILES, VISION, WEIGHTS, CallArgs, CallStart,
                            Constraint, ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, Reasoning,
-                           SamplingParams, SpeculationStats, StreamEvent, Text, Timings, TokenLogprob, ToolCall, Usage, add_calls)
+                           SamplingParams, SpeculationStats, StreamEvent, Text, Timings, TokenLogprob, ToolCall, Usage,
+                           add_calls)
 from engine.streaming import starts_in_reasoning
 from engine.vision.processor import ImageInputError
 from engine.vision.prompt import split_images

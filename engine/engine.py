@@ -40,7 +40,7 @@ from engine.speculative import Speculator
 from engine.streaming import OutputStream, starts_in_reasoning
 from engine.tokenizer import Tokenizer
 from engine.weights.convert_cache import source_identity
-from engine.vision.encoder import ImageEncoder
+from engine.vision.encoder import Encoding, ImageEncoder
 from engine.vision.processor import ImageInputError, ProcessedImage, load_processor_config, process_image
 from engine.vision.prompt import image_prompt, split_images
 from engine.vision.tokens import expand_image_placeholders
@@ -119,6 +119,7 @@ class Engine:
         self.device = resolve_device(config.device)
         self._dtype = resolve_dtype(config.dtype, self.device.type)
         self._encoder: ImageEncoder | None = None
+        self._encoding: tuple[Sequence, int, Encoding] | None = None   # the image being encoded (its sequence, index)
         self._image_config = None                   # the checkpoint's preprocessor_config.json, with vision
         if _parts is None:
             self.model_config = load_model_config(config.model)
@@ -491,11 +492,12 @@ class Engine:
         now = time.perf_counter()
         for seq in self._scheduler.admit():
             seq.t_admit = now
-        seqs, lens, cuts = self._scheduler.prefill_batch()
+        if self._encoder is not None:
+            self._encode_images()
+        # an image still being encoded holds its activations (on demand, the tower's weights too) between steps: the
+        # plan gives them the prefill's workspace, so prompts wait for it (decoding goes on)
+        seqs, lens, cuts = self._scheduler.prefill_batch() if self._encoding is None else ([], [], [])
         if seqs:
-            for seq, n in zip(seqs, lens):         # the images the step reaches (the scheduler allows one)
-                for k in seq.pending_images(seq.num_computed, seq.num_computed + n):
-                    seq.image_embeds[k] = self._encoder.encode(seq.images.images[k])
             c, snapshots = self._cache, self._cache.snapshots
             snap_slots = [snapshots.take() if cut else -1 for cut in cuts]
             in_passing = [(cut, slot) if slot >= 0 else (0, -1) for cut, slot in zip(cuts, snap_slots)]
@@ -524,6 +526,22 @@ class Engine:
                     if live:
                         self._spec.start([seqs[i] for i in live], self._runner.last_hidden[live])
         self._decode(self._scheduler.decode_batch())
+
+    def _encode_images(self) -> None:
+        """A step's share of the tower's work: the image that the first prefill waiting for one reaches next, encoded
+        over as many steps as its size needs (engine/vision/encoder.py); its rows are prefilled once it is done."""
+        if self._encoding is None:
+            for seq in self._scheduler.running:
+                pending = seq.pending_images(seq.num_computed, len(seq.prompt)) if seq.prefilling else []
+                if pending:
+                    self._encoding = (seq, pending[0], self._encoder.start(seq.images.images[pending[0]]))
+                    break
+        if self._encoding is not None:
+            seq, k, encoding = self._encoding
+            embeds = encoding.advance()
+            if embeds is not None:
+                seq.image_embeds[k] = embeds
+                self._encoding = None
 
     def _decode(self, seqs: list[Sequence]) -> None:
         """A decode step. When the host need not see the logits first (no logits processors, penalties, logprobs or
@@ -667,6 +685,9 @@ class Engine:
             reason, error = "error", error or f"{type(e).__name__}: {e}"
         self._seqs.pop(seq.id, None)
         seq.image_embeds.clear()
+        if self._encoding is not None and self._encoding[0] is seq:
+            self._encoding[2].close()
+            self._encoding = None
         now = time.perf_counter()
         n_out = len(seq.output)
         usage = Usage(prompt_tokens=len(seq.prompt), completion_tokens=n_out, cached_tokens=seq.cached_tokens,

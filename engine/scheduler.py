@@ -7,9 +7,9 @@ prompt, so a long prompt arriving never stalls running streams for more than one
 Admission is first come, first served: the head of the queue waits until a slot and the pages
 for its whole sequence (prompt + max new tokens) are free.
 
-Images: a step encodes at most one image (the engine runs the tower on it before the step's forward), so a large
-image delays the running streams by one encode at most; a prompt's step ends before the next image whose
-embeddings are not at hand, and that image is encoded in a later step.
+Images: a prompt's step ends before the next image whose embeddings are not at hand; the engine encodes one image
+at a time, a bounded share of the tower's work per step (engine/vision/encoder.py), so a large image holds up the
+running streams by that share per step, not by its whole encode.
 """
 
 from __future__ import annotations
@@ -69,7 +69,6 @@ class Scheduler:
         then copies the state), because fla's chunked kernel keeps no state inside a chunk. A snapshot at
         least a page into the step keeps the conv window inside it."""
         seqs, lens, cuts, budget = [], [], [], self.prefill_chunk
-        encode = 1                                 # images the step may encode
         for seq in self.running:
             if budget <= 0:
                 break
@@ -77,11 +76,8 @@ class Scheduler:
                 continue
             n = min(len(seq.prompt) - seq.num_computed, budget)
             for k in seq.pending_images(seq.num_computed, seq.num_computed + n):
-                if encode:
-                    encode -= 1
-                else:                              # stop before it: a later step encodes it
-                    n = max(seq.images.spans[k][0], seq.num_computed) - seq.num_computed
-                    break
+                n = max(seq.images.spans[k][0], seq.num_computed) - seq.num_computed   # stop before it: the engine
+                break                                                                   # is still encoding it
             if n == 0:
                 continue
             cut = seq.snapshot_at - seq.num_computed

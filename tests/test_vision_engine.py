@@ -103,6 +103,24 @@ def test_prefill_chunks_smaller_than_an_image_equal_transformers(checkpoint, hf)
         e.close()
 
 
+def test_images_encoded_a_stage_per_step_equal_transformers(checkpoint, hf, monkeypatch):
+    """A tower stage per engine step (what the largest images get): the prompt waits for each image's last stage,
+    other requests decode meanwhile, and the output is still transformers'."""
+    from engine.vision import encoder
+    monkeypatch.setattr(encoder, "TOWER_PATCHES_PER_STEP", 1)
+    e = make(checkpoint("gqa3_ratio3"), profile="C4")
+    try:
+        text = e.submit([{"role": "user", "content": "Tell me about the sea."}], SamplingParams(max_tokens=12, **GREEDY))
+        assert run(e, SEVERAL).token_ids == reference(hf, e, SEVERAL, 8)
+        assert len([t for ev in text for t in ev.token_ids]) == 12
+        image = prompt_of(e, ONE)[1][0]
+        stages = e._encoder.start(image)
+        steps = [stages.advance() for _ in range(e._encoder.tower.cfg.depth + 2)]
+        assert all(s is None for s in steps[:-1]) and torch.equal(steps[-1], e._encoder.encode(image))
+    finally:
+        e.close()
+
+
 def test_prefix_cache_same_image_hits_another_misses(checkpoint):
     e = make(checkpoint("gqa3_ratio3"))
     cold = make(checkpoint("gqa3_ratio3"))

@@ -119,6 +119,16 @@ class VisionTower(nn.Module):
     def forward(self, pixel_values: torch.Tensor, grids: list[Grid]) -> torch.Tensor:
         """Pixel values [patches, C*T*P*P] of one or more images (any device) -> [patches / merge², out_hidden] on
         the tower's: each image's merged tokens, in order (what its placeholder tokens in the prompt take)."""
+        stages = self.stages(pixel_values, grids)
+        while True:
+            try:
+                next(stages)
+            except StopIteration as done:
+                return done.value
+
+    def stages(self, pixel_values: torch.Tensor, grids: list[Grid]):
+        """forward() a stage at a time: a generator that pauses after the patch embedding and after each block and
+        returns the output, so that the engine can spread a large image over several steps."""
         m = self.cfg.spatial_merge_size
         rows, cols = self._patch_coordinates(grids)
         x = F.linear(pixel_values.to(self.patch_weight.device, self.dtype), self.patch_weight, self.patch_bias)
@@ -127,8 +137,10 @@ class VisionTower(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         cos, sin = emb.cos(), emb.sin()
         seqlens = [h * w for t, h, w in grids for _ in range(t)]
+        yield
         for block in self.blocks:
             x = block(x, cos, sin, seqlens)
+            yield
         x = self.merger_norm(x).view(-1, x.shape[-1] * m * m)
         return self.merger_fc2(F.gelu(self.merger_fc1(x)))
 
