@@ -288,11 +288,3 @@ def test_invalid_json_and_wrong_types_are_400(server):
         status, _, out = raw(server, "POST", "/v1/chat/completions", body)
         assert status == 400, (body, out)
         assert json.loads(out)["error"]["type"] == "invalid_request_error"
-
-
-def test_curl_style_form_content_type_still_parses_json(server, steer):
-    steer.say("Hm.</think>\n\nok")
-    body = json.dumps({"model": MODEL, "messages": USER, "max_tokens": 10}).encode()
-    status, _, out = raw(server, "POST", "/v1/chat/completions", body,
-                         headers={"content-type": "application/x-www-form-urlencoded"})
-    assert status == 200 and json.loads(out)["choices"][0]["message"]["content"] == "ok"

@@ -22,8 +22,8 @@ def create_app(settings: ServerSettings | None = None, engine=None, *, params_ho
     for module in (openai_routes, anthropic_routes, models_routes, ops_routes):
         app.include_router(module.router)
     install_error_handlers(app)
-    if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
+    if settings.cors_origins:   # (an origin not listed never gets here: Guard refuses it)
+        app.add_middleware(CORSMiddleware, allow_origins=settings.origins, allow_methods=["GET", "POST"],
                            allow_headers=["*"])
     app.add_middleware(Guard, settings=settings)
     app.add_middleware(MetricsMiddleware, metrics=app.state.server.metrics)

@@ -1,4 +1,4 @@
-"""Request bodies: JSON whatever the Content-Type says (curl -d sends form encoding), then a
+"""Request bodies: JSON (the Guard has already refused any other Content-Type with a 415), then a
 pydantic model, with every failure a 400 in the route's envelope."""
 
 from __future__ import annotations
