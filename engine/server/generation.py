@@ -4,6 +4,10 @@ Iterating a RequestHandle blocks, so a small thread per request pumps its events
 queue. The engine's pieces (Text, Reasoning, CallStart, CallArgs: it parses the calls when the request
 has tools) pass straight through, with the logprobs of the tokens the engine labelled content. Leaving
 `events()` early (the client went away) cancels the engine request, which frees its cache pages at once.
+
+The tokens a generation used are counted in the metrics when the engine finishes it, whether or not anyone
+still reads it (a stream cut midway counts as much as one read to its end); how the HTTP request ended
+(completed, failed, abandoned, dropped) is its `Outcome`'s business.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import threading
 from dataclasses import dataclass, field
 
 from engine.api import CallArgs, CallStart, Reasoning, StreamEvent, Text, Timings, TokenLogprob, Usage
-from engine.server.errors import APIError
+from engine.server.errors import APIError, ClientGone
+from engine.server.metrics import Outcome
 from engine.server.prompting import Prompt
 
 
@@ -51,9 +56,11 @@ class Generation:
         self.keepalive_s, self.raw, self.metrics = keepalive_s, raw, metrics
         self.shown = ("content", "reasoning") if raw else ("content",)    # the tokens whose logprobs go out
         self.finished = False
+        self.outcome: Outcome | None = None     # the HTTP request's, once all its generations started
         self.handle = engine.submit(prompt.ids, self.params, tools=prompt.tools)   # raises QueueFullError, ValueError
         self.queue: asyncio.Queue = asyncio.Queue()
         self.loop = asyncio.get_running_loop()
+        self.started = asyncio.Event()          # set when the first event comes: the prompt is in the cache
         threading.Thread(target=self._pump, name=f"qwendesk-stream-{self.handle.id}", daemon=True).start()
 
     def cancel(self) -> None:
@@ -77,9 +84,16 @@ class Generation:
 
     # ---- engine events -> output events --------------------------------------------------------
     def _pump(self) -> None:
+        first = True
         for ev in self.handle:
+            if ev.kind == "finish" and self.metrics is not None:
+                self.metrics.finished(ev.finish_reason, ev.usage or Usage(prompt_tokens=len(self.prompt.ids)),
+                                      ev.timings)
             try:
                 self.loop.call_soon_threadsafe(self.queue.put_nowait, ev)
+                if first:
+                    self.loop.call_soon_threadsafe(self.started.set)
+                    first = False
             except RuntimeError:            # the event loop is gone (server shutting down)
                 self.handle.cancel()
 
@@ -97,9 +111,10 @@ class Generation:
     def _finish(self, ev: StreamEvent) -> Finish:
         self.finished = True
         usage = ev.usage or Usage(prompt_tokens=len(self.prompt.ids))
-        if self.metrics is not None:
-            self.metrics.finished(ev.finish_reason, usage, ev.timings)
-        return Finish(ev.finish_reason, usage, ev.timings, ev.stop_sequence, ev.error)
+        finish = Finish(ev.finish_reason, usage, ev.timings, ev.stop_sequence, ev.error)
+        if finish.api_error() is not None and self.outcome is not None:
+            self.outcome.failed = True
+        return finish
 
 
 @dataclass
@@ -122,10 +137,10 @@ class Reply:
         return [(b[1], b[2]) for b in self.blocks if b[0] == "tool"]
 
 
-async def collect(gen: Generation) -> Reply:
-    """Run a generation to its end."""
+async def collect(events) -> Reply:
+    """Run a generation's events to their end."""
     reply, calls = Reply(), {}
-    async for ev in gen.events():
+    async for ev in events:
         kind = {Reasoning: "thinking", Text: "text"}.get(type(ev))
         if kind:
             if reply.blocks and reply.blocks[-1][0] == kind:
@@ -144,20 +159,32 @@ async def collect(gen: Generation) -> Reply:
     return reply
 
 
-async def collect_all(request, gens: list[Generation]) -> list[Reply]:
-    """Run generations to their end; cancel them all if the client disconnects first (a response
-    that is not streamed has no other way to notice)."""
+async def collect_all(request, gens: list[Generation], events=None) -> list[Reply]:
+    """Run generations to their end; cancel them all and raise ClientGone if the client disconnects
+    first (a response that is not streamed has no other way to notice). `events`: of the one generation,
+    as the route filters them (default: its own)."""
+    gone = False
+
     async def watch():
+        nonlocal gone
         while (await request.receive())["type"] != "http.disconnect":
             pass
+        gone = True
         for gen in gens:
             gen.cancel()
 
     watcher = asyncio.ensure_future(watch())
+    outcome = gens[0].outcome
     try:
-        return list(await asyncio.gather(*(collect(g) for g in gens)))
+        replies = list(await asyncio.gather(*(collect(g.events()) for g in gens))) if events is None else \
+            [await collect(events)]
     finally:
         watcher.cancel()
+    if gone:
+        outcome.end("abandoned")
+        raise ClientGone()
+    outcome.end()
+    return replies
 
 
 async def merged(gens: list[Generation]):

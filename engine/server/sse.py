@@ -30,12 +30,21 @@ def comment(text: str = "keep-alive") -> bytes:
 
 def sse_response(stream, gens) -> StreamingResponse:
     """`gens`: the generations the stream reads, cancelled when the response ends, even one that
-    ended before the stream began (the client left at once) and so never ran its own clean-up."""
+    ended before the stream began (the client left at once) and so never ran its own clean-up.
+    A stream that ends before its last event went out was dropped by the client."""
+    outcome = gens[0].outcome
+
+    async def whole():
+        async for chunk in stream:
+            yield chunk
+        outcome.end()
+
     def cancel():
+        outcome.end("dropped")              # (nothing if it ended whole)
         for gen in gens:
             gen.cancel()
 
-    return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS,
+    return StreamingResponse(whole(), media_type="text/event-stream", headers=SSE_HEADERS,
                              background=BackgroundTask(cancel))
 
 

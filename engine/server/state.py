@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from engine.server.errors import APIError, from_engine_error
 from engine.server.generation import Generation
 from engine.server.logprobs import TokenBytes
-from engine.server.metrics import Metrics
-from engine.server.prompting import generation_defaults
+from engine.server.metrics import Metrics, Outcome
+from engine.server.prompting import Prompt, generation_defaults
 from engine.server.settings import ServerSettings
 
 
@@ -44,8 +45,30 @@ class ServerState:
             raise APIError(404, f"The model {name!r} does not exist; this server serves "
                                 f"{self.settings.model_id!r}", "not_found", param="model", code="model_not_found")
 
-    def start(self, prompt, raw: bool = False) -> Generation:
-        """Submit a prepared prompt; engine refusals become API errors (429/529, 400, 503)."""
+    async def start(self, groups: list[list[Prompt]], raw: bool = False) -> list[Generation]:
+        """Submit one request's generations: each group is the samples of one prompt (n of them). The first of
+        each group runs first; the others are submitted once it has prefilled, so that their prompt comes from
+        the prefix cache. Engine refusals become API errors (429/529, 400, 503), and cancel what started."""
+        runs: list[list[Generation]] = []             # each prompt's generations
+        try:
+            for group in groups:
+                runs.append([self._submit(group[0], raw)])
+            if any(len(g) > 1 for g in groups):
+                await asyncio.gather(*(run[0].started.wait() for run in runs))
+            for group, run in zip(groups, runs):
+                run += [self._submit(p, raw) for p in group[1:]]
+        except (APIError, asyncio.CancelledError):
+            for run in runs:
+                for gen in run:
+                    gen.cancel()
+            raise
+        gens = [gen for run in runs for gen in run]
+        outcome = Outcome(self.metrics)
+        for gen in gens:
+            gen.outcome = outcome
+        return gens
+
+    def _submit(self, prompt: Prompt, raw: bool) -> Generation:
         if self.params_hook is not None:
             self.params_hook(prompt.params)
         try:
