@@ -13,7 +13,7 @@ from engine.api import CallArgs, CallStart, Reasoning, Text, Usage
 from engine.server.openai_routes import speculation_json
 from engine.server.anthropic_convert import chat_request
 from engine.server.anthropic_schema import CountTokensRequest, MessagesRequest
-from engine.server.body import parse_body
+from engine.server.body import documented, parse_body
 from engine.server.checks import ANTHROPIC_MESSAGES, refuse_unsupported
 from engine.server.errors import error_payload
 from engine.server.generation import Finish, Keepalive, Reply, collect_all
@@ -25,7 +25,7 @@ router = APIRouter()
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 
 
-@router.post("/v1/messages")
+@router.post("/v1/messages", openapi_extra=documented(MessagesRequest))
 async def messages(request: Request):
     server = request.app.state.server
     body = await parse_body(request, MessagesRequest)
@@ -48,7 +48,7 @@ async def messages(request: Request):
                  "usage": usage_json(finish.usage)})
 
 
-@router.post("/v1/messages/count_tokens")
+@router.post("/v1/messages/count_tokens", openapi_extra=documented(CountTokensRequest))
 async def count_tokens(request: Request):
     server = request.app.state.server
     body = await parse_body(request, CountTokensRequest)

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from engine.api import CallArgs, CallStart, Reasoning, Text, Usage
-from engine.server.body import parse_body
+from engine.server.body import documented, parse_body
 from engine.server.checks import OPENAI_COMPLETIONS, refuse_unsupported
 from engine.server.errors import APIError, error_payload
 from engine.server.generation import Finish, Keepalive, Logprobs, Reply, collect_all, merged
@@ -22,7 +22,7 @@ from engine.server.sse import JSON, comment, event, sse_response
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=documented(ChatCompletionRequest))
 async def chat_completions(request: Request):
     server = request.app.state.server
     body = await parse_body(request, ChatCompletionRequest)
@@ -120,7 +120,7 @@ async def chat_stream(gens, meta: dict, include_usage: bool, token_bytes, legacy
     yield event("[DONE]")
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=documented(CompletionRequest))
 async def completions(request: Request):
     server = request.app.state.server
     body = await parse_body(request, CompletionRequest)
