@@ -80,6 +80,15 @@ class RequestHandle:
             if event.kind == "finish":
                 return
 
+    def ready(self) -> list[StreamEvent]:
+        """The events queued so far, without waiting (with `on_event`: read them when told)."""
+        out = []
+        while True:
+            try:
+                out.append(self._events.get_nowait())
+            except queue.Empty:
+                return out
+
     def cancel(self) -> None:
         self._engine.cancel(self.id)
 
@@ -203,11 +212,14 @@ class Engine:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
         return ids
 
-    def submit(self, prompt, params: SamplingParams | None = None, tools=None, **template_kwargs) -> RequestHandle:
+    def submit(self, prompt, params: SamplingParams | None = None, tools=None, on_event=None,
+               **template_kwargs) -> RequestHandle:
         """Queue a request (token ids or chat messages); returns at once. `tools` (OpenAI-style): chat messages are
         rendered with them, and the reply's calls to them come out as CallStart / CallArgs pieces (token ids: the
-        caller rendered them; give them for the parsing). Raises ValueError for bad parameters,
-        ContextLengthError when the prompt does not fit, QueueFullError when busy."""
+        caller rendered them; give them for the parsing). `on_event(event)`: called on the engine's thread right
+        after each event is queued, for a consumer that would rather be told than block on the handle (it must be
+        quick, and must neither block nor raise). Raises ValueError for bad parameters, ContextLengthError when
+        the prompt does not fit, QueueFullError when busy."""
         if self._closed:
             raise RuntimeError("the engine is closed")
         params = params or SamplingParams()
@@ -226,7 +238,7 @@ class Engine:
             self._next_id += 1
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         seq = Sequence(id=seq_id, prompt=ids, params=params, seed=seed,
-                       max_total=min(len(ids) + params.max_tokens, self.max_context))
+                       max_total=min(len(ids) + params.max_tokens, self.max_context), on_event=on_event)
         tok = self.tokenizer
         seq.stream = OutputStream(tok, params, starts_in_reasoning(ids, tok.think_start_id, tok.think_end_id), tools)
         if params.thinking_budget == 0 and seq.stream.in_reasoning and tok.think_end_id is not None:

@@ -377,3 +377,13 @@ def test_legacy_functions_map_to_tools(client, steer, engine):
         {"role": "tool", "content": "18 C"}], tools=TOOLS)
     assert "<tool_response>\n18 C\n</tool_response>" in expected
     assert r.usage.prompt_tokens == len(engine.tokenizer.encode(expected))
+
+
+def test_chunk_template_writes_the_same_bytes():
+    from engine.server.sse import ChunkTemplate, dumps, event
+    meta = {"id": "chatcmpl-1", "created": 5, "model": "m\u00e9", "object": "chat.completion.chunk"}
+    for usage in (False, True):
+        for delta in ({"content": "a\"b\n\u2603"}, {"reasoning_content": "x", "reasoning": "x"}):
+            data = {**meta, "choices": [{"index": 3, "delta": delta, "logprobs": None, "finish_reason": None}]}
+            expected = event({**data, "usage": None} if usage else data)
+            assert ChunkTemplate(meta, "delta", usage)(3, dumps(delta)) == expected

@@ -17,7 +17,7 @@ from engine.server.logprobs import chat_logprobs, completion_logprobs
 from engine.server.openai_convert import chat_request, sampling_fields
 from engine.server.openai_schema import ChatCompletionRequest, CompletionRequest
 from engine.server.prompting import Prompt, chat_prompt, completion_room, encode, sampling_params
-from engine.server.sse import JSON, comment, event, sse_response
+from engine.server.sse import JSON, ChunkTemplate, comment, dumps, event, sse_response
 
 router = APIRouter()
 
@@ -77,9 +77,13 @@ def chat_message(reply: Reply, legacy: bool = False) -> dict:
 
 async def chat_stream(gens, meta: dict, include_usage: bool, token_bytes, legacy: bool = False):
     def chunk(i: int, delta: dict, finish: str | None = None, logprobs=None) -> bytes:
+        if finish is None and logprobs is None:
+            return text_chunk(i, dumps(delta))
         data = {**meta, "object": "chat.completion.chunk",
                 "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
         return event({**data, "usage": None} if include_usage else data)
+
+    text_chunk = ChunkTemplate({**meta, "object": "chat.completion.chunk"}, "delta", include_usage)
 
     def call_delta(index: int, function: dict, call_id: str | None = None) -> dict:
         if legacy:
@@ -177,9 +181,13 @@ def completion_prompts(engine, body: CompletionRequest, defaults: dict) -> list[
 
 async def completion_stream(gens, meta: dict, echoes: list[str], include_usage: bool, token_bytes, n: int = 1):
     def chunk(i: int, text: str, finish: str | None = None, logprobs=None) -> bytes:
+        if finish is None and logprobs is None:
+            return text_chunk(i, dumps(text))
         data = {**meta, "object": "text_completion",
                 "choices": [{"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
         return event({**data, "usage": None} if include_usage else data)
+
+    text_chunk = ChunkTemplate({**meta, "object": "text_completion"}, "text", include_usage)
 
     offsets = [len(e) for e in echoes]
     for i, echo in enumerate(echoes):

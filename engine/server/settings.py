@@ -18,6 +18,7 @@ class ServerSettings:
     cors_origins: list[str] = field(default_factory=list)   # browser origins allowed (none: CORS off); "*": any
     max_body_bytes: int = 32 * 1024 * 1024
     keepalive_s: float = 15.0               # SSE keep-alive while a request waits or thinks silently
+    stream_interval_s: float = 0.0          # least time between a stream's chunks (tokens in between go as one)
 
     def host_allowed(self, host: str) -> bool:
         """A DNS rebinding attack needs a name the attacker controls, so a literal IP address is

@@ -6,7 +6,7 @@ import asyncio
 import time
 
 from engine.server.errors import APIError, from_engine_error
-from engine.server.generation import Generation
+from engine.server.generation import Generation, Wakeups
 from engine.server.logprobs import TokenBytes
 from engine.server.metrics import Metrics, Outcome
 from engine.server.prompting import Prompt, generation_defaults
@@ -25,6 +25,7 @@ class ServerState:
         self.load_error: str | None = None
         self.defaults: dict = {}
         self.token_bytes: TokenBytes | None = None
+        self.wakeups: Wakeups | None = None      # made on the event loop, by the first request
         if engine is not None:
             self.set_engine(engine)
 
@@ -71,8 +72,11 @@ class ServerState:
     def _submit(self, prompt: Prompt, raw: bool) -> Generation:
         if self.params_hook is not None:
             self.params_hook(prompt.params)
+        loop = asyncio.get_running_loop()
+        if self.wakeups is None or self.wakeups.loop is not loop:
+            self.wakeups = Wakeups(loop)
         try:
-            return Generation(self.engine, prompt, keepalive_s=self.settings.keepalive_s, raw=raw,
-                              metrics=self.metrics)
+            return Generation(self.engine, prompt, self.wakeups, keepalive_s=self.settings.keepalive_s,
+                              interval_s=self.settings.stream_interval_s, raw=raw, metrics=self.metrics)
         except Exception as e:
             raise from_engine_error(e) from None
