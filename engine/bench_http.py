@@ -1,7 +1,7 @@
 """The HTTP path's own cost: decode throughput in process against the same requests through the endpoint.
 
-    python -m engine.server.bench_http --shape 9b            # GPU: random weights at the 9B shape, bf16
-    python -m engine.server.bench_http --shape tiny          # CPU: a tiny random model (the overhead, magnified)
+    python -m engine.bench_http --shape 9b            # GPU: random weights at the 9B shape, bf16
+    python -m engine.bench_http --shape tiny          # CPU: a tiny random model (the overhead, magnified)
 
 C clients each stream one completion of --tokens tokens (greedy, ignore_eos) from the same --prompt-token
 prompts, all at once; aggregate tok/s = C x tokens / (first submit -> last token). In process the requests
@@ -71,7 +71,7 @@ def in_process(engine, ids: list[list[int]], tokens: int) -> float:
 
 def through_http(url: str, ids: list[list[int]], tokens: int) -> float:
     """Runs the clients in a child process; -> aggregate tok/s."""
-    out = subprocess.run([sys.executable, "-m", "engine.server.bench_http", "--client", url, "--tokens", str(tokens)],
+    out = subprocess.run([sys.executable, "-m", "engine.bench_http", "--client", url, "--tokens", str(tokens)],
                          input=json.dumps(ids), capture_output=True, text=True, check=True)
     return json.loads(out.stdout)["tok_s"]
 
@@ -109,7 +109,7 @@ def client_main(url: str, tokens: int) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m engine.server.bench_http", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m engine.bench_http", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="9b", choices=["tiny", "9b", "27b"])
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=256)
