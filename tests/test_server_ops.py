@@ -323,3 +323,15 @@ def test_request_outcomes_add_up_and_cached_tokens_agree(engine, steer, server):
     stats = engine.stats()
     assert metric(server, "qwendesk_state_slots_used") == stats["state_slots_used"] == 0
     assert metric(server, "qwendesk_snapshots_cached") == stats["snapshots_cached"] > 0
+
+
+def test_tokens_that_come_while_a_stream_waits_go_out_merged(engine, steer):
+    """stream_interval_s: what the engine wrote meanwhile goes out as one chunk, the same text in fewer chunks."""
+    text = "one two three four five six seven eight nine ten eleven twelve"
+    steer.say("Hm.</think>\n\n" + text)
+    with serving(engine, steer, stream_interval_s=0.2) as srv:
+        _, _, body = raw(srv, "POST", "/v1/chat/completions", chat_body(stream=True, max_tokens=60))
+    deltas = [json.loads(d)["choices"][0]["delta"] for _, d in sse_events(body)[:-1] if json.loads(d)["choices"]]
+    content = [d["content"] for d in deltas if d.get("content")]
+    assert "".join(content) == text
+    assert len(content) < len(steer.tok.encode(text)) // 2
