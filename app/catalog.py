@@ -38,13 +38,31 @@ def load_catalog() -> list[CatalogEntry]:
     return [CatalogEntry(**entry, architecture=architectures[entry["params"]]) for entry in data["models"]]
 
 
+def too_large(device: DeviceInfo) -> str:
+    return "Too large for this GPU" if device.on_gpu else "Too large for this computer"
+
+
 def runs_as(plan: MemoryPlan, device: DeviceInfo) -> str:
     """What a plan means, in a few words for a card."""
+    gib = lambda n: f"{n / (1 << 30):.1f} GiB"  # noqa: E731
     if not plan.fits:
-        return "Too large for this GPU" if device.on_gpu else "Too large for this computer"
+        return f"Needs {gib(plan.total_bytes)}, {gib(plan.budget_bytes)} available"
     weights = "int4" if plan.weights == "int4" else "16-bit"
     where = "" if device.on_gpu else " on the CPU"
-    return f"Runs as {weights}{where} with up to {plan.max_context // 1024}K tokens of context"
+    return (f"Runs as {weights}{where} ({gib(plan.weights_bytes)} of weights) with up to "
+            f"{plan.max_context // 1024}K tokens of context")
+
+
+def fit_text(plan: MemoryPlan, device: DeviceInfo) -> str:
+    """runs_as, saying first when the model is too large (where no badge says it)."""
+    return runs_as(plan, device) if plan.fits else f"{too_large(device)}: {runs_as(plan, device).lower()}"
+
+
+def by_fit(catalog: list[CatalogEntry], plans: dict[str, MemoryPlan], recommended: CatalogEntry) -> list[CatalogEntry]:
+    """The recommendation first, then what fits this machine in the catalog's order (best first), then what does
+    not, smallest first."""
+    return sorted(catalog, key=lambda e: (e is not recommended, not plans[e.id].fits,
+                                          0 if plans[e.id].fits else plans[e.id].total_bytes))
 
 
 def recommend(catalog: list[CatalogEntry], plans: dict[str, MemoryPlan], device: DeviceInfo) -> CatalogEntry:

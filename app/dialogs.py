@@ -5,8 +5,10 @@ from __future__ import annotations
 from PySide6.QtWidgets import QMessageBox, QWidget
 
 
-def confirm(parent: QWidget, title: str, text: str, action: str) -> bool:
+def confirm(parent: QWidget, title: str, text: str, action: str, keep: str = "Cancel") -> bool:
+    """True when the user picks `action` (drawn as destructive); `keep`, the default, says what not doing it is."""
     box = QMessageBox(QMessageBox.Icon.Question, title, text, QMessageBox.StandardButton.Cancel, parent)
+    box.button(QMessageBox.StandardButton.Cancel).setText(keep)
     ok = box.addButton(action, QMessageBox.ButtonRole.DestructiveRole)
     box.setDefaultButton(QMessageBox.StandardButton.Cancel)
     box.exec()

@@ -2,7 +2,8 @@
 
 The GUI calls load / unload / generate / set_endpoint; they queue commands the thread runs in
 order, and results come back as signals. cancel() goes straight to the engine (thread-safe), so
-a reply streaming on this thread stops at once. Failures become signals with a message; nothing
+a reply streaming on this thread stops at once; cancel_load() sets the load's cancel event, which
+the engine checks at each step it reports (a new load or an unload cancels the one in progress). Failures become signals with a message; nothing
 here raises into the GUI.
 """
 
@@ -20,7 +21,8 @@ from PySide6.QtCore import QThread, Signal
 from app.chat.blocks import ShownCall
 from app.endpoint import EndpointSettings, EndpointStatus, start_endpoint
 from app.generation import ReplyResult, metrics_from_engine
-from engine.api import ContextLengthError, Engine, EngineConfig, MemoryPlan, QueueFullError, add_calls, plan_for
+from engine.api import (ContextLengthError, Engine, EngineConfig, LoadCancelled, MemoryPlan, QueueFullError, add_calls,
+                        plan_for)
 
 log = logging.getLogger("qwendesk.app")
 
@@ -37,14 +39,19 @@ class LoadedModel:
     max_context: int
     plan: MemoryPlan        # what the engine runs with (weights, context, memory)
     load_seconds: float
+    vision: bool = False    # the engine takes images in chat messages
 
 
 def engine_messages(messages: list[dict]) -> list[dict]:
-    """The chat history as the checkpoint's template takes it: tool-call arguments as dicts,
-    no images (the engine has no vision yet)."""
+    """The chat history as Engine.submit takes it: tool-call arguments as dicts, and a message with
+    stored images (paths under the attachments folder) as list content: an {"type": "image", "image":
+    <the encoded file's bytes>} part per image, then the text."""
     out = []
     for m in messages:
         entry = {k: v for k, v in m.items() if k != "images"}
+        if m.get("images"):
+            entry["content"] = [*({"type": "image", "image": Path(path).read_bytes()} for path in m["images"]),
+                                {"type": "text", "text": m.get("content") or ""}]
         if entry.get("tool_calls"):
             entry["tool_calls"] = [ShownCall.from_dict(c).as_dict() for c in entry["tool_calls"]]
         out.append(entry)
@@ -59,15 +66,16 @@ def weights_text(plan: MemoryPlan) -> str:
 
 class EngineThread(QThread):
     state_changed = Signal(str, str)        # idle | loading | ready | error, detail
-    load_progress = Signal(str, float)      # stage, elapsed seconds
+    load_progress = Signal(str, int, int)   # the engine's stage, done, total
     loaded = Signal(object)                 # LoadedModel
     load_failed = Signal(str)
+    load_cancelled = Signal(str)            # checkpoint path
+    unloaded = Signal()
     warning = Signal(str)
-    delta = Signal(str, str, str)           # request id, content text, reasoning text
+    delta = Signal(str, str, str, int)      # request id, content text, reasoning text, tokens
     reply_finished = Signal(str, object)    # request id, ReplyResult
     endpoint_changed = Signal(object)       # EndpointStatus
 
-    supports_vision = False                 # the engine does not take images yet
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -78,6 +86,7 @@ class EngineThread(QThread):
         self._handles: dict[str, object] = {}
         self._cancelled: set[str] = set()        # cancelled before their reply started
         self._handles_lock = threading.Lock()
+        self._cancel_load = threading.Event()
         self.model: LoadedModel | None = None
         self.state = "idle"
         self.start()
@@ -85,7 +94,16 @@ class EngineThread(QThread):
     # ---- GUI-thread API ------------------------------------------------------------------------
     def load(self, config: EngineConfig) -> None:
         self.state = "loading"
-        self._commands.put(("load", config))
+        self._cancel_load.set()                 # a load still running gives way to this one
+        self._cancel_load = threading.Event()
+        self._commands.put(("load", config, self._cancel_load))
+
+    def cancel_load(self) -> None:
+        self._cancel_load.set()
+
+    def unload(self) -> None:
+        self._cancel_load.set()
+        self._commands.put(("unload",))
 
     def generate(self, request_id: str, messages: list[dict], params, template_kwargs: dict) -> None:
         self._commands.put(("generate", request_id, messages, params, template_kwargs))
@@ -101,6 +119,22 @@ class EngineThread(QThread):
     def set_endpoint(self, settings: EndpointSettings | None) -> None:
         self._commands.put(("endpoint", settings))
 
+    def count_tokens(self, messages: list[dict], template_kwargs: dict) -> int | None:
+        """The prompt's tokens as the engine would run it (its template and tokenizer; safe from the GUI
+        thread); None without a model or when the template refuses the conversation."""
+        engine = self._engine
+        if engine is None:
+            return None
+        try:
+            return len(engine.encode_prompt(engine_messages(messages), **template_kwargs))
+        except (ValueError, OSError):
+            return None
+
+    @property
+    def supports_vision(self) -> bool:
+        """The loaded engine takes images (its checkpoint has a vision tower and it is on)."""
+        return bool(self.model and self.model.vision)
+
     @property
     def max_context(self) -> int | None:
         return self.model.max_context if self.model else None
@@ -114,6 +148,7 @@ class EngineThread(QThread):
             handles = list(self._handles.values())
         for handle in handles:
             handle.cancel()
+        self._cancel_load.set()
         self._commands.put(("quit",))
         return self.wait(timeout_ms)
 
@@ -127,6 +162,11 @@ class EngineThread(QThread):
                     return
                 if command == "load":
                     self._load(*args)
+                elif command == "unload":
+                    self._close_engine()
+                    self._set_state("idle", "")
+                    self.unloaded.emit()
+                    self._restart_endpoint()
                 elif command == "generate":
                     self._generate(*args)
                 elif command == "endpoint":
@@ -140,20 +180,25 @@ class EngineThread(QThread):
         self.state = state
         self.state_changed.emit(state, detail)
 
-    def _load(self, config: EngineConfig) -> None:
+    def _load(self, config: EngineConfig, cancel: threading.Event) -> None:
         self._close_engine()
         started = time.monotonic()
         name = Path(config.model).name
+        if cancel.is_set():
+            return self._load_cancelled(config.model)
         self._set_state("loading", name)
         try:
-            self.load_progress.emit("Checking the memory plan", 0.0)
+            self.load_progress.emit("Checking the memory plan", 0, 0)
             plan = plan_for(config)                # the engine's own decision, weights="auto" included
             if not plan.fits:
                 raise MemoryError(plan.message)
-            self.load_progress.emit(f"Loading {weights_text(plan)}", time.monotonic() - started)
-            engine = Engine(replace(config, weights=plan.weights),
-                            progress=lambda stage, done, total: self.load_progress.emit(
-                                f"{stage} ({done} of {total})" if total > 1 else stage, time.monotonic() - started))
+            self.load_progress.emit(f"Loading {weights_text(plan)}", 0, 0)
+            engine = Engine(replace(config, weights=plan.weights), progress=self.load_progress.emit, cancel=cancel)
+            if cancel.is_set():                    # cancelled after the engine's last check
+                engine.close()
+                raise LoadCancelled(name)
+        except LoadCancelled:
+            return self._load_cancelled(config.model)
         except MemoryError as e:
             return self._fail(f"{name} does not fit: {e}")
         except (OSError, ValueError, RuntimeError, KeyError) as e:
@@ -163,12 +208,18 @@ class EngineThread(QThread):
             return self._fail(f"{name} could not be loaded: {type(e).__name__}: {e}")
         self._engine = engine
         self.model = LoadedModel(name, config.model, engine.device.type, config.profile, engine.plan().max_context,
-                                 engine.plan(), time.monotonic() - started)
+                                 engine.plan(), time.monotonic() - started,
+                                 vision=engine.accepts_images)
         self._set_state("ready", name)
         self.loaded.emit(self.model)
         if config.device == "auto" and engine.device.type == "cpu":
             self.warning.emit(CPU_WARNING)
         self._restart_endpoint()
+
+    def _load_cancelled(self, path: str) -> None:
+        self.model = None
+        self._set_state("idle", "")
+        self.load_cancelled.emit(path)
 
     def _fail(self, message: str) -> None:
         self.model = None
@@ -199,8 +250,8 @@ class EngineThread(QThread):
             for event in handle:
                 add_calls(calls, event.pieces)
                 if event.kind == "delta":
-                    if event.text or event.reasoning:
-                        self.delta.emit(request_id, event.text, event.reasoning)
+                    if event.text or event.reasoning or event.token_ids:
+                        self.delta.emit(request_id, event.text, event.reasoning, len(event.token_ids))
                 else:
                     self.reply_finished.emit(request_id, ReplyResult(
                         event.finish_reason, error=event.error or "", text=event.text, reasoning=event.reasoning,

@@ -16,6 +16,14 @@ def human_gib(n: float) -> str:
     return f"{n / (1 << 30):.1f} GiB"
 
 
+def human_memory(n: float) -> str:
+    """Binary units, as memory is counted: GiB down to 1 GiB, then MiB, then KiB."""
+    for shift, unit in ((30, "GiB"), (20, "MiB")):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n / 1024:.0f} KiB"
+
+
 def human_duration(seconds: float) -> str:
     seconds = max(0, round(seconds))
     if seconds < 60:

@@ -39,11 +39,16 @@ def _restyle(widget) -> None:
 class CatalogCard(QFrame):
     download_requested = Signal(str)       # repo id
     load_requested = Signal(str)           # checkpoint directory
+    eject_requested = Signal()
+    cancel_load_requested = Signal()
 
-    def __init__(self, entry: CatalogEntry, recommended: bool, runs_as: str, parent=None):
+    def __init__(self, entry: CatalogEntry, recommended: bool, runs_as: str, too_large: str = "", parent=None):
+        """too_large: the badge's words when the engine's plan does not fit this machine ("" when it does)."""
         super().__init__(parent)
         self.entry = entry
+        self.too_large = ""
         self.local_path = ""
+        self.engine_state = ""              # "", "loading" or "loaded": this card's model in the engine
         self.setObjectName("card")
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Maximum)
         column = QVBoxLayout(self)
@@ -55,31 +60,45 @@ class CatalogCard(QFrame):
         top.addWidget(badge(entry.variant))
         if recommended:
             top.addWidget(badge("Recommended", "accent"))
+        self.fit_badge = badge("", "danger")
+        top.addWidget(self.fit_badge)
         top.addStretch(1)
         column.addLayout(top)
         column.addWidget(label(entry.id, "mono"))
         column.addWidget(label(entry.summary, "body", wrap=True))
         self.facts = label("", "facts", wrap=True)
         column.addWidget(self.facts)
-        self.set_runs_as(runs_as)
         bottom = QHBoxLayout()
         self.state = label("", "muted")
         self.button = text_button("Download", "download", "primary")
         self.button.clicked.connect(self._clicked)
+        self.set_runs_as(runs_as, too_large)
         bottom.addWidget(self.state, 1)
         bottom.addWidget(self.button)
         column.addLayout(bottom)
 
-    def set_runs_as(self, runs_as: str) -> None:
+    def set_runs_as(self, runs_as: str, too_large: str = "") -> None:
+        self.too_large = too_large
+        self.fit_badge.setText(too_large)
+        self.fit_badge.setVisible(bool(too_large))
         self.facts.setText(f"Download {self.entry.download_gb:g} GB   ·   {runs_as}")
+        self._style_button()
 
-    def set_state(self, local_path: str, download: DownloadStatus | None, loaded: bool) -> None:
-        self.local_path = local_path
+    def _style_button(self) -> None:
+        """A model that fits gets the primary button; one too large a plain one (it still downloads, after a
+        question)."""
+        primary = not self.too_large or bool(self.local_path)
+        self.button.setObjectName("primary" if primary else "")
+        _restyle(self.button)
+
+    def set_state(self, local_path: str, download: DownloadStatus | None, engine_state: str = "") -> None:
+        """engine_state: "loading" or "loaded" when this card's checkpoint is in the engine."""
+        self.local_path, self.engine_state = local_path, engine_state if local_path else ""
         if local_path:
-            self.state.setText("Loaded" if loaded else "On this computer")
-            self.button.setText("Loaded" if loaded else "Load")
-            self.button.setEnabled(not loaded)
-            self.button.setIcon(icons.icon("play", icons.ON_ACCENT))
+            self.state.setText({"loaded": "Loaded", "loading": "Loading…"}.get(self.engine_state, "On this computer"))
+            self.button.setText({"loaded": "Eject", "loading": "Cancel"}.get(self.engine_state, "Load"))
+            self.button.setEnabled(True)
+            self.button.setIcon(icons.icon("close" if self.engine_state else "play", icons.ON_ACCENT))
         elif download is not None and download.state in ("paused", "failed"):
             self.state.setText(f"{STATE_TEXT[download.state]}: {download.fraction:.0%}")
             self.button.setText("Resume")
@@ -96,7 +115,11 @@ class CatalogCard(QFrame):
             self.button.setIcon(icons.icon("download", icons.ON_ACCENT))
 
     def _clicked(self) -> None:
-        if self.local_path:
+        if self.engine_state == "loaded":
+            self.eject_requested.emit()
+        elif self.engine_state == "loading":
+            self.cancel_load_requested.emit()
+        elif self.local_path:
             self.load_requested.emit(self.local_path)
         else:
             self.download_requested.emit(self.entry.id)
@@ -123,8 +146,9 @@ class DownloadRow(QFrame):
         top.addStretch(1)
         self.pause = icon_button("pause", "Pause")
         self.resume = icon_button("play", "Resume", icons.ACCENT)
-        self.cancel = icon_button("close", "Cancel and delete the partial files")
-        self.forget = icon_button("close", "Remove from the list")
+        # destructive (asks first, app/models_page.py) and harmless actions look different: a bin, a cross
+        self.cancel = icon_button("trash", "Cancel the download and delete its files…")
+        self.forget = icon_button("close", "Remove from this list (the model stays on disk)")
         self.pause.clicked.connect(lambda: self.pause_requested.emit(repo_id))
         self.resume.clicked.connect(lambda: self.resume_requested.emit(repo_id))
         self.cancel.clicked.connect(lambda: self.cancel_requested.emit(repo_id))
@@ -169,6 +193,8 @@ class DownloadRow(QFrame):
 
 class LocalModelRow(QFrame):
     load_requested = Signal(str)
+    eject_requested = Signal()
+    cancel_load_requested = Signal()
     delete_requested = Signal(object)      # LocalModel
 
     def __init__(self, model: LocalModel, runs_as: str, parent=None):
@@ -194,8 +220,9 @@ class LocalModelRow(QFrame):
         text.addWidget(self.runs_as)
         text.addWidget(ElidedLabel(model.path, "path", Qt.TextElideMode.ElideMiddle))
         row.addLayout(text, 1)
+        self.engine_state = ""
         self.load = text_button("Load", "play", "primary")
-        self.load.clicked.connect(lambda: self.load_requested.emit(model.path))
+        self.load.clicked.connect(self._clicked)
         row.addWidget(self.load)
         self.delete = icon_button("trash", "Delete this model from disk", icons.MUTED)
         self.delete.clicked.connect(lambda: self.delete_requested.emit(model))
@@ -209,13 +236,19 @@ class LocalModelRow(QFrame):
         self.runs_as.setText(runs_as)
 
     def set_engine_state(self, loaded_path: str, loading_path: str) -> None:
-        if self.model.path == loading_path:
-            self.load.setText("Loading…")
-            self.load.setEnabled(False)
-        elif self.model.path == loaded_path:
-            self.load.setText("Loaded")
-            self.load.setEnabled(False)
+        """Load; Cancel while this model loads; Eject once it is loaded."""
+        self.engine_state = "loading" if self.model.path == loading_path else \
+            "loaded" if self.model.path == loaded_path else ""
+        self.load.setText({"loading": "Cancel", "loaded": "Eject"}.get(self.engine_state, "Load"))
+        self.load.setIcon(icons.icon("close" if self.engine_state else "play", icons.ON_ACCENT))
+        self.load.setToolTip({"loading": "Stop loading this model", "loaded": "Unload this model and free its "
+                              "memory"}.get(self.engine_state, ""))
+        self.delete.setEnabled(not self.engine_state)
+
+    def _clicked(self) -> None:
+        if self.engine_state == "loading":
+            self.cancel_load_requested.emit()
+        elif self.engine_state == "loaded":
+            self.eject_requested.emit()
         else:
-            self.load.setText("Load")
-            self.load.setEnabled(True)
-        self.delete.setEnabled(self.model.path not in (loaded_path, loading_path))
+            self.load_requested.emit(self.model.path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
+    QCheckBox,
     QFileDialog,
     QGridLayout,
     QHBoxLayout,
@@ -15,9 +16,10 @@ from PySide6.QtWidgets import (
 )
 
 from app import dialogs, icons
-from app.catalog import recommend, runs_as
+from app.catalog import by_fit, fit_text, recommend, runs_as, too_large
 from app.context import AppContext
 from app.downloads import DownloadManager
+from app.formatting import human_bytes
 from app.local_models import LocalModel, delete_model, scan_all
 from app.model_rows import CatalogCard, DownloadRow, LocalModelRow
 from app.widgets import Banner, Card, label, page_header, scrolling_page, text_button
@@ -26,6 +28,8 @@ from engine.api import MemoryPlan, ModelConfig, plan_for
 
 class ModelsPage(QWidget):
     load_requested = Signal(str)              # checkpoint directory
+    eject_requested = Signal()
+    cancel_load_requested = Signal()
 
     def __init__(self, context: AppContext, downloads: DownloadManager, parent=None):
         super().__init__(parent)
@@ -78,18 +82,29 @@ class ModelsPage(QWidget):
         column.addLayout(self.local_box)
         column.addWidget(self.local_empty)
 
-        column.addWidget(label("Catalog", "sectionTitle"))
-        grid = QGridLayout()
-        grid.setHorizontalSpacing(12)
-        grid.setVerticalSpacing(12)
-        for i, entry in enumerate(self.context.catalog):
-            card = CatalogCard(entry, entry is self.recommended, runs_as(self.catalog_plans[entry.id],
-                                                                         self.context.device))
-            card.download_requested.connect(self.download)
+        catalog_header = QHBoxLayout()
+        catalog_header.addWidget(label("Catalog", "sectionTitle"))
+        catalog_header.addStretch(1)
+        self.fits_only = QCheckBox("Only models that fit this machine")
+        self.fits_only.toggled.connect(self._place_cards)
+        catalog_header.addWidget(self.fits_only)
+        column.addLayout(catalog_header)
+        self.grid = QGridLayout()
+        self.grid.setHorizontalSpacing(12)
+        self.grid.setVerticalSpacing(12)
+        for entry in by_fit(self.context.catalog, self.catalog_plans, self.recommended):
+            plan = self.catalog_plans[entry.id]
+            card = CatalogCard(entry, entry is self.recommended, runs_as(plan, self.context.device),
+                               "" if plan.fits else too_large(self.context.device))
+            card.download_requested.connect(self.download_checked)
             card.load_requested.connect(self.load_requested)
-            grid.addWidget(card, i // 2, i % 2)
+            card.eject_requested.connect(self.eject_requested)
+            card.cancel_load_requested.connect(self.cancel_load_requested)
             self.cards.append(card)
-        column.addLayout(grid)
+        self.hidden_note = label("", "muted")
+        column.addLayout(self.grid)
+        column.addWidget(self.hidden_note)
+        self._place_cards()
         column.addWidget(self._token_card())
         column.addStretch(1)
 
@@ -106,7 +121,7 @@ class ModelsPage(QWidget):
         text.addWidget(label("Models run on this GPU." if device.on_gpu else
                              "Models run on the CPU: slow, and only small models are practical.", "muted", wrap=True))
         entry = self.recommended
-        runs = runs_as(self.catalog_plans[entry.id], device)
+        runs = fit_text(self.catalog_plans[entry.id], device)
         runs = runs[0].lower() + runs[1:]
         self.recommendation = label(
             f"Recommended for this machine: <b>{entry.title}</b>, a {entry.download_gb:g} GB download that {runs}. "
@@ -119,12 +134,26 @@ class ModelsPage(QWidget):
         card.body.addLayout(row)
         return card
 
+    def _place_cards(self) -> None:
+        """Two columns in fit order; with the filter on, only the cards whose plan fits."""
+        for card in self.cards:
+            self.grid.removeWidget(card)
+        shown = [c for c in self.cards if not (self.fits_only.isChecked() and c.too_large)]
+        for i, card in enumerate(shown):
+            self.grid.addWidget(card, i // 2, i % 2)
+        for card in self.cards:
+            card.setVisible(card in shown)
+        hidden = len(self.cards) - len(shown)
+        self.hidden_note.setText(f"{hidden} larger model{'s' if hidden != 1 else ''} hidden: "
+                                 f"{too_large(self.context.device).lower()}." if hidden else "")
+        self.hidden_note.setVisible(bool(hidden))
+
     def _token_card(self) -> Card:
         card = Card()
         card.body.addWidget(label("Hugging Face token", "cardTitle"))
         card.body.addWidget(label("Only needed for gated or private repositories. Kept in this app's settings on "
                                   "this computer and never written to logs. Without one, a token saved with "
-                                  "`hf auth login` is used.", "muted", wrap=True))
+                                  "“hf auth login” is used.", "muted", wrap=True))
         row = QHBoxLayout()
         self.token = QLineEdit(self.context.settings.hf_token)
         self.token.setEchoMode(QLineEdit.EchoMode.Password)
@@ -147,9 +176,13 @@ class ModelsPage(QWidget):
         """The engine settings changed: say again what each model runs as."""
         self.catalog_plans = {e.id: self.plan(e.id, e.architecture) for e in self.context.catalog}
         for card in self.cards:
-            card.set_runs_as(runs_as(self.catalog_plans[card.entry.id], self.context.device))
+            plan = self.catalog_plans[card.entry.id]
+            card.set_runs_as(runs_as(plan, self.context.device), "" if plan.fits else too_large(self.context.device))
+        order = by_fit([c.entry for c in self.cards], self.catalog_plans, self.recommended)
+        self.cards.sort(key=lambda c: order.index(c.entry))
+        self._place_cards()
         for row in self.local_rows:
-            row.set_runs_as(runs_as(self.plan(row.model.path, row.model.architecture), self.context.device))
+            row.set_runs_as(fit_text(self.plan(row.model.path, row.model.architecture), self.context.device))
 
     # ---- state ---------------------------------------------------------------------------------
     def set_engine_state(self, loaded_path: str, loading_path: str) -> None:
@@ -165,8 +198,10 @@ class ModelsPage(QWidget):
             row.deleteLater()
         self.local_rows = []
         for model in self.local:
-            row = LocalModelRow(model, runs_as(self.plan(model.path, model.architecture), self.context.device))
+            row = LocalModelRow(model, fit_text(self.plan(model.path, model.architecture), self.context.device))
             row.load_requested.connect(self.load_requested)
+            row.eject_requested.connect(self.eject_requested)
+            row.cancel_load_requested.connect(self.cancel_load_requested)
             row.delete_requested.connect(self.confirm_delete)
             row.set_engine_state(self.loaded_path, self.loading_path)
             self.local_box.addWidget(row)
@@ -183,7 +218,9 @@ class ModelsPage(QWidget):
     def _refresh_cards(self) -> None:
         for card in self.cards:
             path = self.local_path_for(card.entry.id)
-            card.set_state(path, self.downloads.status(card.entry.id), bool(path) and path == self.loaded_path)
+            card.set_state(path, self.downloads.status(card.entry.id),
+                           "loaded" if path and path == self.loaded_path else
+                           "loading" if path and path == self.loading_path else "")
         path = self.local_path_for(self.recommended.id)
         status = self.downloads.status(self.recommended.id)
         if path:
@@ -208,7 +245,7 @@ class ModelsPage(QWidget):
                 row = DownloadRow(repo_id)
                 row.pause_requested.connect(self.downloads.pause)
                 row.resume_requested.connect(self.downloads.resume)
-                row.cancel_requested.connect(self.downloads.cancel)
+                row.cancel_requested.connect(self.confirm_cancel)
                 row.forget_requested.connect(self.downloads.forget)
                 self.downloads_box.addWidget(row)
                 self.download_rows[repo_id] = row
@@ -223,6 +260,15 @@ class ModelsPage(QWidget):
     def download(self, repo_id: str) -> None:
         self.banner.hide()
         self.downloads.start(repo_id)
+
+    def download_checked(self, repo_id: str) -> None:
+        """Download, after a question when the engine's plan says the model will not run here."""
+        plan = self.catalog_plans[repo_id]
+        if not plan.fits and not dialogs.confirm(
+                self, "Too large", f"{repo_id} will not run here: {plan.message}\n\nDownload it anyway (to use "
+                "elsewhere or after a hardware change)?", "Download anyway"):
+            return
+        self.download(repo_id)
 
     def _recommended_clicked(self) -> None:
         path = self.local_path_for(self.recommended.id)
@@ -245,6 +291,16 @@ class ModelsPage(QWidget):
     def save_token(self) -> None:
         self.context.save_settings(self.context.settings.copy(hf_token=self.token.text().strip()))
         self.banner.show_message("info", "Token saved." if self.token.text().strip() else "Token removed.")
+
+    def confirm_cancel(self, repo_id: str) -> None:
+        """Cancelling deletes what was downloaded so far: ask first, saying how much."""
+        status = self.downloads.status(repo_id)
+        if status is None:
+            return
+        done = f" and delete the {human_bytes(status.done_bytes)} downloaded so far" if status.done_bytes else ""
+        if dialogs.confirm(self, "Delete download", f"Stop downloading {repo_id}{done}? Pause keeps them to "
+                           "resume later.", "Delete", keep="Keep"):
+            self.downloads.cancel(repo_id)
 
     def confirm_delete(self, model: LocalModel) -> None:
         if not dialogs.confirm(self, "Delete model", f"Delete {model.name} from disk? This frees "

@@ -20,6 +20,12 @@ class ProfilePlan:
     total_bytes: int
     budget_bytes: int
     message: str
+    weights_bytes: int = 0
+    kv_bytes: int = 0
+    state_bytes: int = 0       # recurrent state: live slots, snapshots, scratch
+    workspace_bytes: int = 0   # activations, logits, graph pools (and the allocator's margin)
+    vision: str = "off"     # the vision tower: off | resident | on_demand (engine.api MemoryPlan.vision)
+    vision_bytes: int = 0   # what encoding the largest image holds on the GPU
 
 
 def profile_descriptions() -> dict[str, dict]:
@@ -40,5 +46,6 @@ def plan_profiles(config: EngineConfig, loaded_plan=None) -> list[ProfilePlan]:
             plans.append(ProfilePlan(profile, config.weights, False, 0, 0, budget or 0, str(e)))
             continue
         plans.append(ProfilePlan(profile, plan.weights, plan.fits, plan.max_context, plan.total_bytes,
-                                 plan.budget_bytes, plan.message))
+                                 plan.budget_bytes, plan.message, plan.weights_bytes, plan.kv_bytes, plan.state_bytes,
+                                 plan.workspace_bytes + plan.margin_bytes, plan.vision, plan.vision_bytes))
     return plans

@@ -1,16 +1,17 @@
 """The table of concurrency profiles on the Settings page: the weights the engine loads, what each profile
-gives a request (context) and takes from the machine (memory), and whether it fits."""
+gives a request (context) and where its memory goes (weights, KV cache, recurrent state, workspace), and
+whether it fits. With "as much as memory allows" every profile fills the device; the split shows the trade."""
 
 from __future__ import annotations
 
 from PySide6.QtWidgets import QGridLayout, QVBoxLayout, QWidget
 
-from app.formatting import human_gib, human_tokens
+from app.formatting import human_gib, human_memory, human_tokens
 from app.profile_plans import ProfilePlan
 from app.widgets import label
 
 WEIGHTS_TEXT = {"bf16": "16-bit", "int4": "int4"}
-HEADERS = ("Profile", "Together", "Weights", "Context per request", "Memory", "")
+HEADERS = ("Profile", "Together", "Weights", "Context per request", "KV cache", "State", "Workspace", "")
 
 
 class ProfileTable(QWidget):
@@ -44,15 +45,19 @@ class ProfileTable(QWidget):
 
     def _clear(self) -> None:
         while self.grid.count():
-            self.grid.takeAt(0).widget().deleteLater()
+            cell = self.grid.takeAt(0).widget()
+            cell.hide()                 # deleteLater waits for the event loop: not drawn over the new cells meanwhile
+            cell.deleteLater()
 
     def _row(self, row: int, plan: ProfilePlan, selected: bool) -> None:
         count = int(plan.profile[1:])
         cells = (f"{plan.profile}  {self.descriptions[plan.profile]['title']}",
                  f"{count} request{'s' if count > 1 else ''}",
-                 WEIGHTS_TEXT.get(plan.weights, plan.weights),
+                 f"{WEIGHTS_TEXT.get(plan.weights, plan.weights)}, {human_memory(plan.weights_bytes)}"
+                 if plan.weights_bytes else WEIGHTS_TEXT.get(plan.weights, plan.weights),
                  f"{human_tokens(plan.max_context)} tokens" if plan.fits else "does not fit",
-                 human_gib(plan.total_bytes) if plan.total_bytes else "–",
+                 *((human_memory(n) if plan.fits else "–") for n in (plan.kv_bytes, plan.state_bytes,
+                                                                 plan.workspace_bytes)),
                  "✓ fits" if plan.fits else "✗")
         for col, text in enumerate(cells):
             cell = label(text, "tableCellStrong" if selected else "tableCell")
@@ -60,4 +65,10 @@ class ProfileTable(QWidget):
                 cell.setProperty("fits", plan.fits)
             if not plan.fits and plan.message:
                 cell.setToolTip(plan.message)
+            elif plan.vision != "off" and col == (len(cells) - 2 if plan.vision == "on_demand" else 2):
+                where = "on the GPU only while encoding" if plan.vision == "on_demand" else "kept on the GPU"
+                cell.setToolTip(f"Includes the vision tower ({where}): {human_gib(plan.vision_bytes)} to encode the "
+                                f"largest image")
+            elif plan.total_bytes:
+                cell.setToolTip(f"{human_gib(plan.total_bytes)} in all of {human_gib(plan.budget_bytes)} available")
             self.grid.addWidget(cell, row, col)

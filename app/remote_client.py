@@ -25,7 +25,7 @@ class RemoteError(Exception):
 
 
 class RemoteBackend(QObject):
-    delta = Signal(str, str, str)           # request id, content text, reasoning text
+    delta = Signal(str, str, str, int)      # request id, content text, reasoning text, tokens (a chunk: one)
     reply_finished = Signal(str, object)    # request id, ReplyResult
 
     supports_vision = True                  # the server decides; images are sent as data URLs
@@ -55,6 +55,10 @@ class RemoteBackend(QObject):
             conn = self._connections.get(request_id)
         if conn is not None:
             abort_connection(conn)
+
+    def count_tokens(self, messages: list[dict], template_kwargs: dict) -> None:
+        """A remote server's tokenizer is not at hand: never counted (nor truncated) here."""
+        return None
 
     def list_models(self) -> list[str]:
         """The server's model ids (blocking: call it off the GUI thread)."""
@@ -131,6 +135,9 @@ class RemoteBackend(QObject):
             body["top_k"] = params.top_k                       # vLLM / SGLang extensions
         if params.min_p:
             body["min_p"] = params.min_p
+        template_kwargs = dict(template_kwargs)
+        if template_kwargs.pop("continue_final_message", False):      # vLLM / SGLang: continue the last message
+            body.update(continue_final_message=True, add_generation_prompt=False)
         if template_kwargs:
             body["chat_template_kwargs"] = template_kwargs
         return body
@@ -152,7 +159,7 @@ class RemoteBackend(QObject):
                 reasoning = d.get("reasoning_content") or d.get("reasoning") or ""
                 if text or reasoning:
                     first_at = first_at or time.monotonic()
-                    self.delta.emit(request_id, text, reasoning)
+                    self.delta.emit(request_id, text, reasoning, 1)
                 for call in d.get("tool_calls") or []:
                     first_at = first_at or time.monotonic()
                     slot = tool_calls.setdefault(call.get("index", 0), {"id": "", "name": "", "arguments": ""})

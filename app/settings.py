@@ -16,6 +16,9 @@ RELOAD_FIELDS = ("device", "weights", "profile", "kv_dtype", "max_context", "spe
 ENDPOINT_FIELDS = ("endpoint_enabled", "endpoint_host", "endpoint_port", "endpoint_api_key")
 REMOTE_FIELDS = ("remote_enabled", "remote_base_url", "remote_api_key", "remote_model")
 
+# what a conversation outgrowing the context does (app/chat/context_fit.py), in the words Settings shows
+CONTEXT_POLICIES = {"truncate": "Leave out the oldest messages", "stop": "Stop and ask"}
+
 # reasoning effort -> thinking tokens before </think> is forced (None: no limit)
 THINKING_BUDGETS = {"low": 1024, "medium": 4096, "high": None}
 
@@ -39,6 +42,8 @@ class AppSettings:
     thinking: bool = True
     reasoning_effort: str = "high"       # low | medium | high
     system_prompt: str = ""
+    context_policy: str = "truncate"     # a conversation outgrowing the context: truncate (leave out its oldest
+    #                                      turns) | stop (say so, with the choices, and send nothing)
     # the local endpoint
     endpoint_enabled: bool = False
     endpoint_host: str = "127.0.0.1"

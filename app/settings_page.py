@@ -27,7 +27,8 @@ from app.endpoint import EndpointSettings, EndpointStatus
 from app.formatting import human_gib
 from app.profile_plans import plan_profiles, profile_descriptions
 from app.profile_table import ProfileTable
-from app.settings import RELOAD_FIELDS, AppSettings
+from app.settings import CONTEXT_POLICIES, RELOAD_FIELDS, AppSettings
+from app.switch import Switch
 from app.widgets import Card, Form, label, page_header, scrolling_page, text_button
 from engine.api import MAX_DRAFTS, PROFILES
 
@@ -150,6 +151,11 @@ class SettingsPage(QWidget):
         self.effort = QComboBox()
         for value, text in EFFORTS:
             self.effort.addItem(text, value)
+        self.context_policy = QComboBox()
+        for value, text in CONTEXT_POLICIES.items():
+            self.context_policy.addItem(text, value)
+        self.context_policy.setToolTip("When a conversation outgrows the model's context: leave out its oldest "
+                                       "messages (the system prompt and the latest stay), or stop and ask")
         self.system_prompt = QPlainTextEdit()
         self.system_prompt.setObjectName("systemPrompt")
         self.system_prompt.setPlaceholderText("Optional instructions sent at the start of every conversation")
@@ -162,12 +168,15 @@ class SettingsPage(QWidget):
         form.addRow("Max reply tokens", self.max_tokens)
         form.addRow("Thinking", self.thinking)
         form.addRow("Reasoning effort", self.effort)
+        form.addRow("When the context is full", self.context_policy)
         form.addRow("System prompt", self.system_prompt, top=True)
         card.body.addLayout(form)
         for spin in (self.temperature, self.top_p, self.top_k, self.min_p, self.presence_penalty, self.max_tokens):
             spin.setFixedWidth(NARROW)
             spin.editingFinished.connect(self._save_immediate)
         self.effort.setFixedWidth(WIDE)
+        self.context_policy.setFixedWidth(WIDE)
+        self.context_policy.currentIndexChanged.connect(lambda *_: self._save_immediate())
         self.thinking.toggled.connect(lambda *_: self._save_immediate())
         self.effort.currentIndexChanged.connect(lambda *_: self._save_immediate())
         self.system_prompt.textChanged.connect(self._save_immediate)
@@ -178,7 +187,7 @@ class SettingsPage(QWidget):
         card.body.addWidget(label("Local endpoint", "cardTitle"))
         card.body.addWidget(label("Serve the loaded model to other programs on an OpenAI-compatible API.",
                                   "muted", wrap=True))
-        self.endpoint_enabled = QCheckBox("Serve the loaded model")
+        self.endpoint_enabled = Switch("Serve the loaded model")
         self.endpoint_host = QLineEdit()
         self.endpoint_port = QSpinBox()
         self.endpoint_port.setRange(1, 65535)
@@ -285,6 +294,7 @@ class SettingsPage(QWidget):
         self.max_tokens.setValue(s.max_tokens)
         self.thinking.setChecked(s.thinking)
         self.effort.setCurrentIndex(self.effort.findData(s.reasoning_effort))
+        self.context_policy.setCurrentIndex(self.context_policy.findData(s.context_policy))
         self.system_prompt.setPlainText(s.system_prompt)
         self.endpoint_enabled.setChecked(s.endpoint_enabled)
         self.endpoint_host.setText(s.endpoint_host)
@@ -311,7 +321,7 @@ class SettingsPage(QWidget):
             top_k=self.top_k.value(), min_p=round(self.min_p.value(), 2),
             presence_penalty=round(self.presence_penalty.value(), 2), max_tokens=self.max_tokens.value(),
             thinking=self.thinking.isChecked(), reasoning_effort=self.effort.currentData(),
-            system_prompt=self.system_prompt.toPlainText(),
+            context_policy=self.context_policy.currentData(), system_prompt=self.system_prompt.toPlainText(),
             endpoint_enabled=self.endpoint_enabled.isChecked(), endpoint_host=self.endpoint_host.text().strip(),
             endpoint_port=self.endpoint_port.value(), endpoint_api_key=self.endpoint_key.text().strip(),
             remote_enabled=self.remote_enabled.isChecked(), remote_base_url=self.remote_url.text().strip(),
@@ -355,7 +365,10 @@ class SettingsPage(QWidget):
         self.profile_summary.setText(self.descriptions[edited.profile]["summary"])
         pending = self._pending_engine_changes()
         self.apply_engine.setEnabled(bool(pending))
-        self.engine_status.setText("Unapplied changes: the model reloads when you apply them." if pending
+        loaded = self.loaded_plan is not None
+        self.apply_engine.setText("Apply and reload" if loaded else "Apply")
+        self.engine_status.setText(("Unapplied changes: the model reloads when you apply them." if loaded else
+                                    "Unapplied changes: they take effect when a model loads.") if pending
                                    else self.engine_status_text)
         self._fill_plans(edited)
 

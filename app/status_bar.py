@@ -1,19 +1,20 @@
-"""The line at the bottom of the window: engine state (with load progress) and the endpoint."""
+"""The line at the bottom of the window: engine state (with load progress and Cancel) and the endpoint."""
 
 from __future__ import annotations
 
-import time
-
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QProgressBar
 
 from app.endpoint import EndpointStatus
 from app.engine_thread import LoadedModel
 from app.formatting import human_duration, human_tokens
-from app.widgets import ElidedLabel, label
+from app.load_progress import LoadProgress
+from app.widgets import ElidedLabel, label, text_button
 
 
 class StatusBar(QFrame):
+    cancel_load_requested = Signal()
+
     def __init__(self, parent=None):
         super().__init__(parent)
         self.setObjectName("statusBar")
@@ -26,17 +27,21 @@ class StatusBar(QFrame):
         self.progress.setObjectName("loadBar")
         self.progress.setRange(0, 0)
         self.progress.setTextVisible(False)
-        self.progress.setFixedSize(120, 4)
+        self.progress.setFixedSize(160, 6)
         self.progress.hide()
+        self.cancel = text_button("Cancel loading", kind="statusAction")
+        self.cancel.clicked.connect(self.cancel_load_requested)
+        self.cancel.hide()
         self.endpoint = label("", "statusText")
         row.addWidget(self.dot)
         row.addWidget(self.progress)
         row.addWidget(self.text, 1)
+        row.addWidget(self.cancel)
         row.addWidget(self.endpoint)
-        self._loading_name, self._stage, self._started = "", "", 0.0
+        self.load: LoadProgress | None = None
         self._clock = QTimer(self)
         self._clock.setInterval(1000)
-        self._clock.timeout.connect(self._show_loading)
+        self._clock.timeout.connect(self.refresh)
         self._set_dot("idle")
 
     def _set_dot(self, state: str) -> None:
@@ -44,20 +49,31 @@ class StatusBar(QFrame):
         self.dot.style().unpolish(self.dot)
         self.dot.style().polish(self.dot)
 
-    def loading(self, name: str) -> None:
-        self._loading_name, self._stage, self._started = name, "Starting", time.monotonic()
+    def loading(self, load: LoadProgress) -> None:
+        self.load = load
         self._set_dot("busy")
         self.progress.show()
+        self.cancel.setEnabled(True)
+        self.cancel.show()
         self._clock.start()
-        self._show_loading()
+        self.refresh()
 
-    def stage(self, stage: str) -> None:
-        self._stage = stage
-        self._show_loading()
+    def cancelling(self) -> None:
+        self.cancel.setEnabled(False)
+        self.text.setText(f"Cancelling the load of {self.load.name}…" if self.load else "Cancelling…")
+        self._clock.stop()
 
-    def _show_loading(self) -> None:
-        elapsed = human_duration(time.monotonic() - self._started)
-        self.text.setText(f"Loading {self._loading_name}  ·  {self._stage}  ·  {elapsed}")
+    def refresh(self) -> None:
+        """Show the load's progress again (a new stage or step; the clock each second)."""
+        if self.load is None or not self.cancel.isEnabled():
+            return
+        fraction = self.load.fraction
+        if fraction is None:
+            self.progress.setRange(0, 0)                 # the engine gives no count for this stage
+        else:
+            self.progress.setRange(0, 1000)
+            self.progress.setValue(int(fraction * 1000))
+        self.text.setText(self.load.text())
 
     def loaded(self, model: LoadedModel) -> None:
         self._stop_loading()
@@ -77,8 +93,10 @@ class StatusBar(QFrame):
         self.text.setText(text)
 
     def _stop_loading(self) -> None:
+        self.load = None
         self._clock.stop()
         self.progress.hide()
+        self.cancel.hide()
 
     def set_endpoint(self, status: EndpointStatus, remote_label: str = "") -> None:
         if remote_label:

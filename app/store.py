@@ -18,7 +18,8 @@ CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY AUTOINCREMENT,   -- ids are never reused (request ids derive from them)
     title TEXT NOT NULL,
     created REAL NOT NULL,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    options TEXT NOT NULL DEFAULT '{}'      -- this conversation's own settings (context policy, ...)
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY AUTOINCREMENT,   -- ids are never reused (request ids derive from them)
@@ -48,6 +49,7 @@ class Conversation:
     title: str
     created: float
     updated: float
+    options: dict = field(default_factory=dict)   # this conversation's own settings: context_policy
 
 
 @dataclass
@@ -75,10 +77,18 @@ class Store:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.executescript(SCHEMA)
+        self._migrate()
         self._recover_interrupted()
 
     def close(self) -> None:
         self.db.close()
+
+    def _migrate(self) -> None:
+        """Columns added since a database was made."""
+        columns = {r["name"] for r in self.db.execute("PRAGMA table_info(conversations)")}
+        if "options" not in columns:
+            with self.db:
+                self.db.execute("ALTER TABLE conversations ADD COLUMN options TEXT NOT NULL DEFAULT '{}'")
 
     def _recover_interrupted(self) -> None:
         """A reply that was streaming when the app died ends as 'stopped' with what was saved."""
@@ -95,7 +105,7 @@ class Store:
 
     def conversation(self, conversation_id: int) -> Conversation | None:
         row = self.db.execute("SELECT * FROM conversations WHERE id=?", (conversation_id,)).fetchone()
-        return Conversation(**dict(row)) if row else None
+        return _conversation(row) if row else None
 
     def conversations(self, search: str = "") -> list[Conversation]:
         """Newest first; `search` matches titles and message text."""
@@ -107,11 +117,15 @@ class Store:
                 (like, like)).fetchall()
         else:
             rows = self.db.execute("SELECT * FROM conversations ORDER BY updated DESC").fetchall()
-        return [Conversation(**dict(r)) for r in rows]
+        return [_conversation(r) for r in rows]
 
     def rename_conversation(self, conversation_id: int, title: str) -> None:
         with self.db:
             self.db.execute("UPDATE conversations SET title=? WHERE id=?", (title, conversation_id))
+
+    def set_conversation_options(self, conversation_id: int, options: dict) -> None:
+        with self.db:
+            self.db.execute("UPDATE conversations SET options=? WHERE id=?", (json.dumps(options), conversation_id))
 
     def delete_conversation(self, conversation_id: int) -> None:
         with self.db:
@@ -177,6 +191,12 @@ class Store:
 
 def _encode(key: str, value):
     return json.dumps(value) if key in JSON_FIELDS else value
+
+
+def _conversation(row: sqlite3.Row) -> Conversation:
+    data = dict(row)
+    data["options"] = json.loads(data["options"])
+    return Conversation(**data)
 
 
 def _message(row: sqlite3.Row) -> Message:

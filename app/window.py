@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.gc_guard import collect_in_gui_thread
+from app.gc_guard import collect_in_gui_thread, freeze_long_lived
 from app import icons
 from app.chat.chat_page import ChatPage
 from app.chat.session import ChatSession
@@ -28,6 +28,7 @@ from app.context import AppContext
 from app.downloads import DownloadManager
 from app.endpoint import EndpointSettings, EndpointStatus
 from app.engine_thread import EngineThread, LoadedModel
+from app.load_progress import LoadProgress
 from app.models_page import ModelsPage
 from app.remote_client import RemoteBackend
 from app.settings import ENDPOINT_FIELDS, RELOAD_FIELDS, REMOTE_FIELDS, AppSettings
@@ -54,8 +55,10 @@ class MainWindow(QMainWindow):
             self.resize(1280, 820)
         self.tray = None
         self._quitting = False
+        self._shut_down = False
         self._told_about_tray = False
         self.loading_path = ""
+        self.load: LoadProgress | None = None
         self.endpoint_status = EndpointStatus(False)
         self.remote: RemoteBackend | None = None
 
@@ -135,9 +138,16 @@ class MainWindow(QMainWindow):
     def _connect(self) -> None:
         e = self.engine
         e.state_changed.connect(self._engine_state)
-        e.load_progress.connect(lambda stage, _elapsed: self.status.stage(stage))
+        e.load_progress.connect(self._load_progress)
         e.loaded.connect(self._loaded)
         e.load_failed.connect(self._load_failed)
+        e.load_cancelled.connect(self._load_cancelled)
+        e.unloaded.connect(self._unloaded)
+        self.status.cancel_load_requested.connect(self.cancel_load)
+        self.models.cancel_load_requested.connect(self.cancel_load)
+        self.models.eject_requested.connect(self.eject)
+        self.chat.cancel_load_requested.connect(self.cancel_load)
+        self.chat.eject_requested.connect(self.eject)
         e.warning.connect(lambda text: self.chat.show_banner("warning", text))
         e.endpoint_changed.connect(self._endpoint_changed)
         self.models.load_requested.connect(self.load_model)
@@ -166,9 +176,43 @@ class MainWindow(QMainWindow):
         if self.session.backend is self.engine:
             self.session.stop()
         self.loading_path = path
+        self.load = LoadProgress(Path(path).name)
         self.models.set_engine_state("", path)
-        self.status.loading(Path(path).name)
+        self.status.loading(self.load)
         self.engine.load(self.context.settings.engine_config(path))
+        self._apply_backend()
+
+    def _load_progress(self, stage: str, done: int, total: int) -> None:
+        if self.loading_path:
+            self.load.update(stage, done, total)
+            self.status.refresh()
+            self.chat.set_loading(self.load)
+
+    def cancel_load(self) -> None:
+        if self.loading_path:
+            self.engine.cancel_load()
+            self.status.cancelling()
+
+    def eject(self) -> None:
+        """Unload the model: its memory goes back to the system."""
+        if self.session.backend is self.engine:
+            self.session.stop()
+        self.engine.unload()
+
+    def _load_cancelled(self, path: str) -> None:
+        if path != self.loading_path:
+            return                          # an earlier load that gave way to the current one
+        self.loading_path = ""
+        self.models.set_engine_state("", "")
+        self._apply_backend()
+        self.status.idle(f"Loading {Path(path).name} was cancelled")
+
+    def _unloaded(self) -> None:
+        if self._shut_down:
+            return
+        freeze_long_lived()                 # the model's objects were frozen at load: let them go
+        self.models.set_engine_state("", self.loading_path)
+        self.settings_page.set_model(self.context.settings.last_model)      # plans for it, on the whole device
         self._apply_backend()
 
     def _loaded_path(self) -> str:
@@ -180,7 +224,10 @@ class MainWindow(QMainWindow):
                                   "error": "load failed"}.get(state, "no model loaded"))
 
     def _loaded(self, model: LoadedModel) -> None:
+        if self._shut_down:
+            return                          # a load that ended after the window closed (the store is closed)
         self.loading_path = ""
+        freeze_long_lived()                 # the model's objects: out of the collector's way from now on
         self.context.save_settings(self.context.settings.copy(last_model=model.path))
         self.status.loaded(model)
         self.models.set_engine_state(model.path, "")
@@ -190,6 +237,8 @@ class MainWindow(QMainWindow):
             self.show_page("chat")
 
     def _load_failed(self, message: str) -> None:
+        if self._shut_down:
+            return
         self.loading_path = ""
         self.status.failed(message)
         self.models.set_engine_state("", "")
@@ -242,8 +291,10 @@ class MainWindow(QMainWindow):
                 self.chat.set_model(self.engine.model.name)
             else:
                 self.session.set_backend(None)
-                self.chat.set_model("", f"Loading {Path(self.loading_path).name}…" if self.loading_path
-                                    else "Load a model to chat")
+                if self.loading_path:
+                    self.chat.set_loading(self.load)
+                else:
+                    self.chat.set_model("", "Load a model to chat")
         self.status.set_endpoint(self.endpoint_status, self.remote.label if self.remote else "")
         if not self.loading_path and self.engine.model is None and self.engine.state != "error":
             self.status.idle()
@@ -268,8 +319,10 @@ class MainWindow(QMainWindow):
     def shutdown(self) -> None:
         """Stop replies, downloads (they resume at the next start) and the engine."""
         self.context.store.set_setting(GEOMETRY_KEY, bytes(self.saveGeometry().toBase64()).decode())
+        self._shut_down = True
         self.session.stop()
         self.downloads.shutdown()
-        if not self.engine.shutdown(1_000 if self.engine.state == "loading" else 10_000):
+        self.engine.blockSignals(True)      # nothing the engine thread says reaches the window any more
+        if not self.engine.shutdown(3_000 if self.engine.state == "loading" else 10_000):
             log.warning("the engine thread is still busy (a model is loading); leaving it behind")
         QApplication.processEvents()

@@ -7,17 +7,20 @@ the engine from here too.
 from engine.chat.tools import ToolCallParser, call_arguments, tool_schemas
 from engine.config import ModelConfig, UnsupportedModelError, load_model_config, parse_model_config
 from engine.device import DeviceInfo, probe
-from engine.engine import Engine, RequestHandle
+from engine.engine import NO_VISION, Engine, LoadCancelled, RequestHandle
 from engine.memory import MemoryPlan, plan_for
-from engine.params import (DTYPE_NAMES, KV_DTYPES, MAX_DRAFTS, PROFILES, WEIGHTS, CallArgs, CallStart,
-                           ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, Reasoning, SamplingParams,
-                           SpeculationStats, StreamEvent, Text, Timings, TokenLogprob, ToolCall, Usage, add_calls)
+from engine.params import (DTYPE_NAMES, KV_DTYPES, MAX_DRAFTS, PROFILES, VISION, WEIGHTS, CallArgs, CallStart,
+                           Constraint, ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, Reasoning,
+                           SamplingParams, SpeculationStats, StreamEvent, Text, Timings, TokenLogprob, ToolCall, Usage, add_calls)
 from engine.streaming import starts_in_reasoning
+from engine.vision.processor import ImageInputError
+from engine.vision.prompt import split_images
 
 
-__all__ = ["DTYPE_NAMES", "KV_DTYPES", "MAX_DRAFTS", "PROFILES", "WEIGHTS", "CallArgs", "CallStart",
-           "ContextLengthError", "DeviceInfo", "Engine", "EngineConfig", "GenerateOutput", "MemoryPlan",
-           "ModelConfig", "QueueFullError", "Reasoning", "RequestHandle", "SamplingParams", "SpeculationStats",
-           "StreamEvent", "Text", "Timings", "TokenLogprob", "ToolCall", "ToolCallParser", "UnsupportedModelError",
-           "Usage", "add_calls", "call_arguments", "load_model_config", "parse_model_config", "plan_for", "probe",
-           "serve", "starts_in_reasoning", "tool_schemas"]
+__all__ = ["DTYPE_NAMES", "KV_DTYPES", "MAX_DRAFTS", "PROFILES", "VISION", "WEIGHTS", "CallArgs", "CallStart",
+           "Constraint", "ContextLengthError", "DeviceInfo", "Engine", "EngineConfig", "GenerateOutput",
+           "ImageInputError", "LoadCancelled", "MemoryPlan", "ModelConfig", "NO_VISION", "QueueFullError", "Reasoning",
+           "RequestHandle", "SamplingParams", "SpeculationStats", "StreamEvent", "Text", "Timings", "TokenLogprob",
+           "ToolCall", "ToolCallParser", "UnsupportedModelError", "Usage", "add_calls", "call_arguments",
+           "load_model_config", "parse_model_config", "plan_for", "probe", "split_images", "starts_in_reasoning",
+           "tool_schemas"]

@@ -260,10 +260,17 @@ def main(argv=None) -> int:
                     "(engine/bench_spec.py), per --profiles and --drafts")
     ap.add_argument("--drafts", default="1,3,5", type=token_counts, help="MTP drafts per round (--draft-oracle)")
     ap.add_argument("--spec-context", type=positive_int, default=512, help="prompt tokens (--draft-oracle)")
+    ap.add_argument("--profile-rounds", action="store_true",
+                    help="(--draft-oracle) also profile the rounds of the first rate by kernel")
     ap.add_argument("--kv-dtype", default="bf16", choices=["bf16", "int8"], help="KV cache (--draft-oracle)")
+    ap.add_argument("--json-schema", metavar="FILE", help="instead of the speed runs: decode with this JSON schema "
+                    "as a constraint against without, at --profiles (engine/bench_grammar.py; needs --tokenizer)")
+    ap.add_argument("--tokenizer", metavar="DIR", help="a byte-level tokenizer's folder (--json-schema)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
-    args.hf = args.hf and args.weights == "bf16" and not (args.simulate_gb or args.profile)  # the runs that compare
+    if args.json_schema and not args.tokenizer:
+        ap.error("--json-schema needs --tokenizer DIR (a folder with the model's tokenizer.json)")
+    args.hf = args.hf and args.weights == "bf16" and not (args.simulate_gb or args.profile or args.json_schema)
     if args.hf and (why := transformers_missing()):
         print(f"note: skipping the comparison with HF transformers ({why}); pip install transformers to run it")
         args.hf = False
@@ -293,6 +300,14 @@ def main(argv=None) -> int:
                 json.dump(results, f, indent=1)
         return 0
     model = build_random_model(raw, args.weights)
+    if args.json_schema:
+        from engine import bench_grammar
+        results.update(bench_grammar.bench_grammar(model, args))
+        bench_grammar.report(results)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return 0
     if args.profile:
         profile(model, args.profile)
         return 0

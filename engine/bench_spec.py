@@ -12,6 +12,9 @@ k + 1 rows (main model + full head), each replayed from a CUDA graph of its own.
 
 from __future__ import annotations
 
+import contextlib
+import time
+
 import torch
 
 from engine.random_model import bench_tokenizer, rand_ids
@@ -115,8 +118,9 @@ def bench_speculation(model, args) -> dict:
             for p, adaptive in [(p, False) for p in args.draft_oracle] + [(0.0, True)]:
                 eng.set_draft_oracle(DraftOracle(p, runs), adaptive=adaptive)
                 _generate(eng, [rand_ids(prompt_len, 90 + i) for i in range(c)], 8)     # capture this round
-                before = eng.stats()
-                outs, rate, fins = _generate(eng, prompts, args.decode_tokens)
+                before, retries = eng.stats(), torch.cuda.memory_stats().get("num_alloc_retries", 0)
+                with timed_rounds(eng) as times:
+                    outs, rate, fins = _generate(eng, prompts, args.decode_tokens)
                 after = eng.stats()
                 rounds = after["spec_rounds"] - before["spec_rounds"]
                 row = dict(profile=profile, k=k, p=p, adaptive=adaptive, tok_s=rate, vs_plain=rate / plain_rate,
@@ -124,11 +128,65 @@ def bench_speculation(model, args) -> dict:
                            tokens_per_round=sum(f.usage.speculation.tokens_per_round for f in fins
                                                 if f.usage.speculation) / c,
                            round_ms=c * (after["spec_round_ms_total"] - before["spec_round_ms_total"])
-                           / max(rounds, 1))   # rounds counts each sequence's
+                           / max(rounds, 1),   # rounds counts each sequence's
+                           round_ms_quartiles=_quartiles(times),
+                           alloc_retries=torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries)
                 out["rows"].append(row)
                 print(row, flush=True)
+            if args.profile_rounds:
+                eng.set_draft_oracle(DraftOracle(args.draft_oracle[0], runs), adaptive=False)
+                profile_rounds(eng, prompts, args.decode_tokens)
             eng.close()
     return out
+
+
+def _quartiles(values: list[float]) -> list[float]:
+    """min, quartiles, max."""
+    v = sorted(values) or [0.0]
+    return [round(v[round(q * (len(v) - 1))], 2) for q in (0, 0.25, 0.5, 0.75, 1)]
+
+
+@contextlib.contextmanager
+def timed_rounds(eng):
+    """The wall time of each round (ms, the host waiting for its tokens) while the block runs."""
+    spec, times = eng._spec, []
+    plain = spec.round
+
+    def round_(seqs):
+        t0 = time.perf_counter()
+        out = plain(seqs)
+        times.append(1e3 * (time.perf_counter() - t0))
+        return out
+    spec.round = round_
+    try:
+        yield times
+    finally:
+        del spec.round
+
+
+def profile_rounds(eng, prompts, n: int) -> None:
+    """GPU time per speculative round by kernel (CUPTI sees the kernels inside the round's CUDA graph): the run's
+    kernels over its rounds (prefill included, a small share at short prompts), and the wall time per round."""
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    totals = defaultdict(lambda: [0.0, 0])
+    before = eng.stats()["spec_rounds"]
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        _generate(eng, prompts, n)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    rounds = (eng.stats()["spec_rounds"] - before) / len(prompts)   # the batch's rounds
+    for k in prof.key_averages():
+        totals[k.key][0] += k.self_device_time_total
+        totals[k.key][1] += k.count
+    busy = sum(us for us, _ in totals.values())
+    print(f"{len(prompts)} sequences, {rounds:.0f} rounds: wall {wall / rounds * 1e3:.2f} ms per round, kernels "
+          f"{busy / rounds / 1e3:.2f} ms busy, {sum(c for _, c in totals.values()) / rounds:.0f} launches", flush=True)
+    for name, (us, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:20]:
+        print(f"  {us / rounds:8.1f} us  {count / rounds:6.1f}x  {name[:90]}", flush=True)
 
 
 def report(r: dict) -> None:

@@ -7,6 +7,7 @@ same way. Only the loop thread touches the model, the cache and the scheduler.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import random
@@ -22,7 +23,8 @@ from engine.chat.template import ChatTemplate
 from engine.config import load_model_config
 from engine.kv_cache import CacheTensors
 from engine.device import probe, resolve_device, resolve_dtype
-from engine.memory import MemoryPlan, budget_for, plan_for, plan_memory
+from engine.grammar import Grammars
+from engine.memory import MemoryPlan, budget_for, checkpoint_max_pixels, plan_for, plan_memory, vision_cost
 from engine.model import load_model
 from engine.model.linear import Embedding, Linear
 from engine.params import (ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, Reasoning,
@@ -34,10 +36,16 @@ from engine.speculation import Speculation
 from engine.speculative import Speculator
 from engine.streaming import OutputStream, starts_in_reasoning
 from engine.tokenizer import Tokenizer
+from engine.vision.encoder import ImageEncoder
+from engine.vision.processor import ImageInputError, ProcessedImage, load_processor_config, process_image
+from engine.vision.prompt import image_prompt, split_images
+from engine.vision.tokens import expand_image_placeholders
+from engine.vision.tower import load_vision_tower
 from kernels.gdn import RECURRENT_MAX_TOKENS
 from kernels.quant import WARM_UP_ROWS
 
 log = logging.getLogger("qwendesk.engine")
+NO_VISION = "the loaded model has no vision"
 
 @dataclass
 class StepInFlight:
@@ -93,15 +101,30 @@ class RequestHandle:
         self._engine.cancel(self.id)
 
 
+class LoadCancelled(Exception):
+    """Engine(cancel=event) stopped loading because the event was set; nothing of it stays in memory."""
+
+
 class Engine:
-    def __init__(self, config: EngineConfig, progress=None, _parts=None):
+    def __init__(self, config: EngineConfig, progress=None, cancel: threading.Event | None = None, _parts=None):
         """progress(stage, done, total): what loading is doing (weights, int4 conversion, CUDA graphs,
-        warm-up), for a progress bar."""
-        self._progress = progress or (lambda stage, done, total: None)
+        warm-up), for a progress bar. cancel: set it from any thread to stop loading at the next step
+        reported (a weight, a kernel tuned, a warm-up prompt); the constructor then raises LoadCancelled.
+        _parts: from_model's."""
+        report = progress or (lambda stage, done, total: None)
+
+        def step(stage: str, done: int, total: int) -> None:
+            if cancel is not None and cancel.is_set():
+                raise LoadCancelled(f"loading {config.model} was cancelled")
+            report(stage, done, total)
+
+        self._progress = step
         config.validate()
         self.config = config
         self.device = resolve_device(config.device)
         self._dtype = resolve_dtype(config.dtype, self.device.type)
+        self._encoder: ImageEncoder | None = None
+        self._image_config = None                   # the checkpoint's preprocessor_config.json, with vision
         if _parts is None:
             self.model_config = load_model_config(config.model)
             planned = plan_for(config, probe(config.device), model=self.model_config)   # decides weights="auto"
@@ -110,25 +133,44 @@ class Engine:
             self.weights = planned.weights
             self.tokenizer = Tokenizer.from_checkpoint(config.model)
             self.template = ChatTemplate.from_checkpoint(config.model)
-            self._model, self._vision_weights = load_model(config.model, self.device, self._dtype,
-                                                           mtp=planned.drafts > 0, vision=config.vision,
-                                                           policy=config.policy(self.weights), progress=progress)
+            placement = planned.vision
+            self._model, vision_weights = load_model(config.model, self.device, self._dtype, mtp=planned.drafts > 0,
+                                                     vision=placement != "off", policy=config.policy(self.weights),
+                                                     progress=step)
+            if placement != "off":                  # on demand: the tower is built in host memory
+                tower = load_vision_tower(self.model_config.vision, vision_weights, self._dtype,
+                                          self.device if placement == "resident" else "cpu",
+                                          config.policy(self.weights))
+                self._encoder = ImageEncoder(tower, self.device, placement)
+                self._image_config = load_processor_config(config.model)
         else:
-            self._model, self.tokenizer, self.template = _parts
-            self.model_config, self._vision_weights = self._model.cfg, {}
+            self._model, self.tokenizer, self.template, *vision = _parts
+            self.model_config = self._model.cfg
             self.weights = "int4" if any(getattr(m, "scheme", "") == "int4" for m in self._model.modules()) else "bf16"
+            if vision and config.vision != "off":
+                tower, self._image_config, placement = vision[0]
+                self._encoder = ImageEncoder(tower, self.device, placement)
         # MTP drafts per round: the config's (3 by default on a GPU) when the checkpoint brought an MTP module
         self.drafts = config.drafts(self.device.type == "cuda") if self._model.mtp is not None else 0
         # the weights are in memory now: plan the cache from what is actually free
         held = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
+        vision = dataclasses.replace(vision_cost(self.model_config, config, self._dtype, probe(config.device),
+                                                 self._image_config.max_pixels if self._image_config else
+                                                 checkpoint_max_pixels(config.model)),
+                                     placement=self._encoder.placement if self._encoder else "off")
         self._plan = plan_memory(self.model_config, config, self._dtype, weights_bytes=0,
                                  budget_bytes=budget_for(config, probe(config.device), held),
-                                 drafts=self.drafts, on_gpu=self.device.type == "cuda")
+                                 drafts=self.drafts, on_gpu=self.device.type == "cuda",
+                                 vision=dataclasses.replace(vision, weights_bytes=0) if vision.placement == "resident"
+                                 else vision)     # a resident tower is in `held` already
         if not self._plan.fits:
             raise MemoryError(self._plan.message)
         self._plan.weights = self.weights
-        self._plan.weights_bytes = sum(t.numel() * t.element_size()
-                                       for t in [*self._model.parameters(), *self._model.buffers()])
+        self._plan.weights_bytes = sum(t.numel() * t.element_size() for t in [
+            *self._model.parameters(), *self._model.buffers(),
+            *(self._encoder.tower.parameters() if vision.placement == "resident" else ())])
+        if vision.placement != "off":
+            self._plan.vision_bytes = vision.weights_bytes + vision.encode_bytes
         self.max_context = self._plan.max_context
         self._pools = CacheTensors.allocate(self.model_config, self._plan.num_pages, config.page_size,
                                             self._plan.num_slots, self._dtype, self.device,
@@ -148,6 +190,7 @@ class Engine:
                                     config.draft_vocab)
             self._runner.speculator = speculator
             self._spec = Speculation(speculator, self._cache, config.max_running, config.cuda_graphs)
+        self._grammars = Grammars(self.tokenizer, self.model_config.vocab_size)
         self._inbox: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._active = 0                       # submitted and not finished
@@ -161,7 +204,11 @@ class Engine:
             self._warm_up_linears()
         self._thread.start()
         if self.device.type == "cuda":
-            self._warm_up()
+            try:
+                self._warm_up()
+            except LoadCancelled:
+                self.close()
+                raise
 
     def _warm_up_linears(self) -> None:
         """Run each quantized weight shape at WARM_UP_ROWS (2 .. FUSED_MAX_M rows: a prompt's last step, a short chat
@@ -191,17 +238,22 @@ class Engine:
                           SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
 
     @classmethod
-    def from_model(cls, config: EngineConfig, model, tokenizer, template=None) -> "Engine":
-        """An engine around an already built model (benchmarks with random weights)."""
-        return cls(config, _parts=(model, tokenizer, template))
+    def from_model(cls, config: EngineConfig, model, tokenizer, template=None, vision=None) -> "Engine":
+        """An engine around an already built model (benchmarks with random weights). vision: (VisionTower, its
+        ImageProcessorConfig, placement: resident | on_demand); the tower on the device when resident, else on the
+        CPU."""
+        return cls(config, _parts=(model, tokenizer, template) + ((vision,) if vision else ()))
 
     # ---- public API (any thread) ---------------------------------------------------------
-    def encode_prompt(self, prompt, tools=None, **template_kwargs) -> list[int]:
-        """Token ids as given, or chat messages rendered with the checkpoint's template."""
+    def encode_prompt(self, prompt, tools=None, continue_final_message: bool = False, **template_kwargs) -> list[int]:
+        """Token ids as given, or chat messages rendered with the checkpoint's template (with
+        `continue_final_message`, the reply continues the last message, an assistant's cut-short reply,
+        instead of starting a new one). Also how a caller counts a conversation's tokens."""
         if isinstance(prompt, str):
             raise TypeError("give token ids or chat messages (a list of {'role', 'content'} dicts), not a str")
         if prompt and isinstance(prompt[0], dict):
-            text = self.template.render(prompt, tools=tools, add_generation_prompt=True, **template_kwargs)
+            text = self.template.render(prompt, tools=tools, add_generation_prompt=not continue_final_message,
+                                        continue_final_message=continue_final_message, **template_kwargs)
             return self.tokenizer.encode(text)
         ids = [int(t) for t in prompt]
         if not ids:
@@ -212,22 +264,69 @@ class Engine:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
         return ids
 
-    def submit(self, prompt, params: SamplingParams | None = None, tools=None, on_event=None,
+    @property
+    def accepts_images(self) -> bool:
+        """The loaded checkpoint has a vision tower and it is on (EngineConfig.vision)."""
+        return self._encoder is not None
+
+    def process_images(self, images: list[bytes]) -> list[ProcessedImage]:
+        """Encoded image files -> the tower's inputs, within the engine's limits (EngineConfig.max_images,
+        max_image_bytes); ImageInputError (a ValueError, one line) for anything it cannot take. Any thread."""
+        if not images:
+            return []
+        if self._encoder is None:
+            raise ImageInputError(NO_VISION)
+        limit = self.config.max_images
+        if len(images) > limit:
+            raise ImageInputError(f"the request has {len(images)} images; at most {limit} are allowed")
+        big = next((i for i, data in enumerate(images) if len(data) > self.config.max_image_bytes), None)
+        if big is not None:
+            raise ImageInputError(f"image {big + 1} is {len(images[big]) / 2**20:.1f} MiB; at most "
+                                  f"{self.config.max_image_bytes / 2**20:.1f} MiB per image are allowed")
+        processed = []
+        for i, data in enumerate(images):
+            try:
+                processed.append(process_image(data, self._image_config))
+            except ImageInputError as e:
+                raise ImageInputError(f"image {i + 1}: {e}" if len(images) > 1 else str(e)) from None
+        return processed
+
+    def expand_images(self, ids: list[int], images: list[ProcessedImage]) -> list[int]:
+        """Token ids with one image placeholder per image (as the chat template writes them) -> the prompt the model
+        reads: each placeholder repeated to its image's token count."""
+        return expand_image_placeholders(ids, self.model_config.image_token_id, images) if images else ids
+
+    def submit(self, prompt, params: SamplingParams | None = None, tools=None, images=None, on_event=None,
                **template_kwargs) -> RequestHandle:
         """Queue a request (token ids or chat messages); returns at once. `tools` (OpenAI-style): chat messages are
         rendered with them, and the reply's calls to them come out as CallStart / CallArgs pieces (token ids: the
-        caller rendered them; give them for the parsing). `on_event(event)`: called on the engine's thread right
-        after each event is queued, for a consumer that would rather be told than block on the handle (it must be
-        quick, and must neither block nor raise). Raises ValueError for bad parameters, ContextLengthError when
-        the prompt does not fit, QueueFullError when busy."""
+        caller rendered them; give them for the parsing); `continue_final_message=True` continues the last message
+        (encode_prompt). Chat messages may hold image parts {"type": "image", "image": <the image file's bytes>}.
+        images: for token ids only, the ProcessedImages (process_images) of a prompt already expanded
+        (expand_images). Raises ValueError for bad parameters (ImageInputError for images),
+        ContextLengthError when the prompt does not fit, QueueFullError when busy."""
         if self._closed:
             raise RuntimeError("the engine is closed")
         params = params or SamplingParams()
         params.validate()
-        ids = self.encode_prompt(prompt, tools=tools, **template_kwargs)
+        if prompt and not isinstance(prompt, str) and isinstance(prompt[0], dict):
+            if images:
+                raise ValueError("images go inside chat messages as image parts, or with token ids")
+            prompt, data = split_images(prompt)
+            images = self.process_images(data)
+            ids = self.expand_images(self.encode_prompt(prompt, tools=tools, **template_kwargs), images)
+        else:
+            ids = self.encode_prompt(prompt, tools=tools, **template_kwargs)
+        if images and self._encoder is None:
+            raise ImageInputError(NO_VISION)
+        image_info = image_prompt(ids, list(images), self.model_config.image_token_id,
+                                  self.model_config.vision.spatial_merge_size) if images else None
         if len(ids) >= self.max_context:
             raise ContextLengthError(f"the prompt has {len(ids)} tokens; the context holds {self.max_context} "
                                      f"(prompt plus at least one new token)")
+        tok = self.tokenizer
+        in_reasoning = starts_in_reasoning(ids, tok.think_start_id, tok.think_end_id)
+        matcher = self._grammars.matcher(params.constraint, in_reasoning) if params.constraint else None
         with self._lock:
             if self._active >= self.config.max_running + self.config.max_queue:
                 raise QueueFullError(f"the engine is busy: {self._active} requests in flight (profile "
@@ -238,9 +337,10 @@ class Engine:
             self._next_id += 1
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         seq = Sequence(id=seq_id, prompt=ids, params=params, seed=seed,
-                       max_total=min(len(ids) + params.max_tokens, self.max_context), on_event=on_event)
-        tok = self.tokenizer
-        seq.stream = OutputStream(tok, params, starts_in_reasoning(ids, tok.think_start_id, tok.think_end_id), tools)
+                       max_total=min(len(ids) + params.max_tokens, self.max_context), images=image_info,
+                       on_event=on_event)
+        seq.stream = OutputStream(tok, params, in_reasoning, tools)
+        seq.matcher = matcher
         if params.thinking_budget == 0 and seq.stream.in_reasoning and tok.think_end_id is not None:
             seq.forced.extend([tok.think_end_id] + tok.encode("\n\n"))
         self._inbox.put(("submit", seq))
@@ -301,8 +401,7 @@ class Engine:
         self._inbox.put(("stop",))
         self._thread.join()
         # drop every reference to device memory (graphs, pools, cache), then give it back
-        self._runner = self._model = self._pools = self._cache = self._scheduler = None
-        self._vision_weights = {}
+        self._runner = self._model = self._pools = self._cache = self._scheduler = self._encoder = None
         if self.device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
@@ -371,6 +470,9 @@ class Engine:
             seq.t_admit = now
         seqs, lens, cuts = self._scheduler.prefill_batch()
         if seqs:
+            for seq, n in zip(seqs, lens):         # the images the step reaches (the scheduler allows one)
+                for k in seq.pending_images(seq.num_computed, seq.num_computed + n):
+                    seq.image_embeds[k] = self._encoder.encode(seq.images.images[k])
             c, snapshots = self._cache, self._cache.snapshots
             snap_slots = [snapshots.take() if cut else -1 for cut in cuts]
             in_passing = [(cut, slot) if slot >= 0 else (0, -1) for cut, slot in zip(cuts, snap_slots)]
@@ -384,7 +486,7 @@ class Engine:
                 raise
             done = []
             for i, seq in enumerate(seqs):
-                c.index_pages(seq.hashes, seq.tokens, seq.num_computed, seq.pages)
+                c.index_pages(seq.hashes, seq.hash_tokens, seq.num_computed, seq.pages)
                 if snap_slots[i] >= 0:           # taken in passing
                     snapshots.keep(snap_slots[i], self._snapshot_key(seq))
                 elif seq.num_computed == seq.snapshot_at:      # the step ended at the boundary: copy the state
@@ -393,7 +495,7 @@ class Engine:
                     done.append(i)
             if done:
                 ready = [seqs[i] for i in done]
-                self._accept(ready, self._runner.sample(ready, logits[done]))
+                self._accept(ready, self._runner.sample(ready, logits[done], self._masks(ready)))
                 if self._spec is not None:              # their first drafts, from the prompt's last hidden states
                     live = [i for i, s in zip(done, ready) if s.finish_reason is None]
                     if live:
@@ -425,9 +527,13 @@ class Engine:
             if seq.num_computed % self._cache.page_size == 0:
                 self._rolling_snapshot(seq)
         if all(seq.sampled_on_device for seq in seqs):
-            self._in_flight = StepInFlight.launch(seqs, self._runner.sample_on_device(seqs, logits, ahead))
+            if ahead and any(seq.matcher is not None for seq in seqs):
+                self._accept_in_flight(flight)      # the masks need those tokens: read them while this step runs
+                ahead = 0
+            ids = self._runner.sample_on_device(seqs, logits, ahead, mask=self._masks(seqs))
+            self._in_flight = StepInFlight.launch(seqs, ids)
         else:
-            self._accept(seqs, self._runner.sample(seqs, logits))
+            self._accept(seqs, self._runner.sample(seqs, logits, self._masks(seqs)))
         if ahead:
             self._accept_in_flight(flight)
         if self._spec is not None:
@@ -458,6 +564,13 @@ class Engine:
                 break
         self._spec.round_over(seq)
 
+    def _masks(self, seqs: list[Sequence]) -> torch.Tensor | None:
+        """The grammar masks of the sequences' next tokens (host, int32 [N, words]); None when none is constrained.
+        A sequence that has ended (its step in flight is dropped) gets no mask."""
+        if all(seq.matcher is None for seq in seqs):
+            return None
+        return self._grammars.masks([seq.matcher if seq.finish_reason is None else None for seq in seqs])
+
     def _can_follow(self, flight: StepInFlight, seqs: list[Sequence]) -> bool:
         """The next step can start from the tokens in flight: the same sequences, none that its token in flight
         may end by length, none whose next step fills a page."""
@@ -479,7 +592,7 @@ class Engine:
     def _rolling_snapshot(self, seq: Sequence) -> None:
         """Decode just passed a page boundary: index the full page and copy the state into the rolling snapshot
         (promoted to the end-of-turn snapshot when the sequence ends: CacheManager.release)."""
-        self._cache.index_pages(seq.hashes, seq.tokens, seq.num_computed, seq.pages)
+        self._cache.index_pages(seq.hashes, seq.hash_tokens, seq.num_computed, seq.pages)
         seq.rolling_slot = self._cache.snapshots.roll(seq.state_slot, seq.rolling_slot)
 
     def _accept(self, seqs: list[Sequence], tokens: list[int]) -> None:
@@ -499,7 +612,10 @@ class Engine:
                 reason = "stop"
             else:
                 kind, pieces = seq.stream.push(token)
-                if seq.stream.stopped:
+                if seq.matcher is not None and not seq.matcher.advance(token, kind):
+                    seq.error = f"the grammar refused token {token}: {seq.matcher.error}"
+                    reason = "error"
+                elif seq.stream.stopped or (seq.matcher is not None and seq.matcher.done):
                     reason = "stop"
                 elif len(seq.output) >= p.max_tokens or len(seq) >= seq.max_total:
                     reason = "length"
@@ -509,7 +625,7 @@ class Engine:
             logprobs = seq.logprobs[-1:] if p.logprobs is not None else None
             seq.emit(StreamEvent("delta", pieces, token_ids=[token], token_kinds=[kind], logprobs=logprobs))
             if reason:
-                self._finish(seq, reason)
+                self._finish(seq, reason, seq.error)
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         """End a request: give back what it holds and send its finish event. The event goes out even when the
@@ -527,6 +643,7 @@ class Engine:
             log.exception("ending request %d failed", seq.id)
             reason, error = "error", error or f"{type(e).__name__}: {e}"
         self._seqs.pop(seq.id, None)
+        seq.image_embeds.clear()
         now = time.perf_counter()
         n_out = len(seq.output)
         usage = Usage(prompt_tokens=len(seq.prompt), completion_tokens=n_out, cached_tokens=seq.cached_tokens,
@@ -555,4 +672,5 @@ class Engine:
     def _collect_stats(self) -> dict:
         s = self._scheduler
         spec = self._spec.stats() if self._spec is not None else {"spec_drafts": 0}
-        return {"running": len(s.running), "waiting": len(s.waiting), **self._cache.stats(), **spec}
+        images = {"images_encoded": self._encoder.encoded} if self._encoder is not None else {}
+        return {"running": len(s.running), "waiting": len(s.waiting), **self._cache.stats(), **spec, **images}

@@ -17,7 +17,7 @@ import torch
 
 from engine.config import ModelConfig, load_model_config
 from engine.device import DeviceInfo, probe, resolve_dtype
-from engine.model.shapes import model_tensor_shapes
+from engine.model.shapes import model_tensor_shapes, vision_tensor_shapes
 from engine.params import PROFILES, EngineConfig
 from engine.weights.policy import policy_bytes
 
@@ -43,6 +43,9 @@ class MemoryPlan:
     weights: str = "bf16"       # bf16 (16-bit) | int4: what the weights are loaded as
     drafts: int = 0              # MTP drafts per speculative round (0: none, no MTP module)
     speculation_bytes: int = 0   # of the workspace: each running sequence's verify rows and round logits
+    vision: str = "off"          # the vision tower: off | resident (its weights in weights_bytes) | on_demand (on the
+    #                              GPU only while encoding: its weights are in the workspace, which the two share)
+    vision_bytes: int = 0        # what encoding the largest image takes on the GPU: tower weights + its activations
     fits: bool = True
     message: str = ""
     alternatives: list[str] = field(default_factory=list)
@@ -59,7 +62,9 @@ class MemoryPlan:
                 f"workspace {g(self.workspace_bytes)}, margin {g(self.margin_bytes)}: "
                 f"{g(self.total_bytes)} of {g(self.budget_bytes)}"
                 + (f"; speculation ({self.drafts} drafts) {g(self.speculation_bytes)} of the workspace"
-                   if self.drafts else ""))
+                   if self.drafts else "")
+                + (f"; vision tower {self.vision.replace('_', ' ')}, {g(self.vision_bytes)} while encoding"
+                   if self.vision != "off" else ""))
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype, mtp: bool, int8: bool = False) -> int:
@@ -104,15 +109,64 @@ def speculation_bytes(cfg: ModelConfig, dtype: torch.dtype, drafts: int, max_bat
     return len(cfg.linear_attention_layers) * rows * per_row + rows * cfg.vocab_size * 4 * 3
 
 
+# The official checkpoints' preprocessor_config.json: images are resized to at most this many pixels.
+DEFAULT_MAX_PIXELS = 16_777_216
+ON_DEMAND_UP_TO = 24 * GIB + GIB // 2   # cards of this much memory or less keep the tower on the host (auto)
+
+
+@dataclass(frozen=True)
+class VisionCost:
+    """The vision tower's share of a plan: where it lives and what it needs on the GPU."""
+    placement: str               # off | resident | on_demand
+    weights_bytes: int = 0       # the tower's weights (16-bit or per the policy)
+    encode_bytes: int = 0        # activations of encoding the largest image (max_pixels) plus its embeddings
+
+
+def vision_placement(cfg: ModelConfig, config: EngineConfig, device: DeviceInfo) -> str:
+    """off without a tower or when turned off; resident on the CPU (there is no other memory to keep it in); auto:
+    on demand on cards of 24 GiB or less (the reference engines' choice: an image costs no context), else resident."""
+    if cfg.vision is None or config.vision == "off":
+        return "off"
+    if not device.on_gpu:
+        return "resident"
+    if config.vision == "auto":
+        card = device.total_bytes if config.gpu_memory_gb is None else min(device.total_bytes,
+                                                                            int(config.gpu_memory_gb * GIB))
+        return "on_demand" if card <= ON_DEMAND_UP_TO else "resident"
+    return config.vision
+
+
+def vision_encode_bytes(cfg: ModelConfig, dtype: torch.dtype, max_pixels: int) -> int:
+    """Peak activations of the tower over one image of max_pixels (one block's: the residual, its norm, qkv, the fp32
+    rotary copies of q and k, the attention output, the MLP's two intermediates; SDPA's flash kernels keep no
+    score matrix), plus the merged embeddings the prompt's rows take."""
+    v = cfg.vision
+    patches = max_pixels // v.patch_size ** 2
+    it = dtype.itemsize
+    block = patches * (v.hidden_size * (6 * it + 4 * 4 + it) + 2 * v.intermediate_size * it)
+    return block + patches // v.spatial_merge_size ** 2 * cfg.hidden_size * it
+
+
+def vision_cost(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, device: DeviceInfo,
+                max_pixels: int = DEFAULT_MAX_PIXELS) -> VisionCost:
+    placement = vision_placement(cfg, config, device)
+    if placement == "off":
+        return VisionCost("off")
+    weights = sum(torch.Size(shape).numel() * dtype.itemsize for shape in vision_tensor_shapes(cfg.vision).values())
+    return VisionCost(placement, weights, vision_encode_bytes(cfg, dtype, max_pixels))
+
+
 def model_drafts(cfg: ModelConfig, config: EngineConfig, on_gpu: bool) -> int:
     """Drafts per round the engine will use: the config's (or the device's default), if the model has MTP."""
     return config.drafts(on_gpu) if cfg.num_mtp_layers > 0 else 0
 
 
 def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, weights_bytes: int,
-                budget_bytes: int, drafts: int, on_gpu: bool, explain: bool = True) -> MemoryPlan:
+                budget_bytes: int, drafts: int, on_gpu: bool, explain: bool = True,
+                vision: VisionCost = VisionCost("off")) -> MemoryPlan:
     """The largest plan for this profile that fits `budget_bytes`, or one marked fits=False with
-    a message saying what would fit."""
+    a message saying what would fit. weights_bytes: the language model's; a resident vision tower adds its own. The
+    tower encodes between forward passes, so its activations (and its weights, on demand) share the workspace."""
     C, page = config.max_running, config.page_size
     if config.kv_dtype not in ("bf16", "int8"):
         raise ValueError(f"kv_dtype must be bf16 or int8, not {config.kv_dtype!r}")
@@ -121,6 +175,11 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
     per_slot = state_bytes_per_slot(cfg, dtype)
     spec = speculation_bytes(cfg, dtype, drafts, C)
     work = workspace_bytes(cfg, dtype, config.prefill_chunk, C) + spec
+    on_demand = vision.placement == "on_demand"
+    work = max(work, vision.encode_bytes + (vision.weights_bytes if on_demand else 0))
+    lm_weights = weights_bytes
+    if vision.placement == "resident":
+        weights_bytes += vision.weights_bytes
     margin = max(GIB // 2, budget_bytes // 40) if on_gpu else 0
     left = budget_bytes - weights_bytes - work - margin - (C + 1) * per_slot
     snapshots = config.snapshots if config.snapshots is not None else \
@@ -139,7 +198,8 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
                           state_bytes=(C + snapshots + 1) * per_slot, workspace_bytes=work, margin_bytes=margin,
                           max_context=ctx, num_pages=pages, num_slots=C + snapshots + 1, snapshots=snapshots,
                           kv_bytes_per_token=per_tok, state_bytes_per_slot=per_slot, drafts=drafts,
-                          speculation_bytes=spec)
+                          speculation_bytes=spec, vision=vision.placement,
+                          vision_bytes=vision.weights_bytes + vision.encode_bytes if vision.placement != "off" else 0)
 
     if config.max_context is not None:
         ctx = config.max_context
@@ -152,7 +212,7 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
         plan.fits = False
         if not explain:
             return plan
-        plan.alternatives = _alternatives(cfg, config, dtype, weights_bytes, budget_bytes, drafts, on_gpu)
+        plan.alternatives = _alternatives(cfg, config, dtype, lm_weights, budget_bytes, drafts, on_gpu, vision)
         need = plan.total_bytes / GIB
         plan.message = (f"profile {config.profile} with {ctx} tokens of context needs {need:.1f} GiB; "
                         f"{budget_bytes / GIB:.1f} GiB are available. "
@@ -162,13 +222,13 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
     return plan
 
 
-def _alternatives(cfg, config, dtype, weights_bytes, budget_bytes, drafts, on_gpu) -> list[str]:
+def _alternatives(cfg, config, dtype, weights_bytes, budget_bytes, drafts, on_gpu, vision) -> list[str]:
     out = []
     for profile in PROFILES:
         for kv in ("bf16", "int8"):
             alt = EngineConfig(**{**config.__dict__, "profile": profile, "kv_dtype": kv, "max_context": None})
             p = plan_memory(cfg, alt, dtype, weights_bytes=weights_bytes, budget_bytes=budget_bytes, drafts=drafts,
-                            on_gpu=on_gpu, explain=False)
+                            on_gpu=on_gpu, explain=False, vision=vision)
             if p.fits and p.max_context >= 1024:
                 out.append(f"{profile} with {kv} KV: up to {p.max_context} tokens")
     return out
@@ -183,14 +243,22 @@ def budget_for(config: EngineConfig, device: DeviceInfo, held_bytes: int = 0) ->
 
 
 def weight_bytes(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, weights: str, drafts: int) -> int:
-    """Device bytes of the weights the engine loads (MTP only with speculation, the vision tower only with vision)
+    """Device bytes of the language model's weights (MTP only with speculation; the vision tower is VisionCost's)
     under `weights` (bf16: 16-bit, or int4 per the default policy), from the model's tensor shapes."""
-    shapes = model_tensor_shapes(cfg, with_mtp=drafts > 0,
-                                 with_vision=config.vision and cfg.vision is not None)
+    shapes = model_tensor_shapes(cfg, with_mtp=drafts > 0, with_vision=False)
     if weights == "int4":
         return policy_bytes(shapes, config.policy("int4"))["total"]
     # a tensor listed at 16 bits takes the activation dtype; fp32 ones (A_log, ...) stay fp32
     return sum(torch.Size(shape).numel() * (dtype.itemsize if size == 2 else size) for shape, size in shapes.values())
+
+
+def checkpoint_max_pixels(path: str) -> int:
+    """The checkpoint's own max_pixels (its preprocessor_config.json), else the official checkpoints' value."""
+    from engine.vision.processor import load_processor_config
+    try:
+        return load_processor_config(path).max_pixels
+    except (OSError, ValueError):
+        return DEFAULT_MAX_PIXELS
 
 
 def plan_for(config: EngineConfig, device: DeviceInfo | None = None, budget_bytes: int | None = None,
@@ -206,9 +274,11 @@ def plan_for(config: EngineConfig, device: DeviceInfo | None = None, budget_byte
     choices = [config.weights] if config.weights != "auto" else ["bf16", "int4"] if device.on_gpu else ["bf16"]
     config.policy(choices[0])                                  # refuses an unknown weights setting
     drafts = model_drafts(cfg, config, device.on_gpu)
+    vision = vision_cost(cfg, config, dtype, device, checkpoint_max_pixels(config.model))
     for weights in choices:
         plan = plan_memory(cfg, config, dtype, weights_bytes=weight_bytes(cfg, config, dtype, weights, drafts),
-                           budget_bytes=budget, drafts=drafts, on_gpu=device.on_gpu, explain=weights == choices[-1])
+                           budget_bytes=budget, drafts=drafts, on_gpu=device.on_gpu, explain=weights == choices[-1],
+                           vision=vision)
         plan.weights = weights
         if plan.fits:
             return plan

@@ -12,6 +12,7 @@ DEVICES = ("auto", "cuda", "cpu")                       # "cuda:N" picks one GPU
 DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32")
 KV_DTYPES = ("bf16", "int8")
 WEIGHTS = ("auto", "bf16", "int4")
+VISION = ("auto", "resident", "on_demand", "off")   # where the vision tower lives (engine/memory.py vision_placement)
 
 
 @dataclass
@@ -33,7 +34,10 @@ class EngineConfig:
     cuda_graphs: bool = True        # capture decode in CUDA graphs (CUDA only)
     speculative_tokens: int | None = None  # MTP drafts per round (1..5; 0 off); None: 3 on a GPU, 0 on the CPU
     draft_vocab: int = 32768        # draft head rows: the most frequent tokens (verify uses the full head)
-    vision: bool = False            # load the vision tower's weights: nothing uses them until images are encoded
+    vision: str = "auto"            # the vision tower: auto (on demand on cards <= 24 GiB, else resident) | resident
+    #                                 (on the GPU always) | on_demand (host memory; on the GPU only while encoding) | off
+    max_images: int = 16            # images per request
+    max_image_bytes: int = 20 << 20  # encoded bytes of one image (the file as sent)
 
     def policy(self, weights: str | None = None):
         """The quantization policy for `weights` (default: this config's); None for 16-bit weights."""
@@ -57,6 +61,9 @@ class EngineConfig:
         one_of("kv_dtype", self.kv_dtype, KV_DTYPES)
         one_of("weights", self.weights, WEIGHTS)
         one_of("profile", self.profile, PROFILES)
+        one_of("vision", self.vision, VISION)
+        if self.max_images < 0 or self.max_image_bytes < 1:
+            raise ValueError("max_images must be >= 0 and max_image_bytes >= 1")
         self.drafts(on_gpu=False)
         if self.max_context is not None and self.max_context < 1:
             raise ValueError(f"max_context must be at least 1 token, not {self.max_context}")
@@ -72,6 +79,30 @@ class EngineConfig:
 def one_of(name: str, value, allowed) -> None:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
+
+
+@dataclass
+class Constraint:
+    """What a reply must be, enforced while decoding (engine/grammar.py: a token mask at every step). The reasoning
+    stays free: the constraint starts after </think>.
+    - json_schema: the reply is one JSON value matching it ({"type": "object"}: any JSON object). A keyword the
+      grammar cannot enforce is an error, never ignored.
+    - tools (OpenAI-style): tool calls in the model's own syntax, arguments matching each tool's parameters schema.
+      tool_mode "required": the reply is one or more calls (only to `tool_name` when set: then one call); "auto": the
+      model may answer in text (or, with json_schema too, in JSON), and once it opens a call the call is constrained.
+      parallel False: at most one call."""
+    json_schema: dict | None = None
+    tools: list[dict] | None = None
+    tool_mode: str = "auto"         # auto | required
+    tool_name: str | None = None
+    parallel: bool = True
+
+    def validate(self) -> None:
+        if self.json_schema is None and not self.tools:
+            raise ValueError("a constraint needs a json_schema or tools")
+        one_of("tool_mode", self.tool_mode, ("auto", "required"))
+        if self.json_schema is not None and not isinstance(self.json_schema, dict):
+            raise ValueError("json_schema must be a JSON object")
 
 
 @dataclass
@@ -93,6 +124,7 @@ class SamplingParams:
     thinking_budget: int | None = None  # reasoning tokens after which </think> is forced
     # callables (output token ids so far, fp32 logits [V]) -> logits, applied before sampling
     logits_processors: list = field(default_factory=list)
+    constraint: Constraint | None = None  # what the reply must be (grammar-constrained decoding)
 
     def validate(self) -> None:
         if self.max_tokens < 1:
@@ -113,6 +145,8 @@ class SamplingParams:
             raise ValueError("logprobs must be between 0 and 20")
         if self.thinking_budget is not None and self.thinking_budget < 0:
             raise ValueError("thinking_budget must be >= 0")
+        if self.constraint is not None:
+            self.constraint.validate()
 
 
 @dataclass

@@ -18,7 +18,7 @@ from engine.model.qwen3_5 import Qwen3_5Model
 from engine.params import TokenLogprob
 from engine.sequence import Sequence
 from engine.speculative import Speculator
-from kernels.sampling import Penalties, sample, token_logprobs
+from kernels.sampling import Penalties, sample, token_logprobs, token_mask
 
 BUCKETS = (1, 2, 4, 8)
 
@@ -53,10 +53,12 @@ class ModelRunner:
                 input_ids = torch.tensor([t for s, n in zip(seqs, query_lens)
                                           for t in s.tokens[s.num_computed:s.num_computed + n]], dtype=torch.int64,
                                          device=self.device)
+            images = {} if not any(s.images for s in seqs) else \
+                dict(mrope=[s.images.mrope if s.images else None for s in seqs], **image_inputs(seqs, query_lens))
             batch = build_batch(query_lens, [s.num_computed for s in seqs], [s.state_slot for s in seqs],
                                 [s.pages for s in seqs], self.pools.page_size, self.device,
                                 last_only=not all_logits, snapshots=snapshots,
-                                conv_width=self.model.cfg.conv_kernel)
+                                conv_width=self.model.cfg.conv_kernel, **images)
             hidden = self.model(input_ids, batch, self.pools)
             if prefill and self.speculator is not None:
                 self._prompt_mtp(seqs, query_lens, hidden, batch)
@@ -66,6 +68,9 @@ class ModelRunner:
             logits = self.model.logits(hidden)
         for s, n in zip(seqs, query_lens):
             s.num_computed += n
+            if s.image_embeds:                     # embeddings whose rows are all computed now are dropped
+                for k in [k for k in s.image_embeds if s.images.spans[k][1] <= s.num_computed]:
+                    del s.image_embeds[k]
         return logits
 
     def _prompt_mtp(self, seqs: list[Sequence], query_lens: list[int], hidden: torch.Tensor, batch) -> None:
@@ -82,8 +87,9 @@ class ModelRunner:
                                    dataclasses.replace(batch, slot_mapping=slots, logits_rows=None, snapshot=None))
 
     @torch.inference_mode()
-    def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+    def sample(self, seqs: list[Sequence], logits: torch.Tensor, mask: torch.Tensor | None = None) -> list[int]:
         """Pick each sequence's next token from its logits row (fp32 [N, V]); record logprobs if asked.
+        mask: grammar masks (host int32 [N, words], engine/grammar.py), applied after the logits processors.
         A sequence whose logits processor fails, or that has no token left to pick, gets `error` set
         (and a meaningless token) instead of failing the whole batch."""
         dev, V = logits.device, logits.shape[-1]
@@ -100,6 +106,11 @@ class ModelRunner:
                     logits[i] = 0.0
             for i in torch.nonzero(logits.amax(-1) == float("-inf")).flatten().tolist():
                 seqs[i].error = "every token was excluded (logits processors / logit bias left nothing to sample)"
+                logits[i] = 0.0
+        if mask is not None:
+            logits = token_mask(logits, pinned(mask).to(dev, non_blocking=True))
+            for i in torch.nonzero(logits.amax(-1) == float("-inf")).flatten().tolist():
+                seqs[i].error = "the grammar allows none of the tokens the logits processors left"
                 logits[i] = 0.0
         penalties = None
         if any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0 for p in ps):
@@ -128,11 +139,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def sample_on_device(self, seqs: list[Sequence], logits: torch.Tensor, ahead: int = 0,
-                         penalties: Penalties | None = None) -> torch.Tensor:
+                         penalties: Penalties | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The next token of each sequence [N] int64, on the logits' device, with no host sync: argmax when every
         one is greedy, else the Triton sampler (the same tokens as the torch references, which serve the CPU).
-        ahead: tokens sampled before these that the outputs do not hold yet (the seeds' step counts them)."""
+        ahead: tokens sampled before these that the outputs do not hold yet (the seeds' step counts them).
+        mask: grammar masks (host int32 [N, words]): the tokens they leave out get -inf first."""
         ps = [s.params for s in seqs]
+        if mask is not None:
+            logits = token_mask(logits, pinned(mask).to(logits.device, non_blocking=True))
         if penalties is None and all(p.temperature == 0 for p in ps):
             return logits.argmax(-1)
         return sample(logits.contiguous(), self._vec(ps, "temperature"), self._upload([p.top_k for p in ps]),
@@ -145,6 +159,21 @@ class ModelRunner:
     def _upload(self, values: list) -> torch.Tensor:
         """A small host list on the device without waiting for the GPU (see pinned())."""
         return pinned(torch.tensor(values)).to(self.device, non_blocking=True)
+
+
+def image_inputs(seqs: list[Sequence], query_lens: list[int]) -> dict:
+    """build_batch's image_rows / image_embeds for a step running query_lens[i] tokens of each sequence: the rows of
+    its images' tokens, taking their embeddings (Sequence.image_embeds, encoded before the step)."""
+    rows, embeds = [], []
+    for s, n in zip(seqs, query_lens):
+        start, end, mine = s.num_computed, s.num_computed + n, []
+        for k, (a, b) in enumerate(s.images.spans if s.images else ()):
+            lo, hi = max(a, start), min(b, end)
+            if lo < hi:
+                mine += range(lo - start, hi - start)
+                embeds.append(s.image_embeds[k][lo - a:hi - a])
+        rows.append(mine)
+    return dict(image_rows=rows, image_embeds=torch.cat(embeds) if embeds else None)
 
 
 def pinned(t: torch.Tensor) -> torch.Tensor:
@@ -219,7 +248,8 @@ class DecodeGraphs:
         else:
             self.ids[:n].copy_(input_ids)
         state_slots = [s.state_slot for s in seqs] + [self.scratch_slot] * pad
-        for buf, host in ((self.positions[:, :b], torch.tensor([pos + [0] * pad] * 3)),
+        rotary = [p + s.position_delta for s, p in zip(seqs, pos)]
+        for buf, host in ((self.positions[:, :b], torch.tensor([rotary + [0] * pad] * 3)),
                           (self.seq_lens[:b], torch.tensor([p + 1 for p in pos] + [1] * pad)),
                           (self.has_state[:b], torch.tensor([p > 0 for p in pos] + [False] * pad)),
                           (self.state_slots[:b], torch.tensor(state_slots)),

@@ -6,6 +6,10 @@ from several sequences) and one decode round over every running sequence that ha
 prompt, so a long prompt arriving never stalls running streams for more than one chunk.
 Admission is first come, first served: the head of the queue waits until a slot and the pages
 for its whole sequence (prompt + max new tokens) are free.
+
+Images: a step encodes at most one image (the engine runs the tower on it before the step's forward), so a large
+image delays the running streams by one encode at most; a prompt's step ends before the next image whose
+embeddings are not at hand, and that image is encoded in a later step.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ class Scheduler:
         admitted = []
         while self.waiting and len(self.running) < self.max_running:
             seq = self.waiting[0]
-            hit = self.cache.match_prefix(seq.prompt)
+            hit = self.cache.match_prefix(seq.hash_tokens)
             if not self.cache.can_admit(hit, seq.max_total):
                 break
             self.waiting.popleft()
@@ -65,12 +69,21 @@ class Scheduler:
         then copies the state), because fla's chunked kernel keeps no state inside a chunk. A snapshot at
         least a page into the step keeps the conv window inside it."""
         seqs, lens, cuts, budget = [], [], [], self.prefill_chunk
+        encode = 1                                 # images the step may encode
         for seq in self.running:
             if budget <= 0:
                 break
             if not seq.prefilling:
                 continue
             n = min(len(seq.prompt) - seq.num_computed, budget)
+            for k in seq.pending_images(seq.num_computed, seq.num_computed + n):
+                if encode:
+                    encode -= 1
+                else:                              # stop before it: a later step encodes it
+                    n = max(seq.images.spans[k][0], seq.num_computed) - seq.num_computed
+                    break
+            if n == 0:
+                continue
             cut = seq.snapshot_at - seq.num_computed
             seqs.append(seq)
             lens.append(n)
@@ -95,5 +108,5 @@ class Scheduler:
 
     def _release(self, seq: Sequence) -> None:
         self.cache.release(pages=seq.pages, state_slot=seq.state_slot, total_tokens=seq.max_total, hashes=seq.hashes,
-                           tokens=seq.tokens, num_computed=seq.num_computed, rolling_slot=seq.rolling_slot)
+                           tokens=seq.hash_tokens, num_computed=seq.num_computed, rolling_slot=seq.rolling_slot)
         seq.pages, seq.state_slot, seq.rolling_slot = [], -1, -1

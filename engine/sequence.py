@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from engine.params import SamplingParams, SpeculationStats, StreamEvent, TokenLogprob
+from engine.vision.prompt import ImagePrompt
 
 
 @dataclass
@@ -35,6 +36,9 @@ class Sequence:
     events: queue.Queue = field(default_factory=queue.Queue)   # StreamEvents for the consumer
     on_event: Callable[[StreamEvent], None] | None = None       # told after each one is queued (engine thread)
     stream: object = None                       # engine.streaming.OutputStream
+    matcher: object = None                      # engine.grammar.Matcher: a constrained request's grammar state
+    images: ImagePrompt | None = None           # the prompt's images (None: text only)
+    image_embeds: dict = field(default_factory=dict)  # image index -> its rows' embeddings, until they are computed
     t_submit: float = field(default_factory=time.perf_counter)
     t_admit: float = 0.0
     t_first: float = 0.0
@@ -42,6 +46,22 @@ class Sequence:
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.output
+
+    @property
+    def hash_tokens(self) -> list[int]:
+        """What the prefix cache hashes: the tokens, each image's run standing for its digest."""
+        return self.images.hash_tokens + self.output if self.images else self.tokens
+
+    @property
+    def position_delta(self) -> int:
+        """Rotary position of token i past the prompt: i + this (0 for text; below 0 after images)."""
+        return self.images.mrope.delta if self.images else 0
+
+    def pending_images(self, start: int, end: int) -> list[int]:
+        """Images with rows in tokens start .. end - 1 whose embeddings are not at hand."""
+        if not self.images:
+            return []
+        return [k for k, (a, b) in enumerate(self.images.spans) if a < end and b > start and k not in self.image_embeds]
 
     def __len__(self) -> int:
         return len(self.prompt) + len(self.output)

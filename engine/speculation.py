@@ -80,7 +80,7 @@ class Speculation:
         self.pays = Pays()
         self.adaptive = True                      # off: every eligible step speculates (measurements)
         self.totals = SpeculationStats()          # every sequence's rounds together
-        self.round_ms = 0.0                       # time spent in rounds (host view, each waits for its tokens)
+        self.round_ms = 0.0                       # time in rounds (host view, waiting for tokens; captures not)
 
     def use_oracle(self, oracle, adaptive: bool = True) -> None:
         """Drafts from a DraftOracle (engine/speculative.py; None: the MTP's own); captured rounds are dropped.
@@ -93,7 +93,7 @@ class Speculation:
     # ---- which steps speculate ------------------------------------------------------------------------------------
     def eligible(self, seq: Sequence) -> bool:
         p = seq.params
-        if not seq.sampled_on_device:
+        if not seq.sampled_on_device or seq.matcher is not None:    # a grammar needs each token before the next mask
             return False
         stream = seq.stream
         return not (p.thinking_budget is not None and stream.in_reasoning
@@ -127,14 +127,17 @@ class Speculation:
             reqs.append(self._request(s, base=s.num_computed, snap_row=row, snap_slot=slot))
         sampled = any(s.params.temperature > 0 for s in seqs)
         started = time.perf_counter()
-        if self.graphs is not None and self.graphs.fits(len(seqs)):
+        graphed = self.graphs is not None and self.graphs.fits(len(seqs))
+        timed = not graphed or self.graphs.captured(len(seqs), sampled)      # a capture is no round's cost
+        if graphed:
             out = self.graphs.run(reqs, sampled)
         else:
             out = self.spec.round(round_inputs(reqs, self.max_pages, self.spec.pools.conv.device), sampled)
         kept, tokens = out.kept.tolist(), out.tokens.tolist()
         seconds = time.perf_counter() - started
-        self.round_ms += 1e3 * seconds
-        self.pays.round_done(sum(kept) + len(seqs), seconds)
+        if timed:
+            self.round_ms += 1e3 * seconds
+            self.pays.round_done(sum(kept) + len(seqs), seconds)
         for s, n in zip(seqs, kept):
             s.spec_counts.add(k, n)
             self.totals.add(k, n)
@@ -149,7 +152,7 @@ class Speculation:
         becomes its rolling end-of-turn snapshot (the older one is given back)."""
         _, slot = seq.spec_snapshot
         seq.spec_snapshot = None
-        self.cache.index_pages(seq.hashes, seq.tokens, seq.num_computed, seq.pages)
+        self.cache.index_pages(seq.hashes, seq.hash_tokens, seq.num_computed, seq.pages)
         if seq.rolling_slot >= 0:
             self.cache.snapshots.drop(seq.rolling_slot)
         seq.rolling_slot = slot
@@ -166,7 +169,7 @@ class Speculation:
                             limit=len(s.pages) * self.cache.page_size, snap_row=snap_row,
                             snap_slot=snap_slot if snap_row >= 0 else self.cache.scratch_slot,
                             temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, seed=s.seed,
-                            steps=len(s.output), seeded=p.seed is not None)
+                            steps=len(s.output), seeded=p.seed is not None, delta=s.position_delta)
 
     def stats(self) -> dict:
         t = self.totals

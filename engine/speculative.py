@@ -69,6 +69,7 @@ class RoundInputs:
     limit: torch.Tensor          # int64 positions below this have pages (rows past it write no KV)
     snap_rows: torch.Tensor      # int32 verify row after which to snapshot the GDN state (-1: none)
     snap_slots: torch.Tensor     # int64 where (the scratch slot where none)
+    delta: torch.Tensor          # int64 rotary position of row p: p + delta (below 0 after a prompt's images)
     sampling: Sampling
 
 
@@ -87,7 +88,7 @@ def rows_batch(inp: RoundInputs, offset: int, rows: int, page_size: int, max_seq
     page = (pos // page_size).clamp(max=inp.block_tables.shape[1] - 1)
     slot = inp.block_tables.gather(1, page).long() * page_size + pos % page_size
     slot = torch.where(pos < inp.limit[:, None], slot, torch.full_like(slot, -1))
-    return ForwardBatch(positions=pos.reshape(1, -1).expand(3, -1), cu_seqlens=torch.arange(
+    return ForwardBatch(positions=(pos + inp.delta[:, None]).reshape(1, -1).expand(3, -1), cu_seqlens=torch.arange(
         B + 1, device=dev, dtype=torch.int32) * rows, seq_lens=(pos[:, -1] + 1).int(),
         has_state=torch.ones(B, dtype=torch.bool, device=dev), state_slots=inp.slots,
         block_tables=inp.block_tables, slot_mapping=slot.reshape(-1), logits_rows=None, decode_len=rows,
@@ -190,6 +191,7 @@ class RoundRequest:
     seed: int
     steps: int
     seeded: bool
+    delta: int = 0
 
 
 def round_inputs(reqs: list[RoundRequest], max_pages: int, device, pad_to: int = 0, pad_slot: int = 0,
@@ -204,7 +206,7 @@ def round_inputs(reqs: list[RoundRequest], max_pages: int, device, pad_to: int =
     col = lambda name, dtype: torch.tensor([getattr(r, name) for r in reqs], dtype=dtype)  # noqa: E731
     host = RoundInputs(col("slot", torch.int64), col("base", torch.int64), col("last", torch.int64), tables,
                        col("limit", torch.int64), col("snap_row", torch.int32), col("snap_slot", torch.int64),
-                       Sampling(col("temperature", torch.float32), col("top_k", torch.int64),
+                       col("delta", torch.int64), Sampling(col("temperature", torch.float32), col("top_k", torch.int64),
                                 col("top_p", torch.float32), col("min_p", torch.float32), col("seed", torch.int64),
                                 col("steps", torch.int64), col("seeded", torch.bool)))
     pinned = torch.cuda.is_available()
@@ -216,12 +218,12 @@ def round_inputs(reqs: list[RoundRequest], max_pages: int, device, pad_to: int =
 
 def _fields(inp: RoundInputs) -> list[torch.Tensor]:
     s = inp.sampling
-    return [inp.slots, inp.base, inp.last, inp.block_tables, inp.limit, inp.snap_rows, inp.snap_slots,
+    return [inp.slots, inp.base, inp.last, inp.block_tables, inp.limit, inp.snap_rows, inp.snap_slots, inp.delta,
             s.temperature, s.top_k, s.top_p, s.min_p, s.seeds, s.steps, s.seeded]
 
 
 def _from_fields(t: list[torch.Tensor]) -> RoundInputs:
-    return RoundInputs(*t[:7], Sampling(*t[7:]))
+    return RoundInputs(*t[:8], Sampling(*t[8:]))
 
 
 def _map(inp: RoundInputs, fn) -> RoundInputs:
@@ -262,6 +264,10 @@ class RoundGraphs:
 
     def fits(self, n: int) -> bool:
         return n <= self.buckets[-1]
+
+    def captured(self, n: int, sampled: bool) -> bool:
+        """The round for n sequences is captured already (else its first run captures it: hundreds of ms)."""
+        return (next(x for x in self.buckets if x >= n), sampled) in self.graphs
 
     def run(self, reqs: list[RoundRequest], sampled: bool) -> RoundOutputs:
         n = len(reqs)

@@ -492,6 +492,43 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, steps, penalties: Pe
     return sample_ref(logits, temperature, top_k, top_p, min_p, seeds, steps)
 
 
+# Grammar masks: a bit per token (bit i % 32 of int32 word i // 32; engine/grammar.py fills them on the host, as
+# llguidance writes them); a token whose bit is 0 gets -inf before penalties, temperature and the filters.
+
+def token_mask_ref(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """logits [B, V] fp32, mask [B, ceil(V / 32)] int32 -> logits with the tokens the mask leaves out at -inf."""
+    V = logits.shape[-1]
+    bits = (mask.unsqueeze(-1) >> torch.arange(32, device=mask.device, dtype=torch.int32)) & 1
+    allowed = bits.reshape(mask.shape[0], -1)[:, :V].bool()
+    return logits.masked_fill(~allowed, float("-inf"))
+
+
+@triton.jit
+def _token_mask_kernel(logits_ptr, mask_ptr, out_ptr, V, stride_l, stride_m, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    valid = offs < V
+    x = tl.load(logits_ptr + row * stride_l + offs, mask=valid)
+    word = tl.load(mask_ptr + row * stride_m + offs // 32, mask=valid, other=0)
+    allowed = ((word >> (offs % 32)) & 1) != 0
+    tl.store(out_ptr + row * stride_l + offs, tl.where(allowed, x, NEG_INF), mask=valid)
+
+
+def token_mask_triton(logits: torch.Tensor, mask: torch.Tensor, block: int = 4096) -> torch.Tensor:
+    B, V = logits.shape
+    logits = logits.contiguous()
+    out = torch.empty_like(logits)
+    _token_mask_kernel[(B, triton.cdiv(V, block))](logits, mask, out, V, logits.stride(0), mask.stride(0),
+                                                   BLOCK=block, num_warps=4)
+    return out
+
+
+def token_mask(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """token_mask_ref; on CUDA one Triton launch (graph-capturable, no host sync). A new tensor: the raw logits
+    stay as they were (logprobs report the model's own distribution)."""
+    return token_mask_triton(logits, mask) if logits.is_cuda else token_mask_ref(logits, mask)
+
+
 # Logprobs: log-softmax of the raw logits at the chosen tokens and the top n (n <= 20), without writing the
 # [B, V] log-softmax: per chunk the softmax partials and the chunk's top n, then per row the merge.
 

@@ -301,7 +301,7 @@ class ScriptedBackend:
         from PySide6.QtCore import QObject, Signal
 
         class Signals(QObject):
-            delta = Signal(str, str, str)
+            delta = Signal(str, str, str, int)
             reply_finished = Signal(str, object)
 
         self._signals = Signals()
@@ -318,7 +318,7 @@ class ScriptedBackend:
         def step():
             if steps:
                 text, reasoning = steps.pop(0)
-                self.delta.emit(request_id, text, reasoning)
+                self.delta.emit(request_id, text, reasoning, 1)
                 QTimer.singleShot(5, step)
             else:
                 self.reply_finished.emit(request_id, ReplyResult("stop", metrics=self.metrics,

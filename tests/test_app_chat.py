@@ -1,11 +1,12 @@
 """The chat through the real engine thread and a tiny checkpoint on the CPU (random replies)."""
 
+import hashlib
 from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QImage
-from PySide6.QtWidgets import QToolButton
+from PySide6.QtWidgets import QApplication, QToolButton
 
 from app.store import Store
 from tests.app_support import (
@@ -51,12 +52,12 @@ def test_send_streams_a_reply_from_the_engine(chat_window, qtbot):
     assert [v.message.role for v in views] == ["user", "assistant"]
     assert "prompt" in views[1].metrics.text() and "output" in views[1].metrics.text()
     assert window.chat.gauge.total == window.engine.max_context and window.chat.gauge.used > 0
-    assert window.chat.conversations.list.count() == 1
+    assert len(window.chat.conversations.items()) == 1
     assert window.chat.title.full_text == "Hello there"
     screenshot(window, "chat_reply_tiny_model")
     window.chat._fill_model_menu()
     actions = [(a.text(), a.isChecked()) for a in window.chat.model_menu.actions() if not a.isSeparator()]
-    assert actions == [("base", True), ("Download or manage models…", False)]
+    assert actions == [("base", True), ("Eject base", False), ("Download or manage models…", False)]
 
 
 def test_shift_enter_is_a_new_line_and_enter_sends(chat_window, qtbot):
@@ -153,8 +154,7 @@ def test_conversation_survives_a_restart(app_env, qtbot, checkpoint):
 
     second = open_window(qtbot, make_context(app_env))
     wait_ready(qtbot, second)
-    assert second.chat.conversations.list.count() == 1
-    item = second.chat.conversations.list.item(0)
+    (item,) = second.chat.conversations.items()
     assert item.text() == "Remember me"
     qtbot.mouseClick(second.chat.conversations.list.viewport(), Qt.MouseButton.LeftButton,
                      pos=second.chat.conversations.list.visualItemRect(item).center())
@@ -171,37 +171,6 @@ def test_interrupted_reply_is_recovered_after_a_crash(tmp_path):
     assert message.status == "stopped" and message.content == "half a rep"
 
 
-def test_image_attachment_says_vision_is_not_enabled(chat_window, qtbot, tmp_path):
-    window = chat_window
-    image = QImage(320, 200, QImage.Format.Format_RGB32)
-    image.fill(QColor("#5b8def"))
-    path = tmp_path / "photo.png"
-    image.save(str(path))
-    composer = window.chat.composer
-    from PySide6.QtCore import QMimeData, QUrl
-    mime = QMimeData()
-    mime.setUrls([QUrl.fromLocalFile(str(path))])
-    composer.input.insertFromMimeData(mime)             # the same path as a drop
-    pasted = QMimeData()
-    pasted.setImageData(image)
-    composer.input.insertFromMimeData(pasted)           # a paste of image data
-    assert len(composer.attachments.paths) == 2 and composer.attachments.isVisible()
-    remove = composer.attachments.row.itemAt(1).widget().findChild(QToolButton)
-    remove.click()
-    assert len(composer.attachments.paths) == 1
-    screenshot(window, "chat_image_attached")
-    send(qtbot, window, "What is in this picture?")
-    wait_reply(qtbot, window)
-    roles = [m.role for m in window.context.store.messages(window.session.current.id)]
-    assert roles == ["user", "notice", "assistant"]
-    notice = window.chat.transcript.views[1]
-    assert "no vision" in notice.message.content
-    user = window.context.store.messages(window.session.current.id)[0]
-    assert len(user.attachments) == 1 and Path(user.attachments[0]).is_file()
-    assert not composer.attachments.paths
-    screenshot(window, "chat_image_no_vision")
-
-
 def test_conversations_search_rename_and_delete(chat_window, qtbot, monkeypatch):
     window = chat_window
     for text in ("Apples and pears", "Bananas"):
@@ -209,19 +178,18 @@ def test_conversations_search_rename_and_delete(chat_window, qtbot, monkeypatch)
         send(qtbot, window, text)
         wait_reply(qtbot, window)
     listing = window.chat.conversations
-    assert listing.list.count() == 2
+    assert len(listing.items()) == 2 and listing.list.item(0).text() == "Today"
     listing.search.setText("pear")
-    assert [listing.list.item(i).text() for i in range(listing.list.count())] == ["Apples and pears"]
+    assert [item.text() for item in listing.items()] == ["Apples and pears"]
     listing.search.setText("")
     apples = next(c for c in window.context.store.conversations() if c.title.startswith("Apples"))
-    item = next(listing.list.item(i) for i in range(listing.list.count())
-                if listing.list.item(i).text().startswith("Apples"))
+    item = next(item for item in listing.items() if item.text().startswith("Apples"))
     item.setText("Fruit")                                # what an inline edit does
     assert window.context.store.conversation(apples.id).title == "Fruit"
     monkeypatch.setattr("app.dialogs.confirm", lambda *args: True)
     window.chat.confirm_delete(apples.id)
     assert [c.title for c in window.context.store.conversations()] == ["Bananas"]
-    assert listing.list.count() == 1
+    assert len(listing.items()) == 1
 
 
 REPLY = """Here is a function that adds two numbers, with a quick check:
@@ -362,7 +330,7 @@ def test_the_engine_thread_carries_the_engines_parsed_calls(chat_window, qtbot):
     params = SamplingParams(max_tokens=80, temperature=0.0,
                             logits_processors=[Script(tok.encode("Checking.\n\n" + XML_CALL), tok.eos_token_ids[0])])
     deltas = []
-    engine.delta.connect(lambda request_id, text, reasoning: deltas.append(text))
+    engine.delta.connect(lambda request_id, text, reasoning, tokens: deltas.append(text))
     with qtbot.waitSignal(engine.reply_finished, timeout=30_000) as finished:
         engine.generate("tools-1", [{"role": "user", "content": "Weather?"}], params,
                         {"tools": tools, "enable_thinking": False})
@@ -370,3 +338,78 @@ def test_the_engine_thread_carries_the_engines_parsed_calls(chat_window, qtbot):
     assert request_id == "tools-1" and result.finish_reason == "tool_calls"
     assert result.tool_calls == [{"name": "get_weather", "arguments": '{"city": "Paris", "days": 3}'}]
     assert "".join(deltas) + result.text == "Checking."
+
+
+def test_a_dropped_image_reaches_the_engine_as_an_image_part_and_shows(chat_window, qtbot, tmp_path, monkeypatch):
+    """The engine in this tree cannot take images yet: the loaded model is marked as taking them, and the engine's
+    submit records what the engine thread built before passing the text on (the boundary the vision work
+    fills)."""
+    from dataclasses import replace as dc_replace
+
+    from PySide6.QtCore import QMimeData, QUrl
+
+    window = chat_window
+    engine = window.engine._engine
+    submitted, real_submit = [], engine.submit
+
+    def submit(messages, params, **kwargs):
+        submitted.append(messages)
+        text_only = [{**m, "content": next(p["text"] for p in m["content"] if p["type"] == "text")}
+                     if isinstance(m["content"], list) else m for m in messages]
+        return real_submit(text_only, params, **kwargs)
+
+    monkeypatch.setattr(engine, "submit", submit)
+    window.engine.model = dc_replace(window.engine.model, vision=True)
+    window.chat.set_model(window.engine.model.name)
+    composer = window.chat.composer
+    assert composer.attach_button.isEnabled()
+    image = QImage(320, 200, QImage.Format.Format_RGB32)
+    image.fill(QColor("#5b8def"))
+    path = tmp_path / "photo.png"
+    image.save(str(path))
+    drop = QMimeData()
+    drop.setUrls([QUrl.fromLocalFile(str(path))])
+    composer.input.insertFromMimeData(drop)
+    composer.input.insertFromMimeData(drop)               # the same picture twice: stored once
+    stored = set(composer.attachments.paths)
+    assert len(composer.attachments.paths) == 2 and len(stored) == 1
+    composer.input.insertFromMimeData(drop)
+    composer.attachments.row.itemAt(2).widget().findChild(QToolButton).click()     # a third one, removed
+    assert len(composer.attachments.paths) == 2
+    assert Path(stored.pop()).name == hashlib.sha256(path.read_bytes()).hexdigest() + ".png"
+    send(qtbot, window, "What colour is this?")
+    wait_reply(qtbot, window)
+    (user,) = [m for m in submitted[0] if m["role"] == "user"]
+    assert [p["type"] for p in user["content"]] == ["image", "image", "text"]
+    assert user["content"][0]["image"] == path.read_bytes() and user["content"][2]["text"] == "What colour is this?"
+    roles = [m.role for m in window.context.store.messages(window.session.current.id)]
+    assert roles == ["user", "assistant"]                  # no "not sent" notice
+    from app.chat.image_viewer import Thumbnail
+    thumbs = window.chat.transcript.views[0].findChildren(Thumbnail)
+    assert len(thumbs) == 2 and not thumbs[0].pixmap().isNull()
+    screenshot(window, "chat_image_sent_to_vision_model")
+    qtbot.mouseClick(thumbs[0], Qt.MouseButton.LeftButton)
+    from app.chat.image_viewer import ImageViewer
+    viewers = [w for w in QApplication.topLevelWidgets() if isinstance(w, ImageViewer) and w.isVisible()]
+    assert viewers and viewers[0].image.pixmap().width() == 320
+    viewers[0].close()
+    window.session.regenerate(False)                      # a regenerate sends the same stored image again
+    wait_reply(qtbot, window)
+    (again,) = [m for m in submitted[-1] if m["role"] == "user"]
+    assert again["content"][0]["image"] == path.read_bytes()
+
+
+def test_a_model_without_vision_refuses_images_before_sending(chat_window, qtbot, tmp_path):
+    from PySide6.QtCore import QMimeData
+
+    window = chat_window
+    composer = window.chat.composer
+    assert not composer.attach_button.isEnabled() and "does not take images" in composer.attach_button.toolTip()
+    pasted = QMimeData()
+    image = QImage(64, 64, QImage.Format.Format_RGB32)
+    image.fill(QColor("#ef7a7a"))
+    pasted.setImageData(image)
+    composer.input.insertFromMimeData(pasted)
+    assert composer.attachments.paths == [] and composer.note.isVisible()
+    assert "does not take images" in composer.note.text()
+    screenshot(window, "chat_image_refused_no_vision")

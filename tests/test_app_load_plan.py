@@ -19,7 +19,7 @@ class StandInEngine:
     """Records the EngineConfig the app built, then stops the load (there are no weights to read)."""
     configs = []
 
-    def __init__(self, config, progress=None):
+    def __init__(self, config, progress=None, cancel=None):
         StandInEngine.configs.append(config)
         raise RuntimeError("stand-in engine: no weights here")
 
@@ -43,7 +43,7 @@ def load_on_3090(app_env, qtbot, monkeypatch):
     def load(path, **settings):
         window = open_window(qtbot, make_context(app_env, device=RTX3090, **settings), autoload=False)
         stages, failures = [], []
-        window.engine.load_progress.connect(lambda stage, _: stages.append(stage))
+        window.engine.load_progress.connect(lambda stage, *_: stages.append(stage))
         window.engine.load_failed.connect(failures.append)
         window.load_model(str(path))
         qtbot.waitUntil(lambda: bool(failures), timeout=20_000)

@@ -31,7 +31,8 @@ def test_profile_change_reloads_the_engine(window, qtbot):
     window.show_page("settings")
     assert not page.apply_engine.isEnabled()
     plans = [page.plans.cell_text(row, 3) for row in range(1, 5)]
-    assert {page.plans.cell_text(row, 2) for row in range(1, 5)} == {"16-bit"}   # the CPU keeps 16-bit weights
+    weights = {page.plans.cell_text(row, 2) for row in range(1, 5)}
+    assert len(weights) == 1 and weights.pop().startswith("16-bit, ")         # the CPU keeps 16-bit weights
     assert all(text.endswith("tokens") for text in plans)             # every profile fits the tiny model
     screenshot(window, "settings")
     page.profile_buttons["C2"].click()
@@ -80,7 +81,8 @@ def test_endpoint_switch_serves_the_openai_sdk(window, qtbot):
     page.endpoint_key.editingFinished.emit()
     with qtbot.waitSignal(window.engine.endpoint_changed, timeout=30_000,
                           check_params_cb=lambda status: status.running or bool(status.message)) as started:
-        page.endpoint_enabled.setChecked(True)
+        qtbot.mouseClick(page.endpoint_enabled, Qt.MouseButton.LeftButton)      # the switch, clicked
+    assert page.endpoint_enabled.isChecked()
     status = started.args[0]
     assert status.running, status.message
     assert page.endpoint_status.text() == f"Running at {status.base_url}"
@@ -165,3 +167,20 @@ def test_speculation_setting_reaches_the_engine_config(app_env, qtbot):
     page.apply_engine_settings()
     assert window.context.settings.speculative_tokens == 5
     assert AppSettings.load(window.context.store).engine_config("x").speculative_tokens == 5
+
+
+def test_settings_without_a_model_show_each_profiles_memory_and_no_reload_warning(app_env, qtbot, checkpoint):
+    context = make_context(app_env, last_model=str(checkpoint("base")))
+    w = open_window(qtbot, context, autoload=False)
+    page = w.settings_page
+    w.show_page("settings")
+    headers = [page.plans.cell_text(0, col) for col in range(8)]
+    assert headers[2:7] == ["Weights", "Context per request", "KV cache", "State", "Workspace"]
+    kv = [page.plans.cell_text(row, 4) for row in range(1, 5)]
+    state = [page.plans.cell_text(row, 5) for row in range(1, 5)]
+    assert all(text.endswith("iB") for text in kv + state)
+    assert len(set(state)) > 1                           # more requests together: more recurrent state each
+    page.profile_buttons["C2"].click()
+    assert page.apply_engine.isEnabled() and page.apply_engine.text() == "Apply"
+    assert "reload" not in page.engine_status.text() and "when a model loads" in page.engine_status.text()
+    page_screenshot(page, "settings_no_model")

@@ -122,3 +122,27 @@ def test_python_m_app_starts_and_shows_the_window(tmp_path):
     finally:
         first.terminate()
         first.wait(timeout=20)
+
+
+def test_the_catalog_puts_what_fits_first_and_asks_before_a_too_large_download(app_env, qtbot, monkeypatch):
+    cpu = DeviceInfo("cpu", "CPU", 32 * GIB, 16 * GIB)
+    window = open_window(qtbot, make_context(app_env, device=cpu), autoload=False)
+    page = window.models
+    fits = [not c.too_large for c in page.cards]
+    assert page.cards[0].entry is page.recommended and fits == sorted(fits, reverse=True) and fits.count(False) >= 6
+    big = page.cards[-1]
+    assert big.fit_badge.isVisible() and big.fit_badge.text() == "Too large for this computer"
+    assert big.facts.text().endswith("available") and "Needs" in big.facts.text() and "Too large" not in big.facts.text()
+    assert "of weights" in page.cards[0].facts.text()
+    asked = []
+    monkeypatch.setattr("app.dialogs.confirm", lambda *args, **kw: asked.append(args[2]) or False)
+    monkeypatch.setattr(window.downloads, "start", lambda repo_id: asked.append(("started", repo_id)))
+    big.button.click()
+    assert len(asked) == 1 and "will not run here" in asked[0]                 # asked, and said no: nothing started
+    page.cards[0].button.click()
+    assert asked[-1] == ("started", page.cards[0].entry.id)                    # one that fits: no question
+    page_screenshot(page, "models_catalog_by_fit")
+    page.fits_only.setChecked(True)
+    assert [c.isVisible() for c in page.cards] == fits
+    assert page.hidden_note.isVisible() and f"{fits.count(False)} larger models hidden" in page.hidden_note.text()
+    page_screenshot(page, "models_catalog_fits_only")

@@ -213,3 +213,19 @@ def test_missing_or_broken_template(tmp_path):
         ChatTemplate("{% if %}")
     with pytest.raises(ChatTemplateError, match="failed"):
         ChatTemplate("{{ messages[0].content + 1 }}").render([ASK])
+
+
+CUT_SHORT = [ASK, {"role": "assistant", "content": "Paris is sunny and Tokyo", "reasoning_content": "Two cities."}]
+
+
+def test_continue_final_message_matches_transformers(pair):
+    ours, expected = render_both(pair, CUT_SHORT, continue_final_message=True)
+    assert ours == expected and ours.endswith("<think>\nTwo cities.\n</think>\n\nParis is sunny and Tokyo")
+
+
+def test_continue_a_reply_cut_short_while_thinking(pair):
+    ours, _ = pair
+    thinking = [ASK, {"role": "assistant", "content": "", "reasoning_content": "First Paris, then"}]
+    assert ours.render(thinking, continue_final_message=True).endswith("<|im_start|>assistant\n<think>\nFirst Paris, then")
+    with pytest.raises(ChatTemplateError, match="continue_final_message"):
+        ours.render([ASK, {"role": "assistant", "content": ""}], continue_final_message=True)

@@ -399,3 +399,19 @@ def test_a_failing_release_after_a_failed_step_still_ends_every_request(ckpt, mo
         assert after.finish_reason == "length" and len(after.token_ids) == 3
     finally:
         e.close()
+
+
+def test_a_cancelled_load_stops_between_weights_and_raises(ckpt):
+    from engine.api import LoadCancelled
+
+    cancel, reports = threading.Event(), []
+
+    def progress(stage, done, total):
+        reports.append((stage, done, total))
+        if done == 3:
+            cancel.set()                  # the user pressed Cancel while the third weight was read
+
+    with pytest.raises(LoadCancelled):
+        Engine(EngineConfig(model=ckpt, device="cpu", dtype="float32"), progress=progress, cancel=cancel)
+    assert [done for _, done, _ in reports] == [1, 2, 3] and reports[0][2] > 3
+    make(ckpt).close()                    # and the next load goes through

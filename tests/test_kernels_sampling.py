@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from kernels.sampling import (Penalties, _log, apply_penalties_ref, filtered_probs_ref, random_uniform_ref, sample,
+                              token_mask, token_mask_ref, token_mask_triton,
                               sample_ref, sample_triton, token_logprobs, token_logprobs_triton, top_logprobs_ref)
 
 
@@ -265,3 +266,26 @@ def test_token_logprobs_gpu(B):
     torch.testing.assert_close(lp, ref_all.gather(1, tokens[:, None])[:, 0], rtol=0, atol=1e-4)
     torch.testing.assert_close(values, ref_values, rtol=0, atol=1e-4)
     assert torch.equal(ids, ref_ids)
+
+
+def random_mask(B, V, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    words = torch.randint(-2 ** 31, 2 ** 31, (B, -(-V // 32)), generator=g, dtype=torch.int64)
+    return words.to(torch.int32)
+
+
+@pytest.mark.parametrize("V", [64, 1000, 4133])
+def test_token_mask(V):
+    logits, mask = torch.randn(3, V), random_mask(3, V, seed=V)
+    want = token_mask_ref(logits, mask)
+    for b in range(3):          # bit t % 32 of word t // 32, one token at a time
+        for t in range(0, V, 7):
+            allowed = (int(mask[b, t // 32]) >> (t % 32)) & 1
+            assert want[b, t].item() == (logits[b, t].item() if allowed else float("-inf"))
+    assert torch.equal(token_mask_triton(logits, mask, block=256), want)
+
+
+@pytest.mark.gpu
+def test_token_mask_gpu():
+    logits, mask = torch.randn(8, 248320, device="cuda"), random_mask(8, 248320).cuda()
+    assert torch.equal(token_mask(logits, mask).cpu(), token_mask_ref(logits.cpu(), mask.cpu()))

@@ -86,3 +86,29 @@ def test_24gib_card_keeps_its_scenarios_with_speculation():
     p = spec_plan(profile="C1", kv_dtype="int8")
     assert p.fits and p.max_context >= 170_000 and p.drafts == 3 and 0 < p.speculation_bytes < 0.1 * GIB
     assert p.kv_bytes_per_token > plan(profile="C1", kv_dtype="int8").kv_bytes_per_token     # the MTP layer's KV
+
+
+def test_vision_on_a_24gib_card_is_on_demand_and_keeps_32k_at_c1():
+    """The published 27B with its vision tower (config.json as shipped), int4 and MTP as the app loads it: the tower
+    stays on the host and borrows the workspace to encode the largest image (16.7 megapixels)."""
+    from engine.memory import DEFAULT_MAX_PIXELS, plan_for, vision_encode_bytes
+    from engine.device import DeviceInfo
+    from tests.test_quantize import QWEN36_27B
+
+    cfg = parse_model_config(QWEN36_27B)
+    card = DeviceInfo("cuda", "RTX 3090", 24 * GIB, int(23.5 * GIB))
+    p = plan_for(EngineConfig(model="", profile="C1"), card, model=cfg)
+    assert p.weights == "int4" and p.vision == "on_demand" and p.drafts == 3
+    assert p.fits and p.max_context >= 32768 and p.total_bytes <= 24 * GIB, p.summary()
+    assert p.workspace_bytes >= p.vision_bytes > vision_encode_bytes(cfg, torch.bfloat16, DEFAULT_MAX_PIXELS)
+    assert "vision tower on demand" in p.summary()
+    resident = plan_for(EngineConfig(model="", profile="C1", vision="resident"), card, model=cfg)
+    assert resident.fits and resident.weights_bytes > p.weights_bytes and resident.max_context <= p.max_context
+    off = plan_for(EngineConfig(model="", profile="C1", vision="off"), card, model=cfg)
+    assert off.vision == "off" and off.vision_bytes == 0 and off.max_context > p.max_context
+    big = DeviceInfo("cuda", "H200", 141 * GIB, 140 * GIB)
+    assert plan_for(EngineConfig(model="", profile="C1"), big, model=cfg).vision == "resident"
+    # a simulated 24 GiB on the big card plans as the small card does
+    assert plan_for(EngineConfig(model="", profile="C1", gpu_memory_gb=24), big, model=cfg).vision == "on_demand"
+    # no tower in the checkpoint: nothing to place
+    assert plan_for(EngineConfig(model="", profile="C1"), card, model=CFG).vision == "off"

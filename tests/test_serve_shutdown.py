@@ -1,5 +1,5 @@
 """qwendesk-serve stopped with Ctrl-C while it streams: each open stream ends as its protocol ends (OpenAI: an
-error chunk, then `data: [DONE]`; Anthropic: an `error` event), and the process exits at once, cleanly."""
+error chunk, then `data: [DONE]`; the Responses API: `response.failed`; Anthropic: an `error` event), and the process exits at once, cleanly."""
 
 import http.client
 import json
@@ -78,6 +78,9 @@ def test_ctrl_c_ends_open_streams_and_exits_at_once(checkpoint):
         anthropic = Stream(port, "/v1/messages", {"model": "tiny", "messages": USER, "stream": True,
                                                   "max_tokens": 3000})
         wait_until(lambda: anthropic.data_events() >= 2, proc)          # message_start, ping
+        responses = Stream(port, "/v1/responses", {"model": "tiny", "input": "Hello", "stream": True,
+                                                   "max_output_tokens": 3000})
+        wait_until(lambda: responses.data_events() >= 2, proc)          # response.created, .in_progress
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
@@ -89,9 +92,13 @@ def test_ctrl_c_ends_open_streams_and_exits_at_once(checkpoint):
     assert "Traceback" not in err, err
     openai.join(5)
     anthropic.join(5)
+    responses.join(5)
     *_, (_, error), (_, done) = openai.events()
     assert done == "[DONE]"
     assert json.loads(error)["error"]["message"] == "the request was cancelled: the server is shutting down"
     name, data = anthropic.events()[-1]
     assert name == "error"
     assert json.loads(data)["error"]["message"] == "the request was cancelled: the server is shutting down"
+    name, data = responses.events()[-1]
+    assert name == "response.failed"
+    assert json.loads(data)["response"]["error"]["message"] == "the request was cancelled: the server is shutting down"

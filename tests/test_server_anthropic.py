@@ -155,7 +155,7 @@ def test_count_tokens(client, engine):
 
 def test_images_say_there_is_no_vision(client):
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
-    with pytest.raises(anthropic.BadRequestError, match="no vision enabled"):
+    with pytest.raises(anthropic.BadRequestError, match="has no vision"):
         create(client, messages=[{"role": "user", "content": [image, {"type": "text", "text": "what is it?"}]}])
 
 
@@ -212,3 +212,15 @@ def test_thinking_the_model_opens_mid_reply_is_dropped_without_thinking(client, 
 def test_invalid_input_schema_names_the_tool(client):
     with pytest.raises(anthropic.BadRequestError, match=r"tools.0.input_schema is not a valid JSON Schema"):
         create(client, tools=[{"name": "f", "input_schema": {"type": "object", "properties": []}}])
+
+
+def test_structured_output(client, steer):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 5}}, "required": ["city"],
+              "additionalProperties": False}
+    for field in ("output_config", "output_format"):
+        fmt = {"type": "json_schema", "schema": schema}
+        body = {"output_config": {"format": fmt}} if field == "output_config" else {"output_format": fmt}
+        m = create(client, max_tokens=200, extra_body={**body, "temperature": 1.0})
+        assert m.stop_reason == "end_turn" and json.loads(m.content[0].text)["city"] is not None
+    with pytest.raises(anthropic.BadRequestError, match="Invalid type"):
+        create(client, extra_body={"output_format": {"type": "json_schema", "schema": {"type": "nope"}}})

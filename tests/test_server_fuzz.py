@@ -95,7 +95,38 @@ messages_body = obj({"model": model, "messages": st.lists(anthropic_message, min
                                  budget_tokens=st.integers(0, 4), display=st.sampled_from(["omitted", "summarized"])),
                     output_config=obj(effort=st.sampled_from(["low", "max"])))
 
+response_part = obj({"type": mostly(st.sampled_from(["input_text", "output_text"]), "input_image", "input_file",
+                                    "refusal")}, text=text, image_url=text, refusal=text)
+response_item = st.one_of(
+    obj({"role": mostly(st.sampled_from(["user", "assistant", "developer"]), "tool")},
+        content=st.one_of(text, st.lists(response_part, max_size=2)), type=st.just("message")),
+    obj({"type": st.just("function_call"), "call_id": text, "name": st.sampled_from(["f", "g"]),
+         "arguments": mostly(st.just('{"x": 1}'), "{bad", "[]")}),
+    obj({"type": st.just("function_call_output"), "call_id": text},
+        output=st.one_of(text, st.lists(response_part, max_size=2))),
+    obj({"type": mostly(st.just("reasoning"), "computer_call", "item_reference")},
+        summary=st.lists(obj(type=st.just("summary_text"), text=text), max_size=1),
+        content=st.lists(obj(type=st.just("reasoning_text"), text=text), max_size=1),
+        encrypted_content=text))
+response_tool = obj({"type": mostly(st.just("function"), "web_search", "custom"),
+                     "name": mostly(st.sampled_from(["f", "g"]), "bad name")}, parameters=schema, strict=st.booleans())
+responses_body = obj({"model": model}, input=st.one_of(text, st.lists(response_item, max_size=4)),
+                     instructions=text, tools=st.lists(response_tool, max_size=2),
+                     tool_choice=st.one_of(st.sampled_from(["none", "auto", "required"]),
+                                           obj({"type": st.sampled_from(["function", "allowed_tools"]),
+                                                "name": st.just("f")})),
+                     reasoning=obj(effort=st.sampled_from(["none", "low", "high"]),
+                                   summary=st.sampled_from(["auto", "detailed"])),
+                     text=obj(format=obj(type=mostly(st.just("text"), "json_object", "json_schema"))),
+                     include=st.lists(mostly(st.sampled_from(["reasoning.encrypted_content",
+                                                              "message.output_text.logprobs"]), "x"), max_size=2),
+                     max_output_tokens=count, temperature=mostly(st.floats(0, 2), 3), top_logprobs=st.integers(0, 20),
+                     stream=st.booleans(), store=st.booleans(), previous_response_id=mostly(st.none(), "resp_x"),
+                     parallel_tool_calls=st.booleans(), metadata=st.dictionaries(text, text, max_size=2),
+                     truncation=mostly(st.just("disabled"), "auto"), background=mostly(st.just(False), True))
+
 ROUTES = [("/v1/chat/completions", chat_body, "openai"), ("/v1/completions", completion_body, "openai"),
+          ("/v1/responses", responses_body, "openai"),
           ("/v1/messages", messages_body, "anthropic"), ("/v1/messages/count_tokens", messages_body, "anthropic")]
 
 
@@ -119,7 +150,8 @@ def check(server, path, body, api):
         assert (err["type"] == "error" and err["error"]["message"]) if api == "anthropic" else err["error"]["message"]
     elif headers["content-type"].startswith("text/event-stream"):
         for name, data in sse_events(out):
-            assert name != "error" and (data == "[DONE]" or "error" not in json.loads(data)), data
+            assert name not in ("error", "response.failed"), data
+            assert data == "[DONE]" or "error" not in json.loads(data), data
     else:
         json.loads(out)
 

@@ -3,7 +3,9 @@ chat (streamed and not), reasoning, tools, logprobs, usage, plain completions, m
 
 import json
 
+import jsonschema
 import openai
+import pydantic
 import pytest
 
 from tests.server_harness import MODEL, engine, raw, reset, server, steer  # noqa: F401 (fixtures)
@@ -165,13 +167,6 @@ def test_sdk_stream_helper_accumulates_tool_calls(client, steer):
     assert json.loads(call.function.arguments) == {"city": "Paris", "days": 3}
 
 
-def test_malformed_tool_output_is_text(client, steer):
-    steer.say("Hm.</think>\n\n<tool_call>\nnot a call\n</tool_call>")
-    r = chat(client, tools=TOOLS)
-    assert r.choices[0].finish_reason == "stop" and not r.choices[0].message.tool_calls
-    assert r.choices[0].message.content == "<tool_call>\nnot a call\n</tool_call>"
-
-
 def test_tool_results_go_back_through_the_template(client, engine, steer):
     history = USER + [
         {"role": "assistant", "content": None, "reasoning_content": "I should call the tool.", "tool_calls": [
@@ -197,11 +192,17 @@ def test_tool_choice_named_forces_the_call(client, steer):
         assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
 
 
-def test_tool_choice_required_opens_a_call(client, steer):
-    steer.endless()
-    r = chat(client, tools=TOOLS, tool_choice="required", reasoning_effort="none", max_tokens=6)
-    m = r.choices[0].message
-    assert m.tool_calls or m.content.startswith("<tool_call>")    # the arguments are the (random) model's own
+def test_tool_choice_required_makes_valid_calls(client, steer):
+    params = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}, "days": {"type": "integer"}},
+              "required": ["city", "days"]}        # bounded: the random model ends its text by reaching the bound
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": params}}]
+    for seed in range(3):          # the (random) model's own arguments, under the tool-call grammar
+        r = chat(client, tools=tools, tool_choice="required", reasoning_effort="none", max_tokens=300, seed=seed,
+                 temperature=1.0)
+        m = r.choices[0].message
+        assert r.choices[0].finish_reason == "tool_calls" and m.content is None and m.tool_calls
+        for call in m.tool_calls:
+            jsonschema.validate(json.loads(call.function.arguments), params)
 
 
 def test_tool_choice_none_bans_calls(client, steer):
@@ -252,7 +253,7 @@ def test_models(client, engine):
      "tools.0.function.parameters"),
     (dict(functions=[{"name": "f", "parameters": {"properties": 5}}]), "functions.0.parameters"),
     (dict(functions=[{"name": "f"}], tools=[{"type": "function", "function": {"name": "g"}}]), "functions"),
-    (dict(response_format={"type": "json_object"}), "response_format"),
+    (dict(response_format={"type": "xml"}), "response_format"),
     (dict(temperature=3), "temperature"),
     (dict(logit_bias={"abc": 5}), "logit_bias"),
     (dict(tool_choice="required"), "tool_choice"),
@@ -277,7 +278,7 @@ def test_fields_that_ask_for_nothing_or_change_nothing_are_accepted(client, stee
 
 
 def test_images_say_there_is_no_vision(client):
-    with pytest.raises(openai.BadRequestError, match="no vision enabled"):
+    with pytest.raises(openai.BadRequestError, match="has no vision"):
         chat(client, messages=[{"role": "user", "content": [
             {"type": "text", "text": "what is this?"},
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}])
@@ -360,12 +361,9 @@ def test_legacy_functions_map_to_tools(client, steer, engine):
     assert calls[0].name == "get_weather"
     assert json.loads("".join(f.arguments or "" for f in calls)) == {"city": "Paris", "days": 3}
     assert chunks[-1].choices[0].finish_reason == "function_call"
-    steer.endless()                                     # function_call by name forces it, one call only
-    r = chat(client, functions=functions, function_call={"name": "get_weather"}, reasoning_effort="none",
-             max_tokens=30)
-    assert r.choices[0].message.function_call.name == "get_weather"
-    assert type(steer.seen[-1].logits_processors[0]).__name__ == "ForceToolCall"
-    steer.reset()
+    steer.say("Hm.</think>\n\n" + CALL + "\n" + CALL)     # function_call by name: that call, one only
+    r = chat(client, functions=functions, function_call={"name": "get_weather"})
+    assert r.choices[0].message.function_call.name == "get_weather" and r.choices[0].finish_reason == "function_call"
     steer.say("Hm.</think>\n\nIt is 18 C.")             # the legacy history: assistant function_call, function role
     history = USER + [{"role": "assistant", "content": None,
                        "function_call": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
@@ -387,3 +385,49 @@ def test_chunk_template_writes_the_same_bytes():
             data = {**meta, "choices": [{"index": 3, "delta": delta, "logprobs": None, "finish_reason": None}]}
             expected = event({**data, "usage": None} if usage else data)
             assert ChunkTemplate(meta, "delta", usage)(3, dumps(delta)) == expected
+
+
+class City(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=6)
+    sunny: bool
+    days: list[int] = pydantic.Field(max_length=2)
+
+
+def test_structured_output_parse_with_a_pydantic_model(client):
+    """The SDK's chat.completions.parse sends the model's strict JSON schema; the (random) model's reply parses."""
+    for seed in range(3):
+        r = client.chat.completions.parse(model=MODEL, messages=USER, response_format=City, max_tokens=300,
+                                          seed=seed, temperature=1.0, reasoning_effort="none")
+        assert r.choices[0].finish_reason == "stop" and isinstance(r.choices[0].message.parsed, City)
+
+
+def test_json_object_and_completions(client, steer):
+    steer.say('{"city": "Paris", "days": [1, 2]}')
+    r = chat(client, response_format={"type": "json_object"}, reasoning_effort="none")
+    assert json.loads(r.choices[0].message.content) == {"city": "Paris", "days": [1, 2]}
+    steer.reset()
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    c = client.completions.create(model=MODEL, prompt="Answer:", max_tokens=50, temperature=1.0, seed=3,
+                                  extra_body={"response_format": {"type": "json_schema",
+                                                                  "json_schema": {"name": "a", "schema": schema}}})
+    jsonschema.validate(json.loads(c.choices[0].text), schema)
+
+
+@pytest.mark.parametrize("fmt, words", [
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}, "Invalid type: strin"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"if": {}, "then": {}}}}, "Unimplemented keys"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": []}}, "must be a JSON object"),
+])
+def test_bad_schemas_are_400_naming_the_problem(client, fmt, words):
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, response_format=fmt)
+    assert words in e.value.body["message"]
+
+
+def test_invalid_tool_schema_is_400(client):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integr"}}}}}]
+    with pytest.raises(openai.BadRequestError, match=r"tools.0.function.parameters is not a valid JSON Schema: at "
+                                                     r".properties.n.type: 'integr'"):
+        chat(client, tools=tools)

@@ -185,7 +185,8 @@ def test_disconnect_cancels_and_frees_pages(engine, steer, server):
     steer.endless(delay=0.005)
     before = engine.stats()["kv_pages_used"]
     for path, body in (("/v1/chat/completions", chat_body(stream=True, max_tokens=400)),
-                       ("/v1/messages", {"model": MODEL, "max_tokens": 400, "messages": USER, "stream": True})):
+                       ("/v1/messages", {"model": MODEL, "max_tokens": 400, "messages": USER, "stream": True}),
+                       ("/v1/responses", {"model": MODEL, "max_output_tokens": 400, "input": "Hi", "stream": True})):
         conn, resp = open_stream(server, path, body)
         resp.read1(100)
         wait_for(lambda: engine.stats()["kv_pages_used"] > before)

@@ -26,7 +26,8 @@ def api(checkpoint):
 
 def test_the_documented_bodies(api):
     bodies = {op.ok().path: op.ok().body for op in api.get_all_operations() if op.ok().method == "post"}
-    assert set(bodies) == {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens"}
+    assert set(bodies) == {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+                           "/v1/messages/count_tokens"}
     assert all(len(b) == 1 and b[0].media_type == "application/json" for b in bodies.values())
 
 

@@ -1,14 +1,14 @@
 """Images waiting to be sent: thumbnails above the composer, each with a remove button.
-Pasted and dropped images are copied into the app's attachments folder so the conversation
-keeps them."""
+Picked, pasted and dropped images are kept in the app's attachments folder (beside the conversation
+database), once per content: the file is named by its sha256, and messages refer to it by path, so an
+edit, a regenerate or a reopened conversation sends the same bytes."""
 
 from __future__ import annotations
 
-import shutil
-import uuid
+import hashlib
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QBuffer, QByteArray, QIODevice, Qt, Signal
 from PySide6.QtGui import QImage, QPixmap
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QWidget
 
@@ -23,16 +23,27 @@ def is_image_file(path: str) -> bool:
     return Path(path).suffix.lower() in IMAGE_SUFFIXES
 
 
-def keep_image_file(path: str) -> str:
-    target = attachments_dir() / f"{uuid.uuid4().hex}{Path(path).suffix.lower()}"
-    shutil.copyfile(path, target)
+def keep_bytes(data: bytes, suffix: str) -> str:
+    """The stored copy of an encoded image: <sha256><suffix> in the attachments folder, written once."""
+    target = attachments_dir() / f"{hashlib.sha256(data).hexdigest()}{suffix}"
+    if not target.is_file():
+        partial = target.with_suffix(target.suffix + ".part")
+        partial.write_bytes(data)
+        partial.replace(target)
     return str(target)
+
+
+def keep_image_file(path: str) -> str:
+    return keep_bytes(Path(path).read_bytes(), Path(path).suffix.lower())
 
 
 def keep_image(image: QImage) -> str:
-    target = attachments_dir() / f"{uuid.uuid4().hex}.png"
-    image.save(str(target), "PNG")
-    return str(target)
+    """A pasted image, encoded as PNG."""
+    encoded = QByteArray()
+    buffer = QBuffer(encoded)
+    buffer.open(QIODevice.OpenModeFlag.WriteOnly)
+    image.save(buffer, "PNG")
+    return keep_bytes(bytes(encoded), ".png")
 
 
 def square_thumbnail(path: str, side: int) -> QPixmap:

@@ -5,23 +5,30 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QMenu, QVBoxLayout, QWidget
 
 from app import dialogs, icons
 from app.chat.composer import Composer
+from app.chat.context_fit import prompt_budget
 from app.chat.context_gauge import ContextGauge
 from app.chat.conversation_list import ConversationList
 from app.chat.session import ChatSession
 from app.chat.transcript import Transcript
+from app.formatting import human_tokens
 from app.store import Message
 from app.widgets import Banner, ElidedLabel, label, text_button
+
+
+DRAFT_COUNT_MS = 400
 
 
 class ChatPage(QWidget):
     open_models_requested = Signal()
     load_requested = Signal(str)              # checkpoint directory picked from the model menu
+    cancel_load_requested = Signal()
+    eject_requested = Signal()
 
     def __init__(self, session: ChatSession, thinking_default: bool,
                  local_models: Callable[[], list[tuple[str, str, bool]]], parent=None):
@@ -30,6 +37,7 @@ class ChatPage(QWidget):
         self.session = session
         self.local_models = local_models
         self.model_name = ""
+        self.loading_name = ""
         self.conversations = ConversationList()
         self.title = ElidedLabel("New chat", "chatTitle")
         self.model_badge = label("No model loaded", "modelBadge")
@@ -43,6 +51,10 @@ class ChatPage(QWidget):
         self.transcript = Transcript()
         self.composer = Composer()
         self.composer.think_button.setChecked(thinking_default)
+        self._draft_timer = QTimer(self)          # the draft is counted when typing pauses
+        self._draft_timer.setSingleShot(True)
+        self._draft_timer.setInterval(DRAFT_COUNT_MS)
+        self._draft_timer.timeout.connect(self._count_draft)
         self._layout()
         self._connect()
         self._shortcuts()
@@ -91,6 +103,8 @@ class ChatPage(QWidget):
         self.composer.send_requested.connect(self._send)
         self.composer.stop_requested.connect(s.stop)
         self.composer.cancel_edit_requested.connect(self._cancel_edit)
+        self.composer.input.textChanged.connect(self._draft_timer.start)
+        self.composer.think_button.toggled.connect(self._draft_timer.start)
         s.conversations_changed.connect(self.refresh_conversations)
         s.opened.connect(self._show_conversation)
         s.message_added.connect(self._add_message)
@@ -99,6 +113,8 @@ class ChatPage(QWidget):
         s.reply_finished.connect(self._finish_reply)
         s.busy_changed.connect(self._busy_changed)
         s.context_changed.connect(self.gauge.set_usage)
+        for signal in (s.opened, s.reply_finished, s.message_removed):
+            signal.connect(self._draft_timer.start)
 
     def _shortcuts(self) -> None:
         for keys, action in (("Ctrl+N", self.session.new_conversation),
@@ -116,14 +132,30 @@ class ChatPage(QWidget):
     # ---- what the window tells the page --------------------------------------------------------
     def set_model(self, name: str, blocked_reason: str = "") -> None:
         """The model the chat talks to ("" when none) and why sending is impossible, if it is."""
-        self.model_name = name
-        self.model_badge.setText(name or "No model loaded")
-        self.model_badge.setProperty("loaded", bool(name))
-        self.model_badge.style().unpolish(self.model_badge)
-        self.model_badge.style().polish(self.model_badge)
+        self.model_name, self.loading_name = name, ""
+        self._set_badge(name or "No model loaded", "loaded" if name else "")
         self.choose_model.setText("Change model" if name else "Choose a model")
         self.composer.set_blocked(blocked_reason)
+        self.composer.set_vision(self.session.vision)
         self._refresh_hint()
+
+    def set_loading(self, load) -> None:
+        """A model is loading (app.load_progress.LoadProgress): the header says which, and how far."""
+        first = self.loading_name != load.name or self.model_name
+        self.model_name, self.loading_name = "", load.name
+        fraction = load.fraction
+        self._set_badge(f"Loading {load.name}…" + (f"  {fraction:.0%}" if fraction is not None else ""), "loading")
+        if first:
+            self.choose_model.setText("Change model")
+            self.composer.set_blocked(f"Loading {load.name}…")
+            self.composer.set_vision(False)
+            self._refresh_hint()
+
+    def _set_badge(self, text: str, state: str) -> None:
+        self.model_badge.setText(text)
+        self.model_badge.setProperty("state", state)
+        self.model_badge.style().unpolish(self.model_badge)
+        self.model_badge.style().polish(self.model_badge)
 
     def _fill_model_menu(self) -> None:
         self.model_menu.clear()
@@ -134,6 +166,12 @@ class ChatPage(QWidget):
             action.setToolTip(path)
         if not self.model_menu.isEmpty():
             self.model_menu.addSeparator()
+        if self.loading_name:
+            self.model_menu.addAction(icons.icon("stop"), f"Cancel loading {self.loading_name}",
+                                      self.cancel_load_requested)
+        loaded = [name for name, _, is_loaded in self.local_models() if is_loaded]
+        if loaded:
+            self.model_menu.addAction(icons.icon("close"), f"Eject {loaded[0]}", self.eject_requested)
         self.model_menu.addAction(icons.icon("models"), "Download or manage models…", self.open_models_requested)
 
     def show_banner(self, kind: str, text: str, action: str = "") -> None:
@@ -159,11 +197,13 @@ class ChatPage(QWidget):
         if self.session.current is None or message.conversation_id != self.session.current.id:
             return
         if message.role == "notice":
-            self.transcript.add_notice(message)
+            self.transcript.add_notice(message).action_requested.connect(self._notice_action)
         else:
             view = self.transcript.add_message(message, self.model_name)
+            view.delete_requested.connect(lambda m=message: self._delete_message(m))
             if message.role == "assistant":
                 view.regenerate_requested.connect(self._regenerate)
+                view.continue_requested.connect(self._continue)
             else:
                 view.edit_requested.connect(self._edit_last)
         self.title.setText(self.session.current.title)
@@ -179,6 +219,8 @@ class ChatPage(QWidget):
         view = self.transcript.view_for(message_id)
         if view:
             view.update_reply(content, reasoning, streaming=True)
+            if self.session.active:
+                view.set_live_rate(self.session.active.tokens, self.session.active.tok_s)
 
     def _finish_reply(self, message: Message) -> None:
         view = self.transcript.view_for(message.id)
@@ -204,9 +246,15 @@ class ChatPage(QWidget):
                 view.set_can_regenerate(view is last_reply and not busy)
 
     def _refresh_hint(self) -> None:
-        self.transcript.empty_state.hint.setText(
-            "Ask anything. Attach images with the paperclip, drop them here or paste them."
-            if self.model_name else "Load a model on the Models page to start chatting.")
+        if self.loading_name:
+            hint = f"{self.loading_name} is loading; you can write your message meanwhile."
+        elif not self.model_name:
+            hint = "Load a model on the Models page to start chatting."
+        elif self.session.vision:
+            hint = "Ask anything. Attach images with the paperclip, drop them here or paste them."
+        else:
+            hint = "Ask anything."
+        self.transcript.empty_state.hint.setText(hint)
 
     # ---- widgets -> session --------------------------------------------------------------------
     def _send(self, text: str, images: list[str]) -> None:
@@ -215,6 +263,46 @@ class ChatPage(QWidget):
 
     def _regenerate(self) -> None:
         self.session.regenerate(self.composer.think_button.isChecked())
+
+    def _delete_message(self, message: Message) -> None:
+        if dialogs.confirm(self, "Delete message", "Delete this message? The rest of the conversation stays.",
+                           "Delete"):
+            self.session.delete_message(message.id)
+
+    def _continue(self) -> None:
+        self.session.continue_reply(self.composer.think_button.isChecked())
+
+    def _notice_action(self, action: str) -> None:
+        """A full context's choices: a new chat (the unanswered message moves to the composer), or
+        leaving out the oldest messages of this one."""
+        if action == "leave_out":
+            self.session.leave_out_oldest(self.composer.think_button.isChecked())
+        elif action == "new_chat" and self.session.current is not None:
+            users = [m for m in self.session.store.messages(self.session.current.id) if m.role == "user"]
+            self.session.new_conversation()
+            if users:
+                self.composer.input.setPlainText(users[-1].content)
+            self.composer.input.setFocus()
+
+    def _count_draft(self) -> None:
+        """The draft's tokens under the composer, counted by the backend with the conversation so far."""
+        text = self.composer.input.toPlainText()
+        counted = self.session.count_draft(text, self.composer.think_button.isChecked()) if text.strip() else None
+        total = getattr(self.session.backend, "max_context", None)
+        if counted is None or not total:
+            self.composer.set_draft_count("")
+            return
+        draft, prompt = counted
+        budget = prompt_budget(total, self.session.settings().max_tokens)
+        over = prompt > budget
+        text = f"{human_tokens(draft)} token{'s' if draft != 1 else ''}"
+        if draft > budget:
+            text += "  ·  longer than the context holds: shorten it"
+        elif over:
+            text += ("  ·  the oldest messages will be left out to fit" if self.session.context_policy() == "truncate"
+                     else "  ·  the conversation will no longer fit")
+        self.composer.set_draft_count(text, f"With this message the prompt takes {prompt:,} of {total:,} tokens "
+                                            f"({budget:,} leave room for a reply).", over)
 
     def _edit_last(self) -> None:
         message = self.session.begin_edit()

@@ -1,5 +1,6 @@
 """The composer: Enter sends, Shift+Enter starts a new line; images arrive by drop, paste or the
-file picker; the send button turns into Stop while a reply streams."""
+file picker; the send button turns into Stop while a reply streams. Under the text, the draft's token
+count (the page counts it when typing pauses)."""
 
 from __future__ import annotations
 
@@ -24,11 +25,14 @@ from app.chat.attachments import (
 from app.widgets import icon_button, label
 
 MAX_LINES = 10
+NO_IMAGES = "The model in use does not take images, so images cannot be attached."
 
 
 class ComposerEdit(QPlainTextEdit):
     submit = Signal()
     image_pasted = Signal(str)        # kept image path
+    images_refused = Signal()         # an image dropped or pasted while the model takes none
+    images_allowed = True
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -50,6 +54,10 @@ class ComposerEdit(QPlainTextEdit):
         return source.hasImage() or source.hasUrls() or super().canInsertFromMimeData(source)
 
     def insertFromMimeData(self, source) -> None:
+        if (source.hasImage() or any(is_image_file(u.toLocalFile()) for u in source.urls() if u.isLocalFile())) \
+                and not self.images_allowed:
+            self.images_refused.emit()
+            return
         if source.hasImage():
             self.image_pasted.emit(keep_image(source.imageData()))
             return
@@ -89,10 +97,13 @@ class Composer(QFrame):
         banner_row.addWidget(cancel_edit)
         self.edit_banner.hide()
         self.attachments = AttachmentStrip()
+        self.note = label("", "composerNote", wrap=True)
+        self.note.hide()
         self.input = ComposerEdit()
         self.input.setPlaceholderText("Message the model  (Enter to send, Shift+Enter for a new line)")
         self.input.submit.connect(self._submit)
         self.input.image_pasted.connect(self.attachments.add)
+        self.input.images_refused.connect(lambda: self._show_note(NO_IMAGES))
         tools = QHBoxLayout()
         tools.setSpacing(6)
         self.attach_button = icon_button("attach", "Attach images", size=17)
@@ -107,6 +118,7 @@ class Composer(QFrame):
         self.think_button.setToolTip("Let the model think before it answers")
         self.think_button.setCursor(Qt.CursorShape.PointingHandCursor)
         self.status = label("", "composerStatus")
+        self.draft_count = label("", "draftCount")
         self.send_button = QToolButton()
         self.send_button.setObjectName("sendButton")
         self.send_button.setIconSize(QSize(18, 18))
@@ -115,9 +127,11 @@ class Composer(QFrame):
         tools.addWidget(self.attach_button)
         tools.addWidget(self.think_button)
         tools.addStretch(1)
+        tools.addWidget(self.draft_count)
         tools.addWidget(self.status)
         tools.addWidget(self.send_button)
         column.addWidget(self.edit_banner)
+        column.addWidget(self.note)
         column.addWidget(self.attachments)
         column.addWidget(self.input)
         column.addLayout(tools)
@@ -139,6 +153,27 @@ class Composer(QFrame):
         """Sending is impossible (no model loaded): say why; empty reason unblocks."""
         self._blocked_reason = reason
         self._update_enabled()
+
+    def set_vision(self, takes_images: bool) -> None:
+        """Whether the chat's model takes images: without, the paperclip is off and says why, and a drop or
+        paste is refused with a note (before anything is sent)."""
+        self.input.images_allowed = takes_images
+        self.attach_button.setEnabled(takes_images)
+        self.attach_button.setToolTip("Attach images" if takes_images else NO_IMAGES)
+        if takes_images:
+            self.note.hide()
+
+    def set_draft_count(self, text: str, tooltip: str = "", over: bool = False) -> None:
+        """The draft's tokens ("" hides it); `over`: sending it would pass the context."""
+        self.draft_count.setText(text)
+        self.draft_count.setToolTip(tooltip)
+        self.draft_count.setProperty("over", over)
+        self.draft_count.style().unpolish(self.draft_count)
+        self.draft_count.style().polish(self.draft_count)
+
+    def _show_note(self, text: str) -> None:
+        self.note.setText(text)
+        self.note.show()
 
     def start_editing(self, text: str, images: list[str]) -> None:
         self.input.setPlainText(text)
@@ -167,7 +202,7 @@ class Composer(QFrame):
         for path in paths:
             self.attachments.add(keep_image_file(path))
 
-    def dragEnterEvent(self, event) -> None:
+    def dragEnterEvent(self, event) -> None:       # accepted without vision too: the drop explains the refusal
         if event.mimeData().hasUrls() or event.mimeData().hasImage():
             event.acceptProposedAction()
 
@@ -187,4 +222,5 @@ class Composer(QFrame):
             return
         images = self.attachments.take()
         self.input.clear()
+        self.note.hide()
         self.send_requested.emit(text, images)

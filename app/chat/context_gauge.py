@@ -1,4 +1,5 @@
-"""How much of the context the conversation uses: "1.2K / 32K" and a thin bar."""
+"""How much of the context the conversation uses: "1.2K / 32K" and a thin bar (it follows a reply as it
+streams), and how many of the oldest messages the model no longer sees."""
 
 from __future__ import annotations
 
@@ -22,11 +23,15 @@ class ContextGauge(QWidget):
         self.bar.setRange(0, 1000)
         row.addWidget(self.text)
         row.addWidget(self.bar)
-        self.used, self.total = 0, None
+        self.left_out_text = label("", "gaugeLeftOut")
+        row.addWidget(self.left_out_text)
+        self.used, self.total, self.left_out = 0, None, 0
         self.set_usage(0, None)
 
-    def set_usage(self, used: int, total: int | None) -> None:
-        self.used, self.total = used, total
+    def set_usage(self, used: int, total: int | None, left_out: int = 0) -> None:
+        self.used, self.total, self.left_out = used, total, left_out
+        self.left_out_text.setText(f"{left_out} oldest left out" if left_out else "")
+        self.left_out_text.setVisible(bool(left_out))
         if not total:
             self.text.setText(f"{human_tokens(used)} tokens" if used else "")
             self.bar.hide()
@@ -39,4 +44,7 @@ class ContextGauge(QWidget):
         self.bar.setProperty("level", "high" if share > 0.9 else "mid" if share > 0.7 else "low")
         self.bar.style().unpolish(self.bar)
         self.bar.style().polish(self.bar)
-        self.setToolTip(f"The conversation uses {used:,} of {total:,} tokens of context ({share:.0%}).")
+        tip = f"The conversation uses {used:,} of {total:,} tokens of context ({share:.0%})."
+        if left_out:
+            tip += f" To fit, the model no longer sees its {left_out} oldest messages (they stay here)."
+        self.setToolTip(tip)

@@ -1,9 +1,12 @@
-"""The conversation list: new chat, search, rename (F2 / double-click / menu), delete."""
+"""The conversation list: new chat, search, rename (F2 / double-click / menu), delete; grouped under
+when each was last active (Today, Yesterday, Previous 7 days, then months), long titles elided."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtGui import QAction, QColor, QKeySequence
 from PySide6.QtWidgets import (
     QFrame,
     QLineEdit,
@@ -18,6 +21,20 @@ from app.store import Conversation
 from app.widgets import text_button
 
 ID_ROLE = Qt.ItemDataRole.UserRole
+
+
+def age_group(updated: float, today: dt.date | None = None) -> str:
+    """The heading a conversation last active at `updated` (epoch seconds) goes under."""
+    today = today or dt.date.today()
+    day = dt.datetime.fromtimestamp(updated).date()
+    days = (today - day).days
+    if days <= 0:
+        return "Today"
+    if days == 1:
+        return "Yesterday"
+    if days < 7:
+        return "Previous 7 days"
+    return day.strftime("%B %Y") if day.year != today.year else day.strftime("%B")
 
 
 class ConversationList(QFrame):
@@ -65,10 +82,20 @@ class ConversationList(QFrame):
     def set_conversations(self, conversations: list[Conversation], current: int | None) -> None:
         self._filling = True
         self.list.clear()
+        group = None
         for c in conversations:
+            if age_group(c.updated) != group:
+                group = age_group(c.updated)
+                heading = QListWidgetItem(group)
+                heading.setFlags(Qt.ItemFlag.NoItemFlags)
+                heading.setForeground(QColor(icons.MUTED))
+                font = heading.font()
+                font.setPointSizeF(font.pointSizeF() * 0.85)
+                heading.setFont(font)
+                self.list.addItem(heading)
             item = QListWidgetItem(c.title)
             item.setData(ID_ROLE, c.id)
-            item.setToolTip(c.title)
+            item.setToolTip(f"{c.title}\nLast active {dt.datetime.fromtimestamp(c.updated):%d %b %Y, %H:%M}")
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
             self.list.addItem(item)
             if c.id == current:
@@ -78,8 +105,13 @@ class ConversationList(QFrame):
             self.list.setCurrentRow(-1)
         self._filling = False
 
+    def items(self) -> list[QListWidgetItem]:
+        """The conversations' rows (not the headings)."""
+        return [self.list.item(i) for i in range(self.list.count()) if self.list.item(i).data(ID_ROLE) is not None]
+
     def _on_clicked(self, item: QListWidgetItem) -> None:
-        self.selected.emit(item.data(ID_ROLE))
+        if item.data(ID_ROLE) is not None:
+            self.selected.emit(item.data(ID_ROLE))
 
     def _on_item_changed(self, item: QListWidgetItem) -> None:
         if not self._filling and item.text().strip():
@@ -87,12 +119,12 @@ class ConversationList(QFrame):
 
     def _delete_current(self) -> None:
         item = self.list.currentItem()
-        if item:
+        if item and item.data(ID_ROLE) is not None:
             self.delete_requested.emit(item.data(ID_ROLE))
 
     def _menu(self, pos) -> None:
         item = self.list.itemAt(pos)
-        if item is None:
+        if item is None or item.data(ID_ROLE) is None:
             return
         menu = QMenu(self)
         menu.addAction(icons.icon("edit"), "Rename", lambda: self.list.editItem(item))

@@ -1,24 +1,25 @@
 """One message of the transcript.
 
-A user message is a bubble on the right (with its images); a reply spans the column: who
-answered, the folded reasoning, the content, the numbers, and its actions.
+A user message is a bubble on the right (with its images; a long paste folded); a reply spans the
+column: who answered, the folded reasoning, the content, the numbers (the speed live while it
+streams), and its actions (Continue when it hit its token limit).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QGuiApplication, QPixmap
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QVBoxLayout
 
 from app import icons
 from app.chat.blocks import ShownCall
 from app.chat.content_view import ContentView
+from app.chat.image_viewer import Thumbnail
+from app.chat.long_text import LongText
 from app.chat.metrics import metrics_line
 from app.chat.thinking_block import ThinkingBlock
 from app.store import Message
-from app.widgets import icon_button, label
+from app.widgets import icon_button, label, text_button
 
 THUMB = 96
 BUBBLE_TEXT_WIDTH = 560
@@ -26,6 +27,8 @@ BUBBLE_TEXT_WIDTH = 560
 
 class MessageView(QFrame):
     regenerate_requested = Signal()
+    continue_requested = Signal()
+    delete_requested = Signal()
     edit_requested = Signal()
 
     def __init__(self, message: Message, model_name: str = "", parent=None):
@@ -40,6 +43,9 @@ class MessageView(QFrame):
         copy = icon_button("copy", "Copy message", size=15)
         copy.clicked.connect(self._copy)
         self.actions.addWidget(copy)
+        self.delete_button = icon_button("trash", "Delete this message", size=15)
+        self.delete_button.clicked.connect(self.delete_requested)
+        self.actions.addWidget(self.delete_button)
         if message.role == "user":
             self._build_user(message)
         else:
@@ -59,15 +65,16 @@ class MessageView(QFrame):
             thumbs = QHBoxLayout()
             thumbs.setSpacing(6)
             for path in message.attachments:
-                thumbs.addWidget(_thumbnail(path))
+                thumbs.addWidget(Thumbnail(path, THUMB))
             thumbs.addStretch(1)
             inner.addLayout(thumbs)
         if message.content:
-            text = label(message.content, "userText", wrap=True, selectable=True)
-            text.setTextFormat(Qt.TextFormat.PlainText)
-            longest = max(text.fontMetrics().horizontalAdvance(line) for line in message.content.splitlines() or [""])
-            text.setMinimumWidth(min(longest + 2, BUBBLE_TEXT_WIDTH))
-            inner.addWidget(text)
+            self.text = LongText(message.content)
+            shown = self.text.text.text()
+            metrics = self.text.text.fontMetrics()
+            longest = max(metrics.horizontalAdvance(line) for line in shown.splitlines() or [""])
+            self.text.text.setMinimumWidth(min(longest + 2, BUBBLE_TEXT_WIDTH))
+            inner.addWidget(self.text)
         row = QHBoxLayout()
         row.addStretch(1)
         row.addWidget(bubble, 0)
@@ -83,6 +90,11 @@ class MessageView(QFrame):
         self.regenerate_button = icon_button("regenerate", "Regenerate", size=15)
         self.regenerate_button.clicked.connect(self.regenerate_requested)
         self.actions.addWidget(self.regenerate_button)
+        self.continue_button = text_button("Continue", "play")
+        self.continue_button.setObjectName("continueButton")
+        self.continue_button.setToolTip("The reply hit its token limit: let it go on in this message")
+        self.continue_button.clicked.connect(self.continue_requested)
+        self.continue_button.hide()
         header = QHBoxLayout()
         header.setSpacing(8)
         avatar = QLabel()
@@ -102,6 +114,7 @@ class MessageView(QFrame):
         footer.setSpacing(10)
         footer.addLayout(self.actions)
         footer.addWidget(self.metrics, 1)
+        footer.addWidget(self.continue_button)
         self.column.addLayout(footer)
         self.update_reply(message.content, message.reasoning, streaming=message.status == "streaming")
         self.finish(message)
@@ -113,8 +126,12 @@ class MessageView(QFrame):
         self.content.set_text(content, [ShownCall.from_dict(c) for c in self.message.tool_calls], writing=streaming)
         self.actions_visible(not streaming)
         if streaming:
-            self.metrics.setText("")
+            self.continue_button.hide()
             self.error.hide()
+
+    def set_live_rate(self, tokens: int, tok_s: float | None) -> None:
+        """The reply's numbers while it streams."""
+        self.metrics.setText(f"{tokens:,} tokens" + (f"  ·  {tok_s:.1f} tok/s" if tok_s else ""))
 
     def finish(self, message: Message) -> None:
         """Show the final state of a reply: numbers, stop reason, error."""
@@ -134,6 +151,8 @@ class MessageView(QFrame):
 
     def set_can_regenerate(self, allowed: bool) -> None:
         self.regenerate_button.setVisible(allowed)
+        self.continue_button.setVisible(allowed and self.message.metrics.get("finish") == "length"
+                                        and self.message.status == "complete")
 
     def set_can_edit(self, allowed: bool) -> None:
         self.edit_button.setVisible(allowed)
@@ -142,8 +161,13 @@ class MessageView(QFrame):
         QGuiApplication.clipboard().setText(self.message.content)
 
 
+NOTICE_ACTIONS = {"new_chat": ("Start a new chat", "plus"), "leave_out": ("Leave out the oldest messages", "")}
+
+
 class NoticeView(QFrame):
-    """A quiet line in the transcript (images not sent, errors without a reply)."""
+    """A quiet line in the transcript (images not sent, errors without a reply), with the choices it
+    offers, if any (message.metrics["actions"]: NOTICE_ACTIONS)."""
+    action_requested = Signal(str)
 
     def __init__(self, message: Message, parent=None):
         super().__init__(parent)
@@ -155,17 +179,17 @@ class NoticeView(QFrame):
         glyph = QLabel()
         glyph.setPixmap(icons.pixmap("info", 14, icons.WARNING))
         row.addWidget(glyph, 0, Qt.AlignmentFlag.AlignTop)
-        row.addWidget(label(message.content, "noticeText", wrap=True, selectable=True), 1)
-
-
-def _thumbnail(path: str) -> QWidget:
-    thumb = QLabel()
-    thumb.setObjectName("thumbnail")
-    image = QPixmap(path)
-    if image.isNull():
-        thumb.setText(Path(path).name)
-    else:
-        thumb.setPixmap(image.scaled(THUMB, THUMB, Qt.AspectRatioMode.KeepAspectRatio,
-                                     Qt.TransformationMode.SmoothTransformation))
-    thumb.setToolTip(Path(path).name)
-    return thumb
+        column = QVBoxLayout()
+        column.setSpacing(8)
+        column.addWidget(label(message.content, "noticeText", wrap=True, selectable=True))
+        self.buttons = {}
+        if message.metrics.get("actions"):
+            buttons = QHBoxLayout()
+            for action in message.metrics["actions"]:
+                text, icon_name = NOTICE_ACTIONS[action]
+                self.buttons[action] = button = text_button(text, icon_name)
+                button.clicked.connect(lambda _=False, a=action: self.action_requested.emit(a))
+                buttons.addWidget(button)
+            buttons.addStretch(1)
+            column.addLayout(buttons)
+        row.addLayout(column, 1)

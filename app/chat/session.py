@@ -3,8 +3,10 @@
 It keeps the conversation in the store, builds the history a backend needs, streams a reply
 into the store (saved every few seconds while it streams, and at the end) and tells the page
 what changed through signals. A backend is the EngineThread or a RemoteBackend: both take
-generate(request_id, messages, params, template_kwargs) / cancel(request_id) and answer with
-delta and reply_finished signals.
+generate(request_id, messages, params, template_kwargs) / cancel(request_id) / count_tokens(messages,
+template_kwargs) and answer with delta (with the number of tokens it carries) and reply_finished signals.
+Before a reply starts, the history is fitted into the context (context_fit.py); a reply cut short by its
+token limit can be continued in the same message.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.chat.blocks import extract_tool_calls
+from app.chat.context_fit import fit_history, prompt_budget
 from app.generation import ReplyResult
 from app.settings import AppSettings
 from app.store import Conversation, Message, Store
@@ -26,6 +29,19 @@ TITLE_LENGTH = 48
 NO_VISION = ("The loaded model has no vision enabled yet, so the image was not sent: "
              "the model only sees your text.")
 STATUS = {"stop": "complete", "length": "complete", "cancelled": "stopped", "error": "error"}
+CONTEXT_FULL = ("This conversation no longer fits the model's context ({tokens:,} tokens; {budget:,} leave room "
+                "for a reply), so nothing was sent. Start a new chat, or leave out its oldest messages.")
+TURN_TOO_LONG = ("The latest message alone does not fit the model's context ({budget:,} tokens leave room for a "
+                 "reply), so nothing was sent. Shorten it, or load the model with a longer context.")
+
+
+def title_from(text: str) -> str:
+    """A new conversation's title: its first line, cut at a word with an ellipsis when long."""
+    line = (text.strip().splitlines() or ["Images"])[0].strip()
+    if len(line) <= TITLE_LENGTH:
+        return line or "New chat"
+    cut = line[:TITLE_LENGTH].rsplit(" ", 1)[0] if " " in line[:TITLE_LENGTH] else line[:TITLE_LENGTH]
+    return cut.rstrip(" ,;:.-") + "…"
 
 
 @dataclass
@@ -37,6 +53,18 @@ class ActiveReply:
     reasoning: str = ""
     thinking_s: float | None = None
     saved_at: float = field(default_factory=time.monotonic)
+    prompt_tokens: int | None = None     # counted before sending (None: the backend cannot count)
+    tokens: int = 0                      # streamed so far
+    first_token_at: float | None = None
+    earlier: dict | None = None          # a continued reply: its metrics before
+
+    @property
+    def tok_s(self) -> float | None:
+        """Tokens per second since the first one."""
+        if self.first_token_at is None or self.tokens < 2:
+            return None
+        elapsed = time.monotonic() - self.first_token_at
+        return (self.tokens - 1) / elapsed if elapsed > 0 else None
 
 
 class ChatSession(QObject):
@@ -47,7 +75,7 @@ class ChatSession(QObject):
     reply_updated = Signal(int, str, str)  # message id, content so far, reasoning so far
     reply_finished = Signal(object)        # the final Message
     busy_changed = Signal(bool)
-    context_changed = Signal(int, object)  # tokens used, context size (None: unknown)
+    context_changed = Signal(int, object, int)  # tokens used, context size (None: unknown), messages left out
 
     def __init__(self, store: Store, settings: Callable[[], AppSettings], parent=None):
         super().__init__(parent)
@@ -57,6 +85,7 @@ class ChatSession(QObject):
         self.current: Conversation | None = None
         self.active: ActiveReply | None = None
         self._editing: Message | None = None
+        self.left_out = 0                      # oldest messages of the open conversation the last reply did not see
         self._refresh = QTimer(self)
         self._refresh.setSingleShot(True)
         self._refresh.setInterval(REFRESH_MS)
@@ -88,6 +117,7 @@ class ChatSession(QObject):
         """An empty chat; it is saved once the first message is sent."""
         self.current = None
         self._editing = None
+        self.left_out = 0
         self.opened.emit(None, [])
         self._emit_context()
 
@@ -97,6 +127,7 @@ class ChatSession(QObject):
             return
         self.current = conversation
         self._editing = None
+        self.left_out = 0
         messages = self.store.messages(conversation_id)
         if self.active and self.active.message.conversation_id == conversation_id:
             for m in messages:
@@ -129,11 +160,10 @@ class ChatSession(QObject):
             self._drop_from(self._editing)
             self._editing = None
         if self.current is None:
-            title = (text.strip().splitlines() or ["Images"])[0][:TITLE_LENGTH]
-            self.current = self.store.create_conversation(title or "New chat")
+            self.current = self.store.create_conversation(title_from(text))
             self.conversations_changed.emit()
         self.message_added.emit(self.store.add_message(self.current.id, "user", content=text, attachments=images))
-        if images and not self._vision():
+        if images and not self.vision:
             self.message_added.emit(self.store.add_message(self.current.id, "notice", content=NO_VISION))
             if not text:
                 return
@@ -149,6 +179,55 @@ class ChatSession(QObject):
         self.store.delete_message(messages[-1].id)
         self.message_removed.emit(messages[-1].id)
         self._start_reply(thinking)
+
+    def continue_reply(self, thinking: bool) -> None:
+        """The last reply hit its token limit: it goes on in the same message."""
+        if self.busy or self.current is None:
+            return
+        messages = self.store.messages(self.current.id)
+        if not messages or messages[-1].role != "assistant" or messages[-1].metrics.get("finish") != "length":
+            return
+        self._start_reply(thinking, continuing=messages[-1])
+
+    def set_context_policy(self, policy: str) -> None:
+        """This conversation's own choice (the settings' policy otherwise)."""
+        if self.current is not None:
+            self.current.options = {**self.current.options, "context_policy": policy}
+            self.store.set_conversation_options(self.current.id, self.current.options)
+
+    def leave_out_oldest(self, thinking: bool) -> None:
+        """The answer to a full context: this conversation leaves out its oldest turns from now on, and
+        the last message gets its reply."""
+        if self.busy or self.current is None:
+            return
+        self.set_context_policy("truncate")
+        if [m.role for m in self.store.messages(self.current.id) if m.role != "notice"][-1:] == ["user"]:
+            self._start_reply(thinking)
+
+    def context_policy(self) -> str:
+        own = self.current.options.get("context_policy") if self.current else None
+        return own or self.settings().context_policy
+
+    def count_draft(self, text: str, thinking: bool) -> tuple[int, int] | None:
+        """(the draft's tokens, the prompt's tokens once it is sent), or None when the backend cannot count."""
+        count = getattr(self.backend, "count_tokens", None)
+        if count is None or not text.strip():
+            return None
+        history = self._history() if self.current is not None else self._system()
+        kwargs = {"enable_thinking": thinking}
+        with_draft = count(history + [{"role": "user", "content": text}], kwargs)
+        if with_draft is None:
+            return None
+        before = count(history, kwargs) if history else 0
+        return with_draft - (before or 0), with_draft
+
+    def delete_message(self, message_id: int) -> None:
+        """One message out of the conversation (not the reply streaming)."""
+        if self.current is None or (self.active and self.active.message.id == message_id):
+            return
+        self.store.delete_message(message_id)
+        self.message_removed.emit(message_id)
+        self._emit_context()
 
     def begin_edit(self) -> Message | None:
         """The last user message, to edit; the next send() replaces it and what followed."""
@@ -166,7 +245,9 @@ class ChatSession(QObject):
             self.backend.cancel(self.active.request_id)
 
     # ---- internals -----------------------------------------------------------------------------
-    def _vision(self) -> bool:
+    @property
+    def vision(self) -> bool:
+        """Whether the chat's backend takes images."""
         return bool(self.backend is not None and self.backend.supports_vision)
 
     def _drop_from(self, first: Message) -> None:
@@ -175,29 +256,69 @@ class ChatSession(QObject):
                 self.store.delete_message(m.id)
                 self.message_removed.emit(m.id)
 
-    def _start_reply(self, thinking: bool) -> None:
+    def _start_reply(self, thinking: bool, continuing: Message | None = None) -> None:
         if self.backend is None:
-            self.message_added.emit(self.store.add_message(
-                self.current.id, "notice", content="No model is loaded: pick one on the Models page."))
+            self._notice("No model is loaded: pick one on the Models page.")
             return
-        history = self._history()
-        message = self.store.add_message(self.current.id, "assistant", status="streaming")
-        self.active = ActiveReply(message, f"m{message.id}")
-        self.message_added.emit(message)
+        kwargs = {"enable_thinking": thinking}
+        if continuing is not None:
+            kwargs["continue_final_message"] = True
+        fit = self._fit(self._history(continuing), kwargs)
+        if fit is None:
+            return
+        if continuing is None:
+            message = self.store.add_message(self.current.id, "assistant", status="streaming")
+            self.active = ActiveReply(message, f"m{message.id}")
+            self.message_added.emit(message)
+        else:
+            message = continuing
+            message.status = "streaming"
+            self.active = ActiveReply(message, f"m{message.id}+{len(message.content) + len(message.reasoning)}",
+                                      content=message.content, reasoning=message.reasoning, earlier=message.metrics)
+            self.store.update_message(message.id, status="streaming")
+            self.reply_updated.emit(message.id, message.content, message.reasoning)
+        self.active.prompt_tokens = fit.tokens
         self.busy_changed.emit(True)
-        settings = self.settings()
-        self.backend.generate(self.active.request_id, history, settings.sampling_params(thinking),
-                              {"enable_thinking": thinking})
+        self._emit_context()
+        self.backend.generate(self.active.request_id, fit.history, self.settings().sampling_params(thinking), kwargs)
 
-    def _history(self) -> list[dict]:
-        settings = self.settings()
-        history = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
+    def _fit(self, history: list[dict], kwargs: dict):
+        """The history that fits the context (context_fit.py), or None after saying why nothing is sent."""
+        total, count = getattr(self.backend, "max_context", None), getattr(self.backend, "count_tokens", None)
+        if not total or count is None:
+            return fit_history(history, lambda _: None, 0)
+        budget = prompt_budget(total, self.settings().max_tokens)
+        tokens = count(history, kwargs)
+        if tokens is not None and tokens > budget and self.context_policy() == "stop":
+            self._notice(CONTEXT_FULL.format(tokens=tokens, budget=budget), actions=["new_chat", "leave_out"])
+            return None
+        fit = fit_history(history, lambda h: tokens if h is history else count(h, kwargs), budget)
+        if fit is None:
+            self._notice(TURN_TOO_LONG.format(budget=budget))
+            return None
+        self.left_out = fit.left_out
+        return fit
+
+    def _notice(self, text: str, actions: list[str] = ()) -> None:
+        """A line in the transcript; `actions`: the choices it offers (new_chat, leave_out)."""
+        metrics = {"actions": list(actions)} if actions else {}
+        self.message_added.emit(self.store.add_message(self.current.id, "notice", content=text, metrics=metrics))
+
+    def _system(self) -> list[dict]:
+        prompt = self.settings().system_prompt
+        return [{"role": "system", "content": prompt}] if prompt.strip() else []
+
+    def _history(self, continuing: Message | None = None) -> list[dict]:
+        """The conversation as the backend takes it; `continuing`: the reply being continued comes last,
+        whatever it holds so far."""
+        history = self._system()
         for m in self.store.messages(self.current.id):
             failed_or_empty = m.status == "error" or not (m.content or m.tool_calls)
-            if m.role == "notice" or (m.role == "assistant" and failed_or_empty):
+            being_continued = continuing is not None and m.id == continuing.id
+            if m.role == "notice" or (m.role == "assistant" and failed_or_empty and not being_continued):
                 continue
             entry = {"role": m.role, "content": m.content}
-            if m.attachments and self._vision():
+            if m.attachments and self.vision:
                 entry["images"] = m.attachments
             if m.reasoning:
                 entry["reasoning_content"] = m.reasoning
@@ -206,10 +327,13 @@ class ChatSession(QObject):
             history.append(entry)
         return history
 
-    def _on_delta(self, request_id: str, text: str, reasoning: str) -> None:
+    def _on_delta(self, request_id: str, text: str, reasoning: str, tokens: int) -> None:
         reply = self.active
         if reply is None or request_id != reply.request_id:
             return
+        if reply.first_token_at is None:
+            reply.first_token_at = time.monotonic()
+        reply.tokens += tokens
         if text and reply.thinking_s is None and reply.reasoning:
             reply.thinking_s = time.monotonic() - reply.started
         reply.content += text
@@ -223,6 +347,7 @@ class ChatSession(QObject):
     def _emit_update(self) -> None:
         if self.active:
             self.reply_updated.emit(self.active.message.id, self.active.content, self.active.reasoning)
+            self._emit_context()
 
     def _on_finished(self, request_id: str, result: ReplyResult) -> None:
         reply = self.active
@@ -235,7 +360,16 @@ class ChatSession(QObject):
         if reply.thinking_s is None and reasoning and content:
             reply.thinking_s = time.monotonic() - reply.started
         metrics = dict(result.metrics, finish=result.finish_reason)
-        if reply.thinking_s is not None:
+        if "prompt_tokens" in metrics:
+            metrics["context_tokens"] = metrics["prompt_tokens"] + metrics.get("output_tokens", 0)
+        if reply.earlier:                      # a continued reply: its numbers add up
+            for key in ("output_tokens", "reasoning_tokens"):
+                if key in reply.earlier or key in metrics:
+                    metrics[key] = reply.earlier.get(key, 0) + metrics.get(key, 0)
+            for key in ("prompt_tokens", "cached_tokens", "ttft_ms", "thinking_s"):
+                if key in reply.earlier:
+                    metrics[key] = reply.earlier[key]
+        if reply.thinking_s is not None and "thinking_s" not in metrics:
             metrics["thinking_s"] = reply.thinking_s
         message = reply.message
         message.content, message.reasoning, message.metrics = content, reasoning, metrics
@@ -251,11 +385,15 @@ class ChatSession(QObject):
         self._emit_context()
 
     def _emit_context(self) -> None:
+        """What the context holds: while a reply streams, its prompt and the tokens so far; else what the
+        last reply's request held."""
         total = getattr(self.backend, "max_context", None) if self.backend is not None else None
         used = 0
-        if self.current is not None:
+        if self.active is not None and self.active.prompt_tokens is not None:
+            used = self.active.prompt_tokens + self.active.tokens
+        elif self.current is not None:
             for m in reversed(self.store.messages(self.current.id)):
                 if m.role == "assistant" and "prompt_tokens" in m.metrics:
-                    used = m.metrics["prompt_tokens"] + m.metrics.get("output_tokens", 0)
+                    used = m.metrics.get("context_tokens", m.metrics["prompt_tokens"] + m.metrics.get("output_tokens", 0))
                     break
-        self.context_changed.emit(used, total)
+        self.context_changed.emit(used, total, self.left_out)

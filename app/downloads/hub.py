@@ -112,7 +112,9 @@ class RangeReader:
         self.status = self.response.status
 
     def read(self, size: int) -> bytes:
-        return self.response.read(size)
+        """What has arrived, up to `size` bytes (b"" at the end): on a slow link progress shows as bytes come,
+        where read(size) would wait for all of them."""
+        return self.response.read1(size)
 
     def abort(self) -> None:
         if self._conn:

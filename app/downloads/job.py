@@ -31,6 +31,7 @@ from app.downloads.hub import (
 from app.formatting import human_bytes
 from app.local_models import DOWNLOAD_MARKER
 
+CHUNK_BYTES = 64 << 10                   # the most one read takes (it returns what has arrived, up to this)
 CHECKSUM_ATTEMPTS = 3                    # fetches of one file before a mismatch is an error
 RETRY_DELAYS = (1, 2, 5, 10, 20, 30)     # seconds between attempts after a network error (then 30 s)
 
@@ -56,7 +57,7 @@ class JobCallbacks:
 
 class DownloadJob:
     def __init__(self, repo_id: str, revision: str, target_dir: Path, callbacks: JobCallbacks, *,
-                 token: str | None = None, endpoint: str | None = None, chunk_size: int = 1 << 20,
+                 token: str | None = None, endpoint: str | None = None, chunk_size: int = CHUNK_BYTES,
                  timeout: float = 20.0, retry_delays=RETRY_DELAYS):
         self.repo_id, self.revision, self.target_dir = repo_id, revision, Path(target_dir)
         self.callbacks = callbacks

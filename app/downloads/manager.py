@@ -20,11 +20,11 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.downloads.hub import RepoListing
-from app.downloads.job import DownloadJob, JobCallbacks
+from app.downloads.job import CHUNK_BYTES, DownloadJob, JobCallbacks
 
 ACTIVE = ("preparing", "downloading", "stalled", "verifying")
 REPORT_MS = 100                 # how often job reports are taken in
-SPEED_WINDOW_S = 6.0
+SPEED_WINDOW_S = 6.0            # speed: bytes over at least this much time (so a pause in the data shows)
 
 
 @dataclass
@@ -40,7 +40,7 @@ class DownloadStatus:
     speed: float = 0.0         # bytes per second
     eta_s: float | None = None
     last_byte_at: float = 0.0
-    samples: deque = field(default_factory=lambda: deque(maxlen=64), repr=False)
+    samples: deque = field(default_factory=lambda: deque(maxlen=128), repr=False)
 
     @property
     def active(self) -> bool:
@@ -62,7 +62,7 @@ class DownloadManager(QObject):
 
     def __init__(self, store, models_dir: Path, *, endpoint: str | None = None,
                  token: Callable[[], str] = lambda: "", stall_after_s: float = 10.0,
-                 chunk_size: int = 1 << 20, timeout: float = 20.0, autostart: bool = True, parent=None):
+                 chunk_size: int = CHUNK_BYTES, timeout: float = 20.0, autostart: bool = True, parent=None):
         super().__init__(parent)
         self.store, self.models_dir, self.endpoint, self.token = store, Path(models_dir), endpoint, token
         self.stall_after_s, self.chunk_size, self.timeout = stall_after_s, chunk_size, timeout
@@ -185,10 +185,9 @@ class DownloadManager(QObject):
             status.last_byte_at = now
             if status.state == "stalled":
                 status.state, status.message = "downloading", ""
+        elif done < status.done_bytes:
+            status.samples.clear()                   # bytes thrown away (a failed checksum): measure afresh
         status.done_bytes = done
-        status.samples.append((now, done))
-        self._update_speed(status, now)
-        self.changed.emit(repo_id)
 
     def _on_state(self, repo_id: str, state: str, message: str) -> None:
         status = self._statuses.get(repo_id)
@@ -214,19 +213,30 @@ class DownloadManager(QObject):
         self.changed.emit(repo_id)
 
     def _update_speed(self, status: DownloadStatus, now: float) -> None:
-        while status.samples and now - status.samples[0][0] > SPEED_WINDOW_S:
-            status.samples.popleft()
-        if status.samples:
-            (t0, b0), (_, b1) = status.samples[0], status.samples[-1]
-            status.speed = (b1 - b0) / (now - t0) if now - t0 > 0.2 else status.speed
+        """Bytes since the newest sample at least SPEED_WINDOW_S old (or the first), over the time since then,
+        now included: steady on a fast link, falling while nothing arrives, never a stale figure."""
+        samples = status.samples
+        while len(samples) > 1 and now - samples[1][0] >= SPEED_WINDOW_S:
+            samples.popleft()
+        if samples and now - samples[0][0] >= 0.5:
+            status.speed = max(0.0, (status.done_bytes - samples[0][1]) / (now - samples[0][0]))
         status.eta_s = (status.total_bytes - status.done_bytes) / status.speed if status.speed > 0 else None
 
     def _tick(self) -> None:
         handlers = {"listed": self._on_listed, "progress": self._on_progress, "state": self._on_state}
+        progressed = set()
         while not self._reports.empty():
             kind, *args = self._reports.get()
             handlers[kind](*args)
+            if kind == "progress":
+                progressed.add(args[0])
         now = time.monotonic()
+        for repo_id in progressed:                   # one sample and one update of the page per download and tick
+            status = self._statuses.get(repo_id)
+            if status is not None:
+                status.samples.append((now, status.done_bytes))
+                self._update_speed(status, now)
+                self.changed.emit(repo_id)
         for status in self._statuses.values():
             if status.state == "downloading" and now - status.last_byte_at > self.stall_after_s:
                 status.state = "stalled"

@@ -75,10 +75,18 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
         *,
         template_name: str | None = None,
+        continue_final_message: bool = False,
         **template_kwargs: Any,
     ) -> str:
         """Render the conversation. `tools` are JSON-schema dicts; `template_kwargs` reach the template
-        as variables (enable_thinking, reasoning_effort, preserve_thinking, add_vision_id, ...)."""
+        as variables (enable_thinking, reasoning_effort, preserve_thinking, add_vision_id, ...).
+        `continue_final_message`: the last message (an assistant's reply cut short) is left open, so the
+        model continues it: the rendering without a generation prompt, cut right after that message's text
+        (its content, or its reasoning when it has no content yet), as transformers does."""
+        if continue_final_message:
+            rendered = self.render(messages, tools, add_generation_prompt=False, template_name=template_name,
+                                   **template_kwargs)
+            return _cut_after_final(rendered, messages[-1] if messages else {})
         template = self._select(template_name, tools)
         if not messages:
             raise ChatTemplateError("cannot render an empty conversation")
@@ -105,6 +113,18 @@ class ChatTemplate:
         if name not in self._compiled:
             raise ChatTemplateError(f"no chat template named {name!r}; this checkpoint has {', '.join(self.names)}")
         return self._compiled[name]
+
+
+def _cut_after_final(rendered: str, final: Mapping[str, Any]) -> str:
+    content = final.get("content") or ""
+    if not isinstance(content, str):           # list content: its last text part
+        content = next((p.get("text") or "" for p in reversed(content) if isinstance(p, Mapping)
+                        and p.get("type") == "text"), "")
+    text = content if content.strip() else next((final[k] for k in _REASONING_FIELDS if final.get(k)), "")
+    for candidate in (text, text.strip()):
+        if candidate.strip() and candidate in rendered:
+            return rendered[:rendered.rindex(candidate) + len(candidate)]
+    raise ChatTemplateError("continue_final_message: the final message's text does not appear in the rendering")
 
 
 def _prepare_messages(messages) -> list[dict]:

@@ -244,8 +244,7 @@ class ToolCallParser:
         self.state = "function"
 
     def _start_value(self, name: str) -> None:
-        props = (self.schemas or {}).get(self.name, {}).get("properties")
-        self.param_types = _types(props.get(name)) if isinstance(props, dict) else set()
+        self.param_types = value_types(param_schema((self.schemas or {}).get(self.name, {}), name))
         opening = ("{" if self.params == 0 else ", ") + json.dumps(name, ensure_ascii=False) + ": "
         self._args(opening + ('"' if self._streams_as_string() else ""))
         self.params += 1
@@ -373,15 +372,36 @@ def _parse_json_call(body: str, closed: bool = True) -> tuple[str, dict] | None:
     return (data["name"], args) if isinstance(args, dict) else None
 
 
-def _types(schema) -> set[str]:
-    """The JSON types a parameter's schema allows (empty: unknown)."""
+def param_schema(tool_schema, name: str):
+    """A parameter's schema in a tool's parameters schema, a local $ref (#/$defs/X, #/definitions/X) followed;
+    None when the tool does not declare it."""
+    props = tool_schema.get("properties") if isinstance(tool_schema, dict) else None
+    schema = props.get(name) if isinstance(props, dict) else None
+    return resolve_ref(tool_schema, schema)
+
+
+def resolve_ref(root, schema, depth: int = 8):
+    """`schema`, or what its local $ref points to in `root` (a few hops at most)."""
+    while depth and isinstance(schema, dict) and isinstance(schema.get("$ref"), str):
+        ref, depth = schema["$ref"], depth - 1
+        target = root
+        for part in ref.removeprefix("#/").split("/") if ref.startswith("#/") else [None]:
+            target = target.get(part) if isinstance(target, dict) and part is not None else None
+        if not isinstance(target, dict):
+            return schema
+        schema = target
+    return schema
+
+
+def value_types(schema) -> set[str]:
+    """The JSON types a parameter's schema allows (empty: unknown; the parser then takes its value as a string)."""
     if not isinstance(schema, dict):
         return set()
     kind = schema.get("type")
     found = set(kind) if isinstance(kind, list) else {kind} if isinstance(kind, str) else set()
     for key in ("anyOf", "oneOf", "allOf"):
         for sub in schema.get(key) or []:
-            found |= _types(sub)
+            found |= value_types(sub)
     if not found and isinstance(schema.get("enum"), list):
         found = {_json_type(v) for v in schema["enum"]}
     if not found and "properties" in schema:

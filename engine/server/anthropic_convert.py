@@ -10,13 +10,14 @@ from __future__ import annotations
 from engine.server.anthropic_schema import Block, CountTokensRequest, MessagesRequest
 from engine.server.checks import check_tool_schema
 from engine.server.errors import APIError
-from engine.server.openai_convert import NO_VISION
+from engine.server.images import ImageOptions, ImageParts
 from engine.server.prompting import ChatRequest, Thinking, ToolChoice
+from engine.server.structured import response_constraint
 
 CHOICES = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}
 
 
-def chat_request(body: CountTokensRequest) -> ChatRequest:
+def chat_request(body: CountTokensRequest, images: ImageOptions) -> ChatRequest:
     tools = [_tool(t, f"tools.{i}.input_schema") for i, t in enumerate(body.tools or [])]
     choice = ToolChoice("auto" if tools else "none")
     if body.tool_choice is not None:
@@ -26,12 +27,14 @@ def chat_request(body: CountTokensRequest) -> ChatRequest:
         choice = ToolChoice(CHOICES[body.tool_choice.type], body.tool_choice.name,
                             not body.tool_choice.disable_parallel_tool_use)
     out = body.output_config
-    if out is not None and out.format is not None:
-        raise APIError(400, "output_config.format is not supported (no constrained decoding)",
-                       param="output_config.format")
-    messages, prefill = template_messages(body.system, body.messages)
+    if out is not None and out.format is not None and body.output_format is not None:
+        raise APIError(400, "give output_config.format or output_format, not both", param="output_format")
+    fmt, param = ((out.format, "output_config.format") if out is not None and out.format is not None
+                  else (body.output_format, "output_format"))
+    messages, prefill = template_messages(body.system, body.messages, ImageParts(images))
     req = ChatRequest(messages=messages, sampling={}, tools=tools or None, tool_choice=choice,
-                      thinking=_thinking(body), prefill=prefill)
+                      thinking=_thinking(body), prefill=prefill, json_format=response_constraint(fmt, param),
+                      images=images)
     if isinstance(body, MessagesRequest):
         req.max_tokens = body.max_tokens
         req.sampling = dict(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
@@ -57,9 +60,10 @@ def _tool(tool, where: str) -> dict:
             "function": {"name": tool.name, "description": tool.description or "", "parameters": schema}}
 
 
-def template_messages(system, messages) -> tuple[list[dict], str]:
+def template_messages(system, messages, images: ImageParts) -> tuple[list[dict], str]:
     """-> (the chat template's messages, the prefill). tool_result blocks become tool messages,
-    tool_use blocks the assistant's tool_calls, thinking blocks its reasoning_content."""
+    tool_use blocks the assistant's tool_calls, thinking blocks its reasoning_content, image blocks (in user turns)
+    the engine's image parts."""
     out = []
     if system:
         out.append({"role": "system", "content": system if isinstance(system, str) else
@@ -73,6 +77,8 @@ def template_messages(system, messages) -> tuple[list[dict], str]:
             for j, b in enumerate(blocks):
                 if b.type == "tool_result":
                     out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": _result(b, f"{where}.{j}")})
+                elif b.type == "image":
+                    texts.append(images.from_source(b.source, f"{where}.{j}"))
                 else:
                     texts.append(_text_part(b, f"{where}.{j}"))
             if texts or not blocks:
@@ -109,7 +115,7 @@ def _text_part(b: Block, where: str) -> dict:
     if b.type == "text":
         return {"type": "text", "text": b.text or ""}
     if b.type == "image":
-        raise APIError(400, NO_VISION, param=where)
+        raise APIError(400, "images are taken in user messages only", param=where)
     raise APIError(400, f"content block type {b.type!r} is not supported here", param=where)
 
 

@@ -16,8 +16,8 @@ from engine.server.anthropic_schema import CountTokensRequest, MessagesRequest
 from engine.server.body import documented, parse_body
 from engine.server.checks import ANTHROPIC_MESSAGES, refuse_unsupported
 from engine.server.errors import error_payload
-from engine.server.generation import Finish, Keepalive, Reply, collect_all
-from engine.server.prompting import chat_prompt, render
+from engine.server.generation import Finish, Keepalive, Reply, collect, collect_all
+from engine.server.prompting import chat_prompt, prompt_ids
 from engine.server.sse import JSON, event, sse_response
 
 router = APIRouter()
@@ -32,7 +32,7 @@ async def messages(request: Request):
     engine = server.ready()
     server.check_model(body.model)
     refuse_unsupported(body.model_extra, ANTHROPIC_MESSAGES)
-    req = chat_request(body)
+    req = chat_request(body, server.image_options())
     prompt = await run_in_threadpool(chat_prompt, engine, req, server.defaults)
     [gen] = await server.start([[prompt]])
     omit_thinking = bool(body.thinking and body.thinking.display == "omitted")
@@ -40,7 +40,7 @@ async def messages(request: Request):
     events = gen.events() if req.thinking.enabled else without_thinking(gen.events())
     if body.stream:
         return sse_response(message_stream(events, message, len(prompt.ids), omit_thinking), [gen])
-    reply = (await collect_all(request, [gen], events))[0]
+    reply = (await collect_all(request, [gen], lambda _: collect(events)))[0]
     finish = reply.finish
     if finish.api_error():
         raise finish.api_error()
@@ -54,7 +54,7 @@ async def count_tokens(request: Request):
     body = await parse_body(request, CountTokensRequest)
     engine = server.ready()
     server.check_model(body.model)
-    ids = await run_in_threadpool(render, engine, chat_request(body))
+    ids, _ = await run_in_threadpool(prompt_ids, engine, chat_request(body, server.image_options()))
     return JSON({"input_tokens": len(ids)})
 
 

@@ -62,6 +62,7 @@ class CountTokensRequest(BaseModel):
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
+    output_format: dict[str, Any] | None = None     # the structured-outputs beta's name for output_config.format
 
 
 class MessagesRequest(CountTokensRequest):

@@ -6,7 +6,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.middleware.cors import CORSMiddleware
 
-from engine.server import anthropic_routes, models_routes, openai_routes, ops_routes
+from engine.server import anthropic_routes, models_routes, openai_routes, ops_routes, responses_routes
 from engine.server.body import with_request_schemas
 from engine.server.errors import install_error_handlers
 from engine.server.metrics import MetricsMiddleware
@@ -21,12 +21,12 @@ def create_app(settings: ServerSettings | None = None, engine=None, *, params_ho
     settings = settings or ServerSettings()
     app = FastAPI(title="Qwen Desk local API", docs_url=None, redoc_url=None)
     app.state.server = ServerState(settings, engine, params_hook)
-    for module in (openai_routes, anthropic_routes, models_routes, ops_routes):
+    for module in (openai_routes, responses_routes, anthropic_routes, models_routes, ops_routes):
         app.include_router(module.router)
     install_error_handlers(app)
     app.openapi = lambda: openapi(app)
     if settings.cors_origins:   # (an origin not listed never gets here: Guard refuses it)
-        app.add_middleware(CORSMiddleware, allow_origins=settings.origins, allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=settings.origins, allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["*"])
     app.add_middleware(Guard, settings=settings)
     app.add_middleware(MetricsMiddleware, metrics=app.state.server.metrics)

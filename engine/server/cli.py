@@ -18,7 +18,7 @@ from typing import NoReturn
 import uvicorn
 
 from engine.cli_args import checked, model_arg, model_name, port_arg, resolve_model
-from engine.api import DTYPE_NAMES, KV_DTYPES, PROFILES, EngineConfig
+from engine.api import DTYPE_NAMES, KV_DTYPES, PROFILES, VISION, EngineConfig
 
 log = logging.getLogger("qwendesk.serve")
 
@@ -48,13 +48,23 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, EngineConfig]:
                     help="let web pages from this origin call the API (repeatable; '*': any; default: none, and a "
                          "request from a web page is refused)")
     ap.add_argument("--max-body-mb", type=float, default=32, help="largest request body accepted")
+    ap.add_argument("--vision", default="auto", choices=VISION,
+                    help="the vision tower: auto (on demand on GPUs of 24 GiB or less, else resident), resident, "
+                         "on_demand (on the GPU only while encoding) or off")
+    ap.add_argument("--max-images", type=int, default=16, help="images per request")
+    ap.add_argument("--max-image-mb", type=float, default=20, help="largest image file accepted (MiB)")
+    ap.add_argument("--allow-image-urls", action="store_true",
+                    help="fetch http(s) image URLs given in requests (off: images come as data: URLs / base64); "
+                         "the server then reaches whatever address a request names")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = ap.parse_args(argv)
     if not args.max_body_mb > 0:
         ap.error(f"argument --max-body-mb: must be more than 0, not {args.max_body_mb}")
     config = checked(ap, EngineConfig(model=args.model, device=args.device, dtype=args.dtype, profile=args.profile,
                                       kv_dtype=args.kv_dtype, max_context=args.max_context,
-                                      max_queue=args.max_queue, speculative_tokens=args.speculative_tokens))
+                                      max_queue=args.max_queue, speculative_tokens=args.speculative_tokens,
+                                      vision=args.vision, max_images=args.max_images,
+                                      max_image_bytes=max(1, int(args.max_image_mb * 2**20))))
     return args, config
 
 
@@ -82,7 +92,8 @@ def serve_main(argv=None) -> NoReturn:
 
     settings = ServerSettings(model_id=args.model_id or model_name(args.model), host=args.host, port=args.port,
                               api_key=args.api_key, allowed_hosts=args.allowed_host, cors_origins=args.cors_origin,
-                              max_body_bytes=int(args.max_body_mb * 1024 * 1024))
+                              max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+                              allow_image_urls=args.allow_image_urls)
     if not is_loopback(args.host) and not args.api_key:
         log.warning("listening on %s without an API key: anyone who can reach this port can use the model",
                     args.host)

@@ -91,7 +91,7 @@ class Generation:
         self.wake = asyncio.Event()             # the handle has events to read
         self.started = asyncio.Event()          # set when the first event comes: the prompt is in the cache
         self.handle = engine.submit(prompt.ids, self.params, tools=prompt.tools,   # raises QueueFullError, ValueError
-                                    on_event=self._on_event)
+                                    images=prompt.images or None, on_event=self._on_event)
 
     def cancel(self) -> None:
         if not self.finished:
@@ -204,10 +204,11 @@ async def collect(events) -> Reply:
     return reply
 
 
-async def collect_all(request, gens: list[Generation], events=None) -> list[Reply]:
-    """Run generations to their end; cancel them all and raise ClientGone if the client disconnects
-    first (a response that is not streamed has no other way to notice). `events`: of the one generation,
-    as the route filters them (default: its own)."""
+async def collect_all(request, gens: list[Generation], consume=None) -> list:
+    """Run generations to their end (`consume(gen)`: what a generation's events become; a Reply by
+    default); cancel them all and raise ClientGone if the client disconnects first (a response that is
+    not streamed has no other way to notice)."""
+    consume = consume or (lambda gen: collect(gen.events()))
     gone = False
 
     async def watch():
@@ -221,15 +222,14 @@ async def collect_all(request, gens: list[Generation], events=None) -> list[Repl
     watcher = asyncio.ensure_future(watch())
     outcome = gens[0].outcome
     try:
-        replies = list(await asyncio.gather(*(collect(g.events()) for g in gens))) if events is None else \
-            [await collect(events)]
+        results = list(await asyncio.gather(*(consume(g) for g in gens)))
     finally:
         watcher.cancel()
     if gone:
         outcome.end("abandoned")
         raise ClientGone()
     outcome.end()
-    return replies
+    return results
 
 
 async def merged(gens: list[Generation]):

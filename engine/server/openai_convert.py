@@ -5,21 +5,18 @@ from __future__ import annotations
 from engine.api import call_arguments
 from engine.server.checks import OPENAI_CHAT, check_tool_schema, refuse_unsupported
 from engine.server.errors import APIError
+from engine.server.images import ImageOptions, ImageParts
 from engine.server.openai_schema import (ChatCompletionRequest, ChatMessage, ContentPart, FunctionName, NamedToolChoice,
                                         SamplingFields, Tool, ToolCall)
 from engine.server.processors import LogitBias
 from engine.server.prompting import ChatRequest, Thinking, ToolChoice
+from engine.server.structured import response_constraint
 
-# Until the vision tower is wired into the engine, every image is refused with this 400.
-NO_VISION = "the loaded model has no vision enabled"
-IMAGE_PARTS = ("image_url", "input_image", "image", "video_url", "video")
+IMAGE_PARTS = ("image_url", "input_image")     # chat's, and the Responses API's spelling
 
 
-def chat_request(body: ChatCompletionRequest, vocab_size: int) -> ChatRequest:
+def chat_request(body: ChatCompletionRequest, vocab_size: int, images: ImageOptions) -> ChatRequest:
     refuse_unsupported(body.model_extra, OPENAI_CHAT)
-    if body.response_format is not None and body.response_format.type != "text":
-        raise APIError(400, f"response_format {body.response_format.type!r} is not supported (no constrained "
-                            "decoding); describe the format in the prompt or use tools", param="response_format")
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     sampling = sampling_fields(body, vocab_size)
@@ -36,13 +33,15 @@ def chat_request(body: ChatCompletionRequest, vocab_size: int) -> ChatRequest:
     else:
         mode, name = "function", choice.function.name
     return ChatRequest(
-        messages=template_messages(body.messages),
+        messages=template_messages(body.messages, ImageParts(images)),
         sampling=sampling,
         max_tokens=body.max_completion_tokens or body.max_tokens,
         tools=[t.model_dump(exclude_none=True) for t in tools] if tools else None,
         tool_choice=ToolChoice(mode, name, parallel),
         thinking=Thinking(effort=body.reasoning_effort, budget=body.thinking_token_budget),
         template_kwargs=dict(body.chat_template_kwargs or {}),
+        json_format=response_constraint(body.response_format),
+        images=images,
     )
 
 
@@ -85,13 +84,14 @@ def logit_bias(given: dict[str, float], vocab_size: int) -> dict[int, float]:
     return bias
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict]:
+def template_messages(messages: list[ChatMessage], images: ImageParts) -> list[dict]:
     """OpenAI messages -> the chat template's: developer is system, leading system messages merge,
-    tool-call arguments become objects, earlier reasoning goes back as reasoning_content."""
+    tool-call arguments become objects, earlier reasoning goes back as reasoning_content, image parts become the
+    engine's (server/images.py)."""
     out = []
     for i, m in enumerate(messages):
         role = {"developer": "system", "function": "tool"}.get(m.role, m.role)
-        content = _content(m.content, f"messages.{i}.content")
+        content = _content(m.content, f"messages.{i}.content", images)
         if role == "system" and out and all(o["role"] == "system" for o in out):
             out[0]["content"] = _join(out[0]["content"], content)
             continue
@@ -112,17 +112,18 @@ def template_messages(messages: list[ChatMessage]) -> list[dict]:
     return out
 
 
-def _content(content: str | list[ContentPart] | None, where: str):
+def _content(content: str | list[ContentPart] | None, where: str, images: ImageParts):
     if content is None or isinstance(content, str):
         return content or ""
     parts = []
     for k, part in enumerate(content):
-        if part.type == "text" and part.text is not None:
+        if part.type in ("text", "input_text") and part.text is not None:
             parts.append({"type": "text", "text": part.text})
         elif part.type in IMAGE_PARTS:
-            raise APIError(400, NO_VISION, param=f"{where}.{k}")
+            parts.append(images.from_url(part.image_url, f"{where}.{k}"))
         else:
-            raise APIError(400, f"content part type {part.type!r} is not supported (text only)", param=f"{where}.{k}")
+            raise APIError(400, f"content part type {part.type!r} is not supported (text and images)",
+                           param=f"{where}.{k}")
     return parts
 
 
@@ -132,6 +133,8 @@ def _join(a, b) -> str:
 
 
 def _text(content) -> str:
+    if isinstance(content, list) and any(p["type"] != "text" for p in content):
+        raise APIError(400, "system messages cannot contain images", param="messages")
     return content if isinstance(content, str) else "".join(p["text"] for p in content)
 
 

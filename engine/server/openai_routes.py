@@ -17,6 +17,7 @@ from engine.server.logprobs import chat_logprobs, completion_logprobs
 from engine.server.openai_convert import chat_request, sampling_fields
 from engine.server.openai_schema import ChatCompletionRequest, CompletionRequest
 from engine.server.prompting import Prompt, chat_prompt, completion_room, encode, sampling_params
+from engine.server.structured import response_constraint
 from engine.server.sse import JSON, ChunkTemplate, comment, dumps, event, sse_response
 
 router = APIRouter()
@@ -28,7 +29,7 @@ async def chat_completions(request: Request):
     body = await parse_body(request, ChatCompletionRequest)
     engine = server.ready()
     server.check_model(body.model)
-    req = chat_request(body, engine.model_config.vocab_size)
+    req = chat_request(body, engine.model_config.vocab_size, server.image_options())
     prompts = await run_in_threadpool(samples, engine, req, server.defaults, body.n or 1)
     gens = await server.start([prompts])
     meta = {"id": "chatcmpl-" + secrets.token_hex(12), "created": int(time.time()), "model": body.model}
@@ -175,6 +176,7 @@ def completion_prompts(engine, body: CompletionRequest, defaults: dict) -> list[
         fields = sampling_fields(body, engine.model_config.vocab_size)
         params = sampling_params({**fields, "logprobs": body.logprobs}, defaults)
         params.max_tokens = completion_room(engine, len(ids), body.max_tokens)
+        params.constraint = response_constraint(body.response_format)
         prompts.append(Prompt(ids, params, tools=None))
     return prompts
 

@@ -68,10 +68,6 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class ResponseFormat(BaseModel):
-    type: str = "text"
-
-
 class SamplingFields(BaseModel):
     """Shared by chat and plain completions (top_k, min_p, repetition_penalty, ignore_eos and
     stop_token_ids are extensions, spelt as vLLM spells them)."""
@@ -109,7 +105,7 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     thinking_token_budget: int | None = Field(default=None, ge=0)
     chat_template_kwargs: dict[str, Any] | None = None
-    response_format: ResponseFormat | None = None
+    response_format: dict[str, Any] | None = None     # engine/server/structured.py
 
 
 class CompletionRequest(SamplingFields):
@@ -120,3 +116,4 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
+    response_format: dict[str, Any] | None = None     # engine/server/structured.py

@@ -7,9 +7,9 @@ tool definitions, and their options in neutral form.
 Decisions:
 - tool_choice "none": the tools stay in the prompt (it then shares its cached prefix with the turns
   that may call them) and the <tool_call> token is banned.
-- "required" / a named function: after the thinking (if any) the reply is forced to open a call
-  ("<tool_call>\\n", or "<tool_call>\\n<function=NAME>\\n"); the arguments are the model's own.
-  A named function also stops the reply after that one call, as does parallel_tool_calls false.
+- tools with tool_choice auto / required / a named function, and a structured output format: the engine's
+  Constraint (structured.py): decoded under a grammar, so the reply's calls (and its JSON) always parse and
+  validate. A named function or parallel_tool_calls false: one call, then the reply ends.
 - reasoning effort: "none" turns thinking off; the value also reaches the template as
   `reasoning_effort`. A template without that knob (Qwen3.5's) gets a thinking budget instead for
   the low efforts (EFFORT_BUDGETS); medium and up think freely.
@@ -17,16 +17,19 @@ Decisions:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.api import SamplingParams, starts_in_reasoning, tool_schemas
+from engine.api import Constraint, ImageInputError, SamplingParams, split_images, tool_schemas
 from engine.server.errors import APIError
-from engine.server.processors import BanTokens, ForceToolCall, StopAfterToolCall
+from engine.server.images import ImageOptions, fetch_images
+from engine.server.processors import BanTokens
+from engine.server.structured import request_constraint
 
 EFFORT_BUDGETS = {"minimal": 256, "low": 1024}
-RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "template_name")
+RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "template_name", "continue_final_message")
 GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
@@ -49,6 +52,7 @@ class Prompt:
     ids: list[int]
     params: SamplingParams
     tools: list[dict] | None        # the tools whose calls the engine parses out of the reply; None: no parsing
+    images: list = field(default_factory=list)   # the engine's ProcessedImages of an expanded prompt
 
 
 @dataclass
@@ -61,6 +65,8 @@ class ChatRequest:
     thinking: Thinking = field(default_factory=Thinking)
     template_kwargs: dict = field(default_factory=dict)
     prefill: str = ""               # text the reply continues (Anthropic's trailing assistant message)
+    json_format: Constraint | None = None   # structured output (structured.py response_constraint)
+    images: ImageOptions | None = None   # what its image parts may be (None: it has none)
 
 
 def generation_defaults(model_dir: str) -> dict:
@@ -84,15 +90,31 @@ def sampling_params(given: dict, defaults: dict) -> SamplingParams:
 
 
 def chat_prompt(engine, req: ChatRequest, defaults: dict) -> Prompt:
-    """Render, tokenize and check one chat request (runs in a worker thread: templates can be slow)."""
-    ids = render(engine, req)
-    tok = engine.tokenizer
+    """Render, tokenize and check one chat request (runs in a worker thread: templates and images can be slow)."""
+    ids, images = prompt_ids(engine, req)
     params = sampling_params(req.sampling, defaults)
-    in_reasoning = starts_in_reasoning(ids, tok.think_start_id, tok.think_end_id)
     params.max_tokens = completion_room(engine, len(ids), req.max_tokens)
     params.thinking_budget = thinking_budget(engine, req.thinking)
-    params.logits_processors = tool_processors(tok, req.tools, req.tool_choice, in_reasoning) + params.logits_processors
-    return Prompt(ids, params, req.tools if req.tool_choice.mode != "none" else None)
+    choice = req.tool_choice
+    params.constraint = request_constraint(req.json_format, req.tools, choice.mode, choice.name, choice.parallel)
+    params.logits_processors = tool_processors(engine.tokenizer, req.tools, choice) + params.logits_processors
+    return Prompt(ids, params, req.tools if choice.mode != "none" else None, images)
+
+
+def prompt_ids(engine, req: ChatRequest) -> tuple[list, list]:
+    """The prompt's token ids, each image's placeholder expanded, and its images (the engine's): URL images fetched
+    (server/images.py), the pixels read by the engine; a bad image is a 400."""
+    messages = fetch_images(req.messages, req.images) if req.images and req.images.allow_urls else req.messages
+    messages, data = split_images(messages)
+    try:
+        images = engine.process_images(data)
+    except ImageInputError as e:
+        raise APIError(400, str(e), param="messages") from None
+    ids = render(engine, dataclasses.replace(req, messages=messages))
+    try:
+        return engine.expand_images(ids, images), images
+    except ImageInputError as e:
+        raise APIError(400, str(e), param="messages") from None
 
 
 def render(engine, req: ChatRequest) -> list[int]:
@@ -153,16 +175,7 @@ def completion_room(engine, prompt_tokens: int, max_tokens: int | None) -> int:
     return max_tokens if max_tokens is not None else ctx - prompt_tokens
 
 
-def tool_processors(tok, tools, choice: ToolChoice, in_reasoning: bool) -> list:
-    call_open, call_end = tok.token_to_id("<tool_call>"), tok.token_to_id("</tool_call>")
-    if not tools or call_open is None:
-        return []
-    if choice.mode == "none":
-        return [BanTokens([call_open])]
-    procs = []
-    if choice.mode in ("required", "function"):
-        opening = "<tool_call>\n" + (f"<function={choice.name}>\n" if choice.mode == "function" else "")
-        procs.append(ForceToolCall(tok.encode(opening), tok.encode("\n\n"), in_reasoning, tok.think_end_id))
-    if (choice.mode == "function" or not choice.parallel) and call_end is not None and tok.eos_token_ids:
-        procs.append(StopAfterToolCall(call_end, tok.eos_token_ids[0], in_reasoning, tok.think_end_id))
-    return procs
+def tool_processors(tok, tools, choice: ToolChoice) -> list:
+    """tool_choice none: the tools stay in the prompt and the tool-call token is banned."""
+    call_open = tok.token_to_id("<tool_call>")
+    return [BanTokens([call_open])] if tools and choice.mode == "none" and call_open is not None else []

@@ -19,6 +19,8 @@ class ServerSettings:
     max_body_bytes: int = 32 * 1024 * 1024
     keepalive_s: float = 15.0               # SSE keep-alive while a request waits or thinks silently
     stream_interval_s: float = 0.0          # least time between a stream's chunks (tokens in between go as one)
+    allow_image_urls: bool = False          # fetch http(s) image URLs (off: data: URLs / base64 only)
+    image_url_timeout_s: float = 10.0       # the whole fetch of one image URL
 
     def host_allowed(self, host: str) -> bool:
         """A DNS rebinding attack needs a name the attacker controls, so a literal IP address is

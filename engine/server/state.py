@@ -1,4 +1,4 @@
-"""ServerState: what the routes share — the engine (None while it loads), settings, metrics."""
+"""ServerState: what the routes share — the engine (None while it loads), settings, metrics, stored responses."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import time
 
 from engine.server.errors import APIError, from_engine_error
 from engine.server.generation import Generation, Wakeups
+from engine.server.images import ImageOptions
 from engine.server.logprobs import TokenBytes
 from engine.server.metrics import Metrics, Outcome
 from engine.server.prompting import Prompt, generation_defaults
+from engine.server.responses_store import ResponseStore
 from engine.server.settings import ServerSettings
 
 
@@ -19,6 +21,7 @@ class ServerState:
         (tests use it to script the model's output); None in normal use."""
         self.settings = settings
         self.metrics = Metrics()
+        self.responses = ResponseStore()          # the Responses API's stored responses
         self.params_hook = params_hook
         self.created = int(time.time())
         self.engine = None
@@ -45,6 +48,12 @@ class ServerState:
         if name != self.settings.model_id:
             raise APIError(404, f"The model {name!r} does not exist; this server serves "
                                 f"{self.settings.model_id!r}", "not_found", param="model", code="model_not_found")
+
+    def image_options(self) -> ImageOptions:
+        """What requests' images may be: the engine's limits, the server's URL setting."""
+        c = self.engine.config
+        return ImageOptions(vision=self.engine.accepts_images, max_images=c.max_images, max_bytes=c.max_image_bytes,
+                            allow_urls=self.settings.allow_image_urls, url_timeout_s=self.settings.image_url_timeout_s)
 
     async def start(self, groups: list[list[Prompt]], raw: bool = False) -> list[Generation]:
         """Submit one request's generations: each group is the samples of one prompt (n of them). The first of

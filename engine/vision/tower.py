@@ -86,7 +86,9 @@ class VisionBlock(nn.Module):
         c, s = cos[:, None], sin[:, None]
         q = (q.float() * c + rotate_half(q.float()) * s).to(x.dtype)
         k = (k.float() * c + rotate_half(k.float()) * s).to(x.dtype)
-        out = [F.scaled_dot_product_attention(qi.transpose(0, 1), ki.transpose(0, 1), vi.transpose(0, 1))
+        # [1, H, n, D]: SDPA's flash and memory-efficient kernels take 4-D inputs only
+        out = [F.scaled_dot_product_attention(qi.transpose(0, 1)[None], ki.transpose(0, 1)[None],
+                                              vi.transpose(0, 1)[None])[0]
                for qi, ki, vi in zip(q.split(seqlens), k.split(seqlens), v.split(seqlens))]
         return torch.cat(out, dim=1).transpose(0, 1).reshape(n, -1)
 

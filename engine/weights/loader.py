@@ -96,20 +96,24 @@ def load_weights(model, path: str | Path, device, keep_vision: bool = True, poli
         stage = "Loading int4 weights from the cache" if hit else "Converting weights to int4 (first load)"
         stream = converted_weights(path, policy, reader_device, cache=cache, identity=identity)
     kept, done = {}, 0
-    with torch.no_grad():
-        for full, value in stream:
-            if full not in wanted:
-                continue
-            name = wanted[full]
-            if name is None:
-                kept[canonical_name(full)[1]] = value.to(device)
-            else:
-                _copy(*targets[name], value)   # converted_weights gave each weight its target's scheme
-            del value
-            done += 1
-            if progress:
-                progress(stage, done, len(wanted))
-    source.close()
+    try:                                       # progress may raise (a cancelled load): the files close either way
+        with torch.no_grad():
+            for full, value in stream:
+                if full not in wanted:
+                    continue
+                name = wanted[full]
+                if name is None:
+                    kept[canonical_name(full)[1]] = value.to(device)
+                else:
+                    _copy(*targets[name], value)   # converted_weights gave each weight its target's scheme
+                del value
+                done += 1
+                if progress:
+                    progress(stage, done, len(wanted))
+    finally:
+        stream.close()
+        if policy is None:
+            source.close()
     return kept
 
 

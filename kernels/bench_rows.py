@@ -1,0 +1,47 @@
+"""int4 GEMV time by rows M at the 27B's projection shapes (`python3 -m kernels.bench_rows`): what a speculative
+verify of M = c x (k + 1) rows costs against a decode step's M = c. Each case is replayed from a CUDA graph
+(triton.testing.do_bench); A is the dot GEMV (with the config its autotuner picked), C the mma GEMV (M <= 8), above
+32 rows the fused GEMM."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from kernels import gemv_dot
+from kernels.bench_quant import PROJ, _int4
+from kernels.gemv_mma import GEMV_MMA_MAX_M
+from kernels.quant import int4_linear_triton
+
+ROWS = (1, 4, 8, 16, 32, 64)
+
+
+def graph_us(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return 1e3 * triton.testing.do_bench(graph.replay, warmup=10, rep=50)
+
+
+def main() -> None:
+    for name in ("mlp_gate_up", "mlp_down", "gdn_in_qkvz"):
+        N, K = PROJ[name]
+        w = _int4(N, K)
+        for M in ROWS:
+            x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
+            cells = []
+            for variant in ("A", "C"):
+                if variant == "C" and M > GEMV_MMA_MAX_M:
+                    continue
+                us = graph_us(lambda v=variant: int4_linear_triton(x, w, variant=v))
+                tuned = gemv_dot.gemv_tuned.best_config.kwargs if variant == "A" and M <= 32 else ""
+                cells.append(f"{variant} {us:7.1f} us {tuned}")
+            print(f"{name:12s} {N}x{K} M={M:3d}  " + " | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        raise SystemExit("kernels.bench_rows: needs a CUDA GPU")
+    main()

@@ -1,0 +1,50 @@
+"""Conversations: titles cut with an ellipsis, the list grouped by when each was last active, one
+message deleted on its own."""
+
+import datetime as dt
+
+from app.chat.conversation_list import age_group
+from app.chat.session import title_from
+from tests.app_support import ScriptedBackend, make_context, open_window, screenshot, send, wait_reply
+
+
+def test_titles_cut_at_a_word_with_an_ellipsis():
+    assert title_from("Short question\nsecond line") == "Short question"
+    long = "Explain how the gated delta rule keeps a recurrent state per head in linear attention"
+    assert title_from(long) == "Explain how the gated delta rule keeps a…"
+    assert title_from("") == "Images" and title_from("x" * 60) == "x" * 48 + "…"
+
+
+def test_age_groups():
+    today = dt.date(2025, 6, 15)
+    at = lambda *d: dt.datetime(*d, 12).timestamp()       # noqa: E731
+    assert [age_group(at(2025, 6, 15), today), age_group(at(2025, 6, 14), today), age_group(at(2025, 6, 10), today),
+            age_group(at(2025, 3, 2), today), age_group(at(2024, 12, 1), today)] == \
+        ["Today", "Yesterday", "Previous 7 days", "March", "December 2024"]
+
+
+def test_list_grouped_by_date_and_one_message_deleted(app_env, qtbot, monkeypatch):
+    window = open_window(qtbot, make_context(app_env), autoload=False)
+    window.session.set_backend(ScriptedBackend([("An answer.", "")]))
+    window.chat.set_model("Scripted")
+    window.show_page("chat")
+    store = window.context.store
+    for title, days in (("Trip to Lisbon", 40), ("Budget for the garden shed project and what it costs", 3),
+                        ("Yesterday's bug", 1)):
+        conversation = store.create_conversation(title)
+        store.db.execute("UPDATE conversations SET updated=? WHERE id=?",
+                         ((dt.datetime.now() - dt.timedelta(days=days)).timestamp(), conversation.id))
+    send(qtbot, window, "What is the capital of Portugal, and what is the best time of the year to visit it?")
+    wait_reply(qtbot, window)
+    listing = window.chat.conversations
+    headings = [listing.list.item(i).text() for i in range(listing.list.count())
+                if listing.list.item(i) not in listing.items()]
+    assert headings[:3] == ["Today", "Yesterday", "Previous 7 days"] and len(headings) == 4
+    assert listing.items()[0].text().endswith("…")
+    window.chat.banner.hide()
+    screenshot(window, "chat_conversations_by_date")
+    monkeypatch.setattr("app.dialogs.confirm", lambda *args: True)
+    user_view, reply_view = window.chat.transcript.message_views()
+    qtbot.mouseClick(reply_view.delete_button, __import__("PySide6.QtCore").QtCore.Qt.MouseButton.LeftButton)
+    assert [m.role for m in store.messages(window.session.current.id)] == ["user"]
+    assert [v.message.role for v in window.chat.transcript.message_views()] == ["user"]

@@ -1,0 +1,72 @@
+"""Loading a model: the header names it, the status bar shows the engine's stage with a determinate bar,
+Cancel stops the engine thread's load cleanly, Eject unloads; closing the window mid-load writes nothing."""
+
+import time
+
+import pytest
+
+from tests.app_support import make_context, open_window, screenshot, wait_ready
+
+
+@pytest.fixture
+def slow_weights(monkeypatch):
+    """Each weight takes 30 ms to copy, so a tiny checkpoint loads for a few seconds (the real engine, slowed)."""
+    from engine.weights import loader
+
+    copy = loader._copy
+    monkeypatch.setattr(loader, "_copy", lambda *args: (time.sleep(0.03), copy(*args)))
+
+
+def test_loading_shows_progress_and_cancel_stops_it(app_env, qtbot, checkpoint, slow_weights):
+    path = str(checkpoint("base"))
+    window = open_window(qtbot, make_context(app_env), autoload=False)
+    states = []
+    window.engine.state_changed.connect(lambda state, _: states.append(state))
+    window.load_model(path)
+    assert window.chat.model_badge.text().startswith("Loading base")
+    qtbot.waitUntil(lambda: window.load.fraction is not None and window.load.done >= 3, timeout=20_000)
+    status = window.status
+    assert status.progress.maximum() == 1000 and status.progress.value() > 0      # determinate
+    assert "Loading base" in status.text.text() and f"of {window.load.total}" in status.text.text()
+    assert status.cancel.isVisible() and "%" in window.chat.model_badge.text()
+    window.show_page("chat")
+    screenshot(window, "loading_progress")
+    window.show_page("models")
+    row = window.models.local_rows[0] if window.models.local_rows else None
+    screenshot(window, "loading_models_page")
+    status.cancel.click()
+    qtbot.waitUntil(lambda: window.engine.state == "idle" and not window.loading_path, timeout=10_000)
+    assert window.engine.model is None and "cancelled" in status.text.text()
+    assert not status.cancel.isVisible() and window.chat.model_badge.text() == "No model loaded"
+    assert states[-1] == "idle" and "ready" not in states
+    window.load_model(path)                              # the engine thread took the next load as usual
+    wait_ready(qtbot, window)
+    assert row is None or row.load.text() in ("Load", "Eject")
+
+
+def test_eject_unloads_the_model(app_env, qtbot, checkpoint):
+    path = str(checkpoint("base"))
+    window = open_window(qtbot, make_context(app_env, model_folders=[str(checkpoint("base").parent)]),
+                         autoload=False)
+    window.load_model(path)
+    wait_ready(qtbot, window)
+    qtbot.waitUntil(lambda: window.chat.model_badge.text() == "base", timeout=5_000)
+    row = next(r for r in window.models.local_rows if r.model.path == path)
+    assert row.load.text() == "Eject"
+    window.show_page("models")
+    screenshot(window, "models_loaded_eject")
+    row.load.click()
+    qtbot.waitUntil(lambda: window.engine.model is None and window.session.backend is None, timeout=10_000)
+    qtbot.waitUntil(lambda: row.load.text() == "Load", timeout=5_000)
+    assert window.chat.model_badge.text() == "No model loaded" and window.status.text.text() == "No model loaded"
+
+
+def test_closing_while_a_model_loads_writes_nothing_afterwards(app_env, qtbot, checkpoint, slow_weights):
+    context = make_context(app_env, last_model=str(checkpoint("base")))
+    window = open_window(qtbot, context)
+    qtbot.waitUntil(lambda: window.load is not None and window.load.done >= 2, timeout=20_000)
+    started = time.monotonic()
+    window.close()
+    context.store.close()                                # what app.main does once the window has gone
+    assert window.engine.wait(5_000) and time.monotonic() - started < 5     # the load was cancelled, not awaited
+    qtbot.wait(200)                                      # anything the engine thread queued is delivered now
