@@ -145,6 +145,7 @@ def main(argv=None) -> int:
         for interval in args.stream_interval:
             settings.stream_interval_s = interval
             http_[interval].append(through_http(server.url, ids, args.tokens))
+        print(f"round: in process {ours[-1]:.0f}, HTTP {[round(v[-1]) for v in http_.values()]} tok/s", flush=True)
     server.stop()
     engine.close()
     if args.profile:
