@@ -50,24 +50,41 @@ class Finish:
 
 
 class Wakeups:
-    """From the engine's thread to the event loop: the generations that have new events. However many requests
-    run, an engine step costs the loop one wake-up (the first event schedules it, the others join it), and
-    no thread of its own per request: every hop between threads is a fight for the GIL with the engine loop."""
+    """From the engine's thread to the event loop: the generations that have new events.
+
+    Every hop between threads is a fight for the GIL with the engine loop, so: no thread per request, and
+    nothing on the engine's thread that lets go of the GIL (waking the event loop writes to its self-pipe,
+    which does). The engine's thread only notes the generation and sets an Event; one waker thread, which
+    gets the GIL when the engine's thread lets go of it (waiting for the GPU), wakes the loop once for all
+    the requests that had events by then: one wake-up per engine step however many requests run."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
         self.lock = threading.Lock()
         self.pending: list[Generation] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._waker, name="qwendesk-wakeups", daemon=True).start()
 
     def notify(self, gen: Generation) -> None:          # the engine's thread
         with self.lock:
             self.pending.append(gen)
-            if len(self.pending) > 1:
-                return                                  # a wake-up is already on its way
-        try:
-            self.loop.call_soon_threadsafe(self._wake)
-        except RuntimeError:                            # the event loop is gone (server shutting down)
-            gen.handle.cancel()
+            first = len(self.pending) == 1
+        if first:                                       # (else a wake-up is already on its way)
+            self.ready.set()
+
+    def _waker(self) -> None:
+        while not self.loop.is_closed():                # (the server stopped: the thread ends)
+            if not self.ready.wait(1.0):
+                continue
+            self.ready.clear()
+            try:
+                self.loop.call_soon_threadsafe(self._wake)
+            except RuntimeError:                        # the event loop is gone (server shutting down)
+                with self.lock:
+                    gens, self.pending = self.pending, []
+                for gen in gens:
+                    gen.handle.cancel()
+                return
 
     def _wake(self) -> None:                            # the loop's thread
         with self.lock:
