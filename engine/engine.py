@@ -92,6 +92,15 @@ class RequestHandle:
             if event.kind == "finish":
                 return
 
+    def ready(self) -> list[StreamEvent]:
+        """The events queued so far, without waiting (with `on_event`: read them when told)."""
+        out = []
+        while True:
+            try:
+                out.append(self._events.get_nowait())
+            except queue.Empty:
+                return out
+
     def cancel(self) -> None:
         self._engine.cancel(self.id)
 
@@ -305,7 +314,7 @@ class Engine:
         reads: each placeholder repeated to its image's token count."""
         return expand_image_placeholders(ids, self.model_config.image_token_id, images) if images else ids
 
-    def submit(self, prompt, params: SamplingParams | None = None, tools=None, images=None,
+    def submit(self, prompt, params: SamplingParams | None = None, tools=None, images=None, on_event=None,
                **template_kwargs) -> RequestHandle:
         """Queue a request (token ids or chat messages); returns at once. `tools` (OpenAI-style): chat messages are
         rendered with them, and the reply's calls to them come out as CallStart / CallArgs pieces (token ids: the
@@ -335,7 +344,8 @@ class Engine:
             self._next_id += 1
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         seq = Sequence(id=seq_id, prompt=ids, params=params, seed=seed,
-                       max_total=min(len(ids) + params.max_tokens, self.max_context), images=image_info)
+                       max_total=min(len(ids) + params.max_tokens, self.max_context), images=image_info,
+                       on_event=on_event)
         seq.stream = OutputStream(tok, params, in_reasoning, tools)
         seq.matcher = matcher
         if params.thinking_budget == 0 and seq.stream.in_reasoning and tok.think_end_id is not None:

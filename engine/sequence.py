@@ -6,6 +6,7 @@ import queue
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from engine.params import SamplingParams, SpeculationStats, StreamEvent, TokenLogprob
 from engine.vision.prompt import ImagePrompt
@@ -33,6 +34,7 @@ class Sequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     forced: deque = field(default_factory=deque)  # tokens to emit next instead of sampling
     events: queue.Queue = field(default_factory=queue.Queue)   # StreamEvents for the consumer
+    on_event: Callable[[StreamEvent], None] | None = None       # told after each one is queued (engine thread)
     stream: object = None                       # engine.streaming.OutputStream
     matcher: object = None                      # engine.grammar.Matcher: a constrained request's grammar state
     images: ImagePrompt | None = None           # the prompt's images (None: text only)
@@ -78,3 +80,5 @@ class Sequence:
 
     def emit(self, event: StreamEvent) -> None:
         self.events.put(event)
+        if self.on_event is not None:
+            self.on_event(event)

@@ -171,6 +171,10 @@ def test_models_list_in_anthropic_shape(client):
     dict(messages=[{"role": "system", "content": "x"}]),
     dict(tool_choice={"type": "any"}),
     dict(tools=[{"type": "web_search_20250305", "name": "web_search"}]),
+    dict(tools=[{"name": "f", "input_schema": {"type": "object", "required": "city"}}]),
+    dict(extra_body={"mcp_servers": [{"type": "url", "url": "https://mcp.example", "name": "x"}]}),
+    dict(extra_body={"container": "container_1"}),
+    dict(extra_body={"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}),
 ])
 def test_bad_requests_use_the_anthropic_envelope(client, kw):
     with pytest.raises(anthropic.BadRequestError) as e:
@@ -185,6 +189,29 @@ def test_unknown_model_and_context_length(client, engine):
     assert e.value.body["error"]["type"] == "not_found_error"
     with pytest.raises(anthropic.BadRequestError, match="maximum context length"):
         create(client, max_tokens=engine.max_context)
+
+
+def test_thinking_the_model_opens_mid_reply_is_dropped_without_thinking(client, steer, server):
+    """Without `thinking` the template closes the thinking block; a <think> the model still writes
+    mid-reply is not shown (as text or as a block): a reply with thinking off has none."""
+    steer.say("Hello<think>secret plans</think> world")
+    m = create(client)
+    assert [b.type for b in m.content] == ["text"] and m.content[0].text == "Hello world"
+    assert "secret" not in json.dumps(m.model_dump())
+    steer.say("Hello<think>secret plans</think> world")
+    _, _, body = raw(server, "POST", "/v1/messages", {"model": MODEL, "max_tokens": 100, "messages": USER,
+                                                      "stream": True})
+    assert b"secret" not in body and b'"thinking"' not in body
+    starts = [json.loads(d)["content_block"]["type"] for n, d in sse_events(body) if n == "content_block_start"]
+    assert starts == ["text"]
+    steer.say("Hello<think>plans</think> world")           # with thinking asked for, it is a block
+    m = create(client, thinking=THINK)
+    assert "plans" in [b.thinking for b in m.content if b.type == "thinking"][0]
+
+
+def test_invalid_input_schema_names_the_tool(client):
+    with pytest.raises(anthropic.BadRequestError, match=r"tools.0.input_schema is not a valid JSON Schema"):
+        create(client, tools=[{"name": "f", "input_schema": {"type": "object", "properties": []}}])
 
 
 def test_structured_output(client, steer):

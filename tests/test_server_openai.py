@@ -243,7 +243,16 @@ def test_models(client, engine):
 
 
 @pytest.mark.parametrize("kw, param", [
-    (dict(n=2), "n"),
+    (dict(n=17), "n"),
+    (dict(modalities=["text", "audio"]), "modalities"),
+    (dict(audio={"voice": "alloy", "format": "wav"}), "audio"),
+    (dict(prediction={"type": "content", "content": "x"}), "prediction"),
+    (dict(web_search_options={"search_context_size": "low"}), "web_search_options"),
+    (dict(extra_body={"verbosity": "low"}), "verbosity"),
+    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}]),
+     "tools.0.function.parameters"),
+    (dict(functions=[{"name": "f", "parameters": {"properties": 5}}]), "functions.0.parameters"),
+    (dict(functions=[{"name": "f"}], tools=[{"type": "function", "function": {"name": "g"}}]), "functions"),
     (dict(response_format={"type": "xml"}), "response_format"),
     (dict(temperature=3), "temperature"),
     (dict(logit_bias={"abc": 5}), "logit_bias"),
@@ -259,6 +268,13 @@ def test_bad_requests_are_400_with_the_openai_envelope(client, kw, param):
     assert e.value.status_code == 400
     err = e.value.body
     assert err["type"] == "invalid_request_error" and err["param"] == param and err["message"]
+
+
+def test_fields_that_ask_for_nothing_or_change_nothing_are_accepted(client, steer):
+    steer.say("Hm.</think>\n\nok")
+    r = chat(client, modalities=["text"], web_search_options=None, store=True, metadata={"a": "b"}, user="u",
+             service_tier="auto", prompt_cache_key="k", extra_body={"verbosity": "medium", "langchain_extra": 1})
+    assert r.choices[0].message.content == "ok"
 
 
 def test_images_say_there_is_no_vision(client):
@@ -291,12 +307,84 @@ def test_invalid_json_and_wrong_types_are_400(server):
         assert json.loads(out)["error"]["type"] == "invalid_request_error"
 
 
-def test_curl_style_form_content_type_still_parses_json(server, steer):
+LONG_USER = [{"role": "user", "content": "Tell me about the weather in Paris in spring, " * 12}]
+
+
+def test_n_samples_share_the_prompt_and_sum_usage(client, steer, engine):
     steer.say("Hm.</think>\n\nok")
-    body = json.dumps({"model": MODEL, "messages": USER, "max_tokens": 10}).encode()
-    status, _, out = raw(server, "POST", "/v1/chat/completions", body,
-                         headers={"content-type": "application/x-www-form-urlencoded"})
-    assert status == 200 and json.loads(out)["choices"][0]["message"]["content"] == "ok"
+    one = chat(client, messages=LONG_USER)
+    hits = engine.stats()["prefix_hit_tokens"]
+    fresh = [{"role": "user", "content": LONG_USER[0]["content"].replace("Paris", "Oslo")}]
+    r = chat(client, messages=fresh, n=3)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert all(c.message.content == "ok" and c.finish_reason == "stop" for c in r.choices)
+    assert r.usage.completion_tokens == 3 * one.usage.completion_tokens
+    # samples 2 and 3 started once the first had prefilled: their prompt (to the last page before the
+    # reply's <|im_start|>) came from the prefix cache
+    page = engine.config.page_size
+    assert engine.stats()["prefix_hit_tokens"] - hits >= 2 * (r.usage.prompt_tokens - 2 * page)
+    steer.say("Hm.</think>\n\nok")
+    assert chat(client, messages=fresh).usage.prompt_tokens == r.usage.prompt_tokens    # counted once
+    steer.say("Hm.</think>\n\nok")
+    chunks = list(chat(client, messages=LONG_USER, n=2, stream=True, stream_options={"include_usage": True}))
+    texts = {i: "".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
+             for i in (0, 1)}
+    assert texts == {0: "ok", 1: "ok"}
+    assert sorted(c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason) == [0, 1]
+    assert chunks[-1].usage.completion_tokens == 2 * one.usage.completion_tokens
+
+
+def test_n_samples_with_a_seed_differ_and_reproduce(client):
+    kw = dict(n=2, seed=7, temperature=1.0, max_tokens=8, reasoning_effort="none", extra_body={"ignore_eos": True})
+    a, b = chat(client, **kw), chat(client, **kw)
+    texts = [c.message.content for c in a.choices]
+    assert texts == [c.message.content for c in b.choices] and texts[0] != texts[1]
+
+
+def test_n_plain_completions(client, steer):
+    steer.endless()
+    r = client.completions.create(model=MODEL, prompt=["one", "two"], max_tokens=3, n=2)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3] and r.usage.completion_tokens == 12
+
+
+def test_legacy_functions_map_to_tools(client, steer, engine):
+    functions = [t["function"] for t in TOOLS]
+    steer.say("Hm.</think>\n\n" + CALL)
+    r = chat(client, functions=functions)
+    c = r.choices[0]
+    assert c.finish_reason == "function_call" and not c.message.tool_calls
+    assert c.message.function_call.name == "get_weather"
+    assert json.loads(c.message.function_call.arguments) == {"city": "Paris", "days": 3}
+    steer.say("Hm.</think>\n\n" + CALL)
+    chunks = list(chat(client, functions=functions, stream=True))
+    calls = [c.choices[0].delta.function_call for c in chunks if c.choices and c.choices[0].delta.function_call]
+    assert calls[0].name == "get_weather"
+    assert json.loads("".join(f.arguments or "" for f in calls)) == {"city": "Paris", "days": 3}
+    assert chunks[-1].choices[0].finish_reason == "function_call"
+    steer.say("Hm.</think>\n\n" + CALL + "\n" + CALL)     # function_call by name: that call, one only
+    r = chat(client, functions=functions, function_call={"name": "get_weather"})
+    assert r.choices[0].message.function_call.name == "get_weather" and r.choices[0].finish_reason == "function_call"
+    steer.say("Hm.</think>\n\nIt is 18 C.")             # the legacy history: assistant function_call, function role
+    history = USER + [{"role": "assistant", "content": None,
+                       "function_call": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+                      {"role": "function", "name": "get_weather", "content": "18 C"}]
+    r = chat(client, messages=history, functions=functions)
+    assert r.choices[0].message.content == "It is 18 C."
+    expected = engine.template.render(USER + [{"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "content": "18 C"}], tools=TOOLS)
+    assert "<tool_response>\n18 C\n</tool_response>" in expected
+    assert r.usage.prompt_tokens == len(engine.tokenizer.encode(expected))
+
+
+def test_chunk_template_writes_the_same_bytes():
+    from engine.server.sse import ChunkTemplate, dumps, event
+    meta = {"id": "chatcmpl-1", "created": 5, "model": "m\u00e9", "object": "chat.completion.chunk"}
+    for usage in (False, True):
+        for delta in ({"content": "a\"b\n\u2603"}, {"reasoning_content": "x", "reasoning": "x"}):
+            data = {**meta, "choices": [{"index": 3, "delta": delta, "logprobs": None, "finish_reason": None}]}
+            expected = event({**data, "usage": None} if usage else data)
+            assert ChunkTemplate(meta, "delta", usage)(3, dumps(delta)) == expected
 
 
 class City(pydantic.BaseModel):
@@ -340,5 +428,6 @@ def test_bad_schemas_are_400_naming_the_problem(client, fmt, words):
 def test_invalid_tool_schema_is_400(client):
     tools = [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"n": {"type": "integr"}}}}}]
-    with pytest.raises(openai.BadRequestError, match="Invalid type: integr"):
+    with pytest.raises(openai.BadRequestError, match=r"tools.0.function.parameters is not a valid JSON Schema: at "
+                                                     r".properties.n.type: 'integr'"):
         chat(client, tools=tools)

@@ -278,3 +278,61 @@ def test_usage_reports_speculation():
                                    "position_rates": [0.5, 0.5, 0.0]}
     assert anthropic_routes.usage_json(usage)["speculation"] == body["speculation"]
     assert "speculation" not in openai_routes.usage_json(Usage(prompt_tokens=1))
+
+
+def metric(server, name: str) -> int:
+    for line in raw(server, "GET", "/metrics")[2].decode().splitlines():
+        if line.startswith(name + " "):
+            return int(float(line.split()[-1]))
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_request_outcomes_add_up_and_cached_tokens_agree(engine, steer, server):
+    """completed + failed + abandoned + dropped = started; an abandoned request is a 499, not a 5xx; the
+    cached-token counter counts dropped streams too, so it equals the engine's prefix hits."""
+    outcome = lambda o: metric(server, f'qwendesk_generation_requests_total{{outcome="{o}"}}')   # noqa: E731
+    before = {o: outcome(o) for o in ("completed", "failed", "abandoned", "dropped")}
+    started = metric(server, "qwendesk_generation_requests_started_total")
+    steer.say("Hi.</think>\n\nHello!")
+    long = [{"role": "user", "content": "Tell me about the sea. " * 20}]     # pages and a snapshot to keep
+    assert raw(server, "POST", "/v1/chat/completions", chat_body(messages=long, max_tokens=40))[0] == 200
+    steer.reset()
+    steer.endless(delay=0.005)
+    for path, body in (("/v1/chat/completions", chat_body(stream=True, max_tokens=400)),     # dropped midway
+                       ("/v1/messages", {"model": MODEL, "max_tokens": 400, "messages": USER, "stream": True})):
+        conn, resp = open_stream(server, path, body)
+        resp.read1(100)
+        wait_for(lambda: engine.stats()["running"] == 1)
+        conn.close()
+        wait_for(lambda: engine.stats()["running"] == 0)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)    # abandoned before the reply
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(chat_body(max_tokens=400)),
+                 headers={"content-type": "application/json"})
+    wait_for(lambda: engine.stats()["running"] == 1)
+    conn.close()
+    wait_for(lambda: engine.stats()["running"] == 0)
+    steer.reset()
+    steer.failing = True
+    assert raw(server, "POST", "/v1/chat/completions", chat_body())[0] == 500               # failed
+    wait_for(lambda: outcome("abandoned") == before["abandoned"] + 1 and outcome("dropped") == before["dropped"] + 2)
+    after = {o: outcome(o) for o in before}
+    assert {o: after[o] - before[o] for o in after} == {"completed": 1, "failed": 1, "abandoned": 1, "dropped": 2}
+    assert metric(server, "qwendesk_generation_requests_started_total") - started == 5
+    text = raw(server, "GET", "/metrics")[2].decode()
+    assert 'route="/v1/chat/completions",status="499"' in text and 'status="503"' not in text
+    assert metric(server, "qwendesk_cached_tokens_total") == metric(server, "qwendesk_prefix_cache_hit_tokens_total")
+    stats = engine.stats()
+    assert metric(server, "qwendesk_state_slots_used") == stats["state_slots_used"] == 0
+    assert metric(server, "qwendesk_snapshots_cached") == stats["snapshots_cached"] > 0
+
+
+def test_tokens_that_come_while_a_stream_waits_go_out_merged(engine, steer):
+    """stream_interval_s: what the engine wrote meanwhile goes out as one chunk, the same text in fewer chunks."""
+    text = "one two three four five six seven eight nine ten eleven twelve"
+    steer.say("Hm.</think>\n\n" + text)
+    with serving(engine, steer, stream_interval_s=0.2) as srv:
+        _, _, body = raw(srv, "POST", "/v1/chat/completions", chat_body(stream=True, max_tokens=60))
+    deltas = [json.loads(d)["choices"][0]["delta"] for _, d in sse_events(body)[:-1] if json.loads(d)["choices"]]
+    content = [d["content"] for d in deltas if d.get("content")]
+    assert "".join(content) == text
+    assert len(content) < len(steer.tok.encode(text)) // 2

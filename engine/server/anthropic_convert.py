@@ -8,6 +8,7 @@ budget_tokens, "adaptive"). A trailing assistant message is a prefill: the reply
 from __future__ import annotations
 
 from engine.server.anthropic_schema import Block, CountTokensRequest, MessagesRequest
+from engine.server.checks import check_tool_schema
 from engine.server.errors import APIError
 from engine.server.images import ImageOptions, ImageParts
 from engine.server.prompting import ChatRequest, Thinking, ToolChoice
@@ -17,7 +18,7 @@ CHOICES = {"auto": "auto", "any": "required", "tool": "function", "none": "none"
 
 
 def chat_request(body: CountTokensRequest, images: ImageOptions) -> ChatRequest:
-    tools = [_tool(t) for t in body.tools or []]
+    tools = [_tool(t, f"tools.{i}.input_schema") for i, t in enumerate(body.tools or [])]
     choice = ToolChoice("auto" if tools else "none")
     if body.tool_choice is not None:
         if body.tool_choice.type == "tool" and not body.tool_choice.name:
@@ -49,10 +50,11 @@ def _thinking(body: CountTokensRequest) -> Thinking:
     return Thinking(enabled=True, effort=effort, budget=t.budget_tokens if t.type == "enabled" else None)
 
 
-def _tool(tool) -> dict:
+def _tool(tool, where: str) -> dict:
     if tool.type not in (None, "custom"):
         raise APIError(400, f"server tool {tool.type!r} is not available here; define client tools with an "
                             "input_schema", param="tools")
+    check_tool_schema(tool.input_schema, where)
     schema = tool.input_schema or {"type": "object", "properties": {}}
     return {"type": "function",
             "function": {"name": tool.name, "description": tool.description or "", "parameters": schema}}

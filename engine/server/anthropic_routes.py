@@ -13,9 +13,10 @@ from engine.api import CallArgs, CallStart, Reasoning, Text, Usage
 from engine.server.openai_routes import speculation_json
 from engine.server.anthropic_convert import chat_request
 from engine.server.anthropic_schema import CountTokensRequest, MessagesRequest
-from engine.server.body import parse_body
+from engine.server.body import documented, parse_body
+from engine.server.checks import ANTHROPIC_MESSAGES, refuse_unsupported
 from engine.server.errors import error_payload
-from engine.server.generation import Finish, Keepalive, Reply, collect_all
+from engine.server.generation import Finish, Keepalive, Reply, collect, collect_all
 from engine.server.prompting import chat_prompt, prompt_ids
 from engine.server.sse import JSON, event, sse_response
 
@@ -24,19 +25,22 @@ router = APIRouter()
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 
 
-@router.post("/v1/messages")
+@router.post("/v1/messages", openapi_extra=documented(MessagesRequest))
 async def messages(request: Request):
     server = request.app.state.server
     body = await parse_body(request, MessagesRequest)
     engine = server.ready()
     server.check_model(body.model)
-    prompt = await run_in_threadpool(chat_prompt, engine, chat_request(body, server.image_options()), server.defaults)
-    gen = server.start(prompt)
+    refuse_unsupported(body.model_extra, ANTHROPIC_MESSAGES)
+    req = chat_request(body, server.image_options())
+    prompt = await run_in_threadpool(chat_prompt, engine, req, server.defaults)
+    [gen] = await server.start([[prompt]])
     omit_thinking = bool(body.thinking and body.thinking.display == "omitted")
     message = {"id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant", "model": body.model}
+    events = gen.events() if req.thinking.enabled else without_thinking(gen.events())
     if body.stream:
-        return sse_response(message_stream(gen.events(), message, len(prompt.ids), omit_thinking), [gen])
-    reply = (await collect_all(request, [gen]))[0]
+        return sse_response(message_stream(events, message, len(prompt.ids), omit_thinking), [gen])
+    reply = (await collect_all(request, [gen], lambda _: collect(events)))[0]
     finish = reply.finish
     if finish.api_error():
         raise finish.api_error()
@@ -44,7 +48,7 @@ async def messages(request: Request):
                  "usage": usage_json(finish.usage)})
 
 
-@router.post("/v1/messages/count_tokens")
+@router.post("/v1/messages/count_tokens", openapi_extra=documented(CountTokensRequest))
 async def count_tokens(request: Request):
     server = request.app.state.server
     body = await parse_body(request, CountTokensRequest)
@@ -52,6 +56,15 @@ async def count_tokens(request: Request):
     server.check_model(body.model)
     ids, _ = await run_in_threadpool(prompt_ids, engine, chat_request(body, server.image_options()))
     return JSON({"input_tokens": len(ids)})
+
+
+async def without_thinking(events):
+    """A request without `thinking` gets no thinking block, even when the model opens one mid-reply
+    (the template already closed the one it would start with): that reasoning is dropped, as a reply
+    with thinking disabled has none. Its tokens still count as output tokens."""
+    async for ev in events:
+        if not isinstance(ev, Reasoning):
+            yield ev
 
 
 def content_blocks(reply: Reply, omit_thinking: bool) -> list[dict]:

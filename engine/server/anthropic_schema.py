@@ -1,11 +1,13 @@
-"""Request bodies of the Anthropic routes (Messages API). Unused fields (metadata, cache_control,
-service_tier, ...) are accepted and ignored."""
+"""Request bodies of the Anthropic routes (Messages API), as /openapi.json documents them. Fields not
+named here are kept as extras: those the server cannot honour (mcp_servers, container, ...) are
+refused with a 400 (engine/server/checks.py), the rest (metadata, cache_control, service_tier, ...)
+are ignored."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class Block(BaseModel):
@@ -64,6 +66,7 @@ class CountTokensRequest(BaseModel):
 
 
 class MessagesRequest(CountTokensRequest):
+    model_config = ConfigDict(extra="allow")
     max_tokens: int = Field(ge=1)
     stop_sequences: list[str] | None = None
     stream: bool = False

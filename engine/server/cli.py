@@ -52,7 +52,8 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, EngineConfig]:
     ap.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                     help="accept this Host name besides loopback names and IP addresses (repeatable; '*': any)")
     ap.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
-                    help="let web pages from this origin call the API (repeatable; default: none)")
+                    help="let web pages from this origin call the API (repeatable; '*': any; default: none, and a "
+                         "request from a web page is refused)")
     ap.add_argument("--max-body-mb", type=float, default=32, help="largest request body accepted")
     ap.add_argument("--vision", default="auto", choices=VISION,
                     help="the vision tower: auto (on demand on GPUs of 24 GiB or less, else resident), resident, "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from starlette.exceptions import HTTPException
 
 from engine.api import ContextLengthError, QueueFullError
@@ -41,6 +41,11 @@ class APIError(HTTPException):
                  code: str | None = None, headers: dict | None = None):
         super().__init__(status, message, headers or {})
         self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+
+
+class ClientGone(Exception):
+    """The client went away before a reply that is not streamed was ready. Nobody reads the answer: it
+    is a 499 (nginx's "client closed request") in the log and the metrics, never a 5xx."""
 
 
 def overloaded(message: str) -> APIError:
@@ -87,6 +92,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
         return error_response(exc, request.scope)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone):
+        return Response(status_code=499)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):

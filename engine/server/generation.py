@@ -1,9 +1,13 @@
 """Generation: one engine request seen from asyncio, as output events.
 
-Iterating a RequestHandle blocks, so a small thread per request pumps its events into an asyncio
-queue. The engine's pieces (Text, Reasoning, CallStart, CallArgs: it parses the calls when the request
+The engine tells the event loop when a request has new events (`Wakeups`: one wake-up per engine step for
+all of them) and the generation reads what its handle holds. The engine's pieces (Text, Reasoning, CallStart, CallArgs: it parses the calls when the request
 has tools) pass straight through, with the logprobs of the tokens the engine labelled content. Leaving
 `events()` early (the client went away) cancels the engine request, which frees its cache pages at once.
+
+The tokens a generation used are counted in the metrics when the engine finishes it, whether or not anyone
+still reads it (a stream cut midway counts as much as one read to its end); how the HTTP request ended
+(completed, failed, abandoned, dropped) is its `Outcome`'s business.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import threading
 from dataclasses import dataclass, field
 
 from engine.api import CallArgs, CallStart, Reasoning, StreamEvent, Text, Timings, TokenLogprob, Usage
-from engine.server.errors import APIError
+from engine.server.errors import APIError, ClientGone
+from engine.server.metrics import Outcome
 from engine.server.prompting import Prompt
 
 
@@ -44,63 +49,134 @@ class Finish:
         return None
 
 
+class Wakeups:
+    """From the engine's thread to the event loop: the generations that have new events.
+
+    Every hop between threads is a fight for the GIL with the engine loop, so: no thread per request, and
+    nothing on the engine's thread that lets go of the GIL (waking the event loop writes to its self-pipe,
+    which does). The engine's thread only notes the generation and sets an Event; one waker thread, which
+    gets the GIL when the engine's thread lets go of it (waiting for the GPU), wakes the loop once for all
+    the requests that had events by then: one wake-up per engine step however many requests run."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.pending: list[Generation] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._waker, name="qwendesk-wakeups", daemon=True).start()
+
+    def notify(self, gen: Generation) -> None:          # the engine's thread
+        with self.lock:
+            self.pending.append(gen)
+            first = len(self.pending) == 1
+        if first:                                       # (else a wake-up is already on its way)
+            self.ready.set()
+
+    def _waker(self) -> None:
+        while not self.loop.is_closed():                # (the server stopped: the thread ends)
+            if not self.ready.wait(1.0):
+                continue
+            self.ready.clear()
+            try:
+                self.loop.call_soon_threadsafe(self._wake)
+            except RuntimeError:                        # the event loop is gone (server shutting down)
+                with self.lock:
+                    gens, self.pending = self.pending, []
+                for gen in gens:
+                    gen.handle.cancel()
+                return
+
+    def _wake(self) -> None:                            # the loop's thread
+        with self.lock:
+            gens, self.pending = self.pending, []
+        for gen in gens:
+            gen.wake.set()
+            gen.started.set()
+
+
 class Generation:
-    def __init__(self, engine, prompt: Prompt, *, keepalive_s: float = 15.0, raw: bool = False, metrics=None):
-        """`raw`: a plain completion: reasoning is part of the text (its prompt has no tools to parse)."""
+    def __init__(self, engine, prompt: Prompt, wakeups: Wakeups, *, keepalive_s: float = 15.0, interval_s: float = 0.0,
+                 raw: bool = False, metrics=None):
+        """`raw`: a plain completion: reasoning is part of the text (its prompt has no tools to parse).
+        `interval_s`: after output, wait this long before reading again (what came meanwhile goes out merged)."""
         self.engine, self.prompt, self.params = engine, prompt, prompt.params
-        self.keepalive_s, self.raw, self.metrics = keepalive_s, raw, metrics
+        self.keepalive_s, self.interval_s, self.raw = keepalive_s, interval_s, raw
+        self.metrics, self.wakeups = metrics, wakeups
         self.shown = ("content", "reasoning") if raw else ("content",)    # the tokens whose logprobs go out
         self.finished = False
+        self.outcome: Outcome | None = None     # the HTTP request's, once all its generations started
+        self.wake = asyncio.Event()             # the handle has events to read
+        self.started = asyncio.Event()          # set when the first event comes: the prompt is in the cache
         self.handle = engine.submit(prompt.ids, self.params, tools=prompt.tools,   # raises QueueFullError, ValueError
-                                    images=prompt.images or None)
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.loop = asyncio.get_running_loop()
-        threading.Thread(target=self._pump, name=f"qwendesk-stream-{self.handle.id}", daemon=True).start()
+                                    images=prompt.images or None, on_event=self._on_event)
 
     def cancel(self) -> None:
         if not self.finished:
             self.handle.cancel()
 
+    def _on_event(self, ev: StreamEvent) -> None:       # the engine's thread
+        if ev.kind == "finish" and self.metrics is not None:
+            self.metrics.finished(ev.finish_reason, ev.usage or Usage(prompt_tokens=len(self.prompt.ids)), ev.timings)
+        self.wakeups.notify(self)
+
     async def events(self):
+        """Output events; what came since the last wake-up arrives merged (one Text for several tokens' text),
+        so a client that reads slower than the engine writes gets fewer, larger chunks."""
+        loop = asyncio.get_running_loop()
         try:
             while True:
-                try:
-                    ev = await asyncio.wait_for(self.queue.get(), self.keepalive_s)
-                except asyncio.TimeoutError:
-                    yield Keepalive()
-                    continue
-                for out in self._convert(ev):
+                batch = self.handle.ready()
+                if not batch:
+                    self.wake.clear()
+                    timer = loop.call_later(self.keepalive_s, self.wake.set)
+                    await self.wake.wait()
+                    timer.cancel()
+                    batch = self.handle.ready()
+                    if not batch:
+                        yield Keepalive()
+                        continue
+                for out in self._convert(batch):
                     yield out
-                if ev.kind == "finish":
+                if batch[-1].kind == "finish":
                     return
+                if self.interval_s:
+                    await asyncio.sleep(self.interval_s)
         finally:
             self.cancel()
 
     # ---- engine events -> output events --------------------------------------------------------
-    def _pump(self) -> None:
-        for ev in self.handle:
-            try:
-                self.loop.call_soon_threadsafe(self.queue.put_nowait, ev)
-            except RuntimeError:            # the event loop is gone (server shutting down)
-                self.handle.cancel()
-
-    def _convert(self, ev: StreamEvent) -> list:
+    def _convert(self, batch: list[StreamEvent]) -> list:
         out = []
-        if ev.logprobs and self.params.logprobs is not None:
-            items = [lp for lp, kind in zip(ev.logprobs, ev.token_kinds) if kind in self.shown]
-            if items:
-                out.append(Logprobs(items))
-        out += [Text(p.text) if self.raw and isinstance(p, Reasoning) else p for p in ev.pieces]
-        if ev.kind == "finish":
-            out.append(self._finish(ev))
+        for ev in batch:
+            if ev.logprobs and self.params.logprobs is not None:
+                items = [lp for lp, kind in zip(ev.logprobs, ev.token_kinds) if kind in self.shown]
+                if items:
+                    out.append(Logprobs(items))
+            for p in ev.pieces:
+                p = Text(p.text) if self.raw and isinstance(p, Reasoning) else p
+                if out and mergeable(out[-1], p):
+                    out[-1] = type(p)(out[-1].text + p.text) if not isinstance(p, CallArgs) else \
+                        CallArgs(p.index, out[-1].text + p.text)
+                else:
+                    out.append(p)
+            if ev.kind == "finish":
+                out.append(self._finish(ev))
         return out
 
     def _finish(self, ev: StreamEvent) -> Finish:
         self.finished = True
         usage = ev.usage or Usage(prompt_tokens=len(self.prompt.ids))
-        if self.metrics is not None:
-            self.metrics.finished(ev.finish_reason, usage, ev.timings)
-        return Finish(ev.finish_reason, usage, ev.timings, ev.stop_sequence, ev.error)
+        finish = Finish(ev.finish_reason, usage, ev.timings, ev.stop_sequence, ev.error)
+        if finish.api_error() is not None and self.outcome is not None:
+            self.outcome.failed = True
+        return finish
+
+
+def mergeable(a, b) -> bool:
+    """Two pieces that go out as one: text after text, thinking after thinking, a call's arguments after its own."""
+    if isinstance(a, CallArgs) and isinstance(b, CallArgs):
+        return a.index == b.index
+    return type(a) is type(b) and isinstance(a, (Text, Reasoning))
 
 
 @dataclass
@@ -123,10 +199,10 @@ class Reply:
         return [(b[1], b[2]) for b in self.blocks if b[0] == "tool"]
 
 
-async def collect(gen: Generation) -> Reply:
-    """Run a generation to its end."""
+async def collect(events) -> Reply:
+    """Run a generation's events to their end."""
     reply, calls = Reply(), {}
-    async for ev in gen.events():
+    async for ev in events:
         kind = {Reasoning: "thinking", Text: "text"}.get(type(ev))
         if kind:
             if reply.blocks and reply.blocks[-1][0] == kind:
@@ -145,25 +221,40 @@ async def collect(gen: Generation) -> Reply:
     return reply
 
 
-async def collect_all(request, gens: list[Generation], consume=collect) -> list:
+async def collect_all(request, gens: list[Generation], consume=None) -> list:
     """Run generations to their end (`consume(gen)`: what a generation's events become; a Reply by
-    default); cancel them all if the client disconnects first (a response that is not streamed has no
-    other way to notice)."""
+    default); cancel them all and raise ClientGone if the client disconnects first (a response that is
+    not streamed has no other way to notice)."""
+    consume = consume or (lambda gen: collect(gen.events()))
+    gone = False
+
     async def watch():
+        nonlocal gone
         while (await request.receive())["type"] != "http.disconnect":
             pass
+        gone = True
         for gen in gens:
             gen.cancel()
 
     watcher = asyncio.ensure_future(watch())
+    outcome = gens[0].outcome
     try:
-        return list(await asyncio.gather(*(consume(g) for g in gens)))
+        results = list(await asyncio.gather(*(consume(g) for g in gens)))
     finally:
         watcher.cancel()
+    if gone:
+        outcome.end("abandoned")
+        raise ClientGone()
+    outcome.end()
+    return results
 
 
 async def merged(gens: list[Generation]):
     """(index, event) from several generations as they come; leaving early cancels them all."""
+    if len(gens) == 1:
+        async for ev in gens[0].events():
+            yield 0, ev
+        return
     queue: asyncio.Queue = asyncio.Queue()
 
     async def run(i: int, gen: Generation):

@@ -57,14 +57,40 @@ class Histogram:
                       f"{name}_count {self.count}"]
 
 
+OUTCOMES = ("completed", "failed", "abandoned", "dropped")
+
+
+class Outcome:
+    """How one generation request ended, counted once: completed (its reply went out whole), failed (the
+    reply is an error: the engine failed, or shut down), abandoned (the client left before a reply that is
+    not streamed), dropped (the client cut a stream midway). Started = the four + those in flight."""
+
+    def __init__(self, metrics: "Metrics"):
+        self.metrics = metrics
+        self.failed = False                     # a generation of it finished with an error
+        self.ended: str | None = None
+        metrics.count("started")
+
+    def end(self, how: str | None = None) -> None:
+        """`how`: abandoned | dropped; None: completed or failed, as its generations finished."""
+        if self.ended is None:
+            self.ended = how or ("failed" if self.failed else "completed")
+            self.metrics.count(self.ended)
+
+
 class Metrics:
     def __init__(self):
         self.lock = threading.Lock()
+        self.outcomes = defaultdict(int)        # started | completed | failed | abandoned | dropped -> count
         self.requests = defaultdict(int)        # (route, status) -> count
         self.finishes = defaultdict(int)        # finish reason -> count
         self.tokens = defaultdict(int)          # prompt | completion | cached | reasoning -> count
         self.ttft = Histogram()
         self.latency = Histogram()
+
+    def count(self, outcome: str) -> None:
+        with self.lock:
+            self.outcomes[outcome] += 1
 
     def request(self, route: str, status: int) -> None:
         with self.lock:
@@ -88,6 +114,13 @@ class Metrics:
                    "# TYPE qwendesk_http_requests_total counter"]
             out += [f'qwendesk_http_requests_total{{route="{r}",status="{s}"}} {n}'
                     for (r, s), n in sorted(self.requests.items())]
+            out += ["# HELP qwendesk_generation_requests_started_total Generation requests submitted to the engine.",
+                    "# TYPE qwendesk_generation_requests_started_total counter",
+                    f"qwendesk_generation_requests_started_total {self.outcomes['started']}",
+                    "# HELP qwendesk_generation_requests_total Generation requests ended, by outcome: completed, "
+                    "failed, abandoned (client left before the reply), dropped (stream cut midway).",
+                    "# TYPE qwendesk_generation_requests_total counter"]
+            out += [f'qwendesk_generation_requests_total{{outcome="{o}"}} {self.outcomes[o]}' for o in OUTCOMES]
             out += ["# HELP qwendesk_generations_total Generations by finish reason.",
                     "# TYPE qwendesk_generations_total counter"]
             out += [f'qwendesk_generations_total{{reason="{r}"}} {n}' for r, n in sorted(self.finishes.items())]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from engine.api import call_arguments
+from engine.server.checks import OPENAI_CHAT, check_tool_schema, refuse_unsupported
 from engine.server.errors import APIError
 from engine.server.images import ImageOptions, ImageParts
-from engine.server.openai_schema import ChatCompletionRequest, ChatMessage, ContentPart, SamplingFields
+from engine.server.openai_schema import (ChatCompletionRequest, ChatMessage, ContentPart, FunctionName, NamedToolChoice,
+                                        SamplingFields, Tool, ToolCall)
 from engine.server.processors import LogitBias
 from engine.server.prompting import ChatRequest, Thinking, ToolChoice
 from engine.server.structured import response_constraint
@@ -14,16 +16,18 @@ IMAGE_PARTS = ("image_url", "input_image")     # chat's, and the Responses API's
 
 
 def chat_request(body: ChatCompletionRequest, vocab_size: int, images: ImageOptions) -> ChatRequest:
-    if body.n not in (None, 1):
-        raise APIError(400, "n must be 1: this server returns one choice per request", param="n")
+    refuse_unsupported(body.model_extra, OPENAI_CHAT)
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     sampling = sampling_fields(body, vocab_size)
     if body.logprobs:
         sampling["logprobs"] = body.top_logprobs or 0
-    choice = body.tool_choice
+    tools, choice, parallel = legacy_functions(body)
+    for i, tool in enumerate(tools or []):
+        check_tool_schema(tool.function.parameters, f"tools.{i}.function.parameters" if body.tools
+                          else f"functions.{i}.parameters")
     if choice is None:
-        mode, name = ("auto" if body.tools else "none"), None
+        mode, name = ("auto" if tools else "none"), None
     elif isinstance(choice, str):
         mode, name = choice, None
     else:
@@ -32,13 +36,28 @@ def chat_request(body: ChatCompletionRequest, vocab_size: int, images: ImageOpti
         messages=template_messages(body.messages, ImageParts(images)),
         sampling=sampling,
         max_tokens=body.max_completion_tokens or body.max_tokens,
-        tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
-        tool_choice=ToolChoice(mode, name, body.parallel_tool_calls is not False),
+        tools=[t.model_dump(exclude_none=True) for t in tools] if tools else None,
+        tool_choice=ToolChoice(mode, name, parallel),
         thinking=Thinking(effort=body.reasoning_effort, budget=body.thinking_token_budget),
         template_kwargs=dict(body.chat_template_kwargs or {}),
         json_format=response_constraint(body.response_format),
         images=images,
     )
+
+
+def legacy_functions(body: ChatCompletionRequest) -> tuple:
+    """-> (tools, tool_choice, parallel): the request's own, or its legacy `functions` / `function_call` as
+    tools (one call at most, as that API returns it in `message.function_call`)."""
+    if body.functions is None and body.function_call is None:
+        return body.tools, body.tool_choice, body.parallel_tool_calls is not False
+    if body.tools is not None or body.tool_choice is not None:
+        raise APIError(400, "functions / function_call cannot be mixed with tools / tool_choice",
+                       param="functions" if body.functions is not None else "function_call")
+    tools = [Tool(function=f) for f in body.functions or []]
+    choice = body.function_call
+    if isinstance(choice, FunctionName):
+        choice = NamedToolChoice(function=choice)
+    return tools, choice, False
 
 
 def sampling_fields(body: SamplingFields, vocab_size: int) -> dict:
@@ -71,18 +90,19 @@ def template_messages(messages: list[ChatMessage], images: ImageParts) -> list[d
     engine's (server/images.py)."""
     out = []
     for i, m in enumerate(messages):
-        role = "system" if m.role == "developer" else m.role
+        role = {"developer": "system", "function": "tool"}.get(m.role, m.role)
         content = _content(m.content, f"messages.{i}.content", images)
         if role == "system" and out and all(o["role"] == "system" for o in out):
             out[0]["content"] = _join(out[0]["content"], content)
             continue
         msg = {"role": role, "content": content}
         if role == "assistant":
-            if m.tool_calls:
+            calls = m.tool_calls or ([ToolCall(function=m.function_call)] if m.function_call else [])
+            if calls:
                 msg["tool_calls"] = [{"id": c.id, "type": "function",
                                       "function": {"name": c.function.name,
                                                    "arguments": _arguments(c.function.arguments, i, j)}}
-                                     for j, c in enumerate(m.tool_calls)]
+                                     for j, c in enumerate(calls)]
             reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
             if reasoning is not None:
                 msg["reasoning_content"] = reasoning

@@ -9,7 +9,8 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from engine.api import CallArgs, CallStart, Reasoning, Text, Usage
-from engine.server.body import parse_body
+from engine.server.body import documented, parse_body
+from engine.server.checks import OPENAI_COMPLETIONS, refuse_unsupported
 from engine.server.errors import APIError, error_payload
 from engine.server.generation import Finish, Keepalive, Logprobs, Reply, collect_all, merged
 from engine.server.logprobs import chat_logprobs, completion_logprobs
@@ -17,108 +18,134 @@ from engine.server.openai_convert import chat_request, sampling_fields
 from engine.server.openai_schema import ChatCompletionRequest, CompletionRequest
 from engine.server.prompting import Prompt, chat_prompt, completion_room, encode, sampling_params
 from engine.server.structured import response_constraint
-from engine.server.sse import JSON, comment, event, sse_response
+from engine.server.sse import JSON, ChunkTemplate, comment, dumps, event, sse_response
 
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=documented(ChatCompletionRequest))
 async def chat_completions(request: Request):
     server = request.app.state.server
     body = await parse_body(request, ChatCompletionRequest)
     engine = server.ready()
     server.check_model(body.model)
     req = chat_request(body, engine.model_config.vocab_size, server.image_options())
-    prompt = await run_in_threadpool(chat_prompt, engine, req, server.defaults)
-    gen = server.start(prompt)
+    prompts = await run_in_threadpool(samples, engine, req, server.defaults, body.n or 1)
+    gens = await server.start([prompts])
     meta = {"id": "chatcmpl-" + secrets.token_hex(12), "created": int(time.time()), "model": body.model}
+    legacy = body.functions is not None or body.function_call is not None
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(chat_stream(gen.events(), meta, include_usage, server.token_bytes), [gen])
-    reply = (await collect_all(request, [gen]))[0]
-    if reply.finish.api_error():
-        raise reply.finish.api_error()
-    return JSON({**meta, "object": "chat.completion",
-                 "choices": [{"index": 0, "message": chat_message(reply), "finish_reason": reply.finish.reason,
-                              "logprobs": chat_logprobs(reply.logprobs, server.token_bytes)
-                              if prompt.params.logprobs is not None else None}],
-                 "usage": usage_json(reply.finish.usage)})
+        return sse_response(chat_stream(gens, meta, include_usage, server.token_bytes, legacy), gens)
+    replies = await collect_all(request, gens)
+    for reply in replies:
+        if reply.finish.api_error():
+            raise reply.finish.api_error()
+    choices = [{"index": i, "message": chat_message(r, legacy), "finish_reason": finish_reason(r.finish, legacy),
+                "logprobs": chat_logprobs(r.logprobs, server.token_bytes) if prompts[0].params.logprobs is not None
+                else None} for i, r in enumerate(replies)]
+    return JSON({**meta, "object": "chat.completion", "choices": choices,
+                 "usage": usage_json(samples_usage([r.finish.usage for r in replies]))})
 
 
-def chat_message(reply: Reply) -> dict:
+def samples(engine, req, defaults: dict, n: int) -> list[Prompt]:
+    """n samples of one chat request: the same prompt, each with its own processors (they keep state) and
+    its own seed (seed + i, when the client gave one)."""
+    prompts = [chat_prompt(engine, req, defaults) for _ in range(n)]
+    for i, prompt in enumerate(prompts):
+        if prompt.params.seed is not None:
+            prompt.params.seed = (prompt.params.seed + i) % 2 ** 63
+    return prompts
+
+
+def finish_reason(finish: Finish, legacy: bool) -> str:
+    return "function_call" if legacy and finish.reason == "tool_calls" else finish.reason
+
+
+def chat_message(reply: Reply, legacy: bool = False) -> dict:
+    """`legacy`: the request used `functions`, so its (one) call goes out as `function_call`."""
     calls = [{"id": "call_" + secrets.token_hex(12), "type": "function", "function": {"name": n, "arguments": a}}
              for n, a in reply.calls]
     message = {"role": "assistant", "content": reply.text if reply.text or not calls else None, "refusal": None}
     if reply.reasoning:
         message["reasoning_content"] = message["reasoning"] = reply.reasoning
-    if calls:
+    if calls and legacy:
+        message["function_call"] = calls[0]["function"]
+    elif calls:
         message["tool_calls"] = calls
     return message
 
 
-async def chat_stream(events, meta: dict, include_usage: bool, token_bytes):
-    def chunk(delta: dict, finish: str | None = None, logprobs=None) -> bytes:
+async def chat_stream(gens, meta: dict, include_usage: bool, token_bytes, legacy: bool = False):
+    def chunk(i: int, delta: dict, finish: str | None = None, logprobs=None) -> bytes:
+        if finish is None and logprobs is None:
+            return text_chunk(i, dumps(delta))
         data = {**meta, "object": "chat.completion.chunk",
-                "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+                "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
         return event({**data, "usage": None} if include_usage else data)
 
-    yield chunk({"role": "assistant", "content": ""})
-    pending = []                                    # logprobs waiting for the text they belong to
-    async for ev in events:
+    text_chunk = ChunkTemplate({**meta, "object": "chat.completion.chunk"}, "delta", include_usage)
+
+    def call_delta(index: int, function: dict, call_id: str | None = None) -> dict:
+        if legacy:
+            return {"function_call": function}
+        call = {"index": index, "function": function}
+        return {"tool_calls": [{**call, "id": call_id, "type": "function"} if call_id else call]}
+
+    for i in range(len(gens)):
+        yield chunk(i, {"role": "assistant", "content": ""})
+    pending: dict[int, list] = {}                   # logprobs waiting for the text they belong to
+    usages = []
+    async for i, ev in merged(gens):
         if isinstance(ev, Logprobs):
-            pending += ev.items
+            pending.setdefault(i, []).extend(ev.items)
             continue
-        lp = chat_logprobs(pending, token_bytes) if pending and not isinstance(ev, Keepalive) else None
-        if lp is not None:
-            pending = []
+        lp = chat_logprobs(pending.pop(i), token_bytes) if i in pending and not isinstance(ev, Keepalive) else None
         if isinstance(ev, Reasoning):
-            yield chunk({"reasoning_content": ev.text, "reasoning": ev.text}, logprobs=lp)
+            yield chunk(i, {"reasoning_content": ev.text, "reasoning": ev.text}, logprobs=lp)
         elif isinstance(ev, Text):
-            yield chunk({"content": ev.text}, logprobs=lp)
+            yield chunk(i, {"content": ev.text}, logprobs=lp)
         elif isinstance(ev, CallStart):
-            call = {"index": ev.index, "id": "call_" + secrets.token_hex(12), "type": "function",
-                    "function": {"name": ev.name, "arguments": ""}}
-            yield chunk({"tool_calls": [call]}, logprobs=lp)
+            yield chunk(i, call_delta(ev.index, {"name": ev.name, "arguments": ""}, "call_" + secrets.token_hex(12)),
+                        logprobs=lp)
         elif isinstance(ev, CallArgs):
-            yield chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.text}}]}, logprobs=lp)
+            yield chunk(i, call_delta(ev.index, {"arguments": ev.text}), logprobs=lp)
         elif isinstance(ev, Keepalive):
             yield comment()
         elif isinstance(ev, Finish):
-            if ev.api_error():
+            if ev.api_error():                      # leaving cancels the other samples
                 yield event(error_payload(ev.api_error(), "openai")[1])
-            else:
-                yield chunk({}, ev.reason, logprobs=lp)
-                if include_usage:
-                    yield event({**meta, "object": "chat.completion.chunk", "choices": [],
-                                 "usage": usage_json(ev.usage)})
+                break
+            yield chunk(i, {}, finish_reason(ev, legacy), logprobs=lp)
+            usages.append(ev.usage)
+    else:
+        if include_usage:
+            yield event({**meta, "object": "chat.completion.chunk", "choices": [],
+                         "usage": usage_json(samples_usage(usages))})
     yield event("[DONE]")
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=documented(CompletionRequest))
 async def completions(request: Request):
     server = request.app.state.server
     body = await parse_body(request, CompletionRequest)
     engine = server.ready()
     server.check_model(body.model)
-    for name, ok in (("n", body.n in (None, 1)), ("best_of", body.best_of in (None, 1)), ("suffix", not body.suffix)):
-        if not ok:
-            raise APIError(400, f"{name} is not supported: this server returns one plain completion per prompt",
-                           param=name)
-    prompts = await run_in_threadpool(completion_prompts, engine, body, server.defaults)
-    gens = []
-    try:
-        for prompt in prompts:
-            gens.append(server.start(prompt, raw=True))
-    except APIError:
-        for gen in gens:
-            gen.cancel()
-        raise
+    refuse_unsupported(body.model_dump(), OPENAI_COMPLETIONS)
+    n = body.n or 1
+    groups = await run_in_threadpool(lambda: [completion_prompts(engine, body, server.defaults) for _ in range(n)])
+    groups = [list(g) for g in zip(*groups)]         # each prompt's n samples
+    for group in groups:
+        for i, prompt in enumerate(group):
+            if prompt.params.seed is not None:
+                prompt.params.seed = (prompt.params.seed + i) % 2 ** 63
+    gens = await server.start(groups, raw=True)
     tok = engine.tokenizer
-    echoes = [tok.decode(p.ids) if body.echo else "" for p in prompts]
+    echoes = [tok.decode(group[0].ids) if body.echo else "" for group in groups for _ in group]
     meta = {"id": "cmpl-" + secrets.token_hex(12), "created": int(time.time()), "model": body.model}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(completion_stream(gens, meta, echoes, include_usage, server.token_bytes), gens)
+        return sse_response(completion_stream(gens, meta, echoes, include_usage, server.token_bytes, n), gens)
     replies = await collect_all(request, gens)
     for reply in replies:
         if reply.finish.api_error():
@@ -126,8 +153,9 @@ async def completions(request: Request):
     choices = [{"index": i, "text": echoes[i] + r.text, "finish_reason": r.finish.reason,
                 "logprobs": completion_logprobs(r.logprobs, server.token_bytes, len(echoes[i]))
                 if body.logprobs is not None else None} for i, r in enumerate(replies)]
+    usages = [r.finish.usage for r in replies]
     return JSON({**meta, "object": "text_completion", "choices": choices,
-                 "usage": usage_json(total_usage([r.finish.usage for r in replies]))})
+                 "usage": usage_json(total_usage([samples_usage(usages[k:k + n]) for k in range(0, len(usages), n)]))})
 
 
 def completion_prompts(engine, body: CompletionRequest, defaults: dict) -> list[Prompt]:
@@ -153,17 +181,21 @@ def completion_prompts(engine, body: CompletionRequest, defaults: dict) -> list[
     return prompts
 
 
-async def completion_stream(gens, meta: dict, echoes: list[str], include_usage: bool, token_bytes):
+async def completion_stream(gens, meta: dict, echoes: list[str], include_usage: bool, token_bytes, n: int = 1):
     def chunk(i: int, text: str, finish: str | None = None, logprobs=None) -> bytes:
+        if finish is None and logprobs is None:
+            return text_chunk(i, dumps(text))
         data = {**meta, "object": "text_completion",
                 "choices": [{"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
         return event({**data, "usage": None} if include_usage else data)
+
+    text_chunk = ChunkTemplate({**meta, "object": "text_completion"}, "text", include_usage)
 
     offsets = [len(e) for e in echoes]
     for i, echo in enumerate(echoes):
         if echo:
             yield chunk(i, echo)
-    usages, pending = [], {}
+    usages, pending = {}, {}                         # prompt -> its samples' usages
     async for i, ev in merged(gens):
         if isinstance(ev, Logprobs):
             pending.setdefault(i, []).extend(ev.items)
@@ -179,10 +211,11 @@ async def completion_stream(gens, meta: dict, echoes: list[str], include_usage: 
                 break
             lp = completion_logprobs(pending.pop(i), token_bytes, offsets[i]) if i in pending else None
             yield chunk(i, "", ev.reason, logprobs=lp)
-            usages.append(ev.usage)
+            usages.setdefault(i // n, []).append(ev.usage)
     else:
         if include_usage:
-            yield event({**meta, "object": "text_completion", "choices": [], "usage": usage_json(total_usage(usages))})
+            yield event({**meta, "object": "text_completion", "choices": [],
+                         "usage": usage_json(total_usage([samples_usage(u) for u in usages.values()]))})
     yield event("[DONE]")
 
 
@@ -204,6 +237,16 @@ def usage_json(u: Usage) -> dict:
 def speculation_json(s) -> dict:
     return {"rounds": s.rounds, "drafted_tokens": s.drafted, "accepted_tokens": s.accepted,
             "tokens_per_round": round(s.tokens_per_round, 3), "position_rates": [round(r, 3) for r in s.position_rates]}
+
+
+def samples_usage(usages: list[Usage]) -> Usage:
+    """The usage of n samples of one prompt: the prompt counted once (as its first sample, the one that
+    computed it, saw it), the generated tokens of all."""
+    if len(usages) == 1:
+        return usages[0]
+    first = usages[0]
+    return Usage(first.prompt_tokens, sum(u.completion_tokens for u in usages), first.cached_tokens,
+                 sum(u.reasoning_tokens for u in usages))
 
 
 def total_usage(usages: list[Usage]) -> Usage:

@@ -1,12 +1,15 @@
-"""Request bodies of the OpenAI routes. Fields the server does not use are accepted and ignored
-(clients send many: user, store, metadata, service_tier, ...); those whose meaning it cannot honour
-are refused by the routes with a 400 that says so."""
+"""Request bodies of the OpenAI routes, as /openapi.json documents them. Fields not named here are
+kept as extras: those whose meaning the server cannot honour (audio, web_search_options, ...) are
+refused with a 400 (engine/server/checks.py), the rest (user, store, metadata, service_tier, ...)
+are ignored."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.server.checks import MAX_SAMPLES
 
 Temperature = Field(default=None, ge=0, le=2)
 Penalty = Field(default=None, ge=-2, le=2)
@@ -30,10 +33,11 @@ class ToolCall(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]   # function: legacy tool result
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
+    function_call: FunctionCall | None = None    # legacy: the assistant's one call
     tool_call_id: str | None = None
     reasoning_content: str | None = None   # earlier thinking sent back (either name)
     reasoning: str | None = None
@@ -80,7 +84,7 @@ class SamplingFields(BaseModel):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     max_tokens: int | None = Field(default=None, ge=1)
-    n: int | None = 1
+    n: int | None = Field(default=1, ge=1, le=MAX_SAMPLES)    # samples of each prompt
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
@@ -88,12 +92,15 @@ class SamplingFields(BaseModel):
 
 
 class ChatCompletionRequest(SamplingFields):
+    model_config = ConfigDict(extra="allow")
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    functions: list[FunctionDefinition] | None = None                 # legacy tools
+    function_call: Literal["none", "auto"] | FunctionName | None = None  # legacy tool_choice
     parallel_tool_calls: bool | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     thinking_token_budget: int | None = Field(default=None, ge=0)
@@ -102,6 +109,7 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
+    model_config = ConfigDict(extra="allow")
     prompt: str | list[int] | list[str | list[int]]     # one prompt, or a batch of them
     max_tokens: int | None = Field(default=16, ge=1)
     logprobs: int | None = Field(default=None, ge=0, le=20)

@@ -12,7 +12,7 @@ import time
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from engine.server.body import parse_body
+from engine.server.body import documented, parse_body
 from engine.server.errors import APIError
 from engine.server.generation import Finish, Keepalive, collect_all
 from engine.server.prompting import chat_prompt
@@ -24,7 +24,7 @@ from engine.server.sse import JSON, comment, event, sse_response
 router = APIRouter()
 
 
-@router.post("/v1/responses")
+@router.post("/v1/responses", openapi_extra=documented(ResponsesRequest))
 async def create_response(request: Request):
     server = request.app.state.server
     body = await parse_body(request, ResponsesRequest)
@@ -40,7 +40,7 @@ async def create_response(request: Request):
     prepared = prepare(body, history, engine.model_config.vocab_size, server.image_options())
     try:
         prompt = await run_in_threadpool(chat_prompt, engine, prepared.chat, server.defaults)
-        gen = server.start(prompt)
+        [gen] = await server.start([[prompt]])
     except APIError as e:
         raise prepared.renames(e) from None
     response = response_object(body, prepared, prompt.params)

@@ -15,9 +15,10 @@ class ServerSettings:
     port: int = 8080
     api_key: str | None = None              # required on /v1 routes and /metrics when set
     allowed_hosts: list[str] = field(default_factory=list)  # Host header names beyond loopback; "*": any
-    cors_origins: list[str] = field(default_factory=list)   # browser origins allowed (none: CORS off)
+    cors_origins: list[str] = field(default_factory=list)   # browser origins allowed (none: CORS off); "*": any
     max_body_bytes: int = 32 * 1024 * 1024
     keepalive_s: float = 15.0               # SSE keep-alive while a request waits or thinks silently
+    stream_interval_s: float = 0.0          # least time between a stream's chunks (tokens in between go as one)
     allow_image_urls: bool = False          # fetch http(s) image URLs (off: data: URLs / base64 only)
     image_url_timeout_s: float = 10.0       # the whole fetch of one image URL
 
@@ -33,6 +34,21 @@ class ServerSettings:
             return True
         except ValueError:
             return False
+
+
+    @property
+    def origins(self) -> list[str]:
+        """The allowed web origins as browsers write them ("http://app.local:3000": lower case, no slash)."""
+        return [origin_name(o) for o in self.cors_origins]
+
+    def origin_allowed(self, origin: str) -> bool:
+        """A request from a web page (it carries Origin) is accepted only from a listed origin."""
+        allowed = self.origins
+        return "*" in allowed or origin_name(origin) in allowed
+
+
+def origin_name(origin: str) -> str:
+    return origin.strip().lower().rstrip("/")
 
 
 def hostname(host: str) -> str:

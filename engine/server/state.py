@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from engine.server.errors import APIError, from_engine_error
-from engine.server.generation import Generation
+from engine.server.generation import Generation, Wakeups
 from engine.server.images import ImageOptions
 from engine.server.logprobs import TokenBytes
-from engine.server.metrics import Metrics
-from engine.server.prompting import generation_defaults
+from engine.server.metrics import Metrics, Outcome
+from engine.server.prompting import Prompt, generation_defaults
 from engine.server.responses_store import ResponseStore
 from engine.server.settings import ServerSettings
 
@@ -27,6 +28,7 @@ class ServerState:
         self.load_error: str | None = None
         self.defaults: dict = {}
         self.token_bytes: TokenBytes | None = None
+        self.wakeups: Wakeups | None = None      # made on the event loop, by the first request
         if engine is not None:
             self.set_engine(engine)
 
@@ -53,12 +55,37 @@ class ServerState:
         return ImageOptions(vision=self.engine.accepts_images, max_images=c.max_images, max_bytes=c.max_image_bytes,
                             allow_urls=self.settings.allow_image_urls, url_timeout_s=self.settings.image_url_timeout_s)
 
-    def start(self, prompt, raw: bool = False) -> Generation:
-        """Submit a prepared prompt; engine refusals become API errors (429/529, 400, 503)."""
+    async def start(self, groups: list[list[Prompt]], raw: bool = False) -> list[Generation]:
+        """Submit one request's generations: each group is the samples of one prompt (n of them). The first of
+        each group runs first; the others are submitted once it has prefilled, so that their prompt comes from
+        the prefix cache. Engine refusals become API errors (429/529, 400, 503), and cancel what started."""
+        runs: list[list[Generation]] = []             # each prompt's generations
+        try:
+            for group in groups:
+                runs.append([self._submit(group[0], raw)])
+            if any(len(g) > 1 for g in groups):
+                await asyncio.gather(*(run[0].started.wait() for run in runs))
+            for group, run in zip(groups, runs):
+                run += [self._submit(p, raw) for p in group[1:]]
+        except (APIError, asyncio.CancelledError):
+            for run in runs:
+                for gen in run:
+                    gen.cancel()
+            raise
+        gens = [gen for run in runs for gen in run]
+        outcome = Outcome(self.metrics)
+        for gen in gens:
+            gen.outcome = outcome
+        return gens
+
+    def _submit(self, prompt: Prompt, raw: bool) -> Generation:
         if self.params_hook is not None:
             self.params_hook(prompt.params)
+        loop = asyncio.get_running_loop()
+        if self.wakeups is None or self.wakeups.loop is not loop:
+            self.wakeups = Wakeups(loop)
         try:
-            return Generation(self.engine, prompt, keepalive_s=self.settings.keepalive_s, raw=raw,
-                              metrics=self.metrics)
+            return Generation(self.engine, prompt, self.wakeups, keepalive_s=self.settings.keepalive_s,
+                              interval_s=self.settings.stream_interval_s, raw=raw, metrics=self.metrics)
         except Exception as e:
             raise from_engine_error(e) from None
