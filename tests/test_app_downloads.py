@@ -198,11 +198,12 @@ def test_unknown_repository_fails_with_a_message(app_env, qtbot, hub):
     assert "not found" in m.status("Qwen/Missing").message
 
 
-def test_models_page_shows_downloads_and_the_result(app_env, qtbot, hub):
+def test_models_page_shows_downloads_and_the_result(app_env, qtbot, hub, monkeypatch):
     hub.delay = 0.01
     context = make_context(app_env, hub_endpoint=hub.url)
-    context.catalog = [e.__class__(**{**e.__dict__, "id": REPO}) if i == 0 else e
-                       for i, e in enumerate(context.catalog)]
+    smallest = min(context.catalog, key=lambda e: e.download_gb)
+    context.catalog = [smallest.__class__(**{**smallest.__dict__, "id": REPO})]    # the page's only card
+    monkeypatch.setattr("app.dialogs.confirm", lambda *a, **k: True)       # "too large here?": download anyway
     window = open_window(qtbot, context, autoload=False)
     window.downloads.stall_after_s = 30
     assert window.current_page == "models"
