@@ -177,17 +177,20 @@ class Engine:
                                int(config.disk_cache_gb * (1 << 30))) if config.disk_cache else None
         self._scheduler = Scheduler(self._cache, config.max_running, config.prefill_chunk,
                                     im_start_id=self.tokenizer.token_to_id("<|im_start|>"))
-        if self.device.type == "cuda" and config.cuda_graphs:
+        # an MoE layer learns its experts' token counts on the host (engine/model/moe.py): no decode graphs until
+        # a routed path without that sync exists
+        graphs = config.cuda_graphs and not self.model_config.is_moe
+        if self.device.type == "cuda" and graphs:
             self._progress("Capturing CUDA graphs", 0, 1)
         self._runner = ModelRunner(self._model, self._pools, self.device, max_batch=config.max_running,
                                    max_context=self.max_context, scratch_slot=self._cache.scratch_slot,
-                                   cuda_graphs=config.cuda_graphs)
+                                   cuda_graphs=graphs)
         self._spec: Speculation | None = None
         if self.drafts:
             speculator = Speculator(self._model, self._pools, self.drafts, config.max_running, self.max_context,
                                     config.draft_vocab)
             self._runner.speculator = speculator
-            self._spec = Speculation(speculator, self._cache, config.max_running, config.cuda_graphs)
+            self._spec = Speculation(speculator, self._cache, config.max_running, graphs)
         self._grammars = Grammars(self.tokenizer, self.model_config.vocab_size)
         self._inbox: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
