@@ -30,6 +30,7 @@ from engine.grammar import Grammars
 from engine.memory import MemoryPlan, budget_for, checkpoint_max_pixels, plan_for, plan_memory, vision_cost
 from engine.model import load_model
 from engine.model.linear import Embedding, Linear
+from engine.model.moe import SparseMoE
 from engine.params import (ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, Reasoning,
                            SamplingParams, StreamEvent, Text, Timings, Usage, add_calls)
 from engine.runner import ModelRunner
@@ -216,7 +217,10 @@ class Engine:
         """Run each quantized weight shape at WARM_UP_ROWS (2 .. FUSED_MAX_M rows: a prompt's last step, a short chat
         turn): the int4 GEMV's build for M > 1 and the autotuned kernels' M buckets, which otherwise compile and tune
         on first use (seconds each). Before the loop thread starts: the model is not yet shared."""
-        linears = [m for m in self._model.modules() if isinstance(m, Linear) and not isinstance(m, Embedding)]
+        moes = [m for m in self._model.modules() if isinstance(m, SparseMoE)]
+        stacked = {id(lin) for m in moes for lin in (m.gate_up, m.down)}     # run one expert at a time, never whole
+        linears = [m for m in self._model.modules()
+                   if isinstance(m, Linear) and not isinstance(m, Embedding) and id(m) not in stacked]
         shapes = {(m.int4_tiles, m.quantized().shape): m for m in linears + [self._model.lm_head]
                   if m.scheme != "float"}
         with torch.inference_mode():
@@ -224,6 +228,9 @@ class Engine:
                 self._progress("Tuning kernels", i, len(shapes))
                 for rows in WARM_UP_ROWS:
                     linear(torch.zeros(rows, linear.shape[1], dtype=self._dtype, device=self.device))
+            if moes and moes[0].gate_up.scheme != "float":      # an expert's shapes (every expert has them)
+                for rows in WARM_UP_ROWS:
+                    moes[0].expert(torch.zeros(rows, moes[0].hidden, dtype=self._dtype, device=self.device), 0)
 
     def _warm_up(self) -> None:
         """Run the prefill shapes once so that the first user request does not pay for Triton compiling and
