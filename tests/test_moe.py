@@ -223,3 +223,17 @@ def test_gpu_moe_engine_greedy_is_its_own_forward(checkpoint, weights):
     finally:
         gpu.close()
         cpu.close()
+
+
+def test_speculative_rounds_with_an_moe_mtp_layer_equal_plain_greedy(pair):
+    """The MTP layer of an MoE model is an MoE layer too: rounds of 3 drafts keep greedy output exact."""
+    eng, _, path = pair("moe")
+    spec = Engine(EngineConfig(model=str(path), device="cpu", dtype="float32", speculative_tokens=3))
+    try:
+        assert spec._model.mtp is not None and type(spec._model.mtp.layer.mlp).__name__ == "SparseMoE"
+        ids = torch.randint(0, eng.model_config.vocab_size, (31,), generator=torch.Generator().manual_seed(8)).tolist()
+        out = spec.generate(ids, SamplingParams(max_tokens=20, **GREEDY))
+        assert out.token_ids == eng.generate(ids, SamplingParams(max_tokens=20, **GREEDY)).token_ids
+        assert spec.stats()["spec_rounds"] > 0
+    finally:
+        spec.close()
