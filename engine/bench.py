@@ -4,10 +4,11 @@
 
 Measures, in one run on one GPU: the copy-bandwidth ceiling; prefill tok/s at 512 / 8K / 32K;
 TTFT at 512; decode tok/s per stream and aggregate at C1 / C2 / C4 / C8; the second-turn TTFT
-of a 4K-token conversation; then the same workloads through transformers' Qwen3_5ForCausalLM
-(with flash-linear-attention when importable; skipped with a note when transformers, a test extra, is
-not installed). Prints ratios and the roofline fraction: the bytes a decode step must read (weights + KV +
-GDN state) over the measured copy bandwidth.
+of a 4K-token conversation; then the same workloads through transformers' Qwen3_5ForCausalLM, or
+Qwen3_5MoeForCausalLM for --shape 35b-a3b (with flash-linear-attention when importable; skipped with a note when
+transformers, a test extra, is not installed). Prints ratios and the roofline fraction: the bytes a decode step
+must read (weights + KV + GDN state; of an MoE model's routed experts, the ones its tokens chose) over the measured
+copy bandwidth.
 """
 
 from __future__ import annotations
@@ -184,24 +185,39 @@ def profile_decode(eng, steps: int = 64) -> None:
         print(f"  {us:8.1f} us  {count:6.1f}x  {name[:90]}")
 
 
+def routed_expert_bytes(model, tokens: int) -> tuple[int, float]:
+    """An MoE model's routed experts: (bytes held, bytes a step of `tokens` tokens reads): each layer reads the
+    distinct experts its tokens chose, E (1 - (1 - k / E)^tokens) of them when routing is uniform (random weights)."""
+    from engine.model.moe import SparseMoE
+    held = sum(t.numel() * t.element_size() for m in model.modules() if isinstance(m, SparseMoE)
+               for lin in (m.gate_up, m.down) for t in [*lin.parameters(), *lin.buffers()])
+    if not held:
+        return 0, 0.0
+    E, k = model.cfg.num_experts, model.cfg.num_experts_per_tok
+    return held, held * (1 - (1 - k / E) ** tokens)
+
+
 def decode_bytes(model, c, args) -> float:
     from engine.memory import kv_bytes_per_token, state_bytes_per_slot
     cfg = model.cfg
     ctx = args.decode_prompt + args.decode_tokens // 2
-    return (weight_bytes(model) + c * ctx * kv_bytes_per_token(cfg, torch.bfloat16, False)
+    held, read = routed_expert_bytes(model, c)
+    return (weight_bytes(model) - held + read + c * ctx * kv_bytes_per_token(cfg, torch.bfloat16, False)
             + 2 * c * state_bytes_per_slot(cfg, torch.bfloat16))
 
 
 def bench_hf(raw_cfg, args) -> dict:
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig
+    moe = raw_cfg["model_type"].startswith("qwen3_5_moe")
     try:
         import fla  # noqa: F401
         kernels = "fla"
     except ImportError:
         kernels = "torch fallback"
-    cfg = Qwen3_5TextConfig(**{k: v for k, v in raw_cfg.items() if k != "model_type"})
+    cfg = (Qwen3_5MoeTextConfig if moe else Qwen3_5TextConfig)(**{k: v for k, v in raw_cfg.items()
+                                                                  if k != "model_type"})
     with torch.device("cuda"):
-        hf = Qwen3_5ForCausalLM(cfg).to(torch.bfloat16).eval()
+        hf = (Qwen3_5MoeForCausalLM if moe else Qwen3_5ForCausalLM)(cfg).to(torch.bfloat16).eval()
     res = {"hf_kernels": kernels}
 
     def timed(fn):

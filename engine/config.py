@@ -1,7 +1,8 @@
 """ModelConfig: the architecture facts the engine needs, read from a checkpoint's config.json.
 
-Supported: `qwen3_5` (the multimodal wrapper with `text_config` / `vision_config`) and
-`qwen3_5_text` (text only). Everything else is refused with a message naming what works.
+Supported: `qwen3_5` (the multimodal wrapper with `text_config` / `vision_config`), `qwen3_5_text` (text only)
+and their mixture-of-experts forms `qwen3_5_moe` / `qwen3_5_moe_text` (the 35B-A3B: every layer's MLP is a routed
+sparse MoE block with a shared expert). Everything else is refused with a message naming what works.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
+SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+WRAPPER_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe")      # text_config + vision_config
 
 
 class UnsupportedModelError(ValueError):
@@ -42,7 +44,7 @@ class ModelConfig:
     model_type: str
     vocab_size: int
     hidden_size: int
-    intermediate_size: int
+    intermediate_size: int                # the dense MLP's (0 in an MoE model)
     num_layers: int
     layer_types: tuple[str, ...]          # "linear_attention" | "full_attention" per layer
     # gated full attention
@@ -69,7 +71,17 @@ class ModelConfig:
     vision_start_token_id: int | None = None
     vision_end_token_id: int | None = None
     dtype: str = "bfloat16"               # torch_dtype / dtype the checkpoint declares
+    # mixture of experts (qwen3_5_moe): every layer's MLP routes each token to num_experts_per_tok of num_experts
+    # (softmax, top-k, renormalised) and adds a shared expert scaled by a sigmoid gate; 0 experts: dense
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
     quantization: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @property
     def full_attention_layers(self) -> list[int]:
@@ -112,23 +124,32 @@ def parse_model_config(raw: dict) -> ModelConfig:
         arch = ", ".join(raw.get("architectures") or []) or "unknown architecture"
         raise UnsupportedModelError(
             f"unsupported model_type {model_type!r} ({arch}); Qwen Desk runs the Qwen3.5 family "
-            f"(Qwen3.5 / 3.6 / 3.8 dense checkpoints, model_type one of {', '.join(SUPPORTED_MODEL_TYPES)})"
+            f"(Qwen3.5 / 3.6 / 3.8 checkpoints, model_type one of {', '.join(SUPPORTED_MODEL_TYPES)})"
         )
-    if model_type == "qwen3_5":
+    if model_type in WRAPPER_MODEL_TYPES:
         text = dict(raw.get("text_config") or {})
         vision_raw = raw.get("vision_config")
         top = raw
     else:
         text, vision_raw, top = raw, None, {}
-    if text.get("num_experts"):
-        raise UnsupportedModelError(
-            "mixture-of-experts Qwen3.5 checkpoints (qwen3_5_moe) are not supported; use a dense one"
-        )
+    moe = model_type.startswith("qwen3_5_moe")
+    if bool(text.get("num_experts")) != moe:
+        raise UnsupportedModelError(f"a {model_type} config.json with num_experts={text.get('num_experts')!r}: "
+                                    f"experts belong to qwen3_5_moe checkpoints only")
 
     def need(key):
         if key not in text:
             raise ValueError(f"config.json lacks {key!r}, which a {model_type} checkpoint must have")
         return text[key]
+
+    experts = {}
+    if moe:     # transformers' Qwen3_5MoeTextConfig: all layers sparse, top-k always renormalised
+        experts = dict(num_experts=need("num_experts"), num_experts_per_tok=need("num_experts_per_tok"),
+                       moe_intermediate_size=need("moe_intermediate_size"),
+                       shared_expert_intermediate_size=need("shared_expert_intermediate_size"))
+        if not 0 < experts["num_experts_per_tok"] <= experts["num_experts"]:
+            raise ValueError(f"num_experts_per_tok must be 1..num_experts ({experts['num_experts']}), "
+                             f"not {experts['num_experts_per_tok']}")
 
     num_layers = need("num_hidden_layers")
     layer_types = text.get("layer_types")
@@ -174,7 +195,7 @@ def parse_model_config(raw: dict) -> ModelConfig:
         model_type=model_type,
         vocab_size=need("vocab_size"),
         hidden_size=need("hidden_size"),
-        intermediate_size=need("intermediate_size"),
+        intermediate_size=text.get("intermediate_size", 0) if moe else need("intermediate_size"),
         num_layers=num_layers,
         layer_types=tuple(layer_types),
         num_heads=need("num_attention_heads"),
@@ -200,4 +221,5 @@ def parse_model_config(raw: dict) -> ModelConfig:
         vision_end_token_id=top.get("vision_end_token_id"),
         dtype=str(text.get("dtype") or text.get("torch_dtype") or top.get("torch_dtype") or "bfloat16"),
         quantization=dict(top.get("quantization_config") or text.get("quantization_config") or {}),
+        **experts,
     )

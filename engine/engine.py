@@ -30,6 +30,7 @@ from engine.grammar import Grammars
 from engine.memory import MemoryPlan, budget_for, checkpoint_max_pixels, plan_for, plan_memory, vision_cost
 from engine.model import load_model
 from engine.model.linear import Embedding, Linear
+from engine.model.moe import SparseMoE
 from engine.params import (ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, Reasoning,
                            SamplingParams, StreamEvent, Text, Timings, Usage, add_calls)
 from engine.runner import ModelRunner
@@ -187,17 +188,20 @@ class Engine:
                                int(config.disk_cache_gb * (1 << 30))) if config.disk_cache else None
         self._scheduler = Scheduler(self._cache, config.max_running, config.prefill_chunk,
                                     im_start_id=self.tokenizer.token_to_id("<|im_start|>"))
-        if self.device.type == "cuda" and config.cuda_graphs:
+        # an MoE layer learns its experts' token counts on the host (engine/model/moe.py): no decode graphs until
+        # a routed path without that sync exists
+        graphs = config.cuda_graphs and not self.model_config.is_moe
+        if self.device.type == "cuda" and graphs:
             self._progress("Capturing CUDA graphs", 0, 1)
         self._runner = ModelRunner(self._model, self._pools, self.device, max_batch=config.max_running,
                                    max_context=self.max_context, scratch_slot=self._cache.scratch_slot,
-                                   cuda_graphs=config.cuda_graphs)
+                                   cuda_graphs=graphs)
         self._spec: Speculation | None = None
         if self.drafts:
             speculator = Speculator(self._model, self._pools, self.drafts, config.max_running, self.max_context,
                                     config.draft_vocab)
             self._runner.speculator = speculator
-            self._spec = Speculation(speculator, self._cache, config.max_running, config.cuda_graphs)
+            self._spec = Speculation(speculator, self._cache, config.max_running, graphs)
         self._grammars = Grammars(self.tokenizer, self.model_config.vocab_size)
         self._inbox: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
@@ -223,7 +227,10 @@ class Engine:
         """Run each quantized weight shape at WARM_UP_ROWS (2 .. FUSED_MAX_M rows: a prompt's last step, a short chat
         turn): the int4 GEMV's build for M > 1 and the autotuned kernels' M buckets, which otherwise compile and tune
         on first use (seconds each). Before the loop thread starts: the model is not yet shared."""
-        linears = [m for m in self._model.modules() if isinstance(m, Linear) and not isinstance(m, Embedding)]
+        moes = [m for m in self._model.modules() if isinstance(m, SparseMoE)]
+        stacked = {id(lin) for m in moes for lin in (m.gate_up, m.down)}     # run one expert at a time, never whole
+        linears = [m for m in self._model.modules()
+                   if isinstance(m, Linear) and not isinstance(m, Embedding) and id(m) not in stacked]
         shapes = {(m.int4_tiles, m.quantized().shape): m for m in linears + [self._model.lm_head]
                   if m.scheme != "float"}
         with torch.inference_mode():
@@ -231,6 +238,9 @@ class Engine:
                 self._progress("Tuning kernels", i, len(shapes))
                 for rows in WARM_UP_ROWS:
                     linear(torch.zeros(rows, linear.shape[1], dtype=self._dtype, device=self.device))
+            if moes and moes[0].gate_up.scheme != "float":      # an expert's shapes (every expert has them)
+                for rows in WARM_UP_ROWS:
+                    moes[0].expert(torch.zeros(rows, moes[0].hidden, dtype=self._dtype, device=self.device), 0)
 
     def _warm_up(self) -> None:
         """Run the prefill shapes once so that the first user request does not pay for Triton compiling and

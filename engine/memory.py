@@ -99,11 +99,21 @@ def state_bytes_per_slot(cfg: ModelConfig, dtype: torch.dtype) -> int:
 AUTOTUNE_BYTES = 256 * (1 << 20)
 
 
+def mlp_activation_bytes(cfg: ModelConfig, itemsize: int) -> int:
+    """Per token of a prefill chunk: the dense MLP's gate|up output; in an MoE layer (engine/model/moe.py) the
+    routed rows (k copies of the token, their gate|up, SwiGLU and output rows), the router's fp32 probabilities
+    (sorted: three copies) and the shared expert's gate|up."""
+    if not cfg.is_moe:
+        return 2 * cfg.intermediate_size * itemsize
+    routed = cfg.num_experts_per_tok * (2 * cfg.hidden_size + 3 * cfg.moe_intermediate_size)
+    return (routed + 2 * cfg.shared_expert_intermediate_size) * itemsize + 3 * cfg.num_experts * 4
+
+
 def workspace_bytes(cfg: ModelConfig, dtype: torch.dtype, prefill_chunk: int, max_batch: int) -> int:
-    """Peak activations of one prefill chunk (the MLP's gate|up output dominates), fp32 logits of a
+    """Peak activations of one prefill chunk (the MLP's dominate: mlp_activation_bytes), fp32 logits of a
     decode batch, the decode graphs' pools, and Triton's autotuning buffer (AUTOTUNE_BYTES)."""
     it = dtype.itemsize
-    chunk = prefill_chunk * (2 * cfg.intermediate_size * it + 6 * cfg.hidden_size * it
+    chunk = prefill_chunk * (mlp_activation_bytes(cfg, it) + 6 * cfg.hidden_size * it
                              + (cfg.conv_dim + cfg.linear_value_dim) * 4)
     logits = max(max_batch, 1) * cfg.vocab_size * 4 * 3
     return chunk + logits + 256 * (1 << 20) + AUTOTUNE_BYTES

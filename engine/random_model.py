@@ -1,5 +1,5 @@
 """Models at real shapes with random weights, for the benchmarks (no checkpoint needed): the published 27B's
-shape, and a 9B-style one; a stand-in tokenizer; random prompts."""
+shape, a 9B-style one and the 35B-A3B mixture of experts; a stand-in tokenizer; random prompts."""
 
 from __future__ import annotations
 
@@ -14,6 +14,10 @@ SHAPES = {
     # transformers' Qwen3_5TextConfig defaults ("Qwen3.5-9B style")
     "9b": dict(hidden_size=4096, num_hidden_layers=32, intermediate_size=12288, num_attention_heads=16,
                num_key_value_heads=4, linear_num_value_heads=32),
+    # Qwen3.5-35B-A3B: transformers' Qwen3_5MoeTextConfig defaults (mixture of experts, ~3B active per token)
+    "35b-a3b": dict(model_type="qwen3_5_moe_text", hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,
+                    num_key_value_heads=2, linear_num_value_heads=32, num_experts=256, num_experts_per_tok=8,
+                    moe_intermediate_size=512, shared_expert_intermediate_size=512),
 }
 
 

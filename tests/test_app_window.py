@@ -63,7 +63,8 @@ def test_recommendation_follows_gpu_memory():
 def test_catalog_entries_are_confirmed_qwen_checkpoints():
     for entry in load_catalog():
         assert entry.id.startswith("Qwen/Qwen3.") and entry.source and entry.download_gb > 0
-        assert entry.architecture.model_type == "qwen3_5_text" and entry.params in entry.id
+        assert entry.architecture.model_type in ("qwen3_5_text", "qwen3_5_moe_text") and entry.params in entry.id
+        assert entry.architecture.is_moe == ("-A3B" in entry.params)
 
 
 def test_a_model_that_cannot_load_is_a_message(app_env, qtbot, tmp_path):

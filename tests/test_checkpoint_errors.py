@@ -28,9 +28,23 @@ def test_wrong_architecture_names_what_is_supported(copy_of):
         load_model_config(path)
 
 
-def test_moe_checkpoint_is_refused():
-    with pytest.raises(UnsupportedModelError, match="mixture-of-experts"):
+def test_experts_outside_a_moe_model_type_are_refused():
+    with pytest.raises(UnsupportedModelError, match="experts belong to qwen3_5_moe"):
         parse_model_config({"model_type": "qwen3_5_text", "num_experts": 64})
+    with pytest.raises(UnsupportedModelError, match="experts belong to qwen3_5_moe"):
+        parse_model_config({"model_type": "qwen3_5_moe", "text_config": {"model_type": "qwen3_5_moe_text"}})
+
+
+def test_moe_config_needs_its_expert_fields():
+    raw = {"model_type": "qwen3_5_moe_text", "vocab_size": 16, "hidden_size": 64, "num_hidden_layers": 4,
+           "num_attention_heads": 2, "num_key_value_heads": 1, "num_experts": 8, "num_experts_per_tok": 2,
+           "moe_intermediate_size": 32}
+    with pytest.raises(ValueError, match="shared_expert_intermediate_size"):
+        parse_model_config(raw)
+    with pytest.raises(ValueError, match="num_experts_per_tok must be 1..num_experts"):
+        parse_model_config({**raw, "shared_expert_intermediate_size": 32, "num_experts_per_tok": 9})
+    cfg = parse_model_config({**raw, "shared_expert_intermediate_size": 32})
+    assert cfg.is_moe and cfg.num_experts == 8 and cfg.intermediate_size == 0
 
 
 def test_missing_config(tmp_path):

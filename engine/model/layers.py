@@ -1,4 +1,5 @@
-"""The decoder's building blocks: norms, SwiGLU MLP, gated full attention, Gated DeltaNet.
+"""The decoder's building blocks: norms, SwiGLU MLP, gated full attention, Gated DeltaNet (an MoE model's layers
+take engine/model/moe.SparseMoE for the MLP).
 
 Projections that read the same input are fused into one weight at load time (attention
 q|gate|k|v, GDN qkv|z|b|a, MLP gate|up) so that decode runs one GEMV per group; the GDN's tiny
@@ -14,6 +15,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.model.batch import ForwardBatch
 from engine.model.linear import Build, Linear, param
+from engine.model.moe import SparseMoE
 from kernels import ops
 
 
@@ -36,9 +38,10 @@ class RMSNorm(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, build: Build, prefix: str):
+    def __init__(self, cfg: ModelConfig, build: Build, prefix: str, intermediate: int | None = None):
+        """intermediate: the SwiGLU width (default: the config's; an MoE layer's shared expert has its own)."""
         super().__init__()
-        n = cfg.intermediate_size
+        n = intermediate or cfg.intermediate_size
         self.gate_up = Linear(cfg.hidden_size, {"gate_proj": n, "up_proj": n}, build, prefix)
         self.down = Linear(n, {"down_proj": cfg.hidden_size}, build, prefix)
 
@@ -172,7 +175,11 @@ class DecoderLayer(nn.Module):
         else:
             self.gdn = GatedDeltaNet(cfg, build, prefix + "linear_attn.")
         self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, build)
-        self.mlp = MLP(cfg, build, prefix + "mlp.")
+        if cfg.is_moe:
+            shared = MLP(cfg, build, prefix + "mlp.shared_expert.", cfg.shared_expert_intermediate_size)
+            self.mlp = SparseMoE(cfg, build, prefix + "mlp.", shared)
+        else:
+            self.mlp = MLP(cfg, build, prefix + "mlp.")
 
     def forward(self, x, residual, batch, rope, pools, verify=None):
         """Pre-norm block with the residual carried separately (fused add + norm).

@@ -94,14 +94,20 @@ class Linear(nn.Module):
         if n >= self.shape[0]:
             return self(x)
         assert n % 16 == 0, "the first rows are taken in whole 16-row tiles"
+        return matmul(x, self.rows(0, n))
+
+    def rows(self, start: int, n: int) -> torch.Tensor | Int4Weight | Int8Weight:
+        """The weight of output rows [start, start + n), a view (start and n multiples of 16 when held in int4
+        tiles): one part of a stacked weight, e.g. one expert of an MoE layer's (engine/model/moe.py)."""
         if self.int4_tiles:
-            t = n // 16
-            return ops.int4_linear(x, Int4Weight(self.qweight[:t], self.scales[:t], self.zeros[:t], self.group_size,
-                                                 (n, self.shape[1] * self.planes), self.planes))
+            assert start % 16 == 0 and n % 16 == 0, "rows are taken in whole 16-row tiles"
+            t = slice(start // 16, (start + n) // 16)
+            return Int4Weight(self.qweight[t], self.scales[t], self.zeros[t], self.group_size,
+                              (n, self.shape[1] * self.planes), self.planes)
         if self.scheme == "int8":
-            w = Int8Weight(self.qweight[:n], self.scales[:n], self.group_size, (n, self.shape[1]))
-            return ops.int8_linear(x, w)
-        return ops.linear(x, self.weight[:n])
+            return Int8Weight(self.qweight[start:start + n], self.scales[start:start + n], self.group_size,
+                              (n, self.shape[1]))
+        return self.weight[start:start + n]
 
     def checkpoint_slices(self, prefix: str | None = None):
         prefix = self.prefix if prefix is None else prefix
@@ -143,6 +149,15 @@ class Linear(nn.Module):
         from kernels.quant_format import dequantize_int4_ref, dequantize_int8_ref
         w = self.quantized()
         return dequantize_int4_ref(w) if isinstance(w, Int4Weight) else dequantize_int8_ref(w)
+
+
+def matmul(x: torch.Tensor, w: torch.Tensor | Int4Weight | Int8Weight) -> torch.Tensor:
+    """x W^T for a weight as Linear.rows gives it."""
+    if isinstance(w, Int4Weight):
+        return ops.int4_linear(x, w)
+    if isinstance(w, Int8Weight):
+        return ops.int8_linear(x, w)
+    return ops.linear(x, w)
 
 
 class Embedding(Linear):

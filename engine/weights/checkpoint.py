@@ -106,10 +106,17 @@ class TensorReader:
         self._open: dict[Path, object] = {}
 
     def get(self, info: TensorInfo):
+        return self._handle(info).get_tensor(info.name)
+
+    def get_slice(self, info: TensorInfo, index: int, rows: slice):
+        """tensor[index, rows], reading only those bytes (one expert of a fused MoE tensor)."""
+        return self._handle(info).get_slice(info.name)[index, rows]
+
+    def _handle(self, info: TensorInfo):
         handle = self._open.get(info.file)
         if handle is None:
             handle = self._open[info.file] = safe_open(str(info.file), framework="pt", device=self.device)
-        return handle.get_tensor(info.name)
+        return handle
 
     def close(self):
         self._open.clear()

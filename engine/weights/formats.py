@@ -12,7 +12,8 @@ Formats (on-disk conventions as published by their producers):
   awq        AutoAWQ GEMM: `X.qweight` int32 [K, N/8] and `X.qzeros` int32 [K/G, N/8] packed along N with the
              nibble order [0, 2, 4, 6, 1, 3, 5, 7] (nibble i holds column order[i] of each 8), `X.scales`
              [K/G, N]; W = (q - z) * s, no offset.
-GPTQ and AWQ repack into the canonical Int4 exactly. GPTQ act-order (g_idx not k // G) comes out as an
+Fused MoE expert tensors (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]) stand for their
+per-expert weights (engine/weights/experts.py). GPTQ and AWQ repack into the canonical Int4 exactly. GPTQ act-order (g_idx not k // G) comes out as an
 ActOrderInt4: the input channels permuted so each group is contiguous, plus the permutation.
 """
 
@@ -27,6 +28,7 @@ from typing import NamedTuple
 import torch
 
 from engine.weights.checkpoint import CheckpointError, TensorInfo, TensorReader, list_tensors
+from engine.weights.experts import expert_slice, per_expert_weights
 from engine.weights.quantize import Int4
 
 FLOAT_FORMATS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -137,7 +139,11 @@ def logical_weights(tensors: dict[str, TensorInfo], fmt: SourceFormat) -> dict[s
                 continue
         if fmt.kind == "fp8_block" and name.endswith(".weight_scale_inv") and _sibling(name, ".weight") in tensors:
             continue
-        out[name] = tuple(info.shape)
+        experts = per_expert_weights(name, info.shape)
+        if experts and info.dtype not in ("BF16", "F16", "F32"):
+            raise UnsupportedFormatError(f"{name} holds fused experts as {info.dtype}; fused expert tensors are read "
+                                         f"in 16 or 32 bits only (quantized releases store them per expert)")
+        out.update(experts or {name: tuple(info.shape)})
     return out
 
 
@@ -147,6 +153,9 @@ def read_weight(tensors: dict[str, TensorInfo], name: str, fmt: SourceFormat,
     stored; dequantized FP8 in bf16), or the exact Int4 / ActOrderInt4 of a GPTQ / AWQ linear."""
     if fmt.kind in ("gptq", "awq") and name.endswith(".weight") and _sibling(name, ".qweight") in tensors:
         return _read_int4(tensors, name, fmt, reader)
+    fused = expert_slice(name, tensors)
+    if fused is not None:
+        return reader.get_slice(tensors[fused.fused], fused.expert, fused.rows)
     scale = name + "_scale_inv"
     if fmt.kind == "fp8_block" and scale in tensors:
         return dequantize_fp8_block(reader.get(tensors[name]), reader.get(tensors[scale]), fmt.block,

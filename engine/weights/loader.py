@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from engine.weights.checkpoint import CheckpointError, canonical_name, list_tensors
+from engine.weights.experts import expert_slice, per_expert_weights
 
 def checkpoint_has_mtp(path: str | Path) -> bool:
     return any(n.startswith("mtp.") for n in list_tensors(path))
@@ -119,7 +120,14 @@ def load_weights(model, path: str | Path, device, keep_vision: bool = True, poli
 
 def load_state_dict(model, state: dict[str, torch.Tensor]) -> None:
     """Fill the model from in-memory tensors named as in a checkpoint (e.g. a transformers model's
-    state_dict); used to compare against transformers at shapes too big to write to disk."""
+    state_dict); used to compare against transformers at shapes too big to write to disk. Fused MoE expert
+    tensors are taken per expert (engine/weights/experts.py)."""
+    state = dict(state)
+    for fused in [n for n in state if per_expert_weights(n, tuple(state[n].shape))]:
+        tensor = state.pop(fused)
+        for name in per_expert_weights(fused, tuple(tensor.shape)):
+            where = expert_slice(name, {fused: tensor})
+            state[name] = tensor[where.expert, where.rows]
     targets, found, _ = _match(model, state)
     with torch.no_grad():
         for name, full in found.items():

@@ -1,0 +1,239 @@
+"""The qwen3_5_moe models (35B-A3B family) on tiny random checkpoints: the sparse MoE block against a naive loop,
+the whole model against transformers' Qwen3_5MoeForCausalLM (fp32, CPU), greedy through the engine, batched
+equal to alone, int4 experts against their 16-bit selves, and the planner's weight bytes."""
+
+import pytest
+import torch
+from transformers import Qwen3_5MoeForCausalLM
+
+from engine.api import Engine, EngineConfig, SamplingParams
+from engine.config import parse_model_config
+from engine.model.linear import Build
+from engine.model.moe import SparseMoE, route
+from engine.model.layers import MLP
+from engine.weights.loader import load_state_dict
+from engine.weights.policy import QuantPolicy, policy_bytes
+
+NAMES = ["moe", "moe_wrapper_ties"]
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+def rel_err(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+@pytest.fixture(scope="module")
+def pair(checkpoint):
+    made = {}
+
+    def get(name):
+        if name not in made:
+            path = checkpoint(name)
+            hf, info = Qwen3_5MoeForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+            assert not info["missing_keys"] and not info["unexpected_keys"], info
+            hf.generation_config.eos_token_id = None
+            made[name] = (Engine(EngineConfig(model=str(path), device="cpu", dtype="float32")), hf.eval(), path)
+        return made[name]
+
+    yield get
+    for eng, _, _ in made.values():
+        eng.close()
+
+
+def test_route_softmax_topk_renormalised_ties_to_lower_id():
+    logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 1.0, -1.0],
+                           [3.0, 3.0, 3.0, 0.0, 0.0, 0.0]])
+    weights, ids = route(logits, 3)
+    assert ids.tolist() == [[1, 3, 2], [0, 1, 2]]
+    probs = torch.softmax(logits, -1)
+    ref = probs.gather(1, ids)
+    assert torch.allclose(weights, ref / ref.sum(-1, keepdim=True))
+    assert torch.allclose(weights.sum(-1), torch.ones(2))
+
+
+def tiny_moe(policy=None, seed=0, E=8, k=3, I=32, H=64):
+    raw = {"model_type": "qwen3_5_moe_text", "vocab_size": 16, "hidden_size": H, "num_hidden_layers": 1,
+           "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "num_experts": E,
+           "num_experts_per_tok": k, "moe_intermediate_size": I, "shared_expert_intermediate_size": 48}
+    cfg = parse_model_config(raw)
+    build = Build(torch.float32, "cpu", policy)
+    moe = SparseMoE(cfg, build, "layers.0.mlp.", MLP(cfg, build, "layers.0.mlp.shared_expert.", 48))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+    return moe
+
+
+def naive(moe, x):
+    """Token by token, expert by expert, from the module's own weights."""
+    E, I, H = moe.num_experts, moe.inter, moe.hidden
+    w_router, gate_up, down = moe.router.dequantized(), moe.gate_up.dequantized(), moe.down.dequantized()
+    out = []
+    for t in range(x.shape[0]):
+        weights, ids = route((x[t] @ w_router.T)[None], moe.top_k)
+        y = torch.zeros(H)
+        for w, e in zip(weights[0], ids[0].tolist()):
+            g, u = (gate_up[2 * I * e:2 * I * (e + 1)] @ x[t]).chunk(2)
+            y += w * (down[H * e:H * (e + 1)] @ (torch.nn.functional.silu(g) * u))
+        out.append(y)
+    shared = moe.shared_expert(x) * torch.sigmoid(x @ moe.shared_gate.dequantized().T)
+    return torch.stack(out) + shared
+
+
+def test_sparse_moe_equals_a_naive_per_token_loop():
+    moe = tiny_moe()
+    x = torch.randn(37, 64, generator=torch.Generator().manual_seed(1))
+    ours = moe(x)
+    assert rel_err(ours, naive(moe, x)) < 1e-5
+    weights, ids = route(moe.router(x), moe.top_k)
+    assert len(set(ids.flatten().tolist())) == moe.num_experts      # every expert has tokens here
+    assert rel_err(moe(x[:1]), naive(moe, x[:1])) < 1e-5            # one token: a decode step
+
+
+def test_int4_experts_are_their_dequantized_weights():
+    """int4 experts (each quantized on its own into its rows of the stacked weights) compute what the naive loop
+    computes from the dequantized weights."""
+    policy = QuantPolicy(group_size=32)
+    moe = tiny_moe(policy, I=32, H=64)
+    assert moe.gate_up.scheme == "int4" and moe.down.scheme == "int4" and moe.router.scheme == "float"
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for lin in (moe.gate_up, moe.down, moe.shared_expert.gate_up):
+            lin.qweight.copy_(torch.randint(-2**31, 2**31 - 1, lin.qweight.shape, generator=gen, dtype=torch.int32))
+            lin.scales.uniform_(0.01, 0.02, generator=gen)
+            lin.zeros.uniform_(7, 9, generator=gen)
+    x = torch.randn(9, 64, generator=torch.Generator().manual_seed(3))
+    assert rel_err(moe(x), naive(moe, x)) < 1e-4
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_score_matches_transformers(pair, name):
+    eng, hf, _ = pair(name)
+    ids = torch.randint(0, eng.model_config.vocab_size, (77,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0].float()
+    assert rel_err(eng.score(ids.tolist()), ref) < 1e-4
+
+
+def test_ties_route_both_halves_of_a_tied_pair(pair):
+    """moe_wrapper_ties: router rows 2e and 2e + 1 are equal, so every token's probabilities come in exact pairs
+    and with k = 3 the third choice is always one half of a tied pair: the lower id."""
+    eng, _, _ = pair("moe_wrapper_ties")
+    moe = eng._model.layers[0].mlp
+    x = torch.randn(50, eng.model_config.hidden_size, generator=torch.Generator().manual_seed(5))
+    weights, ids = route(moe.router(x), moe.top_k)
+    assert (ids[:, 0] // 2 == ids[:, 1] // 2).all() and (ids[:, 2] % 2 == 0).all()
+    assert torch.equal(weights[:, 0], weights[:, 1])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_greedy_generate_matches_transformers(pair, name):
+    eng, hf, _ = pair(name)
+    ids = torch.randint(0, eng.model_config.vocab_size, (19,), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = hf.generate(ids[None], attention_mask=torch.ones(1, 19, dtype=torch.long), max_new_tokens=24,
+                          do_sample=False)[0, 19:].tolist()
+    assert eng.generate(ids.tolist(), SamplingParams(max_tokens=24, **GREEDY)).token_ids == ref
+
+
+def test_batched_equals_alone_with_different_experts(pair):
+    """C2: two sequences decoding together (their tokens routed to different experts in the same steps) each
+    equal their run alone."""
+    eng, _, path = pair("moe")
+    prompts = [torch.randint(0, eng.model_config.vocab_size, (n,), generator=torch.Generator().manual_seed(10 + n))
+               .tolist() for n in (23, 41)]
+    moe = eng._model.layers[0].mlp
+    x = eng._model.embed_tokens(torch.tensor([p[-1] for p in prompts]))
+    _, ids = route(moe.router(x), moe.top_k)
+    assert set(ids[0].tolist()) != set(ids[1].tolist())     # different experts for the two (layer 0, last token)
+    pair_eng = Engine(EngineConfig(model=str(path), device="cpu", dtype="float32", profile="C2"))
+    try:
+        handles = [pair_eng.submit(p, SamplingParams(max_tokens=12, **GREEDY)) for p in prompts]
+        batched = [[t for ev in h for t in ev.token_ids] for h in handles]
+    finally:
+        pair_eng.close()
+    assert batched == [eng.generate(p, SamplingParams(max_tokens=12, **GREEDY)).token_ids for p in prompts]
+
+
+def test_loads_a_transformers_state_dict(pair):
+    """Fused experts as transformers holds them ([E, 2I, H], [E, H, I]) fill the same model as the checkpoint."""
+    eng, hf, _ = pair("moe")
+    model = type(eng._model)(eng.model_config, torch.float32, "cpu")
+    load_state_dict(model, {**hf.state_dict()})
+    for (name, a), (_, b) in zip(model.named_parameters(), eng._model.named_parameters()):
+        assert torch.equal(a, b), name
+
+
+def test_planner_counts_every_expert(pair):
+    """The planner's bytes (from the config alone) are the model's own tensors'."""
+    from engine.model.shapes import model_tensor_shapes
+    eng, _, _ = pair("moe")
+    cfg = eng.model_config
+    shapes = model_tensor_shapes(cfg, with_mtp=False, with_vision=False)
+    experts = cfg.num_experts * 3 * cfg.moe_intermediate_size * cfg.hidden_size
+    assert sum(1 for n in shapes if ".experts." in n) == cfg.num_layers * cfg.num_experts * 3
+    assert sum(torch.Size(s).numel() for n, (s, _) in shapes.items() if ".experts." in n) == cfg.num_layers * experts
+    counted = policy_bytes(shapes, QuantPolicy(linear="float", embeddings="float"))["total"]
+    bf16 = type(eng._model)(cfg, torch.bfloat16, "meta")     # every parameter, as a 16-bit load holds it
+    assert counted == sum(p.numel() * p.element_size() for p in bf16.parameters())
+
+
+def test_int4_moe_close_to_its_16bit_self(checkpoint):
+    """moe128 with int4 experts (and shared expert, attention, GDN): greedy top-1 agreement with its 16-bit self
+    over a teacher-forced sequence (printed with -s)."""
+    path = checkpoint("moe128")
+    kw = dict(model=str(path), device="cpu", dtype="float32", max_context=256, quant_group=64)
+    full, quant = Engine(EngineConfig(**kw, weights="bf16")), Engine(EngineConfig(**kw, weights="int4"))
+    try:
+        assert quant._model.layers[0].mlp.gate_up.scheme == "int4"
+        quant._warm_up_linears()      # (run on CUDA loads) warms one expert's shapes, never the stacked weights
+        ids = torch.randint(0, full.model_config.vocab_size, (96,), generator=torch.Generator().manual_seed(7))
+        a, b = full.score(ids.tolist()), quant.score(ids.tolist())
+        agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
+        print(f"moe128 int4 top-1 agreement {agree:.3f}")
+        assert agree > 0.8
+    finally:
+        full.close()
+        quant.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weights", ["bf16", "int4"])
+def test_gpu_moe_engine_greedy_is_its_own_forward(checkpoint, weights):
+    """On CUDA (decode graphs asked for: the engine runs an MoE model without them): greedy decode at C2 is the
+    argmax of one full forward over each finished sequence (at 90% of the steps or more: bf16), and the prompt's
+    logits agree with the fp32 CPU model's."""
+    path = checkpoint("moe128")
+    cpu = Engine(EngineConfig(model=str(path), device="cpu", dtype="float32", max_context=256))
+    gpu = Engine(EngineConfig(model=str(path), device="cuda", max_context=512, profile="C2", weights=weights,
+                              quant_group=64, cuda_graphs=True))
+    try:
+        assert gpu._runner.graphs is None
+        prompts = [torch.randint(0, cpu.model_config.vocab_size, (n,), generator=torch.Generator().manual_seed(n))
+                   .tolist() for n in (40, 77)]
+        handles = [gpu.submit(p, SamplingParams(max_tokens=16, **GREEDY)) for p in prompts]
+        outs = [[t for ev in h for t in ev.token_ids] for h in handles]
+        for p, out in zip(prompts, outs):
+            full = gpu.score(p + out).float()       # bf16: decode and prefill kernels round differently
+            same = (full[len(p) - 1:-1].argmax(-1).cpu() == torch.tensor(out)).float().mean().item()
+            assert same >= 0.9, same
+            agree = (full[:len(p)].argmax(-1).cpu() == cpu.score(p).argmax(-1)).float().mean().item()
+            assert agree > (0.95 if weights == "bf16" else 0.75), agree
+    finally:
+        gpu.close()
+        cpu.close()
+
+
+def test_speculative_rounds_with_an_moe_mtp_layer_equal_plain_greedy(pair):
+    """The MTP layer of an MoE model is an MoE layer too: rounds of 3 drafts keep greedy output exact."""
+    eng, _, path = pair("moe")
+    spec = Engine(EngineConfig(model=str(path), device="cpu", dtype="float32", speculative_tokens=3))
+    try:
+        assert spec._model.mtp is not None and type(spec._model.mtp.layer.mlp).__name__ == "SparseMoE"
+        ids = torch.randint(0, eng.model_config.vocab_size, (31,), generator=torch.Generator().manual_seed(8)).tolist()
+        out = spec.generate(ids, SamplingParams(max_tokens=20, **GREEDY))
+        assert out.token_ids == eng.generate(ids, SamplingParams(max_tokens=20, **GREEDY)).token_ids
+        assert spec.stats()["spec_rounds"] > 0
+    finally:
+        spec.close()
