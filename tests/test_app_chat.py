@@ -4,7 +4,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QMimeData, Qt, QUrl
 from PySide6.QtGui import QColor, QImage
 from PySide6.QtWidgets import QApplication, QToolButton
 
@@ -340,27 +340,22 @@ def test_the_engine_thread_carries_the_engines_parsed_calls(chat_window, qtbot):
     assert "".join(deltas) + result.text == "Checking."
 
 
-def test_a_dropped_image_reaches_the_engine_as_an_image_part_and_shows(chat_window, qtbot, tmp_path, monkeypatch):
-    """The engine in this tree cannot take images yet: the loaded model is marked as taking them, and the engine's
-    submit records what the engine thread built before passing the text on (the boundary the vision work
-    fills)."""
-    from dataclasses import replace as dc_replace
+@pytest.fixture
+def vision_window(app_env, qtbot, checkpoint, monkeypatch):
+    """The app on a tiny checkpoint with a vision tower (the real engine takes its images)."""
+    seeded_replies(monkeypatch)
+    path = checkpoint("gqa3_ratio3")
+    context = make_context(app_env, last_model=str(path), max_tokens=12, thinking=False,
+                           model_folders=[str(Path(path).parent)])
+    window = open_window(qtbot, context)
+    wait_ready(qtbot, window)
+    return window
 
-    from PySide6.QtCore import QMimeData, QUrl
 
-    window = chat_window
+def test_a_dropped_image_reaches_the_engine_and_shows(vision_window, qtbot, tmp_path):
+    window = vision_window
+    assert window.engine.supports_vision
     engine = window.engine._engine
-    submitted, real_submit = [], engine.submit
-
-    def submit(messages, params, **kwargs):
-        submitted.append(messages)
-        text_only = [{**m, "content": next(p["text"] for p in m["content"] if p["type"] == "text")}
-                     if isinstance(m["content"], list) else m for m in messages]
-        return real_submit(text_only, params, **kwargs)
-
-    monkeypatch.setattr(engine, "submit", submit)
-    window.engine.model = dc_replace(window.engine.model, vision=True)
-    window.chat.set_model(window.engine.model.name)
     composer = window.chat.composer
     assert composer.attach_button.isEnabled()
     image = QImage(320, 200, QImage.Format.Format_RGB32)
@@ -379,9 +374,11 @@ def test_a_dropped_image_reaches_the_engine_as_an_image_part_and_shows(chat_wind
     assert Path(stored.pop()).name == hashlib.sha256(path.read_bytes()).hexdigest() + ".png"
     send(qtbot, window, "What colour is this?")
     wait_reply(qtbot, window)
-    (user,) = [m for m in submitted[0] if m["role"] == "user"]
-    assert [p["type"] for p in user["content"]] == ["image", "image", "text"]
-    assert user["content"][0]["image"] == path.read_bytes() and user["content"][2]["text"] == "What colour is this?"
+    assert engine.stats()["images_encoded"] == 2           # the engine read both pictures
+    (reply,) = assistant_messages(window)
+    text_only = len(engine.encode_prompt([{"role": "user", "content": "What colour is this?"}],
+                                         enable_thinking=False))
+    assert reply.status != "error" and reply.content and reply.metrics["prompt_tokens"] > text_only + 2
     roles = [m.role for m in window.context.store.messages(window.session.current.id)]
     assert roles == ["user", "assistant"]                  # no "not sent" notice
     from app.chat.image_viewer import Thumbnail
@@ -393,14 +390,13 @@ def test_a_dropped_image_reaches_the_engine_as_an_image_part_and_shows(chat_wind
     viewers = [w for w in QApplication.topLevelWidgets() if isinstance(w, ImageViewer) and w.isVisible()]
     assert viewers and viewers[0].image.pixmap().width() == 320
     viewers[0].close()
-    window.session.regenerate(False)                      # a regenerate sends the same stored image again
+    window.session.regenerate(False)                      # a regenerate sends the same stored images again
     wait_reply(qtbot, window)
-    (again,) = [m for m in submitted[-1] if m["role"] == "user"]
-    assert again["content"][0]["image"] == path.read_bytes()
+    (again,) = assistant_messages(window)
+    assert again.status != "error" and again.metrics["prompt_tokens"] == reply.metrics["prompt_tokens"]
 
 
 def test_a_model_without_vision_refuses_images_before_sending(chat_window, qtbot, tmp_path):
-    from PySide6.QtCore import QMimeData
 
     window = chat_window
     composer = window.chat.composer
