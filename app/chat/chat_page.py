@@ -109,6 +109,7 @@ class ChatPage(QWidget):
         s.opened.connect(self._show_conversation)
         s.message_added.connect(self._add_message)
         s.message_removed.connect(self._remove_message)
+        s.message_changed.connect(self._change_message)
         s.reply_updated.connect(self._update_reply)
         s.reply_finished.connect(self._finish_reply)
         s.busy_changed.connect(self._busy_changed)
@@ -205,6 +206,7 @@ class ChatPage(QWidget):
             if message.role == "assistant":
                 view.regenerate_requested.connect(self._regenerate)
                 view.continue_requested.connect(self._continue)
+                view.version_requested.connect(lambda i, m=message: self.session.show_version(m.id, i))
             else:
                 view.edit_requested.connect(self._edit_last)
         self.title.setText(self.session.current.title)
@@ -214,6 +216,16 @@ class ChatPage(QWidget):
 
     def _remove_message(self, message_id: int) -> None:
         self.transcript.remove_message(message_id)
+        self._refresh_actions()
+
+    def _change_message(self, message: Message) -> None:
+        """A reply's shown version changed (switched to, or a new one regenerating)."""
+        view = self.transcript.view_for(message.id)
+        if view:
+            view.finish(message)
+            if message.status == "streaming":
+                view.update_reply(message.content, message.reasoning, streaming=True)
+                view.metrics.setText("")
         self._refresh_actions()
 
     def _update_reply(self, message_id: int, content: str, reasoning: str) -> None:

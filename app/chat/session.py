@@ -72,6 +72,7 @@ class ChatSession(QObject):
     opened = Signal(object, list)          # Conversation | None, messages
     message_added = Signal(object)         # Message in the open conversation
     message_removed = Signal(int)
+    message_changed = Signal(object)       # a Message whose shown version changed
     reply_updated = Signal(int, str, str)  # message id, content so far, reasoning so far
     reply_finished = Signal(object)        # the final Message
     busy_changed = Signal(bool)
@@ -178,15 +179,20 @@ class ChatSession(QObject):
         self._start_reply(thinking)
 
     def regenerate(self, thinking: bool) -> None:
-        """Replace the last reply with a new one."""
+        """A new version of the last reply; the earlier ones are kept (show_version)."""
         if self.busy or self.current is None:
             return
         messages = self.store.messages(self.current.id)
         if not messages or messages[-1].role != "assistant":
             return
-        self.store.delete_message(messages[-1].id)
-        self.message_removed.emit(messages[-1].id)
-        self._start_reply(thinking)
+        self._start_reply(thinking, regenerating=messages[-1])
+
+    def show_version(self, message_id: int, index: int) -> None:
+        """Another version of a reply becomes the shown one, and the one the conversation goes on from."""
+        if self.current is None or (self.active and self.active.message.id == message_id):
+            return
+        self.message_changed.emit(self.store.show_version(message_id, index))
+        self._emit_context()
 
     def continue_reply(self, thinking: bool) -> None:
         """The last reply hit its token limit: it goes on in the same message."""
@@ -264,17 +270,22 @@ class ChatSession(QObject):
                 self.store.delete_message(m.id)
                 self.message_removed.emit(m.id)
 
-    def _start_reply(self, thinking: bool, continuing: Message | None = None) -> None:
+    def _start_reply(self, thinking: bool, continuing: Message | None = None,
+                     regenerating: Message | None = None) -> None:
         if self.backend is None:
             self._notice("No model is loaded: pick one on the Models page.")
             return
         kwargs = {"enable_thinking": thinking}
         if continuing is not None:
             kwargs["continue_final_message"] = True
-        fit = self._fit(self._history(continuing), kwargs)
+        fit = self._fit(self._history(continuing, without=regenerating), kwargs)
         if fit is None:
             return
-        if continuing is None:
+        if regenerating is not None:
+            message = self.store.new_version(regenerating.id)
+            self.active = ActiveReply(message, f"m{message.id}v{message.version}")
+            self.message_changed.emit(message)
+        elif continuing is None:
             message = self.store.add_message(self.current.id, "assistant", status="streaming")
             self.active = ActiveReply(message, f"m{message.id}")
             self.message_added.emit(message)
@@ -316,11 +327,13 @@ class ChatSession(QObject):
         prompt = self.settings().system_prompt
         return [{"role": "system", "content": prompt}] if prompt.strip() else []
 
-    def _history(self, continuing: Message | None = None) -> list[dict]:
+    def _history(self, continuing: Message | None = None, without: Message | None = None) -> list[dict]:
         """The conversation as the backend takes it; `continuing`: the reply being continued comes last,
-        whatever it holds so far."""
+        whatever it holds so far; `without`: a reply about to be regenerated."""
         history = self._system()
         for m in self.store.messages(self.current.id):
+            if without is not None and m.id == without.id:
+                continue
             failed_or_empty = m.status == "error" or not (m.content or m.tool_calls)
             being_continued = continuing is not None and m.id == continuing.id
             if m.role == "notice" or (m.role == "assistant" and failed_or_empty and not being_continued):
