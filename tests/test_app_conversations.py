@@ -48,3 +48,24 @@ def test_list_grouped_by_date_and_one_message_deleted(app_env, qtbot, monkeypatc
     qtbot.mouseClick(reply_view.delete_button, __import__("PySide6.QtCore").QtCore.Qt.MouseButton.LeftButton)
     assert [m.role for m in store.messages(window.session.current.id)] == ["user"]
     assert [v.message.role for v in window.chat.transcript.message_views()] == ["user"]
+
+
+def test_a_pinned_conversation_lists_first(app_env, qtbot):
+    window = open_window(qtbot, make_context(app_env), autoload=False)
+    window.show_page("chat")
+    store = window.context.store
+    old = store.create_conversation("Recipe notes")
+    store.db.execute("UPDATE conversations SET updated=? WHERE id=?",
+                     ((dt.datetime.now() - dt.timedelta(days=30)).timestamp(), old.id))
+    store.create_conversation("Fresh question")
+    window.chat.refresh_conversations()
+    listing = window.chat.conversations
+    assert [i.text() for i in listing.items()] == ["Fresh question", "Recipe notes"]
+    listing.pin_requested.emit(old.id, True)                  # what the row's menu "Pin to the top" sends
+    rows = [listing.list.item(i).text() for i in range(listing.list.count())]
+    assert rows[:4] == ["Pinned", "Recipe notes", "Today", "Fresh question"]
+    assert store.conversation(old.id).pinned
+    window.chat.banner.hide()
+    screenshot(window, "chat_conversation_pinned")
+    listing.pin_requested.emit(old.id, False)
+    assert [i.text() for i in listing.items()] == ["Fresh question", "Recipe notes"]

@@ -99,6 +99,7 @@ class ChatPage(QWidget):
         self.conversations.selected.connect(s.open)
         self.conversations.renamed.connect(s.rename)
         self.conversations.delete_requested.connect(self.confirm_delete)
+        self.conversations.pin_requested.connect(s.set_pinned)
         self.conversations.search_changed.connect(lambda _: self.refresh_conversations())
         self.composer.send_requested.connect(self._send)
         self.composer.stop_requested.connect(s.stop)

@@ -1,5 +1,6 @@
-"""The conversation list: new chat, search, rename (F2 / double-click / menu), delete; grouped under
-when each was last active (Today, Yesterday, Previous 7 days, then months), long titles elided."""
+"""The conversation list: new chat, search, rename (F2 / double-click / menu), pin, delete; pinned ones
+first, the others grouped under when each was last active (Today, Yesterday, Previous 7 days, then
+months), long titles elided."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from app.store import Conversation
 from app.widgets import text_button
 
 ID_ROLE = Qt.ItemDataRole.UserRole
+PINNED_ROLE = Qt.ItemDataRole.UserRole + 1
+PINNED = "Pinned"
 
 
 def age_group(updated: float, today: dt.date | None = None) -> str:
@@ -42,6 +45,7 @@ class ConversationList(QFrame):
     new_requested = Signal()
     renamed = Signal(int, str)
     delete_requested = Signal(int)
+    pin_requested = Signal(int, bool)
     search_changed = Signal(str)
 
     def __init__(self, parent=None):
@@ -84,8 +88,8 @@ class ConversationList(QFrame):
         self.list.clear()
         group = None
         for c in conversations:
-            if age_group(c.updated) != group:
-                group = age_group(c.updated)
+            if (PINNED if c.pinned else age_group(c.updated)) != group:
+                group = PINNED if c.pinned else age_group(c.updated)
                 heading = QListWidgetItem(group)
                 heading.setFlags(Qt.ItemFlag.NoItemFlags)
                 heading.setForeground(QColor(icons.MUTED))
@@ -95,6 +99,7 @@ class ConversationList(QFrame):
                 self.list.addItem(heading)
             item = QListWidgetItem(c.title)
             item.setData(ID_ROLE, c.id)
+            item.setData(PINNED_ROLE, c.pinned)
             item.setToolTip(f"{c.title}\nLast active {dt.datetime.fromtimestamp(c.updated):%d %b %Y, %H:%M}")
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
             self.list.addItem(item)
@@ -128,6 +133,9 @@ class ConversationList(QFrame):
             return
         menu = QMenu(self)
         menu.addAction(icons.icon("edit"), "Rename", lambda: self.list.editItem(item))
+        pinned = bool(item.data(PINNED_ROLE))
+        menu.addAction(icons.icon("pin"), "Unpin" if pinned else "Pin to the top",
+                       lambda: self.pin_requested.emit(item.data(ID_ROLE), not pinned))
         menu.addAction(icons.icon("trash", icons.DANGER), "Delete",
                        lambda: self.delete_requested.emit(item.data(ID_ROLE)))
         menu.exec(self.list.viewport().mapToGlobal(pos))

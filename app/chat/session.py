@@ -151,6 +151,12 @@ class ChatSession(QObject):
             self.current.title = title
         self.conversations_changed.emit()
 
+    def set_pinned(self, conversation_id: int, pinned: bool) -> None:
+        self.store.set_pinned(conversation_id, pinned)
+        if self.current and self.current.id == conversation_id:
+            self.current.pinned = pinned
+        self.conversations_changed.emit()
+
     def delete(self, conversation_id: int) -> None:
         if self.active and self.active.message.conversation_id == conversation_id:
             self.stop()
