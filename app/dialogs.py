@@ -13,3 +13,7 @@ def confirm(parent: QWidget, title: str, text: str, action: str, keep: str = "Ca
     box.setDefaultButton(QMessageBox.StandardButton.Cancel)
     box.exec()
     return box.clickedButton() is ok
+
+
+def inform(parent: QWidget, title: str, text: str) -> None:
+    QMessageBox.information(parent, title, text)

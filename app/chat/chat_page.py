@@ -10,6 +10,7 @@ from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QMenu, QVBoxLayout, QWidget
 
 from app import dialogs, icons
+from app.chat.chat_options import ChatOptionsDialog
 from app.chat.composer import Composer
 from app.chat.context_fit import prompt_budget
 from app.chat.context_gauge import ContextGauge
@@ -18,7 +19,7 @@ from app.chat.session import ChatSession
 from app.chat.transcript import Transcript
 from app.formatting import human_tokens
 from app.store import Message
-from app.widgets import Banner, ElidedLabel, label, text_button
+from app.widgets import Banner, ElidedLabel, icon_button, label, text_button
 
 
 DRAFT_COUNT_MS = 400
@@ -40,6 +41,9 @@ class ChatPage(QWidget):
         self.loading_name = ""
         self.conversations = ConversationList()
         self.title = ElidedLabel("New chat", "chatTitle")
+        self.options_button = icon_button("sliders", "This chat's system prompt and sampling")
+        self.options_button.setCheckable(True)          # checked: the chat has settings of its own
+        self.options_button.clicked.connect(self.edit_options)
         self.model_badge = label("No model loaded", "modelBadge")
         self.choose_model = text_button("Choose a model", "models")
         self.model_menu = QMenu(self)
@@ -68,6 +72,7 @@ class ChatPage(QWidget):
         top.setContentsMargins(20, 10, 16, 10)
         top.setSpacing(12)
         top.addWidget(self.title, 1)
+        top.addWidget(self.options_button)
         top.addWidget(self.gauge)
         top.addWidget(self.model_badge)
         top.addWidget(self.choose_model)
@@ -187,6 +192,7 @@ class ChatPage(QWidget):
 
     def _show_conversation(self, conversation, messages: list[Message]) -> None:
         self.title.setText(conversation.title if conversation else "New chat")
+        self._show_options_state()
         self.composer.stop_editing()
         self.transcript.clear()
         for message in messages:
@@ -298,6 +304,23 @@ class ChatPage(QWidget):
                 self.composer.input.setPlainText(users[-1].content)
             self.composer.input.setFocus()
 
+    def edit_options(self) -> None:
+        """The chat's own system prompt and sampling, in a dialog."""
+        own = self.session.options()
+        dialog = ChatOptionsDialog(self.session.store, self.session.settings(), own, self)
+        if dialog.exec():
+            kept = {k: v for k, v in own.items() if k not in ("system_prompt", "sampling")}
+            self.session.set_options({**kept, **dialog.options()})
+            self._draft_timer.start()
+        self._show_options_state()
+
+    def _show_options_state(self) -> None:
+        own = self.session.options()
+        custom = bool(own.get("system_prompt") or own.get("sampling"))
+        self.options_button.setChecked(custom)
+        self.options_button.setToolTip("This chat has its own system prompt or sampling: change them" if custom
+                                       else "This chat's system prompt and sampling")
+
     def _count_draft(self) -> None:
         """The draft's tokens under the composer, counted by the backend with the conversation so far."""
         text = self.composer.input.toPlainText()
@@ -307,7 +330,7 @@ class ChatPage(QWidget):
             self.composer.set_draft_count("")
             return
         draft, prompt = counted
-        budget = prompt_budget(total, self.session.settings().max_tokens)
+        budget = prompt_budget(total, self.session.reply_settings().max_tokens)
         over = prompt > budget
         text = f"{human_tokens(draft)} token{'s' if draft != 1 else ''}"
         if draft > budget:

@@ -19,6 +19,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.chat.blocks import extract_tool_calls
 from app.chat.context_fit import fit_history, prompt_budget
+from app.chat.presets import apply_overrides
 from app.generation import ReplyResult
 from app.settings import AppSettings
 from app.store import Conversation, Message, Store
@@ -87,6 +88,7 @@ class ChatSession(QObject):
         self.current: Conversation | None = None
         self.active: ActiveReply | None = None
         self._editing: Message | None = None
+        self.pending_options: dict = {}        # a new chat's own settings, kept once its first message is
         self.left_out = 0                      # oldest messages of the open conversation the last reply did not see
         self._refresh = QTimer(self)
         self._refresh.setSingleShot(True)
@@ -123,6 +125,7 @@ class ChatSession(QObject):
         """An empty chat; it is saved once the first message is sent."""
         self.current = None
         self._editing = None
+        self.pending_options = {}
         self.left_out = 0
         self.opened.emit(None, [])
         self._emit_context()
@@ -176,6 +179,9 @@ class ChatSession(QObject):
             self._editing = None
         if self.current is None:
             self.current = self.store.create_conversation(title_from(text))
+            if self.pending_options:
+                self.current.options, self.pending_options = self.pending_options, {}
+                self.store.set_conversation_options(self.current.id, self.current.options)
             self.conversations_changed.emit()
         self.message_added.emit(self.store.add_message(self.current.id, "user", content=text, attachments=images))
         if images and not self.vision:
@@ -211,9 +217,23 @@ class ChatSession(QObject):
 
     def set_context_policy(self, policy: str) -> None:
         """This conversation's own choice (the settings' policy otherwise)."""
-        if self.current is not None:
-            self.current.options = {**self.current.options, "context_policy": policy}
+        self.set_options({**self.options(), "context_policy": policy})
+
+    def options(self) -> dict:
+        """The open conversation's own settings (a new chat's, before it is saved)."""
+        return self.current.options if self.current is not None else self.pending_options
+
+    def set_options(self, options: dict) -> None:
+        if self.current is None:
+            self.pending_options = dict(options)
+        else:
+            self.current.options = dict(options)
             self.store.set_conversation_options(self.current.id, self.current.options)
+        self._emit_context()
+
+    def reply_settings(self) -> AppSettings:
+        """The settings a reply in the open conversation uses: the defaults with its own sampling."""
+        return apply_overrides(self.settings(), self.options().get("sampling", {}))
 
     def leave_out_oldest(self, thinking: bool) -> None:
         """The answer to a full context: this conversation leaves out its oldest turns from now on, and
@@ -225,7 +245,7 @@ class ChatSession(QObject):
             self._start_reply(thinking)
 
     def context_policy(self) -> str:
-        own = self.current.options.get("context_policy") if self.current else None
+        own = self.options().get("context_policy")
         return own or self.settings().context_policy
 
     def count_draft(self, text: str, thinking: bool) -> tuple[int, int] | None:
@@ -305,14 +325,15 @@ class ChatSession(QObject):
         self.active.prompt_tokens = fit.tokens
         self.busy_changed.emit(True)
         self._emit_context()
-        self.backend.generate(self.active.request_id, fit.history, self.settings().sampling_params(thinking), kwargs)
+        self.backend.generate(self.active.request_id, fit.history, self.reply_settings().sampling_params(thinking),
+                              kwargs)
 
     def _fit(self, history: list[dict], kwargs: dict):
         """The history that fits the context (context_fit.py), or None after saying why nothing is sent."""
         total, count = getattr(self.backend, "max_context", None), getattr(self.backend, "count_tokens", None)
         if not total or count is None:
             return fit_history(history, lambda _: None, 0)
-        budget = prompt_budget(total, self.settings().max_tokens)
+        budget = prompt_budget(total, self.reply_settings().max_tokens)
         tokens = count(history, kwargs)
         if tokens is not None and tokens > budget and self.context_policy() == "stop":
             self._notice(CONTEXT_FULL.format(tokens=tokens, budget=budget), actions=["new_chat", "leave_out"])
@@ -330,7 +351,8 @@ class ChatSession(QObject):
         self.message_added.emit(self.store.add_message(self.current.id, "notice", content=text, metrics=metrics))
 
     def _system(self) -> list[dict]:
-        prompt = self.settings().system_prompt
+        """The conversation's own system prompt, else the default one."""
+        prompt = self.options().get("system_prompt") or self.settings().system_prompt
         return [{"role": "system", "content": prompt}] if prompt.strip() else []
 
     def _history(self, continuing: Message | None = None, without: Message | None = None) -> list[dict]:
