@@ -3,13 +3,17 @@ transcript; the composer."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QMenu, QVBoxLayout, QWidget
 
 from app import dialogs, icons
+from app.chat import export
+from app.chat.attachments import keep_bytes
 from app.chat.chat_options import ChatOptionsDialog
 from app.chat.composer import Composer
 from app.chat.context_fit import prompt_budget
@@ -105,6 +109,8 @@ class ChatPage(QWidget):
         self.conversations.renamed.connect(s.rename)
         self.conversations.delete_requested.connect(self.confirm_delete)
         self.conversations.pin_requested.connect(s.set_pinned)
+        self.conversations.export_requested.connect(self.export_conversation)
+        self.conversations.import_requested.connect(self.import_conversation)
         self.conversations.search_changed.connect(lambda _: self.refresh_conversations())
         self.composer.send_requested.connect(self._send)
         self.composer.stop_requested.connect(s.stop)
@@ -351,6 +357,42 @@ class ChatPage(QWidget):
         self.composer.input.clear()
         self.composer.attachments.clear()
         self.composer.stop_editing()
+
+    def export_conversation(self, conversation_id: int, kind: str) -> None:
+        conversation = self.session.store.conversation(conversation_id)
+        if conversation is None:
+            return
+        suffix, filter_ = (".md", "Markdown (*.md)") if kind == "markdown" else (".json", "JSON (*.json)")
+        path = dialogs.save_path(self, "Export conversation", export.safe_file_name(conversation.title) + suffix, filter_)
+        if not path:
+            return
+        messages = self.session.store.messages(conversation_id)
+        try:
+            if kind == "markdown":
+                text = export.to_markdown(conversation, messages, self.model_name or "Assistant")
+            else:
+                text = json.dumps(export.to_json(conversation, messages), ensure_ascii=False, indent=1)
+            Path(path).write_text(text, encoding="utf-8")
+        except OSError as e:
+            self.show_banner("error", f"Could not export the conversation: {e.strerror or e}.")
+            return
+        self.show_banner("info", f"Exported “{conversation.title}” to {path}.")
+
+    def import_conversation(self) -> None:
+        path = dialogs.open_path(self, "Import conversation", "Conversations (*.json)")
+        if not path:
+            return
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            conversation = export.import_json(self.session.store, data, keep_bytes)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            self.show_banner("error", f"Could not read {Path(path).name}: {e}")
+            return
+        except ValueError as e:
+            self.show_banner("error", f"Could not import {Path(path).name}: {e}")
+            return
+        self.session.conversations_changed.emit()
+        self.session.open(conversation.id)
 
     def confirm_delete(self, conversation_id: int) -> None:
         conversation = self.session.store.conversation(conversation_id)

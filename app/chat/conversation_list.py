@@ -1,4 +1,4 @@
-"""The conversation list: new chat, search, rename (F2 / double-click / menu), pin, delete; pinned ones
+"""The conversation list: new chat, import, search, rename (F2 / double-click / menu), pin, export, delete; pinned ones
 first, the others grouped under when each was last active (Today, Yesterday, Previous 7 days, then
 months), long titles elided."""
 
@@ -10,6 +10,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction, QColor, QKeySequence
 from PySide6.QtWidgets import (
     QFrame,
+    QHBoxLayout,
     QLineEdit,
     QListWidget,
     QListWidgetItem,
@@ -19,7 +20,7 @@ from PySide6.QtWidgets import (
 
 from app import icons
 from app.store import Conversation
-from app.widgets import text_button
+from app.widgets import icon_button, text_button
 
 ID_ROLE = Qt.ItemDataRole.UserRole
 PINNED_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -46,6 +47,8 @@ class ConversationList(QFrame):
     renamed = Signal(int, str)
     delete_requested = Signal(int)
     pin_requested = Signal(int, bool)
+    export_requested = Signal(int, str)       # conversation id, "markdown" | "json"
+    import_requested = Signal()
     search_changed = Signal(str)
 
     def __init__(self, parent=None):
@@ -57,6 +60,8 @@ class ConversationList(QFrame):
         column.setSpacing(10)
         self.new_button = text_button("New chat", "plus", "primary")
         self.new_button.clicked.connect(self.new_requested)
+        self.import_button = icon_button("folder", "Import a conversation from a JSON file")
+        self.import_button.clicked.connect(self.import_requested)
         self.search = QLineEdit()
         self.search.setObjectName("search")
         self.search.setPlaceholderText("Search conversations")
@@ -78,7 +83,11 @@ class ConversationList(QFrame):
         delete.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
         delete.triggered.connect(self._delete_current)
         self.list.addAction(delete)
-        column.addWidget(self.new_button)
+        top = QHBoxLayout()
+        top.setSpacing(6)
+        top.addWidget(self.new_button, 1)
+        top.addWidget(self.import_button)
+        column.addLayout(top)
         column.addWidget(self.search)
         column.addWidget(self.list, 1)
         self._filling = False
@@ -136,6 +145,10 @@ class ConversationList(QFrame):
         pinned = bool(item.data(PINNED_ROLE))
         menu.addAction(icons.icon("pin"), "Unpin" if pinned else "Pin to the top",
                        lambda: self.pin_requested.emit(item.data(ID_ROLE), not pinned))
+        menu.addAction(icons.icon("download"), "Export as Markdown…",
+                       lambda: self.export_requested.emit(item.data(ID_ROLE), "markdown"))
+        menu.addAction(icons.icon("download"), "Export as JSON…",
+                       lambda: self.export_requested.emit(item.data(ID_ROLE), "json"))
         menu.addAction(icons.icon("trash", icons.DANGER), "Delete",
                        lambda: self.delete_requested.emit(item.data(ID_ROLE)))
         menu.exec(self.list.viewport().mapToGlobal(pos))
