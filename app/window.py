@@ -38,6 +38,7 @@ from app.status_bar import StatusBar
 log = logging.getLogger("qwendesk.app")
 PAGES = ("chat", "models", "settings")
 GEOMETRY_KEY = "window_geometry"
+MIN_WIDTH, MIN_HEIGHT = 800, 560
 
 
 class MainWindow(QMainWindow):
@@ -49,7 +50,7 @@ class MainWindow(QMainWindow):
         self.context = context
         self.setWindowTitle("Qwen Desk")
         self.setWindowIcon(icons.app_icon())
-        self.setMinimumSize(960, 600)
+        self.setMinimumSize(MIN_WIDTH, MIN_HEIGHT)
         geometry = context.store.get_setting(GEOMETRY_KEY)
         if not (geometry and self.restoreGeometry(QByteArray.fromBase64(geometry.encode()))):
             self.resize(1280, 820)

@@ -69,3 +69,33 @@ def test_a_pinned_conversation_lists_first(app_env, qtbot):
     screenshot(window, "chat_conversation_pinned")
     listing.pin_requested.emit(old.id, False)
     assert [i.text() for i in listing.items()] == ["Fresh question", "Recipe notes"]
+
+
+def test_the_list_folds_away_on_a_narrow_window(app_env, qtbot):
+    from PySide6.QtCore import Qt
+
+    window = open_window(qtbot, make_context(app_env), autoload=False)
+    window.show_page("chat")
+    store = window.context.store
+    first = store.create_conversation("A conversation with a rather long title to elide")
+    store.create_conversation("Another one")
+    window.resize(1280, 800)
+    qtbot.waitUntil(lambda: window.chat.conversations.isVisible())
+    window.resize(800, 560)
+    qtbot.waitUntil(lambda: not window.chat.conversations.isVisible())
+    assert window.size().width() == 800 and window.size().height() == 560
+    window.chat.banner.hide()
+    screenshot(window, "chat_800x560_list_folded")
+    qtbot.mouseClick(window.chat.sidebar_button, Qt.MouseButton.LeftButton)
+    assert window.chat.conversations.isVisible()
+    window.chat.refresh_conversations()
+    screenshot(window, "chat_800x560_list_open")
+    item = window.chat.conversations.items()[-1]
+    window.chat.conversations._on_clicked(item)               # picking one folds the list again
+    assert window.session.current.id == first.id and not window.chat.conversations.isVisible()
+    qtbot.keyClick(window.chat, Qt.Key.Key_B, Qt.KeyboardModifier.ControlModifier)
+    assert window.chat.conversations.isVisible()
+    window.resize(1280, 800)                                  # wide again: the list as the user left it
+    qtbot.waitUntil(lambda: window.chat.conversations.isVisible())
+    qtbot.mouseClick(window.chat.sidebar_button, Qt.MouseButton.LeftButton)
+    assert not window.chat.conversations.isVisible()

@@ -27,6 +27,7 @@ from app.widgets import Banner, ElidedLabel, icon_button, label, text_button
 
 
 DRAFT_COUNT_MS = 400
+NARROW_PAGE = 760          # below this width the conversation list folds away (the header's button opens it)
 
 
 class ChatPage(QWidget):
@@ -45,6 +46,10 @@ class ChatPage(QWidget):
         self.loading_name = ""
         self.conversations = ConversationList()
         self.title = ElidedLabel("New chat", "chatTitle")
+        self.sidebar_button = icon_button("sidebar", "Show or hide the conversations (Ctrl+B)")
+        self.sidebar_button.clicked.connect(self.toggle_sidebar)
+        self._sidebar_wanted = True          # the user's choice; a narrow page folds the list whatever it is
+        self._narrow = False
         self.options_button = icon_button("sliders", "This chat's system prompt and sampling")
         self.options_button.setCheckable(True)          # checked: the chat has settings of its own
         self.options_button.clicked.connect(self.edit_options)
@@ -75,6 +80,7 @@ class ChatPage(QWidget):
         top = QHBoxLayout(header)
         top.setContentsMargins(20, 10, 16, 10)
         top.setSpacing(12)
+        top.addWidget(self.sidebar_button)
         top.addWidget(self.title, 1)
         top.addWidget(self.options_button)
         top.addWidget(self.gauge)
@@ -106,6 +112,7 @@ class ChatPage(QWidget):
         s = self.session
         self.conversations.new_requested.connect(s.new_conversation)
         self.conversations.selected.connect(s.open)
+        self.conversations.selected.connect(self._fold_if_narrow)
         self.conversations.renamed.connect(s.rename)
         self.conversations.delete_requested.connect(self.confirm_delete)
         self.conversations.pin_requested.connect(s.set_pinned)
@@ -132,9 +139,32 @@ class ChatPage(QWidget):
 
     def _shortcuts(self) -> None:
         for keys, action in (("Ctrl+N", self.session.new_conversation),
-                             ("Ctrl+K", self.conversations.search.setFocus),
+                             ("Ctrl+K", self._search),
+                             ("Ctrl+B", self.toggle_sidebar),
                              ("Escape", self._escape)):
             QShortcut(QKeySequence(keys), self, action)
+
+    def _fold_if_narrow(self) -> None:
+        if self._narrow:
+            self.conversations.hide()
+
+    def toggle_sidebar(self) -> None:
+        """Show or hide the conversation list; on a narrow page it is shown until a conversation is picked."""
+        shown = not self.conversations.isVisible()
+        self.conversations.setVisible(shown)
+        if not self._narrow:
+            self._sidebar_wanted = shown
+
+    def _search(self) -> None:
+        self.conversations.show()
+        self.conversations.search.setFocus()
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        narrow = self.width() < NARROW_PAGE
+        if narrow != self._narrow:
+            self._narrow = narrow
+            self.conversations.setVisible(self._sidebar_wanted and not narrow)
 
     def _escape(self) -> None:
         """Esc stops a streaming reply, or leaves editing."""

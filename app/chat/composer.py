@@ -25,6 +25,8 @@ from app.chat.attachments import (
 from app.widgets import icon_button, label
 
 MAX_LINES = 10
+PLACEHOLDER = "Message the model"
+KEYS_HINT = "  (Enter to send, Shift+Enter for a new line)"
 NO_IMAGES = "The model in use does not take images, so images cannot be attached."
 
 
@@ -68,6 +70,13 @@ class ComposerEdit(QPlainTextEdit):
             return
         super().insertFromMimeData(source)
 
+    def resizeEvent(self, event) -> None:
+        """The keys hint only where it fits on the line."""
+        super().resizeEvent(event)
+        full = PLACEHOLDER + KEYS_HINT
+        fits = self.fontMetrics().horizontalAdvance(full) + 24 < self.viewport().width()
+        self.setPlaceholderText(full if fits else PLACEHOLDER)
+
     def _fit_height(self) -> None:
         lines = max(1, min(MAX_LINES, int(self.document().size().height())))
         line = self.fontMetrics().lineSpacing()
@@ -100,7 +109,6 @@ class Composer(QFrame):
         self.note = label("", "composerNote", wrap=True)
         self.note.hide()
         self.input = ComposerEdit()
-        self.input.setPlaceholderText("Message the model  (Enter to send, Shift+Enter for a new line)")
         self.input.submit.connect(self._submit)
         self.input.image_pasted.connect(self.attachments.add)
         self.input.images_refused.connect(lambda: self._show_note(NO_IMAGES))
