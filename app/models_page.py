@@ -25,6 +25,8 @@ from app.model_rows import CatalogCard, DownloadRow, LocalModelRow
 from app.widgets import Banner, Card, label, page_header, scrolling_page, text_button
 from engine.api import MemoryPlan, ModelConfig, plan_for
 
+TWO_COLUMNS_WIDTH = 900      # a narrower page lists the catalog in one column
+
 
 class ModelsPage(QWidget):
     load_requested = Signal(str)              # checkpoint directory
@@ -43,6 +45,7 @@ class ModelsPage(QWidget):
         self.download_rows: dict[str, DownloadRow] = {}
         self.local_rows: list[LocalModelRow] = []
         self.cards: list[CatalogCard] = []
+        self.grid_columns = 2
         self.banner = Banner()
         self._build()
         downloads.changed.connect(self._download_changed)
@@ -134,13 +137,22 @@ class ModelsPage(QWidget):
         card.body.addLayout(row)
         return card
 
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if self._columns() != self.grid_columns:
+            self._place_cards()
+
+    def _columns(self) -> int:
+        return 2 if self.width() >= TWO_COLUMNS_WIDTH else 1
+
     def _place_cards(self) -> None:
-        """Two columns in fit order; with the filter on, only the cards whose plan fits."""
+        """Two columns in fit order (one on a narrow page); with the filter on, only the cards whose plan fits."""
         for card in self.cards:
             self.grid.removeWidget(card)
         shown = [c for c in self.cards if not (self.fits_only.isChecked() and c.too_large)]
+        self.grid_columns = columns = self._columns()
         for i, card in enumerate(shown):
-            self.grid.addWidget(card, i // 2, i % 2)
+            self.grid.addWidget(card, i // columns, i % columns)
         for card in self.cards:
             card.setVisible(card in shown)
         hidden = len(self.cards) - len(shown)

@@ -146,3 +146,20 @@ def test_the_catalog_puts_what_fits_first_and_asks_before_a_too_large_download(a
     assert [c.isVisible() for c in page.cards] == fits
     assert page.hidden_note.isVisible() and f"{fits.count(False)} larger models hidden" in page.hidden_note.text()
     page_screenshot(page, "models_catalog_fits_only")
+
+
+def test_every_page_fits_800x560(app_env, qtbot):
+    from PySide6.QtWidgets import QScrollArea
+
+    window = open_window(qtbot, make_context(app_env), autoload=False)
+    window.resize(800, 560)
+    qtbot.wait(50)
+    assert (window.width(), window.height()) == (800, 560)
+    for page in ("chat", "models", "settings"):
+        window.show_page(page)
+        qtbot.wait(50)
+        screenshot(window, f"window_800x560_{page}")
+        if page != "chat":
+            scroll = window.stack.currentWidget().findChild(QScrollArea)
+            assert scroll.widget().minimumSizeHint().width() <= scroll.viewport().width(), f"{page} is clipped"
+            page_screenshot(window.stack.currentWidget(), f"window_800_wide_{page}_whole")
