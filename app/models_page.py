@@ -22,7 +22,8 @@ from app.downloads import DownloadManager
 from app.formatting import human_bytes
 from app.local_models import LocalModel, delete_model, scan_all
 from app.model_rows import CatalogCard, DownloadRow, LocalModelRow
-from app.widgets import Banner, Card, label, page_header, scrolling_page, text_button
+from app.banners import BannerStack
+from app.widgets import Card, label, page_header, scrolling_page, text_button
 from engine.api import MemoryPlan, ModelConfig, plan_for
 
 TWO_COLUMNS_WIDTH = 900      # a narrower page lists the catalog in one column
@@ -46,7 +47,7 @@ class ModelsPage(QWidget):
         self.local_rows: list[LocalModelRow] = []
         self.cards: list[CatalogCard] = []
         self.grid_columns = 2
-        self.banner = Banner()
+        self.banner = BannerStack()
         self._build()
         downloads.changed.connect(self._download_changed)
         downloads.completed.connect(lambda *_: self.refresh_local())
@@ -270,7 +271,7 @@ class ModelsPage(QWidget):
 
     # ---- actions -------------------------------------------------------------------------------
     def download(self, repo_id: str) -> None:
-        self.banner.hide()
+        self.banner.clear()
         self.downloads.start(repo_id)
 
     def download_checked(self, repo_id: str) -> None:

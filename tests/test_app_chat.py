@@ -264,7 +264,7 @@ def test_markdown_code_blocks_and_tool_calls_render(app_env, qtbot):
     assert "<tool_call>" not in view.message.content
     assert "1.2K prompt (1K cached)" in view.metrics.text() and "41.7 tok/s" in view.metrics.text()
     assert view.thinking.isVisible() and not view.thinking.is_open
-    window.chat.banner.hide()
+    window.chat.banner.clear()
     screenshot(window, "chat_markdown_code_tools")
 
 
@@ -293,7 +293,7 @@ def test_xml_and_json_form_calls_show_their_name_and_arguments(app_env, qtbot):
                                        {"name": "get_time", "arguments": {"zone": "Europe/Paris", "hours": 24}}]
     assert drawn_calls(view.content) == [("Tool call  ·  get_weather", "city: Paris\ndays: 3"),
                                          ("Tool call  ·  get_time", "zone: Europe/Paris\nhours: 24")]
-    window.chat.banner.hide()
+    window.chat.banner.clear()
     screenshot(window, "chat_tool_calls_xml_and_json")
 
 

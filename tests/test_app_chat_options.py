@@ -62,7 +62,7 @@ def test_a_chat_with_its_own_system_prompt_and_sampling(app_env, qtbot, monkeypa
     assert (params.temperature, params.top_k, params.top_p) == (1.3, 40, AppSettings().top_p)
     assert store.conversation(window.session.current.id).options == {
         "system_prompt": "You are a pirate.", "sampling": {"temperature": 1.3, "top_k": 40}}
-    window.chat.banner.hide()
+    window.chat.banner.clear()
     screenshot(window, "chat_with_own_settings")
     window.session.new_conversation()
     assert not window.chat.options_button.isChecked()

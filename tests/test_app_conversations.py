@@ -41,7 +41,7 @@ def test_list_grouped_by_date_and_one_message_deleted(app_env, qtbot, monkeypatc
                 if listing.list.item(i) not in listing.items()]
     assert headings[:3] == ["Today", "Yesterday", "Previous 7 days"] and len(headings) == 4
     assert listing.items()[0].text().endswith("…")
-    window.chat.banner.hide()
+    window.chat.banner.clear()
     screenshot(window, "chat_conversations_by_date")
     monkeypatch.setattr("app.dialogs.confirm", lambda *args: True)
     user_view, reply_view = window.chat.transcript.message_views()
@@ -65,7 +65,7 @@ def test_a_pinned_conversation_lists_first(app_env, qtbot):
     rows = [listing.list.item(i).text() for i in range(listing.list.count())]
     assert rows[:4] == ["Pinned", "Recipe notes", "Today", "Fresh question"]
     assert store.conversation(old.id).pinned
-    window.chat.banner.hide()
+    window.chat.banner.clear()
     screenshot(window, "chat_conversation_pinned")
     listing.pin_requested.emit(old.id, False)
     assert [i.text() for i in listing.items()] == ["Fresh question", "Recipe notes"]
@@ -84,7 +84,7 @@ def test_the_list_folds_away_on_a_narrow_window(app_env, qtbot):
     window.resize(800, 560)
     qtbot.waitUntil(lambda: not window.chat.conversations.isVisible())
     assert window.size().width() == 800 and window.size().height() == 560
-    window.chat.banner.hide()
+    window.chat.banner.clear()
     screenshot(window, "chat_800x560_list_folded")
     qtbot.mouseClick(window.chat.sidebar_button, Qt.MouseButton.LeftButton)
     assert window.chat.conversations.isVisible()

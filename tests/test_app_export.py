@@ -96,6 +96,6 @@ def test_export_and_import_from_the_list(app_env, qtbot, monkeypatch, tmp_path):
     assert [v.message.role for v in window.chat.transcript.message_views()] == ["user", "assistant"]
     target.write_text("{not json")
     qtbot.mouseClick(window.chat.conversations.import_button, Qt.MouseButton.LeftButton)
-    assert window.chat.banner.isVisible() and "Could not read out.json" in window.chat.banner.text.text()
+    assert window.chat.banner.isVisible() and "Could not read out.json" in window.chat.banner.latest().text.text()
     assert len(store.conversations()) == 2
     screenshot(window, "chat_import_refused")

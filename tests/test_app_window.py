@@ -71,8 +71,8 @@ def test_a_model_that_cannot_load_is_a_message(app_env, qtbot, tmp_path):
     (tmp_path / "broken" / "config.json").write_text('{"model_type": "llama"}')
     window = open_window(qtbot, make_context(app_env, last_model=str(tmp_path / "broken")))
     qtbot.waitUntil(lambda: window.engine.state == "error", timeout=20_000)
-    qtbot.waitUntil(lambda: "could not be loaded" in window.chat.banner.text.text(), timeout=5_000)
-    assert window.chat.banner.isVisible() and window.chat.banner.property("kind") == "error"
+    qtbot.waitUntil(lambda: "could not be loaded" in window.chat.banner.latest().text.text(), timeout=5_000)
+    assert window.chat.banner.isVisible() and window.chat.banner.latest().property("kind") == "error"
     assert window.status.dot.property("state") == "error"
     assert window.chat.composer._blocked_reason
     screenshot(window, "chat_load_failed")

@@ -12,6 +12,7 @@ from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QMenu, QVBoxLayout, QWidget
 
 from app import dialogs, icons
+from app.banners import BannerStack
 from app.chat import export
 from app.chat.attachments import keep_bytes
 from app.chat.chat_options import ChatOptionsDialog
@@ -23,7 +24,7 @@ from app.chat.session import ChatSession
 from app.chat.transcript import Transcript
 from app.formatting import human_tokens
 from app.store import Message
-from app.widgets import Banner, ElidedLabel, icon_button, label, text_button
+from app.widgets import ElidedLabel, icon_button, label, text_button
 
 
 DRAFT_COUNT_MS = 400
@@ -59,8 +60,8 @@ class ChatPage(QWidget):
         self.model_menu.aboutToShow.connect(self._fill_model_menu)
         self.choose_model.setMenu(self.model_menu)
         self.gauge = ContextGauge()
-        self.banner = Banner()
-        self.banner.action_clicked.connect(self.open_models_requested)
+        self.banner = BannerStack()
+        self.banner.action_clicked.connect(lambda _action: self.open_models_requested.emit())
         self.transcript = Transcript()
         self.composer = Composer()
         self.composer.think_button.setChecked(thinking_default)
