@@ -4,9 +4,11 @@ between the pages, the engine thread, the downloads and the chat backend."""
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSize, Qt, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QApplication,
     QButtonGroup,
@@ -105,7 +107,7 @@ class MainWindow(QMainWindow):
         column.addSpacing(14)
         self.nav = QButtonGroup(self)
         self.nav_buttons = {}
-        for name, icon_name in zip(PAGES, ("chat", "models", "settings")):
+        for number, (name, icon_name) in enumerate(zip(PAGES, ("chat", "models", "settings")), 1):
             button = QToolButton()
             button.setObjectName("navButton")
             button.setText(name.capitalize())
@@ -115,6 +117,8 @@ class MainWindow(QMainWindow):
             button.setCheckable(True)
             button.setCursor(Qt.CursorShape.PointingHandCursor)
             button.clicked.connect(lambda _=False, n=name: self.show_page(n))
+            button.setToolTip(f"{name.capitalize()} (Ctrl+{number})")
+            QShortcut(QKeySequence(f"Ctrl+{number}"), self, partial(self.show_page, name))
             self.nav.addButton(button)
             self.nav_buttons[name] = button
             column.addWidget(button)

@@ -163,3 +163,15 @@ def test_every_page_fits_800x560(app_env, qtbot):
             scroll = window.stack.currentWidget().findChild(QScrollArea)
             assert scroll.widget().minimumSizeHint().width() <= scroll.viewport().width(), f"{page} is clipped"
             page_screenshot(window.stack.currentWidget(), f"window_800_wide_{page}_whole")
+
+
+def test_ctrl_number_switches_pages(app_env, qtbot):
+    from PySide6.QtGui import QShortcut
+
+    window = open_window(qtbot, make_context(app_env), autoload=False)
+    shortcuts = {s.key().toString(): s for s in window.findChildren(QShortcut)}
+    for keys, page in (("Ctrl+1", "chat"), ("Ctrl+3", "settings"), ("Ctrl+2", "models")):
+        assert shortcuts[keys].parent() is window                  # window-wide, whichever page has focus
+        shortcuts[keys].activated.emit()      # the offscreen platform has no active window to take key presses
+        assert window.current_page == page and window.nav_buttons[page].isChecked()
+    assert window.nav_buttons["models"].toolTip() == "Models (Ctrl+2)"
