@@ -99,3 +99,28 @@ def test_the_list_folds_away_on_a_narrow_window(app_env, qtbot):
     qtbot.waitUntil(lambda: window.chat.conversations.isVisible())
     qtbot.mouseClick(window.chat.sidebar_button, Qt.MouseButton.LeftButton)
     assert not window.chat.conversations.isVisible()
+
+
+def test_up_in_an_empty_composer_edits_the_last_message(app_env, qtbot):
+    from PySide6.QtCore import Qt
+
+    window = open_window(qtbot, make_context(app_env), autoload=False)
+    window.session.set_backend(ScriptedBackend([("An answer.", "")]))
+    window.chat.set_model("Scripted")
+    window.show_page("chat")
+    send(qtbot, window, "First try")
+    wait_reply(qtbot, window)
+    composer = window.chat.composer
+    composer.input.setPlainText("draft")
+    qtbot.keyClick(composer.input, Qt.Key.Key_Up)              # a draft: Up only moves the cursor
+    assert not composer.editing and composer.input.toPlainText() == "draft"
+    composer.input.clear()
+    qtbot.keyClick(composer.input, Qt.Key.Key_Up)
+    assert composer.editing and composer.input.toPlainText() == "First try"
+    window.chat.banner.clear()
+    screenshot(window, "chat_up_edits_last")
+    composer.input.setPlainText("Second try")
+    qtbot.keyClick(composer.input, Qt.Key.Key_Return)
+    wait_reply(qtbot, window)
+    assert [(m.role, m.content) for m in window.context.store.messages(window.session.current.id)] == [
+        ("user", "Second try"), ("assistant", "An answer.")]

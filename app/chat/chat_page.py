@@ -123,6 +123,7 @@ class ChatPage(QWidget):
         self.composer.send_requested.connect(self._send)
         self.composer.stop_requested.connect(s.stop)
         self.composer.cancel_edit_requested.connect(self._cancel_edit)
+        self.composer.edit_last_requested.connect(self._edit_last)
         self.composer.input.textChanged.connect(self._draft_timer.start)
         self.composer.think_button.toggled.connect(self._draft_timer.start)
         s.conversations_changed.connect(self.refresh_conversations)
@@ -379,6 +380,9 @@ class ChatPage(QWidget):
                                             f"({budget:,} leave room for a reply).", over)
 
     def _edit_last(self) -> None:
+        """The last user message into the composer (its edit button, or Up in an empty composer)."""
+        if self.composer.editing:
+            return
         message = self.session.begin_edit()
         if message:
             self.composer.start_editing(message.content, message.attachments)

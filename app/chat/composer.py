@@ -32,6 +32,7 @@ NO_IMAGES = "The model in use does not take images, so images cannot be attached
 
 class ComposerEdit(QPlainTextEdit):
     submit = Signal()
+    edit_last = Signal()              # Up in an empty composer: edit the last message sent
     image_pasted = Signal(str)        # kept image path
     images_refused = Signal()         # an image dropped or pasted while the model takes none
     images_allowed = True
@@ -49,6 +50,9 @@ class ComposerEdit(QPlainTextEdit):
         enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
         if enter and not event.modifiers() & (Qt.KeyboardModifier.ShiftModifier | Qt.KeyboardModifier.AltModifier):
             self.submit.emit()
+            return
+        if event.key() == Qt.Key.Key_Up and not event.modifiers() and not self.toPlainText():
+            self.edit_last.emit()
             return
         super().keyPressEvent(event)
 
@@ -87,6 +91,7 @@ class Composer(QFrame):
     send_requested = Signal(str, list)     # text, image paths
     stop_requested = Signal()
     cancel_edit_requested = Signal()
+    edit_last_requested = Signal()
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -110,6 +115,7 @@ class Composer(QFrame):
         self.note.hide()
         self.input = ComposerEdit()
         self.input.submit.connect(self._submit)
+        self.input.edit_last.connect(self.edit_last_requested)
         self.input.image_pasted.connect(self.attachments.add)
         self.input.images_refused.connect(lambda: self._show_note(NO_IMAGES))
         tools = QHBoxLayout()

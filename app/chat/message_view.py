@@ -54,7 +54,7 @@ class MessageView(QFrame):
 
     # ---- user ------------------------------------------------------------------------------
     def _build_user(self, message: Message) -> None:
-        self.edit_button = icon_button("edit", "Edit and resend", size=15)
+        self.edit_button = icon_button("edit", "Edit and resend (Up in the empty message box)", size=15)
         self.edit_button.clicked.connect(self.edit_requested)
         self.actions.insertWidget(0, self.edit_button)
         bubble = QFrame()
