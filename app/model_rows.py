@@ -196,6 +196,7 @@ class LocalModelRow(QFrame):
     eject_requested = Signal()
     cancel_load_requested = Signal()
     delete_requested = Signal(object)      # LocalModel
+    redownload_requested = Signal(object)  # LocalModel whose files are damaged
 
     def __init__(self, model: LocalModel, runs_as: str, parent=None):
         super().__init__(parent)
@@ -218,13 +219,23 @@ class LocalModelRow(QFrame):
         text.addWidget(label(details, "muted"))
         self.runs_as = label(runs_as, "facts")
         text.addWidget(self.runs_as)
+        self.problem = label(f"Cannot load: {model.problem}", "rowProblem", wrap=True, selectable=True)
+        self.problem.setVisible(bool(model.problem))
+        self.runs_as.setVisible(not model.problem)
+        text.addWidget(self.problem)
         text.addWidget(ElidedLabel(model.path, "path", Qt.TextElideMode.ElideMiddle))
         row.addLayout(text, 1)
         self.engine_state = ""
         self.load = text_button("Load", "play", "primary")
         self.load.clicked.connect(self._clicked)
+        self.load.setVisible(not model.problem)
         row.addWidget(self.load)
-        self.delete = icon_button("trash", "Delete this model from disk", icons.MUTED)
+        self.redownload = text_button("Download again", "download", "primary")
+        self.redownload.setToolTip("Delete the damaged files and download this model again")
+        self.redownload.clicked.connect(lambda: self.redownload_requested.emit(model))
+        self.redownload.setVisible(bool(model.problem) and model.deletable)
+        row.addWidget(self.redownload)
+        self.delete = icon_button("trash", "Delete this model from disk", icons.DANGER if model.problem else icons.MUTED)
         self.delete.clicked.connect(lambda: self.delete_requested.emit(model))
         keep_place = self.delete.sizePolicy()
         keep_place.setRetainSizeWhenHidden(True)              # Load buttons line up down the list

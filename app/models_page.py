@@ -216,6 +216,7 @@ class ModelsPage(QWidget):
             row.eject_requested.connect(self.eject_requested)
             row.cancel_load_requested.connect(self.cancel_load_requested)
             row.delete_requested.connect(self.confirm_delete)
+            row.redownload_requested.connect(self.confirm_redownload)
             row.set_engine_state(self.loaded_path, self.loading_path)
             self.local_box.addWidget(row)
             self.local_rows.append(row)
@@ -223,8 +224,9 @@ class ModelsPage(QWidget):
         self._refresh_cards()
 
     def local_path_for(self, repo_id: str) -> str:
+        """Where a catalog model is on disk, whole (a damaged copy is offered for download again)."""
         for model in self.local:
-            if model.name == repo_id:
+            if model.name == repo_id and not model.problem:
                 return model.path
         return ""
 
@@ -314,6 +316,20 @@ class ModelsPage(QWidget):
         if dialogs.confirm(self, "Delete download", f"Stop downloading {repo_id}{done}? Pause keeps them to "
                            "resume later.", "Delete", keep="Keep"):
             self.downloads.cancel(repo_id)
+
+    def confirm_redownload(self, model: LocalModel) -> None:
+        """A damaged download: its files go and the hub's come again, verified."""
+        if not dialogs.confirm(self, "Download again", f"Delete the damaged files of {model.name} and download it "
+                               "again?", "Download again"):
+            return
+        try:
+            delete_model(model, self.context.hf_cache_dir)
+        except OSError as e:
+            self.banner.show_message("error", f"Could not delete {model.name}: {e.strerror or e}")
+            self.refresh_local()
+            return
+        self.refresh_local()
+        self.download(model.name)
 
     def confirm_delete(self, model: LocalModel) -> None:
         if not dialogs.confirm(self, "Delete model", f"Delete {model.name} from disk? This frees "

@@ -70,7 +70,7 @@ class MainWindow(QMainWindow):
                                          token=lambda: self.context.settings.hf_token, parent=self)
         self.session = ChatSession(context.store, lambda: self.context.settings, self)
         self.chat = ChatPage(self.session, context.settings.thinking, lambda: [
-            (m.name, m.path, m.path == self._loaded_path()) for m in self.models.local])
+            (m.name, m.path, m.path == self._loaded_path()) for m in self.models.local if not m.problem])
         self.models = ModelsPage(context, self.downloads)
         self.settings_page = SettingsPage(lambda: self.context.settings)
         self.status = StatusBar()
