@@ -28,6 +28,7 @@ from app.formatting import human_gib
 from app.profile_plans import plan_profiles, profile_descriptions
 from app.profile_table import ProfileTable
 from app.settings import CONTEXT_POLICIES, RELOAD_FIELDS, AppSettings
+from app.server_log_view import LogView
 from app.switch import Switch
 from app.widgets import Card, Form, label, page_header, scrolling_page, text_button
 from engine.api import MAX_DRAFTS, PROFILES
@@ -222,6 +223,8 @@ class SettingsPage(QWidget):
         card.body.addLayout(form)
         self.endpoint_status = label("", "statusLine", wrap=True)
         card.body.addWidget(self.endpoint_status)
+        self.log_view = LogView()
+        card.body.addWidget(self.log_view)
         self.endpoint_enabled.toggled.connect(lambda *_: self._save_immediate())
         self.endpoint_host.editingFinished.connect(self._save_immediate)
         self.endpoint_port.editingFinished.connect(self._save_immediate)

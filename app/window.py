@@ -73,6 +73,7 @@ class MainWindow(QMainWindow):
             (m.name, m.path, m.path == self._loaded_path()) for m in self.models.local if not m.problem])
         self.models = ModelsPage(context, self.downloads)
         self.settings_page = SettingsPage(lambda: self.context.settings)
+        self.settings_page.log_view.set_log(self.engine.server_log)
         self.status = StatusBar()
         self._build()
         self._connect()
