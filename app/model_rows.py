@@ -17,7 +17,7 @@ from app.catalog import CatalogEntry
 from app.downloads import DownloadStatus
 from app.formatting import human_bytes, human_duration
 from app.local_models import LocalModel
-from app.widgets import ElidedLabel, icon_button, label, text_button
+from app.widgets import ElidedLabel, icon_button, label, set_enabled, text_button
 
 STATE_TEXT = {"queued": "Queued", "preparing": "Preparing", "downloading": "Downloading", "stalled": "Stalled",
               "verifying": "Verifying", "paused": "Paused", "pausing": "Pausing…", "cancelling": "Cancelling…",
@@ -97,21 +97,21 @@ class CatalogCard(QFrame):
         if local_path:
             self.state.setText({"loaded": "Loaded", "loading": "Loading…"}.get(self.engine_state, "On this computer"))
             self.button.setText({"loaded": "Eject", "loading": "Cancel"}.get(self.engine_state, "Load"))
-            self.button.setEnabled(True)
+            set_enabled(self.button, True, "")
             self.button.setIcon(icons.icon("close" if self.engine_state else "play", icons.ON_ACCENT))
         elif download is not None and download.state in ("paused", "failed"):
             self.state.setText(f"{STATE_TEXT[download.state]}: {download.fraction:.0%}")
             self.button.setText("Resume")
-            self.button.setEnabled(True)
+            set_enabled(self.button, True, "")
             self.button.setIcon(icons.icon("play", icons.ON_ACCENT))
         elif download is not None:
             self.state.setText(f"{STATE_TEXT.get(download.state, download.state)}: {download.fraction:.0%}")
             self.button.setText("Downloading")
-            self.button.setEnabled(False)
+            set_enabled(self.button, False, "Downloading now: pause or delete it under Downloads above")
         else:
             self.state.setText("")
             self.button.setText("Download")
-            self.button.setEnabled(True)
+            set_enabled(self.button, True, "")
             self.button.setIcon(icons.icon("download", icons.ON_ACCENT))
 
     def _clicked(self) -> None:
@@ -254,7 +254,8 @@ class LocalModelRow(QFrame):
         self.load.setIcon(icons.icon("close" if self.engine_state else "play", icons.ON_ACCENT))
         self.load.setToolTip({"loading": "Stop loading this model", "loaded": "Unload this model and free its "
                               "memory"}.get(self.engine_state, ""))
-        self.delete.setEnabled(not self.engine_state)
+        set_enabled(self.delete, not self.engine_state, "Eject the model before deleting it" if self.engine_state ==
+                    "loaded" else "Cancel loading the model before deleting it", "Delete this model from disk")
 
     def _clicked(self) -> None:
         if self.engine_state == "loading":

@@ -23,7 +23,7 @@ from app.formatting import human_bytes
 from app.local_models import LocalModel, delete_model, scan_all
 from app.model_rows import CatalogCard, DownloadRow, LocalModelRow
 from app.banners import BannerStack
-from app.widgets import Card, label, page_header, scrolling_page, text_button
+from app.widgets import Card, label, page_header, scrolling_page, set_enabled, text_button
 from engine.api import MemoryPlan, ModelConfig, plan_for
 
 TWO_COLUMNS_WIDTH = 900      # a narrower page lists the catalog in one column
@@ -240,12 +240,12 @@ class ModelsPage(QWidget):
         status = self.downloads.status(self.recommended.id)
         if path:
             self.recommend_button.setText("Loaded" if path == self.loaded_path else "Load")
-            self.recommend_button.setEnabled(path != self.loaded_path)
+            set_enabled(self.recommend_button, path != self.loaded_path, "This model is loaded: chat with it")
         else:
             busy = status is not None and status.state not in ("failed", "cancelled", "paused")
             resumable = status is not None and status.state in ("failed", "paused")
             self.recommend_button.setText("Downloading" if busy else "Resume" if resumable else "Download")
-            self.recommend_button.setEnabled(not busy)
+            set_enabled(self.recommend_button, not busy, "Downloading now: its progress is under Downloads")
 
     def _download_changed(self, repo_id: str) -> None:
         status = self.downloads.status(repo_id)

@@ -30,7 +30,7 @@ from app.profile_table import ProfileTable
 from app.settings import CONTEXT_POLICIES, RELOAD_FIELDS, AppSettings
 from app.server_log_view import LogView
 from app.switch import Switch
-from app.widgets import Card, Form, label, page_header, scrolling_page, text_button
+from app.widgets import Card, Form, label, page_header, scrolling_page, set_enabled, text_button
 from engine.api import MAX_DRAFTS, PROFILES
 
 WIDE, NARROW, BUTTON, GAP = 360, 130, 104, 8
@@ -367,8 +367,9 @@ class SettingsPage(QWidget):
         edited = self.edited_settings()
         self.profile_summary.setText(self.descriptions[edited.profile]["summary"])
         pending = self._pending_engine_changes()
-        self.apply_engine.setEnabled(bool(pending))
         loaded = self.loaded_plan is not None
+        set_enabled(self.apply_engine, bool(pending), "Nothing to apply: change an engine setting above first",
+                    "Reload the model with these settings" if loaded else "Keep these settings for the next load")
         self.apply_engine.setText("Apply and reload" if loaded else "Apply")
         self.engine_status.setText(("Unapplied changes: the model reloads when you apply them." if loaded else
                                     "Unapplied changes: they take effect when a model loads.") if pending

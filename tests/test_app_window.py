@@ -175,3 +175,15 @@ def test_ctrl_number_switches_pages(app_env, qtbot):
         shortcuts[keys].activated.emit()      # the offscreen platform has no active window to take key presses
         assert window.current_page == page and window.nav_buttons[page].isChecked()
     assert window.nav_buttons["models"].toolTip() == "Models (Ctrl+2)"
+
+
+def test_disabled_controls_say_why(app_env, qtbot):
+    window = open_window(qtbot, make_context(app_env), autoload=False)
+    send_button = window.chat.composer.send_button
+    assert not send_button.isEnabled() and send_button.toolTip() == window.chat.composer._blocked_reason != ""
+    apply = window.settings_page.apply_engine
+    assert not apply.isEnabled() and apply.toolTip().startswith("Nothing to apply")
+    window.settings_page.profile_buttons["C4"].click()
+    assert apply.isEnabled() and apply.toolTip() == "Keep these settings for the next load"
+    window.chat.set_model("Scripted")
+    assert send_button.isEnabled() and send_button.toolTip() == "Send (Enter)"

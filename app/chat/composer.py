@@ -22,7 +22,7 @@ from app.chat.attachments import (
     keep_image,
     keep_image_file,
 )
-from app.widgets import icon_button, label
+from app.widgets import icon_button, label, set_enabled
 
 MAX_LINES = 10
 PLACEHOLDER = "Message the model"
@@ -160,7 +160,6 @@ class Composer(QFrame):
         self.send_button.style().unpolish(self.send_button)
         self.send_button.style().polish(self.send_button)
         self.send_button.setIcon(icons.icon("stop" if streaming else "send", icons.ON_ACCENT))
-        self.send_button.setToolTip("Stop" if streaming else "Send (Enter)")
         self._update_enabled()
 
     def set_blocked(self, reason: str) -> None:
@@ -207,7 +206,8 @@ class Composer(QFrame):
 
     def _update_enabled(self) -> None:
         self.status.setText(self._blocked_reason if not self.streaming else "")
-        self.send_button.setEnabled(self.streaming or not self._blocked_reason)
+        set_enabled(self.send_button, self.streaming or not self._blocked_reason, self._blocked_reason,
+                    "Stop" if self.streaming else "Send (Enter)")
 
     # ---- input ---------------------------------------------------------------------------------
     def pick_images(self) -> None:

@@ -19,7 +19,7 @@ from app.chat.long_text import LongText
 from app.chat.metrics import metrics_line
 from app.chat.thinking_block import ThinkingBlock
 from app.store import Message
-from app.widgets import icon_button, label, text_button
+from app.widgets import icon_button, label, set_enabled, text_button
 
 THUMB = 96
 BUBBLE_TEXT_WIDTH = 560
@@ -154,7 +154,7 @@ class MessageView(QFrame):
         for i in range(self.actions.count()):
             self.actions.itemAt(i).widget().setVisible(visible)
         if self.message.role == "assistant":
-            self.versions.setEnabled(visible)
+            set_enabled(self.versions, visible, "Wait for the reply to finish")
 
     def set_can_regenerate(self, allowed: bool) -> None:
         self.regenerate_button.setVisible(allowed)
@@ -192,8 +192,8 @@ class VersionSwitch(QFrame):
     def set_versions(self, index: int, count: int) -> None:
         self.index, self.count = index, count
         self.label.setText(f"{index + 1}/{count}")
-        self.previous.setEnabled(index > 0)
-        self.next.setEnabled(index < count - 1)
+        set_enabled(self.previous, index > 0, "This is the first version", "Previous version")
+        set_enabled(self.next, index < count - 1, "This is the latest version", "Next version")
         self.setVisible(count > 1)
 
 
