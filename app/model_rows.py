@@ -91,19 +91,23 @@ class CatalogCard(QFrame):
         self.button.setObjectName("primary" if primary else "")
         _restyle(self.button)
 
+    def _icon_color(self) -> str:
+        return icons.ON_ACCENT if self.button.objectName() == "primary" else icons.TEXT
+
     def set_state(self, local_path: str, download: DownloadStatus | None, engine_state: str = "") -> None:
         """engine_state: "loading" or "loaded" when this card's checkpoint is in the engine."""
         self.local_path, self.engine_state = local_path, engine_state if local_path else ""
+        self._style_button()
         if local_path:
             self.state.setText({"loaded": "Loaded", "loading": "Loading…"}.get(self.engine_state, "On this computer"))
             self.button.setText({"loaded": "Eject", "loading": "Cancel"}.get(self.engine_state, "Load"))
             set_enabled(self.button, True, "")
-            self.button.setIcon(icons.icon("close" if self.engine_state else "play", icons.ON_ACCENT))
+            self.button.setIcon(icons.icon("close" if self.engine_state else "play", self._icon_color()))
         elif download is not None and download.state in ("paused", "failed"):
             self.state.setText(f"{STATE_TEXT[download.state]}: {download.fraction:.0%}")
             self.button.setText("Resume")
             set_enabled(self.button, True, "")
-            self.button.setIcon(icons.icon("play", icons.ON_ACCENT))
+            self.button.setIcon(icons.icon("play", self._icon_color()))
         elif download is not None:
             self.state.setText(f"{STATE_TEXT.get(download.state, download.state)}: {download.fraction:.0%}")
             self.button.setText("Downloading")
@@ -112,7 +116,7 @@ class CatalogCard(QFrame):
             self.state.setText("")
             self.button.setText("Download")
             set_enabled(self.button, True, "")
-            self.button.setIcon(icons.icon("download", icons.ON_ACCENT))
+            self.button.setIcon(icons.icon("download", self._icon_color()))
 
     def _clicked(self) -> None:
         if self.engine_state == "loaded":

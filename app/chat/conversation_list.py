@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 
 from app import icons
 from app.store import Conversation
+from app.theme import themed
 from app.widgets import icon_button, text_button
 
 ID_ROLE = Qt.ItemDataRole.UserRole
@@ -101,7 +102,7 @@ class ConversationList(QFrame):
                 group = PINNED if c.pinned else age_group(c.updated)
                 heading = QListWidgetItem(group)
                 heading.setFlags(Qt.ItemFlag.NoItemFlags)
-                heading.setForeground(QColor(icons.MUTED))
+                heading.setForeground(QColor(themed(icons.MUTED)))
                 font = heading.font()
                 font.setPointSizeF(font.pointSizeF() * 0.85)
                 heading.setFont(font)
