@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QMessageBox, QWidget
+from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
 
 
 def confirm(parent: QWidget, title: str, text: str, action: str, keep: str = "Cancel") -> bool:
@@ -13,3 +13,17 @@ def confirm(parent: QWidget, title: str, text: str, action: str, keep: str = "Ca
     box.setDefaultButton(QMessageBox.StandardButton.Cancel)
     box.exec()
     return box.clickedButton() is ok
+
+
+def inform(parent: QWidget, title: str, text: str) -> None:
+    QMessageBox.information(parent, title, text)
+
+
+def save_path(parent: QWidget, title: str, suggested: str, filter_: str) -> str:
+    """A file to write, or "" when the user cancels."""
+    return QFileDialog.getSaveFileName(parent, title, suggested, filter_)[0]
+
+
+def open_path(parent: QWidget, title: str, filter_: str) -> str:
+    """A file to read, or "" when the user cancels."""
+    return QFileDialog.getOpenFileName(parent, title, "", filter_)[0]

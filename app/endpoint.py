@@ -26,18 +26,23 @@ class EndpointStatus:
     message: str = ""       # why it is not running, when it is not
 
 
-def start_endpoint(engine, settings: EndpointSettings, model_id: str):
-    """-> (server or None, EndpointStatus). Never raises: a failure is a status message."""
+def start_endpoint(engine, settings: EndpointSettings, model_id: str, log=None):
+    """-> (server or None, EndpointStatus). Never raises: a failure is a status message. `log`: a
+    server_log.ServerLog that keeps the server's lines (each request among them)."""
     try:
         from engine.server import serve           # FastAPI and uvicorn: a build may lack them
     except ImportError:
         return None, EndpointStatus(False, message=UNAVAILABLE)
     try:
-        server = serve(engine, model_id, settings.host, settings.port, settings.api_key or None)
+        server = serve(engine, model_id, settings.host, settings.port, settings.api_key or None,
+                       log_level="info" if log is not None else "warning")
     except (OSError, RuntimeError) as e:
-        return None, EndpointStatus(False, message=f"The endpoint could not listen on "
-                                                   f"{settings.host}:{settings.port}: {e}")
+        status = EndpointStatus(False, message=f"The endpoint could not listen on {settings.host}:{settings.port}: {e}")
     except Exception as e:  # noqa: BLE001 (the server's own start-up errors become a message)
-        return None, EndpointStatus(False, message=f"The endpoint did not start: {type(e).__name__}: {e}")
-    running = EndpointSettings(settings.host, server.port, settings.api_key)
-    return server, EndpointStatus(True, base_url=running.base_url)
+        status = EndpointStatus(False, message=f"The endpoint did not start: {type(e).__name__}: {e}")
+    else:
+        status = EndpointStatus(True, base_url=EndpointSettings(settings.host, server.port, settings.api_key).base_url)
+    if log is not None:
+        log.attach()
+        log.note(f"Serving {model_id} at {status.base_url}" if status.running else status.message)
+    return (server if status.running else None), status

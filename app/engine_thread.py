@@ -20,6 +20,7 @@ from PySide6.QtCore import QThread, Signal
 
 from app.chat.blocks import ShownCall
 from app.endpoint import EndpointSettings, EndpointStatus, start_endpoint
+from app.server_log import ServerLog
 from app.generation import ReplyResult, metrics_from_engine
 from engine.api import (ContextLengthError, Engine, EngineConfig, LoadCancelled, MemoryPlan, QueueFullError, add_calls,
                         plan_for)
@@ -84,6 +85,7 @@ class EngineThread(QThread):
         self._engine: Engine | None = None
         self._server = None
         self._endpoint: EndpointSettings | None = None
+        self.server_log = ServerLog()            # the endpoint's last lines, for Settings
         self._handles: dict[str, object] = {}
         self._cancelled: set[str] = set()        # cancelled before their reply started
         self._handles_lock = threading.Lock()
@@ -286,7 +288,7 @@ class EngineThread(QThread):
         elif self._engine is None:
             self.endpoint_changed.emit(EndpointStatus(False, message="Starts when a model is loaded"))
         else:
-            self._server, status = start_endpoint(self._engine, self._endpoint, self.model.name)
+            self._server, status = start_endpoint(self._engine, self._endpoint, self.model.name, self.server_log)
             self.endpoint_changed.emit(status)
 
     def _stop_endpoint(self) -> None:
@@ -296,6 +298,7 @@ class EngineThread(QThread):
             except Exception:
                 log.exception("stopping the endpoint failed")
             self._server = None
+            self.server_log.note("Stopped")
 
     def _close_engine(self) -> None:
         self._stop_endpoint()

@@ -13,6 +13,7 @@ from PySide6.QtGui import QIcon, QPainter, QPixmap
 from PySide6.QtSvg import QSvgRenderer
 
 from app.paths import resources_dir
+from app.theme import themed
 
 TEXT = "#d7d9de"
 MUTED = "#8b8e98"
@@ -28,7 +29,7 @@ def _svg(name: str) -> str:
 
 
 def pixmap(name: str, size: int = 18, color: str = TEXT, scale: float = 2.0) -> QPixmap:
-    data = _svg(name).replace("#000000", color)
+    data = _svg(name).replace("#000000", themed(color))
     renderer = QSvgRenderer(QByteArray(data.encode()))
     side = int(size * scale)
     image = QPixmap(side, side)

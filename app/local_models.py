@@ -1,5 +1,6 @@
 """Checkpoints on this computer: the app's downloads, the Hugging Face cache and folders the
-user added. A checkpoint is a directory with safetensors and a config.json the engine supports."""
+user added. A checkpoint is a directory with safetensors and a config.json the engine supports; one whose
+files are incomplete or damaged is listed with the reason, so it can be deleted or downloaded again."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.api import ModelConfig, load_model_config
+from engine.api import CheckpointError, ModelConfig, check_checkpoint, load_model_config
 
 DOWNLOAD_MARKER = ".qwendesk-download.json"   # written by the download manager when verified
 
@@ -20,6 +21,7 @@ class LocalModel:
     source: str          # downloads | hf-cache | folder
     size_bytes: int
     architecture: ModelConfig
+    problem: str = ""    # why its files cannot load (missing, truncated, unreadable); "" when whole
 
     @property
     def deletable(self) -> bool:
@@ -50,7 +52,16 @@ def _model(path: Path, name: str, source: str) -> LocalModel | None:
     architecture = checkpoint_config(path)
     if architecture is None or not any(path.glob("*.safetensors")):
         return None
-    return LocalModel(name, str(path), source, folder_size(path), architecture)
+    return LocalModel(name, str(path), source, folder_size(path), architecture, checkpoint_problem(path))
+
+
+def checkpoint_problem(path: Path) -> str:
+    """Why the checkpoint's files are not whole (the engine's check of its index and headers), or ""."""
+    try:
+        check_checkpoint(path)
+    except CheckpointError as e:
+        return str(e)
+    return ""
 
 
 def scan_downloads(models_dir: Path) -> list[LocalModel]:

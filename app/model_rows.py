@@ -17,7 +17,7 @@ from app.catalog import CatalogEntry
 from app.downloads import DownloadStatus
 from app.formatting import human_bytes, human_duration
 from app.local_models import LocalModel
-from app.widgets import ElidedLabel, icon_button, label, text_button
+from app.widgets import ElidedLabel, icon_button, label, set_enabled, text_button
 
 STATE_TEXT = {"queued": "Queued", "preparing": "Preparing", "downloading": "Downloading", "stalled": "Stalled",
               "verifying": "Verifying", "paused": "Paused", "pausing": "Pausing…", "cancelling": "Cancelling…",
@@ -91,28 +91,32 @@ class CatalogCard(QFrame):
         self.button.setObjectName("primary" if primary else "")
         _restyle(self.button)
 
+    def _icon_color(self) -> str:
+        return icons.ON_ACCENT if self.button.objectName() == "primary" else icons.TEXT
+
     def set_state(self, local_path: str, download: DownloadStatus | None, engine_state: str = "") -> None:
         """engine_state: "loading" or "loaded" when this card's checkpoint is in the engine."""
         self.local_path, self.engine_state = local_path, engine_state if local_path else ""
+        self._style_button()
         if local_path:
             self.state.setText({"loaded": "Loaded", "loading": "Loading…"}.get(self.engine_state, "On this computer"))
             self.button.setText({"loaded": "Eject", "loading": "Cancel"}.get(self.engine_state, "Load"))
-            self.button.setEnabled(True)
-            self.button.setIcon(icons.icon("close" if self.engine_state else "play", icons.ON_ACCENT))
+            set_enabled(self.button, True, "")
+            self.button.setIcon(icons.icon("close" if self.engine_state else "play", self._icon_color()))
         elif download is not None and download.state in ("paused", "failed"):
             self.state.setText(f"{STATE_TEXT[download.state]}: {download.fraction:.0%}")
             self.button.setText("Resume")
-            self.button.setEnabled(True)
-            self.button.setIcon(icons.icon("play", icons.ON_ACCENT))
+            set_enabled(self.button, True, "")
+            self.button.setIcon(icons.icon("play", self._icon_color()))
         elif download is not None:
             self.state.setText(f"{STATE_TEXT.get(download.state, download.state)}: {download.fraction:.0%}")
             self.button.setText("Downloading")
-            self.button.setEnabled(False)
+            set_enabled(self.button, False, "Downloading now: pause or delete it under Downloads above")
         else:
             self.state.setText("")
             self.button.setText("Download")
-            self.button.setEnabled(True)
-            self.button.setIcon(icons.icon("download", icons.ON_ACCENT))
+            set_enabled(self.button, True, "")
+            self.button.setIcon(icons.icon("download", self._icon_color()))
 
     def _clicked(self) -> None:
         if self.engine_state == "loaded":
@@ -196,6 +200,7 @@ class LocalModelRow(QFrame):
     eject_requested = Signal()
     cancel_load_requested = Signal()
     delete_requested = Signal(object)      # LocalModel
+    redownload_requested = Signal(object)  # LocalModel whose files are damaged
 
     def __init__(self, model: LocalModel, runs_as: str, parent=None):
         super().__init__(parent)
@@ -218,13 +223,23 @@ class LocalModelRow(QFrame):
         text.addWidget(label(details, "muted"))
         self.runs_as = label(runs_as, "facts")
         text.addWidget(self.runs_as)
+        self.problem = label(f"Cannot load: {model.problem}", "rowProblem", wrap=True, selectable=True)
+        self.problem.setVisible(bool(model.problem))
+        self.runs_as.setVisible(not model.problem)
+        text.addWidget(self.problem)
         text.addWidget(ElidedLabel(model.path, "path", Qt.TextElideMode.ElideMiddle))
         row.addLayout(text, 1)
         self.engine_state = ""
         self.load = text_button("Load", "play", "primary")
         self.load.clicked.connect(self._clicked)
+        self.load.setVisible(not model.problem)
         row.addWidget(self.load)
-        self.delete = icon_button("trash", "Delete this model from disk", icons.MUTED)
+        self.redownload = text_button("Download again", "download", "primary")
+        self.redownload.setToolTip("Delete the damaged files and download this model again")
+        self.redownload.clicked.connect(lambda: self.redownload_requested.emit(model))
+        self.redownload.setVisible(bool(model.problem) and model.deletable)
+        row.addWidget(self.redownload)
+        self.delete = icon_button("trash", "Delete this model from disk", icons.DANGER if model.problem else icons.MUTED)
         self.delete.clicked.connect(lambda: self.delete_requested.emit(model))
         keep_place = self.delete.sizePolicy()
         keep_place.setRetainSizeWhenHidden(True)              # Load buttons line up down the list
@@ -243,7 +258,8 @@ class LocalModelRow(QFrame):
         self.load.setIcon(icons.icon("close" if self.engine_state else "play", icons.ON_ACCENT))
         self.load.setToolTip({"loading": "Stop loading this model", "loaded": "Unload this model and free its "
                               "memory"}.get(self.engine_state, ""))
-        self.delete.setEnabled(not self.engine_state)
+        set_enabled(self.delete, not self.engine_state, "Eject the model before deleting it" if self.engine_state ==
+                    "loaded" else "Cancel loading the model before deleting it", "Delete this model from disk")
 
     def _clicked(self) -> None:
         if self.engine_state == "loading":

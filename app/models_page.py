@@ -22,8 +22,11 @@ from app.downloads import DownloadManager
 from app.formatting import human_bytes
 from app.local_models import LocalModel, delete_model, scan_all
 from app.model_rows import CatalogCard, DownloadRow, LocalModelRow
-from app.widgets import Banner, Card, label, page_header, scrolling_page, text_button
+from app.banners import BannerStack
+from app.widgets import Card, label, page_header, scrolling_page, set_enabled, text_button
 from engine.api import MemoryPlan, ModelConfig, plan_for
+
+TWO_COLUMNS_WIDTH = 900      # a narrower page lists the catalog in one column
 
 
 class ModelsPage(QWidget):
@@ -43,7 +46,8 @@ class ModelsPage(QWidget):
         self.download_rows: dict[str, DownloadRow] = {}
         self.local_rows: list[LocalModelRow] = []
         self.cards: list[CatalogCard] = []
-        self.banner = Banner()
+        self.grid_columns = 2
+        self.banner = BannerStack()
         self._build()
         downloads.changed.connect(self._download_changed)
         downloads.completed.connect(lambda *_: self.refresh_local())
@@ -134,13 +138,22 @@ class ModelsPage(QWidget):
         card.body.addLayout(row)
         return card
 
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if self._columns() != self.grid_columns:
+            self._place_cards()
+
+    def _columns(self) -> int:
+        return 2 if self.width() >= TWO_COLUMNS_WIDTH else 1
+
     def _place_cards(self) -> None:
-        """Two columns in fit order; with the filter on, only the cards whose plan fits."""
+        """Two columns in fit order (one on a narrow page); with the filter on, only the cards whose plan fits."""
         for card in self.cards:
             self.grid.removeWidget(card)
         shown = [c for c in self.cards if not (self.fits_only.isChecked() and c.too_large)]
+        self.grid_columns = columns = self._columns()
         for i, card in enumerate(shown):
-            self.grid.addWidget(card, i // 2, i % 2)
+            self.grid.addWidget(card, i // columns, i % columns)
         for card in self.cards:
             card.setVisible(card in shown)
         hidden = len(self.cards) - len(shown)
@@ -203,6 +216,7 @@ class ModelsPage(QWidget):
             row.eject_requested.connect(self.eject_requested)
             row.cancel_load_requested.connect(self.cancel_load_requested)
             row.delete_requested.connect(self.confirm_delete)
+            row.redownload_requested.connect(self.confirm_redownload)
             row.set_engine_state(self.loaded_path, self.loading_path)
             self.local_box.addWidget(row)
             self.local_rows.append(row)
@@ -210,8 +224,9 @@ class ModelsPage(QWidget):
         self._refresh_cards()
 
     def local_path_for(self, repo_id: str) -> str:
+        """Where a catalog model is on disk, whole (a damaged copy is offered for download again)."""
         for model in self.local:
-            if model.name == repo_id:
+            if model.name == repo_id and not model.problem:
                 return model.path
         return ""
 
@@ -225,12 +240,12 @@ class ModelsPage(QWidget):
         status = self.downloads.status(self.recommended.id)
         if path:
             self.recommend_button.setText("Loaded" if path == self.loaded_path else "Load")
-            self.recommend_button.setEnabled(path != self.loaded_path)
+            set_enabled(self.recommend_button, path != self.loaded_path, "This model is loaded: chat with it")
         else:
             busy = status is not None and status.state not in ("failed", "cancelled", "paused")
             resumable = status is not None and status.state in ("failed", "paused")
             self.recommend_button.setText("Downloading" if busy else "Resume" if resumable else "Download")
-            self.recommend_button.setEnabled(not busy)
+            set_enabled(self.recommend_button, not busy, "Downloading now: its progress is under Downloads")
 
     def _download_changed(self, repo_id: str) -> None:
         status = self.downloads.status(repo_id)
@@ -258,7 +273,7 @@ class ModelsPage(QWidget):
 
     # ---- actions -------------------------------------------------------------------------------
     def download(self, repo_id: str) -> None:
-        self.banner.hide()
+        self.banner.clear()
         self.downloads.start(repo_id)
 
     def download_checked(self, repo_id: str) -> None:
@@ -301,6 +316,20 @@ class ModelsPage(QWidget):
         if dialogs.confirm(self, "Delete download", f"Stop downloading {repo_id}{done}? Pause keeps them to "
                            "resume later.", "Delete", keep="Keep"):
             self.downloads.cancel(repo_id)
+
+    def confirm_redownload(self, model: LocalModel) -> None:
+        """A damaged download: its files go and the hub's come again, verified."""
+        if not dialogs.confirm(self, "Download again", f"Delete the damaged files of {model.name} and download it "
+                               "again?", "Download again"):
+            return
+        try:
+            delete_model(model, self.context.hf_cache_dir)
+        except OSError as e:
+            self.banner.show_message("error", f"Could not delete {model.name}: {e.strerror or e}")
+            self.refresh_local()
+            return
+        self.refresh_local()
+        self.download(model.name)
 
     def confirm_delete(self, model: LocalModel) -> None:
         if not dialogs.confirm(self, "Delete model", f"Delete {model.name} from disk? This frees "

@@ -28,8 +28,9 @@ from app.formatting import human_gib
 from app.profile_plans import plan_profiles, profile_descriptions
 from app.profile_table import ProfileTable
 from app.settings import CONTEXT_POLICIES, RELOAD_FIELDS, AppSettings
+from app.server_log_view import LogView
 from app.switch import Switch
-from app.widgets import Card, Form, label, page_header, scrolling_page, text_button
+from app.widgets import Card, Form, label, page_header, scrolling_page, set_enabled, text_button
 from engine.api import MAX_DRAFTS, PROFILES
 
 WIDE, NARROW, BUTTON, GAP = 360, 130, 104, 8
@@ -222,6 +223,8 @@ class SettingsPage(QWidget):
         card.body.addLayout(form)
         self.endpoint_status = label("", "statusLine", wrap=True)
         card.body.addWidget(self.endpoint_status)
+        self.log_view = LogView()
+        card.body.addWidget(self.log_view)
         self.endpoint_enabled.toggled.connect(lambda *_: self._save_immediate())
         self.endpoint_host.editingFinished.connect(self._save_immediate)
         self.endpoint_port.editingFinished.connect(self._save_immediate)
@@ -364,8 +367,9 @@ class SettingsPage(QWidget):
         edited = self.edited_settings()
         self.profile_summary.setText(self.descriptions[edited.profile]["summary"])
         pending = self._pending_engine_changes()
-        self.apply_engine.setEnabled(bool(pending))
         loaded = self.loaded_plan is not None
+        set_enabled(self.apply_engine, bool(pending), "Nothing to apply: change an engine setting above first",
+                    "Reload the model with these settings" if loaded else "Keep these settings for the next load")
         self.apply_engine.setText("Apply and reload" if loaded else "Apply")
         self.engine_status.setText(("Unapplied changes: the model reloads when you apply them." if loaded else
                                     "Unapplied changes: they take effect when a model loads.") if pending

@@ -9,7 +9,7 @@ from app.endpoint import EndpointStatus
 from app.engine_thread import LoadedModel
 from app.formatting import human_duration, human_tokens
 from app.load_progress import LoadProgress
-from app.widgets import ElidedLabel, label, text_button
+from app.widgets import ElidedLabel, label, set_enabled, text_button
 
 
 class StatusBar(QFrame):
@@ -53,13 +53,13 @@ class StatusBar(QFrame):
         self.load = load
         self._set_dot("busy")
         self.progress.show()
-        self.cancel.setEnabled(True)
+        set_enabled(self.cancel, True, "", "Stop loading this model")
         self.cancel.show()
         self._clock.start()
         self.refresh()
 
     def cancelling(self) -> None:
-        self.cancel.setEnabled(False)
+        set_enabled(self.cancel, False, "Cancelling: the engine stops at its next step")
         self.text.setText(f"Cancelling the load of {self.load.name}…" if self.load else "Cancelling…")
         self._clock.stop()
 

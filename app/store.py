@@ -19,7 +19,8 @@ CREATE TABLE IF NOT EXISTS conversations (
     title TEXT NOT NULL,
     created REAL NOT NULL,
     updated REAL NOT NULL,
-    options TEXT NOT NULL DEFAULT '{}'      -- this conversation's own settings (context policy, ...)
+    options TEXT NOT NULL DEFAULT '{}',     -- this conversation's own settings (context policy, ...)
+    pinned INTEGER NOT NULL DEFAULT 0       -- listed first
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY AUTOINCREMENT,   -- ids are never reused (request ids derive from them)
@@ -32,6 +33,8 @@ CREATE TABLE IF NOT EXISTS messages (
     metrics TEXT NOT NULL DEFAULT '{}',
     status TEXT NOT NULL DEFAULT 'complete',
     error TEXT NOT NULL DEFAULT '',
+    versions TEXT NOT NULL DEFAULT '[]',    -- a regenerated reply's other versions (VERSION_FIELDS each)
+    version INTEGER NOT NULL DEFAULT 0,     -- the place of the row's own version among them
     created REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
@@ -39,8 +42,15 @@ CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS downloads (repo_id TEXT PRIMARY KEY, record TEXT NOT NULL);
 """
 
-JSON_FIELDS = ("tool_calls", "attachments", "metrics")
-MESSAGE_FIELDS = ("content", "reasoning", "tool_calls", "attachments", "metrics", "status", "error")
+JSON_FIELDS = ("tool_calls", "attachments", "metrics", "versions")
+MESSAGE_FIELDS = ("content", "reasoning", "tool_calls", "attachments", "metrics", "status", "error", "versions",
+                  "version")
+VERSION_FIELDS = ("content", "reasoning", "tool_calls", "metrics", "status", "error")   # what a version holds
+# columns added since a database was made: table -> (column, its definition)
+ADDED_COLUMNS = {
+    "conversations": (("options", "TEXT NOT NULL DEFAULT '{}'"), ("pinned", "INTEGER NOT NULL DEFAULT 0")),
+    "messages": (("versions", "TEXT NOT NULL DEFAULT '[]'"), ("version", "INTEGER NOT NULL DEFAULT 0")),
+}
 
 
 @dataclass
@@ -49,7 +59,9 @@ class Conversation:
     title: str
     created: float
     updated: float
-    options: dict = field(default_factory=dict)   # this conversation's own settings: context_policy
+    options: dict = field(default_factory=dict)   # this conversation's own settings: context_policy,
+    #                                               system_prompt, sampling (AppSettings fields it overrides)
+    pinned: bool = False
 
 
 @dataclass
@@ -64,7 +76,18 @@ class Message:
     metrics: dict = field(default_factory=dict)       # usage + timings of an assistant reply
     status: str = "complete"        # complete | streaming | stopped | error
     error: str = ""
+    versions: list = field(default_factory=list)      # a regenerated reply's other versions, in order
+    version: int = 0                                  # where this version sits among them
     created: float = 0.0
+
+    @property
+    def version_count(self) -> int:
+        return len(self.versions) + 1
+
+    def all_versions(self) -> list[dict]:
+        """Every version of the reply in order, the row's own at `version`."""
+        own = {k: getattr(self, k) for k in VERSION_FIELDS}
+        return self.versions[:self.version] + [own] + self.versions[self.version:]
 
 
 class Store:
@@ -85,10 +108,12 @@ class Store:
 
     def _migrate(self) -> None:
         """Columns added since a database was made."""
-        columns = {r["name"] for r in self.db.execute("PRAGMA table_info(conversations)")}
-        if "options" not in columns:
-            with self.db:
-                self.db.execute("ALTER TABLE conversations ADD COLUMN options TEXT NOT NULL DEFAULT '{}'")
+        for table, added in ADDED_COLUMNS.items():
+            columns = {r["name"] for r in self.db.execute(f"PRAGMA table_info({table})")}
+            for name, definition in added:
+                if name not in columns:
+                    with self.db:
+                        self.db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
 
     def _recover_interrupted(self) -> None:
         """A reply that was streaming when the app died ends as 'stopped' with what was saved."""
@@ -108,15 +133,15 @@ class Store:
         return _conversation(row) if row else None
 
     def conversations(self, search: str = "") -> list[Conversation]:
-        """Newest first; `search` matches titles and message text."""
+        """Pinned ones first, then newest first; `search` matches titles and message text."""
         if search:
             like = f"%{search}%"
             rows = self.db.execute(
                 "SELECT * FROM conversations WHERE title LIKE ? OR id IN "
-                "(SELECT conversation_id FROM messages WHERE content LIKE ?) ORDER BY updated DESC",
+                "(SELECT conversation_id FROM messages WHERE content LIKE ?) ORDER BY pinned DESC, updated DESC",
                 (like, like)).fetchall()
         else:
-            rows = self.db.execute("SELECT * FROM conversations ORDER BY updated DESC").fetchall()
+            rows = self.db.execute("SELECT * FROM conversations ORDER BY pinned DESC, updated DESC").fetchall()
         return [_conversation(r) for r in rows]
 
     def rename_conversation(self, conversation_id: int, title: str) -> None:
@@ -126,6 +151,10 @@ class Store:
     def set_conversation_options(self, conversation_id: int, options: dict) -> None:
         with self.db:
             self.db.execute("UPDATE conversations SET options=? WHERE id=?", (json.dumps(options), conversation_id))
+
+    def set_pinned(self, conversation_id: int, pinned: bool) -> None:
+        with self.db:
+            self.db.execute("UPDATE conversations SET pinned=? WHERE id=?", (int(pinned), conversation_id))
 
     def delete_conversation(self, conversation_id: int) -> None:
         with self.db:
@@ -156,6 +185,29 @@ class Store:
         with self.db:
             self.db.execute(f"UPDATE messages SET {assignments} WHERE id=?",
                             (*[_encode(k, v) for k, v in fields.items()], message_id))
+
+    def message(self, message_id: int) -> Message | None:
+        row = self.db.execute("SELECT * FROM messages WHERE id=?", (message_id,)).fetchone()
+        return _message(row) if row else None
+
+    def new_version(self, message_id: int) -> Message:
+        """A reply about to be regenerated: its version joins the others (unless it holds nothing, as a
+        failure before the first token) and the row starts empty, shown last."""
+        message = self.message(message_id)
+        versions = [v for v in message.all_versions() if v["content"] or v["reasoning"] or v["tool_calls"]]
+        self.update_message(message_id, content="", reasoning="", tool_calls=[], metrics={}, status="streaming",
+                            error="", versions=versions, version=len(versions))
+        return self.message(message_id)
+
+    def show_version(self, message_id: int, index: int) -> Message:
+        """The reply's version `index` becomes the row's own (the one the conversation goes on from)."""
+        message = self.message(message_id)
+        versions = message.all_versions()
+        if not 0 <= index < len(versions):
+            raise ValueError(f"no version {index} of message {message_id}")
+        shown = versions.pop(index)
+        self.update_message(message_id, **shown, versions=versions, version=index)
+        return self.message(message_id)
 
     def delete_message(self, message_id: int) -> None:
         with self.db:
@@ -196,6 +248,7 @@ def _encode(key: str, value):
 def _conversation(row: sqlite3.Row) -> Conversation:
     data = dict(row)
     data["options"] = json.loads(data["options"])
+    data["pinned"] = bool(data["pinned"])
     return Conversation(**data)
 
 

@@ -52,6 +52,12 @@ def text_button(text: str, icon_name: str = "", kind: str = "", color: str = ico
     return button
 
 
+def set_enabled(widget: QWidget, enabled: bool, why_not: str, tooltip: str = "") -> None:
+    """Enable or disable `widget`; disabled, its tooltip says why in the user's words (and what to do)."""
+    widget.setEnabled(enabled)
+    widget.setToolTip(tooltip if enabled else why_not)
+
+
 def _size(px: int):
     from PySide6.QtCore import QSize
     return QSize(px, px)

@@ -4,9 +4,11 @@ between the pages, the engine thread, the downloads and the chat backend."""
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSize, Qt, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QApplication,
     QButtonGroup,
@@ -38,6 +40,7 @@ from app.status_bar import StatusBar
 log = logging.getLogger("qwendesk.app")
 PAGES = ("chat", "models", "settings")
 GEOMETRY_KEY = "window_geometry"
+MIN_WIDTH, MIN_HEIGHT = 800, 560
 
 
 class MainWindow(QMainWindow):
@@ -49,7 +52,7 @@ class MainWindow(QMainWindow):
         self.context = context
         self.setWindowTitle("Qwen Desk")
         self.setWindowIcon(icons.app_icon())
-        self.setMinimumSize(960, 600)
+        self.setMinimumSize(MIN_WIDTH, MIN_HEIGHT)
         geometry = context.store.get_setting(GEOMETRY_KEY)
         if not (geometry and self.restoreGeometry(QByteArray.fromBase64(geometry.encode()))):
             self.resize(1280, 820)
@@ -67,9 +70,10 @@ class MainWindow(QMainWindow):
                                          token=lambda: self.context.settings.hf_token, parent=self)
         self.session = ChatSession(context.store, lambda: self.context.settings, self)
         self.chat = ChatPage(self.session, context.settings.thinking, lambda: [
-            (m.name, m.path, m.path == self._loaded_path()) for m in self.models.local])
+            (m.name, m.path, m.path == self._loaded_path()) for m in self.models.local if not m.problem])
         self.models = ModelsPage(context, self.downloads)
         self.settings_page = SettingsPage(lambda: self.context.settings)
+        self.settings_page.log_view.set_log(self.engine.server_log)
         self.status = StatusBar()
         self._build()
         self._connect()
@@ -104,7 +108,7 @@ class MainWindow(QMainWindow):
         column.addSpacing(14)
         self.nav = QButtonGroup(self)
         self.nav_buttons = {}
-        for name, icon_name in zip(PAGES, ("chat", "models", "settings")):
+        for number, (name, icon_name) in enumerate(zip(PAGES, ("chat", "models", "settings")), 1):
             button = QToolButton()
             button.setObjectName("navButton")
             button.setText(name.capitalize())
@@ -114,6 +118,8 @@ class MainWindow(QMainWindow):
             button.setCheckable(True)
             button.setCursor(Qt.CursorShape.PointingHandCursor)
             button.clicked.connect(lambda _=False, n=name: self.show_page(n))
+            button.setToolTip(f"{name.capitalize()} (Ctrl+{number})")
+            QShortcut(QKeySequence(f"Ctrl+{number}"), self, partial(self.show_page, name))
             self.nav.addButton(button)
             self.nav_buttons[name] = button
             column.addWidget(button)

@@ -16,12 +16,13 @@ from engine.params import (DTYPE_NAMES, KV_DTYPES, MAX_DRAFTS, PROFILES, VISION,
 from engine.streaming import starts_in_reasoning
 from engine.vision.processor import ImageInputError
 from engine.vision.prompt import split_images
+from engine.weights.checkpoint import CheckpointError, check_checkpoint
 
 
 __all__ = ["DTYPE_NAMES", "KV_DTYPES", "MAX_DRAFTS", "PROFILES", "VISION", "WEIGHTS", "CallArgs", "CallStart",
-           "Constraint", "ContextLengthError", "DeviceInfo", "Engine", "EngineConfig", "GenerateOutput",
-           "ImageInputError", "LoadCancelled", "MemoryPlan", "ModelConfig", "NO_VISION", "QueueFullError", "Reasoning",
-           "RequestHandle", "SamplingParams", "SpeculationStats", "StreamEvent", "Text", "Timings", "TokenLogprob",
-           "ToolCall", "ToolCallParser", "UnsupportedModelError", "Usage", "add_calls", "call_arguments",
-           "load_model_config", "parse_model_config", "plan_for", "probe", "split_images", "starts_in_reasoning",
-           "tool_schemas"]
+           "CheckpointError", "Constraint", "ContextLengthError", "DeviceInfo", "Engine", "EngineConfig",
+           "GenerateOutput", "ImageInputError", "LoadCancelled", "MemoryPlan", "ModelConfig", "NO_VISION",
+           "QueueFullError", "Reasoning", "RequestHandle", "SamplingParams", "SpeculationStats", "StreamEvent", "Text",
+           "Timings", "TokenLogprob", "ToolCall", "ToolCallParser", "UnsupportedModelError", "Usage", "add_calls",
+           "call_arguments", "check_checkpoint", "load_model_config", "parse_model_config", "plan_for", "probe",
+           "split_images", "starts_in_reasoning", "tool_schemas"]

@@ -22,7 +22,7 @@ def prepare_app_env(tmp_path: Path, monkeypatch, qapp) -> Path:
 
     monkeypatch.setenv("QWENDESK_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setitem(app_settings.THINKING_BUDGETS, "low", 6)
-    apply_theme(qapp)
+    apply_theme(qapp, "dark")
     return tmp_path
 
 

@@ -111,18 +111,27 @@ def test_reasoning_is_shown_folded(app_env, qtbot, checkpoint, monkeypatch):
     screenshot(window, "chat_thinking_open")
 
 
-def test_regenerate_replaces_the_last_reply(chat_window, qtbot):
+def test_regenerate_keeps_versions(chat_window, qtbot):
     window = chat_window
     send(qtbot, window, "First question")
     wait_reply(qtbot, window)
     (first,) = assistant_messages(window)
     view = window.chat.transcript.message_views()[-1]
-    assert view.regenerate_button.isVisible()
+    assert view.regenerate_button.isVisible() and not view.versions.isVisible()
     qtbot.mouseClick(view.regenerate_button, Qt.MouseButton.LeftButton)
     wait_reply(qtbot, window)
     (second,) = assistant_messages(window)
-    assert second.id != first.id and second.status == "complete"
-    assert [v.message.id for v in window.chat.transcript.message_views()][-1] == second.id
+    assert second.id == first.id and second.status == "complete" and (second.version, second.version_count) == (1, 2)
+    assert second.versions[0]["content"] == first.content and second.versions[0]["metrics"] == first.metrics
+    assert view.versions.isVisible() and view.versions.label.text() == "2/2"
+    assert not view.versions.next.isEnabled() and view.versions.previous.isEnabled()
+    screenshot(window, "chat_reply_versions")
+    qtbot.mouseClick(view.versions.previous, Qt.MouseButton.LeftButton)
+    (shown,) = assistant_messages(window)
+    assert (shown.content, shown.version) == (first.content, 0) and shown.versions[0]["content"] == second.content
+    assert view.versions.label.text() == "1/2" and view.message.content == first.content
+    history = window.session._history()
+    assert history[-1]["content"] == first.content        # the conversation goes on from the version shown
 
 
 def test_edit_and_resend_the_last_user_message(chat_window, qtbot):
@@ -255,7 +264,7 @@ def test_markdown_code_blocks_and_tool_calls_render(app_env, qtbot):
     assert "<tool_call>" not in view.message.content
     assert "1.2K prompt (1K cached)" in view.metrics.text() and "41.7 tok/s" in view.metrics.text()
     assert view.thinking.isVisible() and not view.thinking.is_open
-    window.chat.banner.hide()
+    window.chat.banner.clear()
     screenshot(window, "chat_markdown_code_tools")
 
 
@@ -284,7 +293,7 @@ def test_xml_and_json_form_calls_show_their_name_and_arguments(app_env, qtbot):
                                        {"name": "get_time", "arguments": {"zone": "Europe/Paris", "hours": 24}}]
     assert drawn_calls(view.content) == [("Tool call  ·  get_weather", "city: Paris\ndays: 3"),
                                          ("Tool call  ·  get_time", "zone: Europe/Paris\nhours: 24")]
-    window.chat.banner.hide()
+    window.chat.banner.clear()
     screenshot(window, "chat_tool_calls_xml_and_json")
 
 

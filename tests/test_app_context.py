@@ -135,7 +135,7 @@ def test_a_long_paste_is_folded_and_opens(app_env, qtbot):
     text = window.chat.transcript.message_views()[0].text
     assert text.head is not None and text.text.text() == text.head and "059" not in text.head
     assert text.toggle.isVisible() and "61 lines" in text.toggle.text()
-    window.chat.banner.hide()
+    window.chat.banner.clear()
     screenshot(window, "chat_long_paste_folded")
     text.toggle.click()
     assert text.expanded and text.text.text().endswith("059 log line with some text in it")

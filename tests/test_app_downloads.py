@@ -309,3 +309,43 @@ def test_deleting_a_download_asks_first_and_hiding_a_finished_one_does_not(app_e
     row.forget.click()                                    # only hides the row: no question, files kept
     qtbot.waitUntil(lambda: REPO not in page.download_rows, timeout=5_000)
     assert asked == [asked[0]] and folder.exists()
+
+
+def test_a_damaged_checkpoint_says_why_and_downloads_again(app_env, qtbot, hub, checkpoint, monkeypatch):
+    import shutil
+
+    from app.local_models import DOWNLOAD_MARKER, checkpoint_problem
+
+    context = make_context(app_env, hub_endpoint=hub.url)
+    folder = context.models_dir / REPO
+    shutil.copytree(checkpoint("base"), folder)
+    (folder / DOWNLOAD_MARKER).write_text("{}")
+    weights = folder / WEIGHTS
+    weights.write_bytes(weights.read_bytes()[:-1000])                      # an interrupted copy
+    assert "model.safetensors is truncated" in checkpoint_problem(folder)
+    window = open_window(qtbot, context, autoload=False)
+    page = window.models
+    (row,) = page.local_rows
+    assert row.problem.isVisible() and "truncated" in row.problem.text()
+    assert not row.load.isVisible() and row.redownload.isVisible() and row.delete.isVisible()
+    assert page.local_path_for(REPO) == "" and window.chat.local_models() == []    # nowhere offered to load
+    screenshot(window, "models_damaged_checkpoint")
+    monkeypatch.setattr("app.dialogs.confirm", lambda *args, **kw: True)
+    row.redownload.click()
+    qtbot.waitUntil(lambda: any(m.name == REPO and not m.problem for m in page.local), timeout=30_000)
+    (row,) = page.local_rows
+    assert not row.load.isHidden() and row.redownload.isHidden() and row.problem.isHidden()   # the page may be behind the chat
+
+
+def test_check_checkpoint_names_what_is_missing(tmp_path, checkpoint):
+    import shutil
+
+    from engine.api import CheckpointError, check_checkpoint
+
+    check_checkpoint(checkpoint("base"))
+    broken = tmp_path / "linked"
+    broken.mkdir()
+    shutil.copy(Path(checkpoint("base")) / "config.json", broken)
+    (broken / WEIGHTS).symlink_to(tmp_path / "blob-never-downloaded")      # the hub cache after a failed fetch
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        check_checkpoint(broken)

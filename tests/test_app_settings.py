@@ -94,6 +94,14 @@ def test_endpoint_switch_serves_the_openai_sdk(window, qtbot):
     assert reply.choices[0].finish_reason in ("stop", "length")
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=status.base_url, api_key="wrong", timeout=30).models.list()
+    qtbot.mouseClick(page.log_view.toggle, Qt.MouseButton.LeftButton)        # the server's log, in the card
+    qtbot.waitUntil(lambda: "401" in page.log_view.text.toPlainText(), timeout=5_000)
+    log = page.log_view.text.toPlainText()
+    assert f"Serving {window.engine.model.name} at {status.base_url}" in log
+    assert "POST /v1/chat/completions HTTP/1.1\" 200" in log and "GET /v1/models HTTP/1.1\" 401" in log
+    assert "sk-test" not in log
+    page.log_view.text.ensureCursorVisible()
+    page_screenshot(page, "settings_endpoint_log")
     with qtbot.waitSignal(window.engine.endpoint_changed, timeout=30_000) as stopped:
         page.endpoint_enabled.setChecked(False)
     assert not stopped.args[0].running

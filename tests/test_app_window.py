@@ -72,8 +72,8 @@ def test_a_model_that_cannot_load_is_a_message(app_env, qtbot, tmp_path):
     (tmp_path / "broken" / "config.json").write_text('{"model_type": "llama"}')
     window = open_window(qtbot, make_context(app_env, last_model=str(tmp_path / "broken")))
     qtbot.waitUntil(lambda: window.engine.state == "error", timeout=20_000)
-    qtbot.waitUntil(lambda: "could not be loaded" in window.chat.banner.text.text(), timeout=5_000)
-    assert window.chat.banner.isVisible() and window.chat.banner.property("kind") == "error"
+    qtbot.waitUntil(lambda: "could not be loaded" in window.chat.banner.latest().text.text(), timeout=5_000)
+    assert window.chat.banner.isVisible() and window.chat.banner.latest().property("kind") == "error"
     assert window.status.dot.property("state") == "error"
     assert window.chat.composer._blocked_reason
     screenshot(window, "chat_load_failed")
@@ -147,3 +147,44 @@ def test_the_catalog_puts_what_fits_first_and_asks_before_a_too_large_download(a
     assert [c.isVisible() for c in page.cards] == fits
     assert page.hidden_note.isVisible() and f"{fits.count(False)} larger models hidden" in page.hidden_note.text()
     page_screenshot(page, "models_catalog_fits_only")
+
+
+def test_every_page_fits_800x560(app_env, qtbot):
+    from PySide6.QtWidgets import QScrollArea
+
+    window = open_window(qtbot, make_context(app_env), autoload=False)
+    window.resize(800, 560)
+    qtbot.wait(50)
+    assert (window.width(), window.height()) == (800, 560)
+    for page in ("chat", "models", "settings"):
+        window.show_page(page)
+        qtbot.wait(50)
+        screenshot(window, f"window_800x560_{page}")
+        if page != "chat":
+            scroll = window.stack.currentWidget().findChild(QScrollArea)
+            assert scroll.widget().minimumSizeHint().width() <= scroll.viewport().width(), f"{page} is clipped"
+            page_screenshot(window.stack.currentWidget(), f"window_800_wide_{page}_whole")
+
+
+def test_ctrl_number_switches_pages(app_env, qtbot):
+    from PySide6.QtGui import QShortcut
+
+    window = open_window(qtbot, make_context(app_env), autoload=False)
+    shortcuts = {s.key().toString(): s for s in window.findChildren(QShortcut)}
+    for keys, page in (("Ctrl+1", "chat"), ("Ctrl+3", "settings"), ("Ctrl+2", "models")):
+        assert shortcuts[keys].parent() is window                  # window-wide, whichever page has focus
+        shortcuts[keys].activated.emit()      # the offscreen platform has no active window to take key presses
+        assert window.current_page == page and window.nav_buttons[page].isChecked()
+    assert window.nav_buttons["models"].toolTip() == "Models (Ctrl+2)"
+
+
+def test_disabled_controls_say_why(app_env, qtbot):
+    window = open_window(qtbot, make_context(app_env), autoload=False)
+    send_button = window.chat.composer.send_button
+    assert not send_button.isEnabled() and send_button.toolTip() == window.chat.composer._blocked_reason != ""
+    apply = window.settings_page.apply_engine
+    assert not apply.isEnabled() and apply.toolTip().startswith("Nothing to apply")
+    window.settings_page.profile_buttons["C4"].click()
+    assert apply.isEnabled() and apply.toolTip() == "Keep these settings for the next load"
+    window.chat.set_model("Scripted")
+    assert send_button.isEnabled() and send_button.toolTip() == "Send (Enter)"

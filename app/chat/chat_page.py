@@ -3,13 +3,19 @@ transcript; the composer."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QMenu, QVBoxLayout, QWidget
 
 from app import dialogs, icons
+from app.banners import BannerStack
+from app.chat import export
+from app.chat.attachments import keep_bytes
+from app.chat.chat_options import ChatOptionsDialog
 from app.chat.composer import Composer
 from app.chat.context_fit import prompt_budget
 from app.chat.context_gauge import ContextGauge
@@ -18,10 +24,11 @@ from app.chat.session import ChatSession
 from app.chat.transcript import Transcript
 from app.formatting import human_tokens
 from app.store import Message
-from app.widgets import Banner, ElidedLabel, label, text_button
+from app.widgets import ElidedLabel, icon_button, label, text_button
 
 
 DRAFT_COUNT_MS = 400
+NARROW_PAGE = 760          # below this width the conversation list folds away (the header's button opens it)
 
 
 class ChatPage(QWidget):
@@ -40,14 +47,21 @@ class ChatPage(QWidget):
         self.loading_name = ""
         self.conversations = ConversationList()
         self.title = ElidedLabel("New chat", "chatTitle")
+        self.sidebar_button = icon_button("sidebar", "Show or hide the conversations (Ctrl+B)")
+        self.sidebar_button.clicked.connect(self.toggle_sidebar)
+        self._sidebar_wanted = True          # the user's choice; a narrow page folds the list whatever it is
+        self._narrow = False
+        self.options_button = icon_button("sliders", "This chat's system prompt and sampling")
+        self.options_button.setCheckable(True)          # checked: the chat has settings of its own
+        self.options_button.clicked.connect(self.edit_options)
         self.model_badge = label("No model loaded", "modelBadge")
         self.choose_model = text_button("Choose a model", "models")
         self.model_menu = QMenu(self)
         self.model_menu.aboutToShow.connect(self._fill_model_menu)
         self.choose_model.setMenu(self.model_menu)
         self.gauge = ContextGauge()
-        self.banner = Banner()
-        self.banner.action_clicked.connect(self.open_models_requested)
+        self.banner = BannerStack()
+        self.banner.action_clicked.connect(lambda _action: self.open_models_requested.emit())
         self.transcript = Transcript()
         self.composer = Composer()
         self.composer.think_button.setChecked(thinking_default)
@@ -67,7 +81,9 @@ class ChatPage(QWidget):
         top = QHBoxLayout(header)
         top.setContentsMargins(20, 10, 16, 10)
         top.setSpacing(12)
+        top.addWidget(self.sidebar_button)
         top.addWidget(self.title, 1)
+        top.addWidget(self.options_button)
         top.addWidget(self.gauge)
         top.addWidget(self.model_badge)
         top.addWidget(self.choose_model)
@@ -97,18 +113,24 @@ class ChatPage(QWidget):
         s = self.session
         self.conversations.new_requested.connect(s.new_conversation)
         self.conversations.selected.connect(s.open)
+        self.conversations.selected.connect(self._fold_if_narrow)
         self.conversations.renamed.connect(s.rename)
         self.conversations.delete_requested.connect(self.confirm_delete)
+        self.conversations.pin_requested.connect(s.set_pinned)
+        self.conversations.export_requested.connect(self.export_conversation)
+        self.conversations.import_requested.connect(self.import_conversation)
         self.conversations.search_changed.connect(lambda _: self.refresh_conversations())
         self.composer.send_requested.connect(self._send)
         self.composer.stop_requested.connect(s.stop)
         self.composer.cancel_edit_requested.connect(self._cancel_edit)
+        self.composer.edit_last_requested.connect(self._edit_last)
         self.composer.input.textChanged.connect(self._draft_timer.start)
         self.composer.think_button.toggled.connect(self._draft_timer.start)
         s.conversations_changed.connect(self.refresh_conversations)
         s.opened.connect(self._show_conversation)
         s.message_added.connect(self._add_message)
         s.message_removed.connect(self._remove_message)
+        s.message_changed.connect(self._change_message)
         s.reply_updated.connect(self._update_reply)
         s.reply_finished.connect(self._finish_reply)
         s.busy_changed.connect(self._busy_changed)
@@ -119,9 +141,32 @@ class ChatPage(QWidget):
 
     def _shortcuts(self) -> None:
         for keys, action in (("Ctrl+N", self.session.new_conversation),
-                             ("Ctrl+K", self.conversations.search.setFocus),
+                             ("Ctrl+K", self._search),
+                             ("Ctrl+B", self.toggle_sidebar),
                              ("Escape", self._escape)):
             QShortcut(QKeySequence(keys), self, action)
+
+    def _fold_if_narrow(self) -> None:
+        if self._narrow:
+            self.conversations.hide()
+
+    def toggle_sidebar(self) -> None:
+        """Show or hide the conversation list; on a narrow page it is shown until a conversation is picked."""
+        shown = not self.conversations.isVisible()
+        self.conversations.setVisible(shown)
+        if not self._narrow:
+            self._sidebar_wanted = shown
+
+    def _search(self) -> None:
+        self.conversations.show()
+        self.conversations.search.setFocus()
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        narrow = self.width() < NARROW_PAGE
+        if narrow != self._narrow:
+            self._narrow = narrow
+            self.conversations.setVisible(self._sidebar_wanted and not narrow)
 
     def _escape(self) -> None:
         """Esc stops a streaming reply, or leaves editing."""
@@ -185,6 +230,7 @@ class ChatPage(QWidget):
 
     def _show_conversation(self, conversation, messages: list[Message]) -> None:
         self.title.setText(conversation.title if conversation else "New chat")
+        self._show_options_state()
         self.composer.stop_editing()
         self.transcript.clear()
         for message in messages:
@@ -205,6 +251,7 @@ class ChatPage(QWidget):
             if message.role == "assistant":
                 view.regenerate_requested.connect(self._regenerate)
                 view.continue_requested.connect(self._continue)
+                view.version_requested.connect(lambda i, m=message: self.session.show_version(m.id, i))
             else:
                 view.edit_requested.connect(self._edit_last)
         self.title.setText(self.session.current.title)
@@ -214,6 +261,16 @@ class ChatPage(QWidget):
 
     def _remove_message(self, message_id: int) -> None:
         self.transcript.remove_message(message_id)
+        self._refresh_actions()
+
+    def _change_message(self, message: Message) -> None:
+        """A reply's shown version changed (switched to, or a new one regenerating)."""
+        view = self.transcript.view_for(message.id)
+        if view:
+            view.finish(message)
+            if message.status == "streaming":
+                view.update_reply(message.content, message.reasoning, streaming=True)
+                view.metrics.setText("")
         self._refresh_actions()
 
     def _update_reply(self, message_id: int, content: str, reasoning: str) -> None:
@@ -285,6 +342,23 @@ class ChatPage(QWidget):
                 self.composer.input.setPlainText(users[-1].content)
             self.composer.input.setFocus()
 
+    def edit_options(self) -> None:
+        """The chat's own system prompt and sampling, in a dialog."""
+        own = self.session.options()
+        dialog = ChatOptionsDialog(self.session.store, self.session.settings(), own, self)
+        if dialog.exec():
+            kept = {k: v for k, v in own.items() if k not in ("system_prompt", "sampling")}
+            self.session.set_options({**kept, **dialog.options()})
+            self._draft_timer.start()
+        self._show_options_state()
+
+    def _show_options_state(self) -> None:
+        own = self.session.options()
+        custom = bool(own.get("system_prompt") or own.get("sampling"))
+        self.options_button.setChecked(custom)
+        self.options_button.setToolTip("This chat has its own system prompt or sampling: change them" if custom
+                                       else "This chat's system prompt and sampling")
+
     def _count_draft(self) -> None:
         """The draft's tokens under the composer, counted by the backend with the conversation so far."""
         text = self.composer.input.toPlainText()
@@ -294,7 +368,7 @@ class ChatPage(QWidget):
             self.composer.set_draft_count("")
             return
         draft, prompt = counted
-        budget = prompt_budget(total, self.session.settings().max_tokens)
+        budget = prompt_budget(total, self.session.reply_settings().max_tokens)
         over = prompt > budget
         text = f"{human_tokens(draft)} token{'s' if draft != 1 else ''}"
         if draft > budget:
@@ -306,6 +380,9 @@ class ChatPage(QWidget):
                                             f"({budget:,} leave room for a reply).", over)
 
     def _edit_last(self) -> None:
+        """The last user message into the composer (its edit button, or Up in an empty composer)."""
+        if self.composer.editing:
+            return
         message = self.session.begin_edit()
         if message:
             self.composer.start_editing(message.content, message.attachments)
@@ -315,6 +392,42 @@ class ChatPage(QWidget):
         self.composer.input.clear()
         self.composer.attachments.clear()
         self.composer.stop_editing()
+
+    def export_conversation(self, conversation_id: int, kind: str) -> None:
+        conversation = self.session.store.conversation(conversation_id)
+        if conversation is None:
+            return
+        suffix, filter_ = (".md", "Markdown (*.md)") if kind == "markdown" else (".json", "JSON (*.json)")
+        path = dialogs.save_path(self, "Export conversation", export.safe_file_name(conversation.title) + suffix, filter_)
+        if not path:
+            return
+        messages = self.session.store.messages(conversation_id)
+        try:
+            if kind == "markdown":
+                text = export.to_markdown(conversation, messages, self.model_name or "Assistant")
+            else:
+                text = json.dumps(export.to_json(conversation, messages), ensure_ascii=False, indent=1)
+            Path(path).write_text(text, encoding="utf-8")
+        except OSError as e:
+            self.show_banner("error", f"Could not export the conversation: {e.strerror or e}.")
+            return
+        self.show_banner("info", f"Exported “{conversation.title}” to {path}.")
+
+    def import_conversation(self) -> None:
+        path = dialogs.open_path(self, "Import conversation", "Conversations (*.json)")
+        if not path:
+            return
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            conversation = export.import_json(self.session.store, data, keep_bytes)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            self.show_banner("error", f"Could not read {Path(path).name}: {e}")
+            return
+        except ValueError as e:
+            self.show_banner("error", f"Could not import {Path(path).name}: {e}")
+            return
+        self.session.conversations_changed.emit()
+        self.session.open(conversation.id)
 
     def confirm_delete(self, conversation_id: int) -> None:
         conversation = self.session.store.conversation(conversation_id)

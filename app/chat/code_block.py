@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (
 
 from app import icons
 from app.chat.highlight import highlight_html
-from app.theme import mono_font
+from app.theme import mono_font, themed_text
 from app.widgets import label
 
 
@@ -64,7 +64,7 @@ class CodeBlock(QFrame):
             return
         self.code, self.language = code, language
         self.language_label.setText(language or "code")
-        self.text.setText(f"<pre style='margin:0'>{highlight_html(code, language)}</pre>")
+        self.text.setText(themed_text(f"<pre style='margin:0'>{highlight_html(code, language)}</pre>"))
         self.text.adjustSize()
         self._fit_height()
 

@@ -22,14 +22,17 @@ from app.chat.attachments import (
     keep_image,
     keep_image_file,
 )
-from app.widgets import icon_button, label
+from app.widgets import icon_button, label, set_enabled
 
 MAX_LINES = 10
+PLACEHOLDER = "Message the model"
+KEYS_HINT = "  (Enter to send, Shift+Enter for a new line)"
 NO_IMAGES = "The model in use does not take images, so images cannot be attached."
 
 
 class ComposerEdit(QPlainTextEdit):
     submit = Signal()
+    edit_last = Signal()              # Up in an empty composer: edit the last message sent
     image_pasted = Signal(str)        # kept image path
     images_refused = Signal()         # an image dropped or pasted while the model takes none
     images_allowed = True
@@ -47,6 +50,9 @@ class ComposerEdit(QPlainTextEdit):
         enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
         if enter and not event.modifiers() & (Qt.KeyboardModifier.ShiftModifier | Qt.KeyboardModifier.AltModifier):
             self.submit.emit()
+            return
+        if event.key() == Qt.Key.Key_Up and not event.modifiers() and not self.toPlainText():
+            self.edit_last.emit()
             return
         super().keyPressEvent(event)
 
@@ -68,6 +74,13 @@ class ComposerEdit(QPlainTextEdit):
             return
         super().insertFromMimeData(source)
 
+    def resizeEvent(self, event) -> None:
+        """The keys hint only where it fits on the line."""
+        super().resizeEvent(event)
+        full = PLACEHOLDER + KEYS_HINT
+        fits = self.fontMetrics().horizontalAdvance(full) + 24 < self.viewport().width()
+        self.setPlaceholderText(full if fits else PLACEHOLDER)
+
     def _fit_height(self) -> None:
         lines = max(1, min(MAX_LINES, int(self.document().size().height())))
         line = self.fontMetrics().lineSpacing()
@@ -78,6 +91,7 @@ class Composer(QFrame):
     send_requested = Signal(str, list)     # text, image paths
     stop_requested = Signal()
     cancel_edit_requested = Signal()
+    edit_last_requested = Signal()
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -100,8 +114,8 @@ class Composer(QFrame):
         self.note = label("", "composerNote", wrap=True)
         self.note.hide()
         self.input = ComposerEdit()
-        self.input.setPlaceholderText("Message the model  (Enter to send, Shift+Enter for a new line)")
         self.input.submit.connect(self._submit)
+        self.input.edit_last.connect(self.edit_last_requested)
         self.input.image_pasted.connect(self.attachments.add)
         self.input.images_refused.connect(lambda: self._show_note(NO_IMAGES))
         tools = QHBoxLayout()
@@ -146,7 +160,6 @@ class Composer(QFrame):
         self.send_button.style().unpolish(self.send_button)
         self.send_button.style().polish(self.send_button)
         self.send_button.setIcon(icons.icon("stop" if streaming else "send", icons.ON_ACCENT))
-        self.send_button.setToolTip("Stop" if streaming else "Send (Enter)")
         self._update_enabled()
 
     def set_blocked(self, reason: str) -> None:
@@ -193,7 +206,8 @@ class Composer(QFrame):
 
     def _update_enabled(self) -> None:
         self.status.setText(self._blocked_reason if not self.streaming else "")
-        self.send_button.setEnabled(self.streaming or not self._blocked_reason)
+        set_enabled(self.send_button, self.streaming or not self._blocked_reason, self._blocked_reason,
+                    "Stop" if self.streaming else "Send (Enter)")
 
     # ---- input ---------------------------------------------------------------------------------
     def pick_images(self) -> None:

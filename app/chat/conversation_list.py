@@ -1,5 +1,6 @@
-"""The conversation list: new chat, search, rename (F2 / double-click / menu), delete; grouped under
-when each was last active (Today, Yesterday, Previous 7 days, then months), long titles elided."""
+"""The conversation list: new chat, import, search, rename (F2 / double-click / menu), pin, export, delete; pinned ones
+first, the others grouped under when each was last active (Today, Yesterday, Previous 7 days, then
+months), long titles elided."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction, QColor, QKeySequence
 from PySide6.QtWidgets import (
     QFrame,
+    QHBoxLayout,
     QLineEdit,
     QListWidget,
     QListWidgetItem,
@@ -18,9 +20,12 @@ from PySide6.QtWidgets import (
 
 from app import icons
 from app.store import Conversation
-from app.widgets import text_button
+from app.theme import themed
+from app.widgets import icon_button, text_button
 
 ID_ROLE = Qt.ItemDataRole.UserRole
+PINNED_ROLE = Qt.ItemDataRole.UserRole + 1
+PINNED = "Pinned"
 
 
 def age_group(updated: float, today: dt.date | None = None) -> str:
@@ -42,6 +47,9 @@ class ConversationList(QFrame):
     new_requested = Signal()
     renamed = Signal(int, str)
     delete_requested = Signal(int)
+    pin_requested = Signal(int, bool)
+    export_requested = Signal(int, str)       # conversation id, "markdown" | "json"
+    import_requested = Signal()
     search_changed = Signal(str)
 
     def __init__(self, parent=None):
@@ -53,6 +61,8 @@ class ConversationList(QFrame):
         column.setSpacing(10)
         self.new_button = text_button("New chat", "plus", "primary")
         self.new_button.clicked.connect(self.new_requested)
+        self.import_button = icon_button("folder", "Import a conversation from a JSON file")
+        self.import_button.clicked.connect(self.import_requested)
         self.search = QLineEdit()
         self.search.setObjectName("search")
         self.search.setPlaceholderText("Search conversations")
@@ -74,7 +84,11 @@ class ConversationList(QFrame):
         delete.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
         delete.triggered.connect(self._delete_current)
         self.list.addAction(delete)
-        column.addWidget(self.new_button)
+        top = QHBoxLayout()
+        top.setSpacing(6)
+        top.addWidget(self.new_button, 1)
+        top.addWidget(self.import_button)
+        column.addLayout(top)
         column.addWidget(self.search)
         column.addWidget(self.list, 1)
         self._filling = False
@@ -84,17 +98,18 @@ class ConversationList(QFrame):
         self.list.clear()
         group = None
         for c in conversations:
-            if age_group(c.updated) != group:
-                group = age_group(c.updated)
+            if (PINNED if c.pinned else age_group(c.updated)) != group:
+                group = PINNED if c.pinned else age_group(c.updated)
                 heading = QListWidgetItem(group)
                 heading.setFlags(Qt.ItemFlag.NoItemFlags)
-                heading.setForeground(QColor(icons.MUTED))
+                heading.setForeground(QColor(themed(icons.MUTED)))
                 font = heading.font()
                 font.setPointSizeF(font.pointSizeF() * 0.85)
                 heading.setFont(font)
                 self.list.addItem(heading)
             item = QListWidgetItem(c.title)
             item.setData(ID_ROLE, c.id)
+            item.setData(PINNED_ROLE, c.pinned)
             item.setToolTip(f"{c.title}\nLast active {dt.datetime.fromtimestamp(c.updated):%d %b %Y, %H:%M}")
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
             self.list.addItem(item)
@@ -128,6 +143,13 @@ class ConversationList(QFrame):
             return
         menu = QMenu(self)
         menu.addAction(icons.icon("edit"), "Rename", lambda: self.list.editItem(item))
+        pinned = bool(item.data(PINNED_ROLE))
+        menu.addAction(icons.icon("pin"), "Unpin" if pinned else "Pin to the top",
+                       lambda: self.pin_requested.emit(item.data(ID_ROLE), not pinned))
+        menu.addAction(icons.icon("download"), "Export as Markdown…",
+                       lambda: self.export_requested.emit(item.data(ID_ROLE), "markdown"))
+        menu.addAction(icons.icon("download"), "Export as JSON…",
+                       lambda: self.export_requested.emit(item.data(ID_ROLE), "json"))
         menu.addAction(icons.icon("trash", icons.DANGER), "Delete",
                        lambda: self.delete_requested.emit(item.data(ID_ROLE)))
         menu.exec(self.list.viewport().mapToGlobal(pos))

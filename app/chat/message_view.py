@@ -19,7 +19,7 @@ from app.chat.long_text import LongText
 from app.chat.metrics import metrics_line
 from app.chat.thinking_block import ThinkingBlock
 from app.store import Message
-from app.widgets import icon_button, label, text_button
+from app.widgets import icon_button, label, set_enabled, text_button
 
 THUMB = 96
 BUBBLE_TEXT_WIDTH = 560
@@ -30,6 +30,7 @@ class MessageView(QFrame):
     continue_requested = Signal()
     delete_requested = Signal()
     edit_requested = Signal()
+    version_requested = Signal(int)     # a reply's version to show (0-based)
 
     def __init__(self, message: Message, model_name: str = "", parent=None):
         super().__init__(parent)
@@ -53,7 +54,7 @@ class MessageView(QFrame):
 
     # ---- user ------------------------------------------------------------------------------
     def _build_user(self, message: Message) -> None:
-        self.edit_button = icon_button("edit", "Edit and resend", size=15)
+        self.edit_button = icon_button("edit", "Edit and resend (Up in the empty message box)", size=15)
         self.edit_button.clicked.connect(self.edit_requested)
         self.actions.insertWidget(0, self.edit_button)
         bubble = QFrame()
@@ -95,6 +96,8 @@ class MessageView(QFrame):
         self.continue_button.setToolTip("The reply hit its token limit: let it go on in this message")
         self.continue_button.clicked.connect(self.continue_requested)
         self.continue_button.hide()
+        self.versions = VersionSwitch()
+        self.versions.requested.connect(self.version_requested)
         header = QHBoxLayout()
         header.setSpacing(8)
         avatar = QLabel()
@@ -112,6 +115,7 @@ class MessageView(QFrame):
         self.column.addWidget(self.error)
         footer = QHBoxLayout()
         footer.setSpacing(10)
+        footer.addWidget(self.versions)
         footer.addLayout(self.actions)
         footer.addWidget(self.metrics, 1)
         footer.addWidget(self.continue_button)
@@ -136,6 +140,7 @@ class MessageView(QFrame):
     def finish(self, message: Message) -> None:
         """Show the final state of a reply: numbers, stop reason, error."""
         self.message = message
+        self.versions.set_versions(message.version, message.version_count)
         if message.status == "streaming":
             return
         seconds = message.metrics.get("thinking_s")
@@ -148,6 +153,8 @@ class MessageView(QFrame):
     def actions_visible(self, visible: bool) -> None:
         for i in range(self.actions.count()):
             self.actions.itemAt(i).widget().setVisible(visible)
+        if self.message.role == "assistant":
+            set_enabled(self.versions, visible, "Wait for the reply to finish")
 
     def set_can_regenerate(self, allowed: bool) -> None:
         self.regenerate_button.setVisible(allowed)
@@ -159,6 +166,35 @@ class MessageView(QFrame):
 
     def _copy(self) -> None:
         QGuiApplication.clipboard().setText(self.message.content)
+
+
+class VersionSwitch(QFrame):
+    """‹ 2/3 › under a regenerated reply: which of its versions is shown."""
+    requested = Signal(int)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("versionSwitch")
+        row = QHBoxLayout(self)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.setSpacing(0)
+        self.previous = icon_button("chevron-left", "Previous version", size=14)
+        self.next = icon_button("chevron-right", "Next version", size=14)
+        self.label = label("", "metrics")
+        self.previous.clicked.connect(lambda: self.requested.emit(self.index - 1))
+        self.next.clicked.connect(lambda: self.requested.emit(self.index + 1))
+        row.addWidget(self.previous)
+        row.addWidget(self.label)
+        row.addWidget(self.next)
+        self.index, self.count = 0, 1
+        self.hide()
+
+    def set_versions(self, index: int, count: int) -> None:
+        self.index, self.count = index, count
+        self.label.setText(f"{index + 1}/{count}")
+        set_enabled(self.previous, index > 0, "This is the first version", "Previous version")
+        set_enabled(self.next, index < count - 1, "This is the latest version", "Next version")
+        self.setVisible(count > 1)
 
 
 NOTICE_ACTIONS = {"new_chat": ("Start a new chat", "plus"), "leave_out": ("Leave out the oldest messages", "")}

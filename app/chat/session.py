@@ -19,6 +19,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.chat.blocks import extract_tool_calls
 from app.chat.context_fit import fit_history, prompt_budget
+from app.chat.presets import apply_overrides
 from app.generation import ReplyResult
 from app.settings import AppSettings
 from app.store import Conversation, Message, Store
@@ -72,6 +73,7 @@ class ChatSession(QObject):
     opened = Signal(object, list)          # Conversation | None, messages
     message_added = Signal(object)         # Message in the open conversation
     message_removed = Signal(int)
+    message_changed = Signal(object)       # a Message whose shown version changed
     reply_updated = Signal(int, str, str)  # message id, content so far, reasoning so far
     reply_finished = Signal(object)        # the final Message
     busy_changed = Signal(bool)
@@ -86,6 +88,7 @@ class ChatSession(QObject):
         self.current: Conversation | None = None
         self.active: ActiveReply | None = None
         self._editing: Message | None = None
+        self.pending_options: dict = {}        # a new chat's own settings, kept once its first message is
         self.left_out = 0                      # oldest messages of the open conversation the last reply did not see
         self._refresh = QTimer(self)
         self._refresh.setSingleShot(True)
@@ -122,6 +125,7 @@ class ChatSession(QObject):
         """An empty chat; it is saved once the first message is sent."""
         self.current = None
         self._editing = None
+        self.pending_options = {}
         self.left_out = 0
         self.opened.emit(None, [])
         self._emit_context()
@@ -150,6 +154,12 @@ class ChatSession(QObject):
             self.current.title = title
         self.conversations_changed.emit()
 
+    def set_pinned(self, conversation_id: int, pinned: bool) -> None:
+        self.store.set_pinned(conversation_id, pinned)
+        if self.current and self.current.id == conversation_id:
+            self.current.pinned = pinned
+        self.conversations_changed.emit()
+
     def delete(self, conversation_id: int) -> None:
         if self.active and self.active.message.conversation_id == conversation_id:
             self.stop()
@@ -169,6 +179,9 @@ class ChatSession(QObject):
             self._editing = None
         if self.current is None:
             self.current = self.store.create_conversation(title_from(text))
+            if self.pending_options:
+                self.current.options, self.pending_options = self.pending_options, {}
+                self.store.set_conversation_options(self.current.id, self.current.options)
             self.conversations_changed.emit()
         self.message_added.emit(self.store.add_message(self.current.id, "user", content=text, attachments=images))
         if images and not self.vision:
@@ -178,15 +191,20 @@ class ChatSession(QObject):
         self._start_reply(thinking)
 
     def regenerate(self, thinking: bool) -> None:
-        """Replace the last reply with a new one."""
+        """A new version of the last reply; the earlier ones are kept (show_version)."""
         if self.busy or self.current is None:
             return
         messages = self.store.messages(self.current.id)
         if not messages or messages[-1].role != "assistant":
             return
-        self.store.delete_message(messages[-1].id)
-        self.message_removed.emit(messages[-1].id)
-        self._start_reply(thinking)
+        self._start_reply(thinking, regenerating=messages[-1])
+
+    def show_version(self, message_id: int, index: int) -> None:
+        """Another version of a reply becomes the shown one, and the one the conversation goes on from."""
+        if self.current is None or (self.active and self.active.message.id == message_id):
+            return
+        self.message_changed.emit(self.store.show_version(message_id, index))
+        self._emit_context()
 
     def continue_reply(self, thinking: bool) -> None:
         """The last reply hit its token limit: it goes on in the same message."""
@@ -199,9 +217,23 @@ class ChatSession(QObject):
 
     def set_context_policy(self, policy: str) -> None:
         """This conversation's own choice (the settings' policy otherwise)."""
-        if self.current is not None:
-            self.current.options = {**self.current.options, "context_policy": policy}
+        self.set_options({**self.options(), "context_policy": policy})
+
+    def options(self) -> dict:
+        """The open conversation's own settings (a new chat's, before it is saved)."""
+        return self.current.options if self.current is not None else self.pending_options
+
+    def set_options(self, options: dict) -> None:
+        if self.current is None:
+            self.pending_options = dict(options)
+        else:
+            self.current.options = dict(options)
             self.store.set_conversation_options(self.current.id, self.current.options)
+        self._emit_context()
+
+    def reply_settings(self) -> AppSettings:
+        """The settings a reply in the open conversation uses: the defaults with its own sampling."""
+        return apply_overrides(self.settings(), self.options().get("sampling", {}))
 
     def leave_out_oldest(self, thinking: bool) -> None:
         """The answer to a full context: this conversation leaves out its oldest turns from now on, and
@@ -213,7 +245,7 @@ class ChatSession(QObject):
             self._start_reply(thinking)
 
     def context_policy(self) -> str:
-        own = self.current.options.get("context_policy") if self.current else None
+        own = self.options().get("context_policy")
         return own or self.settings().context_policy
 
     def count_draft(self, text: str, thinking: bool) -> tuple[int, int] | None:
@@ -264,17 +296,22 @@ class ChatSession(QObject):
                 self.store.delete_message(m.id)
                 self.message_removed.emit(m.id)
 
-    def _start_reply(self, thinking: bool, continuing: Message | None = None) -> None:
+    def _start_reply(self, thinking: bool, continuing: Message | None = None,
+                     regenerating: Message | None = None) -> None:
         if self.backend is None:
             self._notice("No model is loaded: pick one on the Models page.")
             return
         kwargs = {"enable_thinking": thinking}
         if continuing is not None:
             kwargs["continue_final_message"] = True
-        fit = self._fit(self._history(continuing), kwargs)
+        fit = self._fit(self._history(continuing, without=regenerating), kwargs)
         if fit is None:
             return
-        if continuing is None:
+        if regenerating is not None:
+            message = self.store.new_version(regenerating.id)
+            self.active = ActiveReply(message, f"m{message.id}v{message.version}")
+            self.message_changed.emit(message)
+        elif continuing is None:
             message = self.store.add_message(self.current.id, "assistant", status="streaming")
             self.active = ActiveReply(message, f"m{message.id}")
             self.message_added.emit(message)
@@ -288,14 +325,15 @@ class ChatSession(QObject):
         self.active.prompt_tokens = fit.tokens
         self.busy_changed.emit(True)
         self._emit_context()
-        self.backend.generate(self.active.request_id, fit.history, self.settings().sampling_params(thinking), kwargs)
+        self.backend.generate(self.active.request_id, fit.history, self.reply_settings().sampling_params(thinking),
+                              kwargs)
 
     def _fit(self, history: list[dict], kwargs: dict):
         """The history that fits the context (context_fit.py), or None after saying why nothing is sent."""
         total, count = getattr(self.backend, "max_context", None), getattr(self.backend, "count_tokens", None)
         if not total or count is None:
             return fit_history(history, lambda _: None, 0)
-        budget = prompt_budget(total, self.settings().max_tokens)
+        budget = prompt_budget(total, self.reply_settings().max_tokens)
         tokens = count(history, kwargs)
         if tokens is not None and tokens > budget and self.context_policy() == "stop":
             self._notice(CONTEXT_FULL.format(tokens=tokens, budget=budget), actions=["new_chat", "leave_out"])
@@ -313,14 +351,17 @@ class ChatSession(QObject):
         self.message_added.emit(self.store.add_message(self.current.id, "notice", content=text, metrics=metrics))
 
     def _system(self) -> list[dict]:
-        prompt = self.settings().system_prompt
+        """The conversation's own system prompt, else the default one."""
+        prompt = self.options().get("system_prompt") or self.settings().system_prompt
         return [{"role": "system", "content": prompt}] if prompt.strip() else []
 
-    def _history(self, continuing: Message | None = None) -> list[dict]:
+    def _history(self, continuing: Message | None = None, without: Message | None = None) -> list[dict]:
         """The conversation as the backend takes it; `continuing`: the reply being continued comes last,
-        whatever it holds so far."""
+        whatever it holds so far; `without`: a reply about to be regenerated."""
         history = self._system()
         for m in self.store.messages(self.current.id):
+            if without is not None and m.id == without.id:
+                continue
             failed_or_empty = m.status == "error" or not (m.content or m.tool_calls)
             being_continued = continuing is not None and m.id == continuing.id
             if m.role == "notice" or (m.role == "assistant" and failed_or_empty and not being_continued):

@@ -5,11 +5,12 @@ from engine.server.serve import ServerThread
 from engine.server.settings import ServerSettings
 
 
-def serve(engine, model_id: str, host: str, port: int, api_key: str | None = None) -> ServerThread:
+def serve(engine, model_id: str, host: str, port: int, api_key: str | None = None,
+          log_level: str = "warning") -> ServerThread:
     """Start the endpoint around a loaded engine on its own thread; returns the running server (`.port` is the
-    port it listens on, `.stop()` ends it)."""
+    port it listens on, `.stop()` ends it). `log_level` "info" logs each request (uvicorn.access)."""
     app = create_app(ServerSettings(model_id=model_id, host=host, port=port, api_key=api_key), engine)
-    return ServerThread(app, host, port).start()
+    return ServerThread(app, host, port, log_level=log_level).start()
 
 
 __all__ = ["ServerSettings", "ServerThread", "create_app", "serve"]

@@ -98,6 +98,18 @@ def list_tensors(path: str | Path) -> dict[str, TensorInfo]:
     return tensors
 
 
+def check_checkpoint(path: str | Path) -> None:
+    """Whether the checkpoint at `path` is whole, from its index and headers alone (no tensor data is
+    read): raises CheckpointError saying which file is missing, truncated or unreadable."""
+    try:
+        list_tensors(path)
+    except OSError as e:                    # a dangling link (an interrupted hub cache), no permission
+        name = Path(e.filename).name if e.filename else str(path)
+        raise CheckpointError(f"{name} cannot be read: {e.strerror or e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+        raise CheckpointError(f"checkpoint {path} has a malformed index or header") from None
+
+
 class TensorReader:
     """Opens each shard once and hands out single tensors on the requested device."""
 
