@@ -30,6 +30,7 @@ KINDS = {
     "unavailable": ("server_error", "api_error"),
     "server": ("server_error", "api_error"),
 }
+CLIENT_CLOSED = 499     # nginx's "client closed request": the reply nobody reads when the client left before it
 STATUS_KINDS = {400: "invalid_request", 401: "authentication", 403: "permission", 404: "not_found",
                 405: "invalid_request", 413: "too_large", 415: "invalid_request", 503: "unavailable"}
 

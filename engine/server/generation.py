@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass, field
 
 from engine.api import CallArgs, CallStart, Reasoning, StreamEvent, Text, Timings, TokenLogprob, Usage
-from engine.server.errors import APIError
+from engine.server.errors import CLIENT_CLOSED, APIError
 from engine.server.prompting import Prompt
 
 
@@ -148,18 +148,25 @@ async def collect(gen: Generation) -> Reply:
 async def collect_all(request, gens: list[Generation], consume=collect) -> list:
     """Run generations to their end (`consume(gen)`: what a generation's events become; a Reply by
     default); cancel them all if the client disconnects first (a response that is not streamed has no
-    other way to notice)."""
+    other way to notice). The client gone, the request ends as a CLIENT_CLOSED error: nobody reads it, and /metrics
+    counts it apart from the server's own failures (not as the 503 of a cancel at shutdown)."""
+    gone = asyncio.Event()
+
     async def watch():
         while (await request.receive())["type"] != "http.disconnect":
             pass
+        gone.set()
         for gen in gens:
             gen.cancel()
 
     watcher = asyncio.ensure_future(watch())
     try:
-        return list(await asyncio.gather(*(consume(g) for g in gens)))
+        replies = list(await asyncio.gather(*(consume(g) for g in gens)))
     finally:
         watcher.cancel()
+    if gone.is_set():
+        raise APIError(CLIENT_CLOSED, "the client closed the connection before the reply")
+    return replies
 
 
 async def merged(gens: list[Generation]):
