@@ -34,7 +34,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import jsonschema
@@ -65,7 +65,7 @@ class Options:
     model: str | None = None            # a checkpoint directory (default: a tiny random one, written for the run)
     device: str = "cpu"
     profile: str = "C8"
-    max_context: int = 2048
+    max_context: int = 4096
     max_tokens: int = 48                # each request's max_tokens is drawn from 4 .. this
     host_cache_gb: float = 0.004        # small: pages spill to host memory and are evicted from it
     disk_cache_gb: float = 0.05
@@ -285,8 +285,8 @@ def check_reply(req: Request, reply: dict, out: Outcome, stored: list[str]) -> N
         done, tools_finish = out.finish == "end_turn", out.finish == "tool_use"
     else:
         out.finish = reply["status"]
-        if out.finish == "completed":
-            stored.append(reply["id"])
+        if out.finish == "completed" and not req.chain:
+            stored.append(reply["id"])      # continued once at most: a chain's prompt stays within the context
         text = "".join(part["text"] for item in reply["output"] if item["type"] == "message"
                        for part in item["content"] if part["type"] == "output_text")
         calls = [json.loads(item["arguments"]) for item in reply["output"] if item["type"] == "function_call"]
