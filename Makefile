@@ -6,7 +6,7 @@ PY    := $(VENV)/bin/python
 # build. The venv remembers the TORCH it has (.venv/.torch): later runs keep it, a different TORCH replaces it.
 TORCH ?= $(or $(shell cat $(VENV)/.torch 2>/dev/null),torch==2.13.0)
 
-.PHONY: app test package test-package clean FORCE
+.PHONY: app test soak package test-package clean FORCE
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -35,6 +35,10 @@ app: $(VENV)/.app
 
 test: $(VENV)/.test
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q
+
+# The full soak (2,000 mixed requests against qwendesk-serve on a tiny CPU model; docs/reliability.md)
+soak: $(VENV)/.test
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -m soak tests/test_soak.py
 
 # The frozen app (dist/qwendesk/) and the Linux AppDir (dist/QwenDesk.AppDir/; packed into an AppImage where
 # appimagetool is on PATH). installer/README.md says what each step does.

@@ -395,7 +395,10 @@ class Engine:
 
     def stats(self) -> dict:
         with self._lock:
-            return dict(self._stats)
+            stats = dict(self._stats)
+        if self._disk is not None:          # its writer thread carries on while the loop idles: its figures now
+            stats.update(self._disk.stats())
+        return stats
 
     def generate(self, prompt, params: SamplingParams | None = None, tools=None, **template_kwargs) -> GenerateOutput:
         """Submit and wait for the whole result."""

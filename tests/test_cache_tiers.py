@@ -96,3 +96,13 @@ def test_the_plan_shows_the_host_tier_apart_from_device_memory(ckpt):
     assert default.host_cache_bytes == min(8 << 30, host_ram_bytes() // 4)
     assert off.total_bytes == some.total_bytes == default.total_bytes
     assert "host-RAM cache tier up to 1.50 GiB" in some.summary() and "host-RAM" not in off.summary()
+
+
+def test_stats_show_the_disk_writes_finished_while_the_engine_idles(ckpt, tmp_path):
+    """The loop refreshes its figures at each step; the disk tier's writer finishes after the last one."""
+    with make(ckpt, disk_cache=True, disk_cache_dir=str(tmp_path)) as engine:
+        engine.generate(prompt(300, 1), SamplingParams(max_tokens=4, **GREEDY))
+        engine._disk.flush()
+        on_disk = sum(p.stat().st_size for p in tmp_path.rglob("*.kv"))
+        stats = engine.stats()
+        assert stats["disk_pages"] > 0 and stats["disk_bytes"] == on_disk

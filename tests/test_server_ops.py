@@ -201,7 +201,11 @@ def test_disconnect_cancels_and_frees_pages(engine, steer, server):
     wait_for(lambda: engine.stats()["running"] == 1)
     conn.close()
     assert wait_idle(engine, timeout=5)["running"] == 0
-    assert 'qwendesk_generations_total{reason="cancelled"}' in raw(server, "GET", "/metrics")[2].decode()
+    text = raw(server, "GET", "/metrics")[2].decode()
+    assert 'qwendesk_generations_total{reason="cancelled"}' in text
+    # the client left: counted as 499 (client closed request), not as a 503 of the server's
+    wait_for(lambda: 'route="/v1/chat/completions",status="499"} 1' in raw(server, "GET", "/metrics")[2].decode())
+    assert 'status="503"' not in raw(server, "GET", "/metrics")[2].decode()
 
 
 def test_keepalive_while_nothing_is_generated(engine, steer):

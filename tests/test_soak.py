@@ -1,0 +1,29 @@
+"""The soak driver (tests/soak.py) against a real qwendesk-serve process: a CI-sized run (150 requests, ~20 s),
+and the full 2,000-request run behind the `soak` marker (`make soak`)."""
+
+import json
+
+import pytest
+
+from tests.soak import Options, soak, table
+
+
+def run_soak(checkpoint, tmp_path, **kw) -> dict:
+    report = soak(Options(model=str(checkpoint("base")), workdir=str(tmp_path), **kw))
+    assert report["passed"], table(report) + "\n" + json.dumps(report["bad_examples"], indent=1)
+    return report
+
+
+def test_a_short_soak_leaves_no_5xx_no_hung_request_and_the_engine_at_its_baseline(checkpoint, tmp_path):
+    report = run_soak(checkpoint, tmp_path, requests=150, clients=8, max_tokens=24)
+    mix = report["mix"]
+    assert all(mix.get(k, 0) > 0 for k in ("chat", "completions", "responses", "messages", "streamed", "drop_before",
+                                           "drop_mid", "cancel", "tools_auto", "tools_required", "json_schema", "long"))
+    assert report["counters"]["prefix_cache_hit_tokens_total"] > 0         # prefixes came back from the cache
+    after = report["after"]
+    assert after["host_cache_bytes"] > 0 and after["disk_cache_pages"] > 0  # both tiers were written
+
+
+@pytest.mark.soak
+def test_the_full_soak(checkpoint, tmp_path):
+    run_soak(checkpoint, tmp_path, requests=2000, clients=12)
