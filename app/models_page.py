@@ -322,22 +322,22 @@ class ModelsPage(QWidget):
         if not dialogs.confirm(self, "Download again", f"Delete the damaged files of {model.name} and download it "
                                "again?", "Download again"):
             return
-        try:
-            delete_model(model, self.context.hf_cache_dir)
-        except OSError as e:
-            self.banner.show_message("error", f"Could not delete {model.name}: {e.strerror or e}")
-            self.refresh_local()
-            return
-        self.refresh_local()
-        self.download(model.name)
+        if self._delete(model):
+            self.download(model.name)
 
     def confirm_delete(self, model: LocalModel) -> None:
-        if not dialogs.confirm(self, "Delete model", f"Delete {model.name} from disk? This frees "
-                               f"{model.size_bytes / 1e9:.1f} GB.", "Delete"):
-            return
+        if dialogs.confirm(self, "Delete model", f"Delete {model.name} from disk? This frees "
+                           f"{model.size_bytes / 1e9:.1f} GB.", "Delete"):
+            self._delete(model)
+
+    def _delete(self, model: LocalModel) -> bool:
+        """The model's files gone (False, with a banner saying why, when they could not be)."""
         try:
             delete_model(model, self.context.hf_cache_dir)
         except OSError as e:
             self.banner.show_message("error", f"Could not delete {model.name}: {e.strerror or e}")
-        self.refresh_local()
+            return False
+        finally:
+            self.refresh_local()
+        return True
 

@@ -22,6 +22,7 @@ import torch
 from engine.chat.tool_grammar import calls_rules
 from engine.chat.tools import TOOL_CLOSE, TOOL_OPEN, tool_schemas
 from engine.params import Constraint
+from engine.tokenizer import bytes_to_unicode
 
 # JSON as models write it on one line ({"a": 1, "b": [2, 3]}): fixed separators, no free whitespace (a model could
 # otherwise pad with blanks for ever)
@@ -142,7 +143,7 @@ def ll_tokenizer(tokenizer, vocab_size: int) -> llguidance.LLTokenizer:
     tokens as special ones (a grammar names them by id; plain text never matches them), the end-of-sequence ids."""
     backend = tokenizer.backend
     added = backend.get_added_tokens_decoder()
-    byte_of = {ch: b for b, ch in _bytes_to_unicode().items()}
+    byte_of = {ch: b for b, ch in bytes_to_unicode().items()}
     tokens = []
     for i in range(backend.get_vocab_size(with_added_tokens=True)):
         text = backend.id_to_token(i) or ""
@@ -167,19 +168,6 @@ def ll_tokenizer(tokenizer, vocab_size: int) -> llguidance.LLTokenizer:
 
     return llguidance.LLTokenizer(llguidance.TokenizerWrapper(Wrapped()), n_vocab=vocab_size,
                                   eos_token=list(tokenizer.eos_token_ids) or None)
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """The byte -> character table byte-level BPE vocabularies are written in (GPT-2's)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
 
 
 def _one_line(text: str) -> str:

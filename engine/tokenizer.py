@@ -101,3 +101,16 @@ def _eos_token_ids(path: Path, backend: tokenizers.Tokenizer, config: dict) -> t
     for value in found:
         ids += value if isinstance(value, list) else [value]
     return tuple(dict.fromkeys(i for i in ids if isinstance(i, int)))
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table, which byte-level BPE vocabularies (Qwen's) are written in."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
