@@ -27,7 +27,7 @@ from app.store import Conversation, Message, Store
 SAVE_EVERY_S = 2.0
 REFRESH_MS = 50
 TITLE_LENGTH = 48
-NO_VISION = ("The loaded model has no vision enabled yet, so the image was not sent: "
+NO_VISION = ("The model in use does not take images, so the image was not sent: "
              "the model only sees your text.")
 STATUS = {"stop": "complete", "length": "complete", "cancelled": "stopped", "error": "error"}
 CONTEXT_FULL = ("This conversation no longer fits the model's context ({tokens:,} tokens; {budget:,} leave room "
