@@ -14,7 +14,6 @@ from PySide6.QtWidgets import (
     QButtonGroup,
     QCheckBox,
     QComboBox,
-    QDoubleSpinBox,
     QHBoxLayout,
     QLineEdit,
     QPlainTextEdit,
@@ -30,7 +29,7 @@ from app.profile_table import ProfileTable
 from app.settings import CONTEXT_POLICIES, RELOAD_FIELDS, AppSettings
 from app.server_log_view import LogView
 from app.switch import Switch
-from app.widgets import Card, Form, label, page_header, scrolling_page, set_enabled, text_button
+from app.widgets import Card, Form, label, page_header, sampling_boxes, scrolling_page, set_enabled, text_button
 from engine.api import MAX_DRAFTS, PROFILES
 
 WIDE, NARROW, BUTTON, GAP = 360, 130, 104, 8
@@ -138,16 +137,10 @@ class SettingsPage(QWidget):
         card = Card(spacing=12)
         card.body.addWidget(label("Generation defaults", "cardTitle"))
         form = Form()
-        self.temperature = self._double(0, 2, 0.05)
-        self.top_p = self._double(0.01, 1, 0.01)
-        self.top_k = QSpinBox()
-        self.top_k.setRange(0, 1000)
-        self.top_k.setSpecialValueText("Off")
-        self.min_p = self._double(0, 1, 0.01)
-        self.presence_penalty = self._double(-2, 2, 0.1)
-        self.max_tokens = QSpinBox()
-        self.max_tokens.setRange(16, 262_144)
-        self.max_tokens.setSingleStep(1024)
+        boxes = sampling_boxes()
+        self.temperature, self.top_p, self.top_k = boxes["temperature"], boxes["top_p"], boxes["top_k"]
+        self.min_p, self.presence_penalty = boxes["min_p"], boxes["presence_penalty"]
+        self.max_tokens = boxes["max_tokens"]
         self.thinking = QCheckBox("Think before answering (new chats start with this)")
         self.effort = QComboBox()
         for value, text in EFFORTS:
@@ -270,14 +263,6 @@ class SettingsPage(QWidget):
         self.remote_model.lineEdit().editingFinished.connect(self._save_immediate)
         self.remote_model.activated.connect(lambda *_: self._save_immediate())
         return card
-
-    @staticmethod
-    def _double(low: float, high: float, step: float) -> QDoubleSpinBox:
-        spin = QDoubleSpinBox()
-        spin.setRange(low, high)
-        spin.setSingleStep(step)
-        spin.setDecimals(2)
-        return spin
 
     # ---- values --------------------------------------------------------------------------------
     def _load_values(self, s: AppSettings) -> None:

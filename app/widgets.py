@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
+    QAbstractSpinBox,
+    QDoubleSpinBox,
     QFrame,
     QGridLayout,
     QHBoxLayout,
@@ -11,6 +13,7 @@ from PySide6.QtWidgets import (
     QPushButton,
     QScrollArea,
     QSizePolicy,
+    QSpinBox,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -112,6 +115,29 @@ class Card(QFrame):
         self.body = QVBoxLayout(self)
         self.body.setContentsMargins(*margins)
         self.body.setSpacing(spacing)
+
+
+def sampling_boxes() -> dict[str, QAbstractSpinBox]:
+    """The generation settings' input boxes, by SamplingParams field, with their ranges (the Settings page's
+    defaults and a conversation's own options)."""
+    def decimal(low: float, high: float, step: float) -> QDoubleSpinBox:
+        box = QDoubleSpinBox()
+        box.setRange(low, high)
+        box.setSingleStep(step)
+        box.setDecimals(2)
+        return box
+
+    def whole(low: int, high: int, step: int) -> QSpinBox:
+        box = QSpinBox()
+        box.setRange(low, high)
+        box.setSingleStep(step)
+        return box
+
+    boxes = {"temperature": decimal(0, 2, 0.05), "top_p": decimal(0.01, 1, 0.01), "top_k": whole(0, 1000, 1),
+             "min_p": decimal(0, 1, 0.01), "presence_penalty": decimal(-2, 2, 0.1),
+             "max_tokens": whole(16, 262_144, 1024)}
+    boxes["top_k"].setSpecialValueText("Off")
+    return boxes
 
 
 def scrolling_page(page: QWidget, max_width: int) -> QVBoxLayout:

@@ -7,18 +7,16 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
     QDialogButtonBox,
-    QDoubleSpinBox,
     QHBoxLayout,
     QInputDialog,
     QPlainTextEdit,
-    QSpinBox,
     QVBoxLayout,
 )
 
 from app import dialogs
 from app.chat import presets
 from app.settings import AppSettings
-from app.widgets import Form, label, text_button
+from app.widgets import Form, label, sampling_boxes, text_button
 
 CHOOSE = "Apply a preset…"
 
@@ -40,9 +38,7 @@ class ChatOptionsDialog(QDialog):
         self.system_prompt.setFixedHeight(90)
         column.addWidget(label("System prompt", "formLabel"))
         column.addWidget(self.system_prompt)
-        self.fields = {"temperature": _double(0, 2, 0.05), "top_p": _double(0.01, 1, 0.01), "top_k": _int(0, 1000, 1),
-                       "min_p": _double(0, 1, 0.01), "presence_penalty": _double(-2, 2, 0.1),
-                       "max_tokens": _int(16, 262_144, 1024)}
+        self.fields = sampling_boxes()
         self.fields["top_k"].setSpecialValueText("Off")
         names = {"temperature": "Temperature", "top_p": "Top P", "top_k": "Top K", "min_p": "Min P",
                  "presence_penalty": "Presence penalty", "max_tokens": "Max reply tokens"}
@@ -138,17 +134,3 @@ def _short(text: str) -> str:
     text = " ".join(text.split())
     return "none" if not text else (text if len(text) <= 40 else text[:39] + "…")
 
-
-def _double(low: float, high: float, step: float) -> QDoubleSpinBox:
-    spin = QDoubleSpinBox()
-    spin.setRange(low, high)
-    spin.setSingleStep(step)
-    spin.setDecimals(2)
-    return spin
-
-
-def _int(low: int, high: int, step: int) -> QSpinBox:
-    spin = QSpinBox()
-    spin.setRange(low, high)
-    spin.setSingleStep(step)
-    return spin
