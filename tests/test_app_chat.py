@@ -21,15 +21,19 @@ from tests.app_support import (
 )
 
 
-@pytest.fixture
-def chat_window(app_env, qtbot, checkpoint, monkeypatch):
-    seeded_replies(monkeypatch)
-    path = checkpoint("base")
-    context = make_context(app_env, last_model=str(path), max_tokens=24, thinking=False,
+def loaded_window(app_env, qtbot, path, max_tokens: int):
+    """The app with the tiny checkpoint at `path` loaded, thinking off."""
+    context = make_context(app_env, last_model=str(path), max_tokens=max_tokens, thinking=False,
                            model_folders=[str(Path(path).parent)])
     window = open_window(qtbot, context)
     wait_ready(qtbot, window)
     return window
+
+
+@pytest.fixture
+def chat_window(app_env, qtbot, checkpoint, monkeypatch):
+    seeded_replies(monkeypatch)
+    return loaded_window(app_env, qtbot, checkpoint("base"), max_tokens=24)
 
 
 def assistant_messages(window):
@@ -353,12 +357,7 @@ def test_the_engine_thread_carries_the_engines_parsed_calls(chat_window, qtbot):
 def vision_window(app_env, qtbot, checkpoint, monkeypatch):
     """The app on a tiny checkpoint with a vision tower (the real engine takes its images)."""
     seeded_replies(monkeypatch)
-    path = checkpoint("gqa3_ratio3")
-    context = make_context(app_env, last_model=str(path), max_tokens=12, thinking=False,
-                           model_folders=[str(Path(path).parent)])
-    window = open_window(qtbot, context)
-    wait_ready(qtbot, window)
-    return window
+    return loaded_window(app_env, qtbot, checkpoint("gqa3_ratio3"), max_tokens=12)
 
 
 def test_a_dropped_image_reaches_the_engine_and_shows(vision_window, qtbot, tmp_path):
