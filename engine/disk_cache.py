@@ -184,26 +184,27 @@ class DiskCache:
         todo = [(k, p) for k, p in zip(keys, pages) if not self._known("page", k)]
         for i in range(0, len(todo), WRITE_CHUNK_PAGES):
             chunk = todo[i:i + WRITE_CHUNK_PAGES]
-            self._queue_job("page", [k for k, _ in chunk], lambda c=chunk: pools.read_pages([p for _, p in c]))
+            self._queue_job("page", [k for k, _ in chunk], len(chunk) * pools.page_nbytes,
+                            lambda c=chunk: pools.read_pages([p for _, p in c]))
 
     def write_state(self, pools: CacheTensors, key: bytes, slot: int) -> None:
         """Queue a GDN state slot for writing as the snapshot at `key`."""
         if not self._known("state", key):
-            self._queue_job("state", [key], lambda: pools.read_state(slot).view(1, -1))
+            self._queue_job("state", [key], pools.state_nbytes, lambda: pools.read_state(slot).view(1, -1))
 
     def _known(self, kind: str, key: bytes) -> bool:
         with self._lock:
             return key in self._keys[kind] or (kind, key) in self._queued
 
-    def _queue_job(self, kind: str, keys: list[bytes], read) -> None:
-        data = read()
-        n = data.numel()
+    def _queue_job(self, kind: str, keys: list[bytes], n: int, read) -> None:
+        """Queue `read()` (n bytes) for writing, unless that is more than may be pending: then nothing is read."""
         with self._lock:
             if self._pending_bytes + n > self.max_pending_bytes:
                 self.skipped += len(keys)
                 return
             self._pending_bytes += n
             self._queued.update((kind, k) for k in keys)
+        data = read()
         job = WriteJob(kind, keys, torch.empty(data.shape, dtype=torch.uint8, pin_memory=data.is_cuda))
         job.data.copy_(data, non_blocking=True)
         if data.is_cuda:
