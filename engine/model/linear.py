@@ -82,11 +82,7 @@ class Linear(nn.Module):
         return Int8Weight(self.qweight, self.scales, self.group_size, self.shape)
 
     def forward(self, x):
-        if self.int4_tiles:
-            return ops.int4_linear(x, self.quantized())
-        if self.scheme == "int8":
-            return ops.int8_linear(x, self.quantized())
-        return ops.linear(x, self.weight)
+        return matmul(x, self.weight if self.scheme == "float" else self.quantized())
 
     def first_rows(self, x, n: int):
         """x W[:n]^T: only the first n output rows (n a multiple of 16, the int4 row tile), reading only their
