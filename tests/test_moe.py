@@ -67,7 +67,7 @@ def tiny_moe(policy=None, seed=0, E=8, k=3, I=32, H=64):
 
 def naive(moe, x):
     """Token by token, expert by expert, from the module's own weights."""
-    E, I, H = moe.num_experts, moe.inter, moe.hidden
+    I, H = moe.inter, moe.hidden
     w_router, gate_up, down = moe.router.dequantized(), moe.gate_up.dequantized(), moe.down.dequantized()
     out = []
     for t in range(x.shape[0]):
