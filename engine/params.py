@@ -116,6 +116,12 @@ class Constraint:
             raise ValueError("json_schema must be a JSON object")
 
 
+# every generated token is searched for each stop string, and text that may still become one is held back: bounded,
+# so that one request cannot slow every other's steps or hold its whole reply back
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 512
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int = 256
@@ -156,6 +162,10 @@ class SamplingParams:
             raise ValueError("logprobs must be between 0 and 20")
         if self.thinking_budget is not None and self.thinking_budget < 0:
             raise ValueError("thinking_budget must be >= 0")
+        if len(self.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in self.stop):
+            raise ValueError(f"stop takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters")
+        if len(self.stop_token_ids) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop_token_ids takes at most {MAX_STOP_STRINGS} ids")
         if self.constraint is not None:
             self.constraint.validate()
 

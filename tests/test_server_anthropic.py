@@ -82,6 +82,11 @@ def test_stop_sequences(client, steer):
     assert m.content[0].text == "one two " and m.stop_reason == "stop_sequence" and m.stop_sequence == "END"
 
 
+def test_too_many_stop_sequences_are_a_400(client):
+    with pytest.raises(anthropic.BadRequestError, match="stop takes at most 16 strings"):
+        create(client, stop_sequences=[f"s{i}" for i in range(17)])
+
+
 def test_max_tokens_stop_reason(client, steer):
     steer.endless()
     m = create(client, max_tokens=5)

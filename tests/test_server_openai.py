@@ -113,6 +113,13 @@ def test_stop_string_cuts_the_content(client, steer):
     assert r.choices[0].message.content == "One two " and r.choices[0].finish_reason == "stop"
 
 
+def test_too_many_or_too_long_stop_strings_are_a_400(client):
+    with pytest.raises(openai.BadRequestError, match="stop takes at most 16 strings"):
+        chat(client, stop=[f"s{i}" for i in range(17)])
+    with pytest.raises(openai.BadRequestError, match="of at most 512 characters"):
+        chat(client, stop=["x" * 513])
+
+
 def test_logprobs(client, steer):
     steer.say("Hm.</think>\n\nYes, café.")
     r = chat(client, logprobs=True, top_logprobs=3)
