@@ -44,7 +44,7 @@ class HostCache:
 
     @property
     def allocated_bytes(self) -> int:
-        return len(self.slabs) * self.slab_blocks * self.block
+        return sum(len(slab) for slab in self.slabs) * self.block
 
     def stats(self) -> dict:
         return {"host_pages": self.counts["page"], "host_snapshots": self.counts["state"],
@@ -73,15 +73,16 @@ class HostCache:
     def _take(self, n: int) -> list[int] | None:
         """n free blocks, growing the slabs within the budget, else evicting unheld entries (None: cannot, and then
         nothing is evicted)."""
-        growable = (self.max_blocks // self.slab_blocks - len(self.slabs)) * self.slab_blocks
+        growable = self.max_blocks - len(self.slabs) * self.slab_blocks       # (the last slab may be shorter)
         if len(self.free) + growable < n and len(self.free) + growable + sum(
                 len(b) for e, b in self.entries.items() if e not in self.held) < n:
             return None
         while len(self.free) < n:
-            if (len(self.slabs) + 1) * self.slab_blocks <= self.max_blocks:
-                first = len(self.slabs) * self.slab_blocks
-                self.slabs.append(torch.empty(self.slab_blocks, self.block, dtype=torch.uint8, pin_memory=self.pinned))
-                self.free.extend(range(first + self.slab_blocks - 1, first - 1, -1))
+            first = len(self.slabs) * self.slab_blocks
+            if first < self.max_blocks:
+                rows = min(self.slab_blocks, self.max_blocks - first)
+                self.slabs.append(torch.empty(rows, self.block, dtype=torch.uint8, pin_memory=self.pinned))
+                self.free.extend(range(first + rows - 1, first - 1, -1))
             elif not self._evict_one():
                 return None
         return [self.free.pop() for _ in range(n)]

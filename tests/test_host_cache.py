@@ -60,6 +60,18 @@ def test_the_budget_bounds_the_slabs_and_the_least_recently_used_go_first():
     assert host.has("state", b"s") and host.stats()["host_pages"] == 4 - host.state_blocks
 
 
+def test_a_budget_of_part_slabs_is_used_to_the_last_block(monkeypatch):
+    p = pools(num_pages=8)
+    monkeypatch.setattr("engine.host_cache.SLAB_BYTES", 3 * p.page_nbytes)      # slabs of 3 blocks, budget 7
+    host = HostCache(p, budget_bytes=7 * p.page_nbytes)
+    keys = [bytes([i]) for i in range(7)]
+    host.put_pages(keys, list(range(7)))
+    assert all(host.has("page", k) for k in keys) and host.stats()["host_bytes"] == 7 * p.page_nbytes
+    host.load_pages(keys, list(range(7)))
+    host.put_pages([b"x"], [7])                                                 # now one is evicted
+    assert host.has("page", b"x") and not host.has("page", keys[0]) and host.stats()["host_bytes"] == 7 * p.page_nbytes
+
+
 def test_held_entries_are_not_evicted_and_a_full_host_drops_the_newcomer():
     p = pools(num_pages=8)
     host = HostCache(p, budget_bytes=2 * p.page_nbytes)
