@@ -39,14 +39,23 @@ def bench_grammar(model, args) -> dict:
             spent.clear()
             params = [SamplingParams(max_tokens=args.decode_tokens, temperature=0.0, ignore_eos=True,
                                      constraint=constraint) for _ in range(c)]
-            handles = [eng.submit(rand_ids(args.decode_prompt, 300 + i), p) for i, p in enumerate(params)]
+            stamps = [[] for _ in params]           # per sequence: the time of each token event
+
+            def stamp(ev, i):
+                if ev.token_ids:
+                    stamps[i].append(time.perf_counter())
+            handles = [eng.submit(rand_ids(args.decode_prompt, 300 + i), p, on_event=lambda ev, i=i: stamp(ev, i))
+                       for i, p in enumerate(params)]
             fins = [[ev for ev in h][-1] for h in handles]
             span = max(f.timings.total_ms for f in fins) - min(f.timings.ttft_ms for f in fins)
             tokens = sum(f.usage.completion_tokens - 1 for f in fins)
             res[f"decode_{profile}_{mode}_tok_s"] = tokens / (span / 1e3)
             res[f"decode_{profile}_{mode}_tokens"] = tokens
-            # a schema may end some replies early (the grammar completes): the batch then shrinks, so compare steps
-            res[f"decode_{profile}_{mode}_step_ms"] = span / max(f.usage.completion_tokens - 1 for f in fins)
+            # time per step while every sequence decodes: from the last first token (all prefills done) to the
+            # first last token (a schema may end replies early, after which the batch shrinks)
+            t0, t1 = max(t[0] for t in stamps), min(t[-1] for t in stamps)
+            steps = sum(t0 < x <= t1 for x in stamps[0])
+            res[f"decode_{profile}_{mode}_step_ms"] = 1e3 * (t1 - t0) / max(steps, 1)
             if mode == "json":
                 res[f"mask_{profile}_ms_per_step"] = 1e3 * sum(spent) / max(len(spent), 1)
                 res[f"mask_{profile}_ms_max"] = 1e3 * max(spent, default=0.0)
