@@ -73,7 +73,7 @@ class HostCache:
     def _take(self, n: int) -> list[int] | None:
         """n free blocks, growing the slabs within the budget, else evicting unheld entries (None: cannot, and then
         nothing is evicted)."""
-        growable = self.max_blocks - len(self.slabs) * self.slab_blocks       # (the last slab may be shorter)
+        growable = self.max_blocks - sum(len(slab) for slab in self.slabs)   # (the last slab may be shorter)
         if len(self.free) + growable < n and len(self.free) + growable + sum(
                 len(b) for e, b in self.entries.items() if e not in self.held) < n:
             return None

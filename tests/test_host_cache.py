@@ -65,7 +65,10 @@ def test_a_budget_of_part_slabs_is_used_to_the_last_block(monkeypatch):
     monkeypatch.setattr("engine.host_cache.SLAB_BYTES", 3 * p.page_nbytes)      # slabs of 3 blocks, budget 7
     host = HostCache(p, budget_bytes=7 * p.page_nbytes)
     keys = [bytes([i]) for i in range(7)]
-    host.put_pages(keys, list(range(7)))
+    host.put_pages(keys[:6], list(range(6)))
+    host.put_pages(keys[6:], [6])                                               # the short last slab
+    host.discard("page", keys[6])
+    host.put_pages(keys[6:], [6])                                               # its free block, nothing evicted
     assert all(host.has("page", k) for k in keys) and host.stats()["host_bytes"] == 7 * p.page_nbytes
     host.load_pages(keys, list(range(7)))
     host.put_pages([b"x"], [7])                                                 # now one is evicted
