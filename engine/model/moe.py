@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.model.linear import Build, Linear, matmul
+from engine.model.linear import Build, Linear
 from kernels import ops
 from kernels.quant_format import Int4Weight
 
@@ -78,8 +78,8 @@ class SparseMoE(nn.Module):
         if isinstance(gate_up, Int4Weight):
             h = ops.int4_swiglu(x, gate_up)
         else:
-            h = ops.silu_mul(matmul(x, gate_up))
-        return matmul(h, self.down.rows(self.hidden * e, self.hidden))
+            h = ops.silu_mul(ops.matmul(x, gate_up))
+        return ops.matmul(h, self.down.rows(self.hidden * e, self.hidden))
 
     def checkpoint_slices(self):
         yield from self.router.checkpoint_slices()
