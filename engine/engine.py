@@ -188,9 +188,8 @@ class Engine:
                                int(config.disk_cache_gb * (1 << 30))) if config.disk_cache else None
         self._scheduler = Scheduler(self._cache, config.max_running, config.prefill_chunk,
                                     im_start_id=self.tokenizer.token_to_id("<|im_start|>"))
-        # an MoE layer learns its experts' token counts on the host (engine/model/moe.py): no decode graphs until
-        # a routed path without that sync exists
-        graphs = config.cuda_graphs and not self.model_config.is_moe
+        # int8 MoE experts run a torch loop that learns their token counts on the host (engine/model/moe.py)
+        graphs = config.cuda_graphs and all(m.graph_safe for m in self._model.modules() if isinstance(m, SparseMoE))
         if self.device.type == "cuda" and graphs:
             self._progress("Capturing CUDA graphs", 0, 1)
         self._runner = ModelRunner(self._model, self._pools, self.device, max_batch=config.max_running,

@@ -2,7 +2,7 @@
 (the shared expert on its own, and stacked with the routed ones as expert E), the whole model against transformers'
 Qwen3_5MoeForCausalLM (fp32, CPU; "moe" has a shared expert of its own, "moe_wrapper_ties" one stacked as expert E),
 greedy through the engine, batched equal to alone, int4 experts against their 16-bit selves, the planner's weight
-bytes."""
+bytes; on a GPU, decode in CUDA graphs against eager decode."""
 
 import pytest
 import torch
@@ -231,18 +231,21 @@ def test_int4_moe_close_to_its_16bit_self(checkpoint):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("weights", ["bf16", "int4"])
-def test_gpu_moe_engine_greedy_is_its_own_forward(checkpoint, weights):
-    """On CUDA (decode graphs asked for: the engine runs an MoE model without them): greedy decode at C2 is the
-    argmax of one full forward over each finished sequence (at 90% of the steps or more: bf16), and the prompt's
-    logits agree with the fp32 CPU model's."""
+@pytest.mark.parametrize("profile", ["C2", "C4"])
+def test_gpu_moe_engine_greedy_is_its_own_forward(checkpoint, weights, profile):
+    """On CUDA, with decode and speculative rounds in CUDA graphs (the decode kernels: no host sync; at C4 a
+    round's verify rows are 4 x 4 = 16 tokens, above MOE_DECODE_MAX_T): greedy decode is the argmax of one full
+    forward over each finished sequence (at 90% of the steps or more: bf16), and the prompt's logits agree with the
+    fp32 CPU model's."""
     path = checkpoint("moe128")
     cpu = Engine(EngineConfig(model=str(path), device="cpu", dtype="float32", max_context=256))
-    gpu = Engine(EngineConfig(model=str(path), device="cuda", max_context=512, profile="C2", weights=weights,
+    gpu = Engine(EngineConfig(model=str(path), device="cuda", max_context=512, profile=profile, weights=weights,
                               quant_group=64, cuda_graphs=True))
     try:
-        assert gpu._runner.graphs is None
+        assert gpu._runner.graphs is not None and gpu._spec.graphs is not None
+        assert gpu._model.layers[0].mlp.shared_expert is None           # stacked as expert E
         prompts = [torch.randint(0, cpu.model_config.vocab_size, (n,), generator=torch.Generator().manual_seed(n))
-                   .tolist() for n in (40, 77)]
+                   .tolist() for n in (40, 77, 19, 58)[:int(profile[1])]]
         handles = [gpu.submit(p, SamplingParams(max_tokens=16, **GREEDY)) for p in prompts]
         outs = [[t for ev in h for t in ev.token_ids] for h in handles]
         for p, out in zip(prompts, outs):
@@ -254,6 +257,29 @@ def test_gpu_moe_engine_greedy_is_its_own_forward(checkpoint, weights):
     finally:
         gpu.close()
         cpu.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weights", ["bf16", "int4"])
+def test_gpu_moe_decode_graphs_equal_eager(checkpoint, weights):
+    """Greedy decode of four sequences at once replayed from CUDA graphs is eager decode's, token for token (the
+    same kernels)."""
+    path = checkpoint("moe128")
+    kw = dict(model=str(path), device="cuda", max_context=512, profile="C4", weights=weights, quant_group=64,
+              speculative_tokens=0)
+    prompts = [torch.randint(0, 1000, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+               for n in (17, 40, 63, 77)]
+    outs = {}
+    for graphs in (False, True):
+        eng = Engine(EngineConfig(**kw, cuda_graphs=graphs))
+        try:
+            assert (eng._runner.graphs is not None) == graphs
+            prompts = [[t % eng.model_config.vocab_size for t in p] for p in prompts]
+            handles = [eng.submit(p, SamplingParams(max_tokens=24, **GREEDY)) for p in prompts]
+            outs[graphs] = [[t for ev in h for t in ev.token_ids] for h in handles]
+        finally:
+            eng.close()
+    assert outs[True] == outs[False]
 
 
 def test_speculative_rounds_with_an_moe_mtp_layer_equal_plain_greedy(pair):
