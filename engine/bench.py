@@ -187,9 +187,11 @@ def profile_decode(eng, steps: int = 64) -> None:
 
 def routed_expert_bytes(model, tokens: int) -> tuple[int, float]:
     """An MoE model's routed experts: (bytes held, bytes a step of `tokens` tokens reads): each layer reads the
-    distinct experts its tokens chose, E (1 - (1 - k / E)^tokens) of them when routing is uniform (random weights)."""
+    distinct experts its tokens chose, E (1 - (1 - k / E)^tokens) of them when routing is uniform (random weights).
+    A shared expert stacked with them (expert E) is not one of them: every token reads it."""
     from engine.model.moe import SparseMoE
-    held = sum(t.numel() * t.element_size() for m in model.modules() if isinstance(m, SparseMoE)
+    held = sum(t.numel() * t.element_size() * m.num_experts // (m.num_experts + (m.shared_expert is None))
+               for m in model.modules() if isinstance(m, SparseMoE)
                for lin in (m.gate_up, m.down) for t in [*lin.parameters(), *lin.buffers()])
     if not held:
         return 0, 0.0

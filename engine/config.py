@@ -84,6 +84,12 @@ class ModelConfig:
         return self.num_experts > 0
 
     @property
+    def shared_expert_stacked(self) -> bool:
+        """The shared expert has the routed experts' width (the 35B-A3B's): it is stacked with them as expert E and
+        every token gets it as a (k + 1)-th routed pair (engine/model/moe.py)."""
+        return self.is_moe and self.shared_expert_intermediate_size == self.moe_intermediate_size
+
+    @property
     def full_attention_layers(self) -> list[int]:
         return [i for i, t in enumerate(self.layer_types) if t == "full_attention"]
 

@@ -188,9 +188,8 @@ class Engine:
                                int(config.disk_cache_gb * (1 << 30))) if config.disk_cache else None
         self._scheduler = Scheduler(self._cache, config.max_running, config.prefill_chunk,
                                     im_start_id=self.tokenizer.token_to_id("<|im_start|>"))
-        # an MoE layer learns its experts' token counts on the host (engine/model/moe.py): no decode graphs until
-        # a routed path without that sync exists
-        graphs = config.cuda_graphs and not self.model_config.is_moe
+        # int8 MoE experts run a torch loop that learns their token counts on the host (engine/model/moe.py)
+        graphs = config.cuda_graphs and all(m.graph_safe for m in self._model.modules() if isinstance(m, SparseMoE))
         if self.device.type == "cuda" and graphs:
             self._progress("Capturing CUDA graphs", 0, 1)
         self._runner = ModelRunner(self._model, self._pools, self.device, max_batch=config.max_running,
@@ -226,21 +225,24 @@ class Engine:
     def _warm_up_linears(self) -> None:
         """Run each quantized weight shape at WARM_UP_ROWS (2 .. FUSED_MAX_M rows: a prompt's last step, a short chat
         turn): the int4 GEMV's build for M > 1 and the autotuned kernels' M buckets, which otherwise compile and tune
-        on first use (seconds each). Before the loop thread starts: the model is not yet shared."""
+        on first use (seconds each); and each kind of MoE layer at 1 token and at WARM_UP_ROWS (the routing and decode
+        kernels' builds, which serve every T, and the sorted loop's expert GEMMs). Before the loop thread starts: the
+        model is not yet shared."""
         moes = [m for m in self._model.modules() if isinstance(m, SparseMoE)]
-        stacked = {id(lin) for m in moes for lin in (m.gate_up, m.down)}     # run one expert at a time, never whole
+        stacked = {id(lin) for m in moes for lin in (m.gate_up, m.down)}     # run by their layer, never whole
         linears = [m for m in self._model.modules()
                    if isinstance(m, Linear) and not isinstance(m, Embedding) and id(m) not in stacked]
         shapes = {(m.int4_tiles, m.quantized().shape): m for m in linears + [self._model.lm_head]
                   if m.scheme != "float"}
+        kinds = {(m.gate_up.scheme, m.down.scheme): m for m in moes}
         with torch.inference_mode():
             for i, linear in enumerate(shapes.values()):
                 self._progress("Tuning kernels", i, len(shapes))
                 for rows in WARM_UP_ROWS:
                     linear(torch.zeros(rows, linear.shape[1], dtype=self._dtype, device=self.device))
-            if moes and moes[0].gate_up.scheme != "float":      # an expert's shapes (every expert has them)
-                for rows in WARM_UP_ROWS:
-                    moes[0].expert(torch.zeros(rows, moes[0].hidden, dtype=self._dtype, device=self.device), 0)
+            for moe in kinds.values():
+                for rows in (1,) + WARM_UP_ROWS:
+                    moe(torch.zeros(rows, moe.hidden, dtype=self._dtype, device=self.device))
 
     def _warm_up(self) -> None:
         """Run the prefill shapes once so that the first user request does not pay for Triton compiling and

@@ -101,12 +101,15 @@ AUTOTUNE_BYTES = 256 * (1 << 20)
 
 def mlp_activation_bytes(cfg: ModelConfig, itemsize: int) -> int:
     """Per token of a prefill chunk: the dense MLP's gate|up output; in an MoE layer (engine/model/moe.py) the
-    routed rows (k copies of the token, their gate|up, SwiGLU and output rows), the router's fp32 probabilities
-    (sorted: three copies) and the shared expert's gate|up."""
+    routed rows (a copy of the token per pair, their gate|up, SwiGLU and output rows: k pairs, k + 1 with the shared
+    expert stacked as expert E), the router's fp32 probabilities (sorted: three copies) and the gate|up of a shared
+    expert of its own."""
     if not cfg.is_moe:
         return 2 * cfg.intermediate_size * itemsize
-    routed = cfg.num_experts_per_tok * (2 * cfg.hidden_size + 3 * cfg.moe_intermediate_size)
-    return (routed + 2 * cfg.shared_expert_intermediate_size) * itemsize + 3 * cfg.num_experts * 4
+    pairs = cfg.num_experts_per_tok + cfg.shared_expert_stacked
+    routed = pairs * (2 * cfg.hidden_size + 3 * cfg.moe_intermediate_size)
+    shared = 0 if cfg.shared_expert_stacked else 2 * cfg.shared_expert_intermediate_size
+    return (routed + shared) * itemsize + 3 * cfg.num_experts * 4
 
 
 def workspace_bytes(cfg: ModelConfig, dtype: torch.dtype, prefill_chunk: int, max_batch: int) -> int:

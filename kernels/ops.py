@@ -1,18 +1,31 @@
 """The ops the model calls, one name each. Each dispatches on the tensors' device: Triton kernels
 on CUDA, the torch references (`*_ref`) elsewhere."""
 
-import torch.nn.functional as F
+import torch
 
 from kernels.activation import silu_mul
 from kernels.attention import paged_attention, store_kv
 from kernels.conv1d import causal_conv1d
 from kernels.gdn import gated_delta_rule, gdn_decode, gdn_gating, gdn_replay
+from kernels.moe_decode import MOE_DECODE_MAX_T, moe_decode, moe_decode_ref, moe_decode_supports
+from kernels.moe_route import moe_route
+from kernels.moe_sorted import moe_sorted
 from kernels.norm import add_rms_norm, gated_rms_norm, rms_norm
-from kernels.quant import int4_linear, int4_swiglu, int8_embedding, int8_linear
+from kernels.quant import int4_swiglu, int8_embedding, matmul
 from kernels.rope import qk_norm_rope
 
-linear = F.linear
+
+def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up, down, inter: int) -> torch.Tensor:
+    """sum over j of weights[t, j] * expert_{ids[t, j]}(x[t]) for x [T, H] (kernels/moe_decode.py: the layout).
+    16-bit or int4 experts: the decode kernels up to MOE_DECODE_MAX_T tokens, and at any T inside a CUDA-graph
+    capture (a speculative round's verify rows); elsewhere than CUDA their reference. Int8 experts, and more tokens
+    outside a capture: the sorted torch loop (a host sync)."""
+    capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+    if moe_decode_supports(gate_up, down) and (x.shape[0] <= MOE_DECODE_MAX_T or capturing):
+        return (moe_decode if x.is_cuda else moe_decode_ref)(x, ids, weights, gate_up, down, inter)
+    return moe_sorted(x, ids, weights, gate_up, down, inter)    # moegrouped: moe_grouped replaces it above the max T
+
 
 __all__ = ["add_rms_norm", "causal_conv1d", "gated_delta_rule", "gated_rms_norm", "gdn_decode", "gdn_gating",
-           "gdn_replay", "int4_linear", "int4_swiglu", "int8_embedding", "int8_linear", "linear", "paged_attention",
+           "gdn_replay", "int4_swiglu", "int8_embedding", "matmul", "moe_experts", "moe_route", "paged_attention",
            "qk_norm_rope", "rms_norm", "silu_mul", "store_kv"]

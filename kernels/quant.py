@@ -7,12 +7,14 @@
   scratch chunk and writes and reads 16-bit weights, four times the packed bytes.
 - Larger M (prefill): the weight is dequantised in row chunks into a reusable scratch and multiplied by torch.
 - int4_swiglu: the MLP's gate|up projection and SwiGLU, at decode in the mma GEMV's epilogue.
+- matmul: x W^T for a weight of any kind (16-bit, int4, int8), as Linear holds it.
 - Elsewhere than CUDA: the torch references of kernels/quant_format.py, which also holds the formats.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -189,6 +191,15 @@ def int4_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 def int8_linear(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
     """y = x @ W^T (e.g. the 8-bit LM head). CUDA: Triton; elsewhere the torch reference."""
     return int8_linear_triton(x, w) if x.is_cuda else int8_linear_ref(x, w)
+
+
+def matmul(x: torch.Tensor, w: torch.Tensor | Int4Weight | Int8Weight) -> torch.Tensor:
+    """x W^T for a weight of any kind: 16-bit (torch), int4 or int8."""
+    if isinstance(w, Int4Weight):
+        return int4_linear(x, w)
+    if isinstance(w, Int8Weight):
+        return int8_linear(x, w)
+    return F.linear(x, w)
 
 
 def int8_embedding(ids: torch.Tensor, w: Int8Weight) -> torch.Tensor:

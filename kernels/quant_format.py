@@ -152,6 +152,19 @@ def int4_linear_ref(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     return (x.float() @ _int4_dequantize_fp32(w).t()).to(x.dtype)
 
 
+def weight_rows(w: torch.Tensor | Int4Weight | Int8Weight, start: int, n: int):
+    """Output rows [start, start + n) of a weight, a view of the same kind (int4: start and n multiples of 16, the row
+    tile): one part of a stacked weight, e.g. one expert of an MoE layer's."""
+    if isinstance(w, Int4Weight):
+        assert start % 16 == 0 and n % 16 == 0, "int4 rows are taken in whole 16-row tiles"
+        t = slice(start // 16, (start + n) // 16)
+        return dataclasses.replace(w, qweight=w.qweight[t], scales=w.scales[t], zeros=w.zeros[t],
+                                   shape=(n, w.shape[1]))
+    if isinstance(w, Int8Weight):
+        return Int8Weight(w.qweight[start:start + n], w.scales[start:start + n], w.group_size, (n, w.shape[1]))
+    return w[start:start + n]
+
+
 def pack_int8(q: torch.Tensor, scales: torch.Tensor, group_size: int) -> Int8Weight:
     """q int8 [N, K], scales [N, K // G] -> Int8Weight (symmetric: W = q * scale)."""
     N, K = q.shape

@@ -176,7 +176,8 @@ class DecoderLayer(nn.Module):
             self.gdn = GatedDeltaNet(cfg, build, prefix + "linear_attn.")
         self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, build)
         if cfg.is_moe:
-            shared = MLP(cfg, build, prefix + "mlp.shared_expert.", cfg.shared_expert_intermediate_size)
+            shared = None if cfg.shared_expert_stacked else MLP(cfg, build, prefix + "mlp.shared_expert.",
+                                                                cfg.shared_expert_intermediate_size)
             self.mlp = SparseMoE(cfg, build, prefix + "mlp.", shared)
         else:
             self.mlp = MLP(cfg, build, prefix + "mlp.")

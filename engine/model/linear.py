@@ -15,8 +15,8 @@ from torch import nn
 
 from engine.weights.policy import int8_held_as_planes
 from kernels import ops
-from kernels.quant_format import (Int4Weight, Int8Weight, int8_as_int4_planes, pack_int8, write_group_param_rows,
-                                  write_int4_rows)
+from kernels.quant_format import (Int4Weight, Int8Weight, int8_as_int4_planes, pack_int8, weight_rows,
+                                  write_group_param_rows, write_int4_rows)
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,13 @@ class Linear(nn.Module):
                               self.planes)
         return Int8Weight(self.qweight, self.scales, self.group_size, self.shape)
 
+    @property
+    def held(self) -> torch.Tensor | Int4Weight | Int8Weight:
+        """The weight as the kernels take it: the 16-bit tensor, or the quantized one."""
+        return self.weight if self.scheme == "float" else self.quantized()
+
     def forward(self, x):
-        return matmul(x, self.weight if self.scheme == "float" else self.quantized())
+        return ops.matmul(x, self.held)
 
     def first_rows(self, x, n: int):
         """x W[:n]^T: only the first n output rows (n a multiple of 16, the int4 row tile), reading only their
@@ -90,20 +95,11 @@ class Linear(nn.Module):
         if n >= self.shape[0]:
             return self(x)
         assert n % 16 == 0, "the first rows are taken in whole 16-row tiles"
-        return matmul(x, self.rows(0, n))
+        return ops.matmul(x, self.rows(0, n))
 
     def rows(self, start: int, n: int) -> torch.Tensor | Int4Weight | Int8Weight:
-        """The weight of output rows [start, start + n), a view (start and n multiples of 16 when held in int4
-        tiles): one part of a stacked weight, e.g. one expert of an MoE layer's (engine/model/moe.py)."""
-        if self.int4_tiles:
-            assert start % 16 == 0 and n % 16 == 0, "rows are taken in whole 16-row tiles"
-            t = slice(start // 16, (start + n) // 16)
-            return Int4Weight(self.qweight[t], self.scales[t], self.zeros[t], self.group_size,
-                              (n, self.shape[1] * self.planes), self.planes)
-        if self.scheme == "int8":
-            return Int8Weight(self.qweight[start:start + n], self.scales[start:start + n], self.group_size,
-                              (n, self.shape[1]))
-        return self.weight[start:start + n]
+        """The weight of output rows [start, start + n), a view (kernels/quant_format.weight_rows)."""
+        return weight_rows(self.held, start, n)
 
     def checkpoint_slices(self, prefix: str | None = None):
         prefix = self.prefix if prefix is None else prefix
@@ -145,15 +141,6 @@ class Linear(nn.Module):
         from kernels.quant_format import dequantize_int4_ref, dequantize_int8_ref
         w = self.quantized()
         return dequantize_int4_ref(w) if isinstance(w, Int4Weight) else dequantize_int8_ref(w)
-
-
-def matmul(x: torch.Tensor, w: torch.Tensor | Int4Weight | Int8Weight) -> torch.Tensor:
-    """x W^T for a weight as Linear.rows gives it."""
-    if isinstance(w, Int4Weight):
-        return ops.int4_linear(x, w)
-    if isinstance(w, Int8Weight):
-        return ops.int8_linear(x, w)
-    return ops.linear(x, w)
 
 
 class Embedding(Linear):

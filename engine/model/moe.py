@@ -3,14 +3,20 @@
 Each token's router logits (x W_router^T, in the activation dtype) go through a float32 softmax over the experts;
 the top k probabilities are renormalised to sum to 1 and weight the chosen experts' SwiGLU outputs. A shared expert
 (a SwiGLU MLP every token goes through) is added, scaled by sigmoid(x w_gate). Ties in the router's probabilities
-go to the lower expert index (a stable sort), so any device and any future kernel choose the same experts.
+go to the lower expert index, so every device and kernel choose the same experts.
 
 The experts' weights are two stacked Linears, so each expert is a block of rows that int4 / int8 hold like any
 other linear (the policy quantizes each checkpoint expert tensor on its own): `gate_up` holds expert e's gate | up
-rows at [2 I e, 2 I (e + 1)), `down` its down rows at [H e, H (e + 1)). The torch path here sorts the token-expert
-pairs by expert and runs one GEMM (at decode one GEMV) per expert that has tokens, reading only those experts'
-weights. It learns how many tokens each expert has from the device (a host sync): not capturable in a CUDA graph,
-so the engine runs MoE models without decode graphs (engine/engine.py).
+rows at [2 I e, 2 I (e + 1)), `down` its down rows at [H e, H (e + 1)). When the shared expert has the routed
+experts' shape (the 35B-A3B: both 512 wide), it is stacked after them as expert E, its gate is the router's last
+row, and routing gives every token k + 1 pairs, the last (E, sigmoid(gate)): one routed path runs it. Else it is an
+MLP of its own.
+
+The routed path is kernels/ops.moe_route + moe_experts (kernels/moe_route.py, kernels/moe_decode.py): for
+16-bit or int4 experts, decode steps run two Triton kernels that read only the chosen experts' weights, with no
+host sync, so the engine captures MoE models' decode steps in CUDA graphs. Int8 experts (and, until the grouped
+kernels, steps of more than MOE_DECODE_MAX_T tokens) take a torch loop that learns each expert's token count on
+the host: the engine runs a model with int8 experts without CUDA graphs (engine/engine.py).
 """
 
 from __future__ import annotations
@@ -19,71 +25,48 @@ import torch
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.model.linear import Build, Linear, matmul
+from engine.model.linear import Build, Linear
 from kernels import ops
-from kernels.quant_format import Int4Weight
-
-
-def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Router logits [T, E] -> (weights [T, k] in the logits' dtype, expert ids [T, k] int64): float32 softmax, the
-    k largest probabilities (ties: the lower expert id first), renormalised."""
-    probs = torch.softmax(logits.float(), dim=-1)
-    top, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
-    top, ids = top[:, :top_k], ids[:, :top_k]
-    return (top / top.sum(dim=-1, keepdim=True)).to(logits.dtype), ids
 
 
 class SparseMoE(nn.Module):
-    def __init__(self, cfg: ModelConfig, build: Build, prefix: str, shared_expert: nn.Module):
-        """shared_expert: the SwiGLU MLP under `{prefix}shared_expert.` (engine/model/layers.MLP)."""
+    def __init__(self, cfg: ModelConfig, build: Build, prefix: str, shared_expert: nn.Module | None):
+        """shared_expert: the SwiGLU MLP under `{prefix}shared_expert.` (engine/model/layers.MLP), None when it is
+        expert E (cfg.shared_expert_stacked)."""
         super().__init__()
         E, I, H = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+        assert (shared_expert is None) == cfg.shared_expert_stacked
         self.num_experts, self.top_k, self.inter, self.hidden = E, cfg.num_experts_per_tok, I, H
-        self.router = Linear(H, {"gate": E}, build, prefix)
         self.shared_expert = shared_expert
-        self.shared_gate = Linear(H, {"shared_expert_gate": 1}, build, prefix)
-        self.gate_up = Linear(H, {f"experts.{e}.{p}": I for e in range(E) for p in ("gate_proj", "up_proj")},
-                              build, prefix)
-        self.down = Linear(I, {f"experts.{e}.down_proj": H for e in range(E)}, build, prefix)
+        experts = [f"experts.{e}." for e in range(E)]
+        if shared_expert is None:
+            experts.append("shared_expert.")
+            self.router = Linear(H, {"gate": E, "shared_expert_gate": 1}, build, prefix)
+        else:
+            self.router = Linear(H, {"gate": E}, build, prefix)
+            self.shared_gate = Linear(H, {"shared_expert_gate": 1}, build, prefix)
+        self.gate_up = Linear(H, {f"{n}{p}": I for n in experts for p in ("gate_proj", "up_proj")}, build, prefix)
+        self.down = Linear(I, {f"{n}down_proj": H for n in experts}, build, prefix)
         if self.gate_up.int4_tiles and (2 * I % 16 or H % 16):
             raise ValueError(f"quantized experts need 2 * moe_intermediate_size ({2 * I}) and hidden_size ({H}) in "
                              f"whole 16-row tiles")
 
+    @property
+    def graph_safe(self) -> bool:
+        """Its decode steps can be captured in a CUDA graph: 16-bit or int4 experts (not int8)."""
+        return "int8" not in (self.gate_up.scheme, self.down.scheme)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = route(self.router(x), self.top_k)
-        shared = self.shared_expert(x) * torch.sigmoid(self.shared_gate(x))
-        return self.routed(x, ids, weights) + shared
-
-    def routed(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """sum over j of weights[t, j] * expert_{ids[t, j]}(x[t]), for x [T, H]: the pairs sorted by expert, one
-        matmul per expert with tokens, the weighted outputs added back into their tokens' rows."""
-        k = ids.shape[1]
-        flat = ids.flatten()
-        order = torch.argsort(flat, stable=True)
-        tokens = order // k                                        # the token of each sorted pair
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()     # the host sync
-        xs = x[tokens]
-        out = torch.empty_like(xs)
-        start = 0
-        for e, n in enumerate(counts):
-            if n:
-                out[start:start + n] = self.expert(xs[start:start + n], e)
-                start += n
-        out *= weights.flatten()[order, None]
-        return torch.zeros_like(x).index_add_(0, tokens, out)
-
-    def expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
-        """Expert e's SwiGLU MLP on rows x [n, H]."""
-        gate_up = self.gate_up.rows(2 * self.inter * e, 2 * self.inter)
-        if isinstance(gate_up, Int4Weight):
-            h = ops.int4_swiglu(x, gate_up)
-        else:
-            h = ops.silu_mul(matmul(x, gate_up))
-        return matmul(h, self.down.rows(self.hidden * e, self.hidden))
+        ids, weights = ops.moe_route(self.router(x), self.top_k, shared=self.shared_expert is None)
+        y = ops.moe_experts(x, ids, weights, self.gate_up.held, self.down.held, self.inter)
+        if self.shared_expert is not None:
+            y = y + self.shared_expert(x) * torch.sigmoid(self.shared_gate(x))
+        return y
 
     def checkpoint_slices(self):
         yield from self.router.checkpoint_slices()
-        yield from self.shared_gate.checkpoint_slices()
-        yield from self.shared_expert.checkpoint_slices()
+        if self.shared_expert is not None:
+            yield from self.shared_gate.checkpoint_slices()
+            yield from self.shared_expert.checkpoint_slices()
         yield from self.gate_up.checkpoint_slices()
         yield from self.down.checkpoint_slices()
