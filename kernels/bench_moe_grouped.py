@@ -44,17 +44,16 @@ def _routing(T: int, seed: int = 0):
 
 
 def _experts(int4: bool):
-    gate_up = torch.randn(2 * I * E, H, device="cuda", dtype=torch.bfloat16) / H ** 0.5
-    down = torch.randn(H * E, I, device="cuda", dtype=torch.bfloat16) / I ** 0.5
-    if not int4:
-        return gate_up, down
-
-    def quantized(w):
-        N, K = w.shape
-        q = torch.randint(0, 16, (N, K), dtype=torch.uint8, device="cuda")
-        scales = (0.5 + torch.rand(N, K // G, device="cuda")).bfloat16() / (4 * K ** 0.5)
-        return pack_int4(q, scales, torch.full_like(scales, 7.5), G)
-    return quantized(gate_up), quantized(down)
+    """Random stacked gate_up [2 I E, H] and down [H E, I]: bf16, or int4 codes with scales of the same spread."""
+    weights = []
+    for N, K in ((2 * I * E, H), (H * E, I)):
+        if int4:
+            q = torch.randint(0, 16, (N, K), dtype=torch.uint8, device="cuda")
+            scales = ((0.5 + torch.rand(N, K // G, device="cuda")) / (4 * K ** 0.5)).bfloat16()
+            weights.append(pack_int4(q, scales, torch.full_like(scales, 7.5), G))
+        else:
+            weights.append(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5)
+    return weights
 
 
 def _expert_bytes(w) -> int:
@@ -64,7 +63,7 @@ def _expert_bytes(w) -> int:
     return w.numel() * w.element_size() // E
 
 
-def _per_expert_loop(x, ids, weights, gate_up, down):
+def _per_expert_loop(x, ids, weights, gate_up, down, inter):
     """The torch path the grouped kernels replace: pairs sorted by expert, one GEMM per expert with pairs."""
     flat = ids.flatten()
     order = torch.argsort(flat, stable=True)
@@ -77,10 +76,11 @@ def _per_expert_loop(x, ids, weights, gate_up, down):
         if n:
             rows = slice(start, start + n)
             if isinstance(gate_up, Int4Weight):
-                gu, dn = expert_rows(gate_up, 2 * I * e, 2 * I), expert_rows(down, H * e, H)
+                gu, dn = expert_rows(gate_up, 2 * inter * e, 2 * inter), expert_rows(down, H * e, H)
                 out[rows] = int4_linear(silu_mul(int4_linear(xs[rows], gu)), dn)
             else:
-                out[rows] = silu_mul(xs[rows] @ gate_up[2 * I * e:2 * I * (e + 1)].t()) @ down[H * e:H * (e + 1)].t()
+                gu, dn = gate_up[2 * inter * e:2 * inter * (e + 1)], down[H * e:H * (e + 1)]
+                out[rows] = silu_mul(xs[rows] @ gu.t()) @ dn.t()
             start += n
     out *= weights.flatten()[order, None].to(out.dtype)
     return torch.zeros_like(x).index_add_(0, tokens, out)
@@ -94,7 +94,15 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         ap.exit(2, f"{ap.prog}: error: needs a CUDA GPU; none is available\n")
     tokens = [int(t) for t in args.tokens.split(",")]
-    rows = []
+    print(f"{'case':40s} {'eager ms':>9s} {'graph ms':>9s} {'TFLOP/s':>8s} {'weights MB':>11s} {'TB/s':>6s} "
+          f"{'rel err':>8s}")
+
+    def row(name, eager_us, graph_us, flops, touched=0, err=float("nan")):
+        us = graph_us if graph_us == graph_us else eager_us          # the graph's time where there is one
+        print(f"{name:40s} {eager_us / 1e3:9.3f} {graph_us / 1e3:9.3f} {flops / us / 1e6:8.1f} {touched / 1e6:11.1f} "
+              f"{touched / us / 1e6:6.2f} {err:8.1e}", flush=True)
+
+    nan = float("nan")
     for int4 in (True, False):
         kind = "int4" if int4 else "bf16"
         gate_up, down = _experts(int4)
@@ -109,29 +117,20 @@ def main(argv=None) -> int:
             graph = time_us(graph_replay(lambda: moe_grouped_triton(x, ids, weights, gate_up, down, I)))
             touched = torch.unique(ids).numel() * per_expert
             flops = 6 * T * P * H * I
-            cfg = default_config(T * P, E, int4)
-            rows.append((f"{kind} T={T} BM={cfg['BM']}", eager, graph, flops / graph / 1e6, touched,
-                         touched / graph / 1e6, err))
+            row(f"{kind} T={T} BM={default_config(T * P, E, int4)['BM']}", eager, graph, flops, touched, err)
             if args.sweep:
                 for c in sweep_configs(int4):
                     us = time_us(graph_replay(lambda: moe_grouped_triton(x, ids, weights, gate_up, down, I, c)))
-                    name = f"  BM{c['BM']} up{c['BN_UP']} down{c['BN_DOWN']} w{c['WARPS']} s{c['STAGES']}"
-                    rows.append((name, float("nan"), us, flops / us / 1e6, touched, touched / us / 1e6, float("nan")))
+                    row(f"  BM{c['BM']} up{c['BN_UP']} down{c['BN_DOWN']} w{c['WARPS']} s{c['STAGES']}", nan, us,
+                        flops, touched)
         T = max(tokens)
         ids, weights = _routing(T)
         x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
         for name, fn in (("per-expert loop", _per_expert_loop), ("torch reference", moe_grouped_ref)):
-            us = time_us(lambda: fn(x, ids, weights, gate_up, down) if fn is _per_expert_loop
-                         else fn(x, ids, weights, gate_up, down, I), warmup_ms=1, rep_ms=1)
-            rows.append((f"{kind} T={T} {name}", us, float("nan"), 6 * T * P * H * I / us / 1e6, 0, 0.0,
-                         float("nan")))
+            us = time_us(lambda: fn(x, ids, weights, gate_up, down, I), warmup_ms=1, rep_ms=1)
+            row(f"{kind} T={T} {name}", us, nan, 6 * T * P * H * I)
         del gate_up, down
         torch.cuda.empty_cache()
-    print(f"\n{'case':40s} {'eager ms':>9s} {'graph ms':>9s} {'TFLOP/s':>8s} {'weights MB':>11s} {'TB/s':>6s} "
-          f"{'rel err':>8s}")
-    for name, eager, graph, tflops, touched, tbps, err in rows:
-        print(f"{name:40s} {eager / 1e3:9.3f} {graph / 1e3:9.3f} {tflops:8.1f} {touched / 1e6:11.1f} {tbps:6.2f} "
-              f"{err:8.1e}")
     return 0
 
 
