@@ -279,8 +279,8 @@ def warm_up_tokens(P: int, num_experts: int, max_tokens: int) -> tuple[int, ...]
 
 
 def workspace_bytes(T: int, P: int, num_experts: int, hidden: int, inter: int, itemsize: int, BM: int = 128) -> int:
-    """Device memory moe_grouped allocates for T tokens (the largest BM is the worst case): h, the pairs' rows, and
-    the alignment's int32 buffers."""
+    """Device memory moe_grouped_triton allocates for T tokens besides its output, at block size BM (the default,
+    the largest, bounds every config): h, the pairs' rows, and the alignment's int32 buffers."""
     n = T * P
     rows = max_blocks(n, num_experts, BM) * BM
     return rows * inter * itemsize + n * hidden * itemsize + 4 * (rows + rows // BM + 1) + 4 * num_experts * (

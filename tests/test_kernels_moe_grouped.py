@@ -11,7 +11,7 @@ import torch
 
 from kernels import moe_grouped as mg
 from kernels.moe_grouped import (default_config, max_blocks, moe_align, moe_align_ref, moe_grouped,
-                                 moe_grouped_ref, moe_grouped_triton, warm_up_tokens)
+                                 moe_grouped_ref, moe_grouped_triton, warm_up_tokens, workspace_bytes)
 from kernels.quant_format import pack_int4
 
 pytestmark = pytest.mark.usefixtures("poisoned_outputs")   # see tests/conftest.py
@@ -132,6 +132,27 @@ def test_same_bits_every_run():
     gate_up, down = experts_16bit(E, H, I, torch.float16)
     assert torch.equal(moe_grouped_triton(x, ids, weights, gate_up, down, I),
                        moe_grouped_triton(x, ids, weights, gate_up, down, I))
+
+
+def test_workspace_bytes_is_what_it_allocates(monkeypatch):
+    """workspace_bytes (what the memory plan counts) is every buffer moe_grouped_triton allocates, and the largest
+    BM bounds the others."""
+    allocated = []
+    empty = torch.empty
+
+    def counting_empty(*size, **kw):
+        t = empty(*size, **kw)
+        allocated.append(t.numel() * t.element_size())
+        return t
+
+    monkeypatch.setattr(torch, "empty", counting_empty)
+    E, H, I, T, P = 6, 72, 48, 40, 9
+    ids, weights = routing(T, P, E)
+    x = torch.randn(T, H, dtype=torch.float16)
+    moe_grouped_triton(x, ids, weights, *experts_16bit(E, H, I, torch.float16), I)
+    BM = default_config(T * P, E, False)["BM"]
+    assert sum(allocated) == workspace_bytes(T, P, E, H, I, 2, BM)
+    assert all(workspace_bytes(T, P, E, H, I, 2, bm) <= workspace_bytes(T, P, E, H, I, 2) for bm in (16, 32, 64))
 
 
 def test_warm_up_tokens_reach_every_block_size():
