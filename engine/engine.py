@@ -47,6 +47,7 @@ from engine.vision.prompt import image_prompt, split_images
 from engine.vision.tokens import expand_image_placeholders
 from engine.vision.tower import load_vision_tower
 from kernels.gdn import RECURRENT_MAX_TOKENS
+from kernels.moe_grouped import warm_up_tokens
 from kernels.quant import WARM_UP_ROWS
 
 log = logging.getLogger("qwendesk.engine")
@@ -225,9 +226,10 @@ class Engine:
     def _warm_up_linears(self) -> None:
         """Run each quantized weight shape at WARM_UP_ROWS (2 .. FUSED_MAX_M rows: a prompt's last step, a short chat
         turn): the int4 GEMV's build for M > 1 and the autotuned kernels' M buckets, which otherwise compile and tune
-        on first use (seconds each); and each kind of MoE layer at 1 token and at WARM_UP_ROWS (the routing and decode
-        kernels' builds, which serve every T, and the sorted loop's expert GEMMs). Before the loop thread starts: the
-        model is not yet shared."""
+        on first use (seconds each); and each kind of MoE layer at 1 token, at WARM_UP_ROWS and at the token counts
+        that reach each block size of the grouped kernels (kernels/moe_grouped.warm_up_tokens; the routing, decode and
+        grouped kernels' builds serve every T; int8 experts: the sorted loop's GEMMs). Before the loop thread starts:
+        the model is not yet shared."""
         moes = [m for m in self._model.modules() if isinstance(m, SparseMoE)]
         stacked = {id(lin) for m in moes for lin in (m.gate_up, m.down)}     # run by their layer, never whole
         linears = [m for m in self._model.modules()
@@ -241,7 +243,9 @@ class Engine:
                 for rows in WARM_UP_ROWS:
                     linear(torch.zeros(rows, linear.shape[1], dtype=self._dtype, device=self.device))
             for moe in kinds.values():
-                for rows in (1,) + WARM_UP_ROWS:
+                experts = moe.gate_up.shape[0] // (2 * moe.inter)                 # (+ the stacked shared one)
+                grouped = warm_up_tokens(moe.pairs, experts, self.config.prefill_chunk)
+                for rows in sorted({1, *WARM_UP_ROWS, *grouped}):
                     moe(torch.zeros(rows, moe.hidden, dtype=self._dtype, device=self.device))
 
     def _warm_up(self) -> None:

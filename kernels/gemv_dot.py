@@ -24,7 +24,7 @@ from kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, splitk_scratch, store
 
 
 @triton.jit
-def _int4_dots(w, blk, P0: tl.constexpr, RUNS: tl.constexpr, xt_cols, rm, M, K, ones,
+def _int4_dots(w, blk, P0: tl.constexpr, RUNS: tl.constexpr, xt_cols, x_ok, K, ones,
                USE_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
     """Over nibble pairs P0 .. P0 + RUNS - 1 of the 16-word block blk: d [BN, BM] = sum_k v x^T and xs [16, BM]
     (every row sum_k x; a small dot with ones, on a load of its own so that its layout stays apart)."""
@@ -34,7 +34,7 @@ def _int4_dots(w, blk, P0: tl.constexpr, RUNS: tl.constexpr, xt_cols, rm, M, K, 
     xs = tl.zeros((16, BM), tl.float32)
     for p in tl.static_range(P0, P0 + RUNS):
         k = blk * 128 + p * 32 + c
-        x_mask = (k[:, None] < K) & (rm[None, :] < M)
+        x_mask = (k[:, None] < K) & x_ok
         xt = tl.load(xt_cols + k[:, None], mask=x_mask, other=0.0)
         d = tl.dot(pair_as_float(w, p, False, dtype, USE_ASM), xt, d, input_precision=DOT_PRECISION)
         xt = tl.load(xt_cols + k[:, None], mask=x_mask, other=0.0, eviction_policy="evict_last")
@@ -43,10 +43,10 @@ def _int4_dots(w, blk, P0: tl.constexpr, RUNS: tl.constexpr, xt_cols, rm, M, K, 
 
 
 @triton.jit
-def _x_even_odd(xt_cols, k0, rm, M, EVICT: tl.constexpr):
+def _x_even_odd(xt_cols, k0, x_ok, EVICT: tl.constexpr):
     """x^T at k0 + 2c and at k0 + 2c + 1 (c < 32) as two [32, BM] tiles; 16-bit x: one 32-bit load per pair."""
     c = tl.arange(0, 32)
-    x_mask = rm[None, :] < M
+    x_mask = x_ok
     dtype = xt_cols.dtype.element_ty
     if dtype == tl.float32:
         even = tl.load(xt_cols + k0 + 2 * c[:, None], mask=x_mask, other=0.0, eviction_policy=EVICT)
@@ -60,66 +60,75 @@ def _x_even_odd(xt_cols, k0, rm, M, EVICT: tl.constexpr):
 
 
 @triton.jit
-def _int8_dots(w, blk, xt_cols, rm, M, ones,
+def _int8_dots(w, blk, xt_cols, x_ok, ones,
                USE_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
     """The 64-k block blk of int8 words: d [BN, BM] = sum_k (v_l + v_h) x^T, xs [16, BM] as in _int4_dots. Bytes
     (0, 2) of the words are k = 4j, 4j + 2: the even columns of x; bytes (1, 3) the odd ones."""
     dtype = xt_cols.dtype.element_ty
-    even, odd = _x_even_odd(xt_cols, blk * 64, rm, M, "")
+    even, odd = _x_even_odd(xt_cols, blk * 64, x_ok, "")
     d = tl.dot(pair_as_float(w, 0, False, dtype, USE_ASM), even, input_precision=DOT_PRECISION)
     d = tl.dot(pair_as_float(w, 1, True, dtype, USE_ASM), even, d, input_precision=DOT_PRECISION)
     d = tl.dot(pair_as_float(w, 2, False, dtype, USE_ASM), odd, d, input_precision=DOT_PRECISION)
     d = tl.dot(pair_as_float(w, 3, True, dtype, USE_ASM), odd, d, input_precision=DOT_PRECISION)
-    even, odd = _x_even_odd(xt_cols, blk * 64, rm, M, "evict_last")
+    even, odd = _x_even_odd(xt_cols, blk * 64, x_ok, "evict_last")
     xs = tl.dot(ones, even, input_precision=DOT_PRECISION)
     xs = tl.dot(ones, odd, xs, input_precision=DOT_PRECISION)
     return d, xs
 
 
-@triton.jit(do_not_specialize=["M", "M_BUCKET", "SPLIT_K"])
-def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_ym,
-                 M_BUCKET, SPLIT_K, BITS: tl.constexpr, G: tl.constexpr, USE_ASM: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr):
-    """y[:M, tile] (+)= x @ W^T over this program's K blocks. w_ptr: int32 words, 16 per row and block of
-    128 k (int4) or 64 k (int8). M_BUCKET only keys the autotuner."""
-    pdl.enter(PDL)
+@triton.jit
+def dot_tile(xt_cols, x_ok, w_ptr, s_ptr, z_ptr, rn, row_ok, b0, b1, K, BITS: tl.constexpr, G: tl.constexpr,
+             USE_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
+    """y^T [BN, BM] fp32 = W[rn] @ x^T over the K blocks b0 .. b1 - 1 (128 k for int4, 64 k for int8): rn [BN] are
+    the weight rows (row_ok: those that exist), column m of x^T starts at xt_cols [1, BM] (x_ok [1, BM]: the columns
+    that exist; the others read as 0). w_ptr: int32 words, 16 per row and block."""
     BLOCK: tl.constexpr = 128 if BITS == 4 else 64
     GROUPS: tl.constexpr = BLOCK // G if G < BLOCK else 1        # groups per block
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
     blocks = tl.cdiv(K, BLOCK)
-    per_split = tl.cdiv(blocks, SPLIT_K)
-    b0 = pid_k * per_split
-    b1 = tl.minimum(b0 + per_split, blocks)
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
-    row_ok = rn < N
     groups = K // G
     if BITS == 4:                                             # (int8 rows are row-major, 16 words per block)
         w_rows = int4_row_words(w_ptr, rn, blocks)[:, None] + tl.arange(0, 16)[None, :]
     else:
         w_rows = w_ptr + rn.to(tl.int64)[:, None] * (blocks * 16) + tl.arange(0, 16)[None, :]
     BLOCK_WORDS: tl.constexpr = 256 if BITS == 4 else 16
-    xt_cols = x_ptr + rm[None, :] * stride_xm
-    ones = tl.full((16, 32), 1.0, x_ptr.dtype.element_ty)
+    ones = tl.full((16, 32), 1.0, xt_cols.dtype.element_ty)
     y = tl.zeros((BN, BM), tl.float32)
     for blk in range(b0, b1):
         w = tl.load(w_rows + blk * BLOCK_WORDS, mask=row_ok[:, None], other=0)
         for h in tl.static_range(GROUPS):
             if BITS == 4:
-                d, xs = _int4_dots(w, blk, h * (4 // GROUPS), 4 // GROUPS, xt_cols, rm, M, K, ones,
+                d, xs = _int4_dots(w, blk, h * (4 // GROUPS), 4 // GROUPS, xt_cols, x_ok, K, ones,
                                    USE_ASM, DOT_PRECISION, BN, BM)
                 g = tl.minimum(blk * GROUPS + h, groups - 1)      # (K padding: x = 0 there)
                 sz = group_param_offs(rn, g, groups)
                 z = tl.load(z_ptr + sz, mask=row_ok, other=0.0).to(tl.float32)
             else:
-                d, xs = _int8_dots(w, blk, xt_cols, rm, M, ones, USE_ASM, DOT_PRECISION, BN, BM)
+                d, xs = _int8_dots(w, blk, xt_cols, x_ok, ones, USE_ASM, DOT_PRECISION, BN, BM)
                 sz = rn * groups + blk * 64 // G                  # (int8 scales are row-major)
                 z = 384.0                                         # W = 16 s (v_l + v_h) - 400 s
             s = tl.load(s_ptr + sz, mask=row_ok, other=0.0).to(tl.float32)
             y += (16.0 * s)[:, None] * d
             y -= ((16.0 + z) * s)[:, None] * tl.max(xs, axis=0)[None, :]       # every row of xs is sum_k x
+    return y
+
+
+@triton.jit(do_not_specialize=["M", "M_BUCKET", "SPLIT_K"])
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_ym,
+                 M_BUCKET, SPLIT_K, BITS: tl.constexpr, G: tl.constexpr, USE_ASM: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr):
+    """y[:M, tile] (+)= x @ W^T over this program's K blocks. M_BUCKET only keys the autotuner."""
+    pdl.enter(PDL)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    blocks = tl.cdiv(K, 128 if BITS == 4 else 64)
+    per_split = tl.cdiv(blocks, SPLIT_K)
+    b0 = pid_k * per_split
+    b1 = tl.minimum(b0 + per_split, blocks)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    y = dot_tile(x_ptr + rm[None, :] * stride_xm, rm[None, :] < M, w_ptr, s_ptr, z_ptr, rn, rn < N, b0, b1, K,
+                 BITS, G, USE_ASM, DOT_PRECISION, BN, BM)
     store_tile(y, rn[:, None], rm[None, :], y_ptr, part_ptr, count_ptr, M, N, stride_ym, pid_n, pid_k, SPLIT_K)
 
 

@@ -12,6 +12,7 @@ import torch
 from kernels import ops
 from kernels.moe_decode import MOE_DECODE_MAX_T, moe_decode, moe_decode_ref
 from kernels.moe_route import moe_route, moe_route_ref, moe_route_triton
+from kernels.moe_grouped import moe_grouped_ref
 from kernels.moe_sorted import moe_sorted
 from kernels.quant_format import dequantize_int8_ref, pack_int4, pack_int8
 from kernels.splitk import splitk_scratch
@@ -123,15 +124,15 @@ def test_the_references_agree(kind):
 
 
 def test_moe_experts_dispatch_on_the_cpu():
-    """Up to MOE_DECODE_MAX_T tokens the decode kernels' reference, above it the sorted loop; int8 experts: the loop
-    at any T (its weights dequantised give the same experts)."""
+    """Up to MOE_DECODE_MAX_T tokens the decode kernels' reference, above it the grouped kernels' reference; int8
+    experts: the sorted loop at any T (its weights dequantised give the same experts)."""
     gate_up, down = experts(5, 128, 64, "int4", torch.float32)
     x, ids, weights = routed(MOE_DECODE_MAX_T + 1, 4, 2, True, 128, torch.float32)
     n = MOE_DECODE_MAX_T
     assert torch.equal(ops.moe_experts(x[:n], ids[:n], weights[:n], gate_up, down, 64),
                        moe_decode_ref(x[:n], ids[:n], weights[:n], gate_up, down, 64))
-    assert torch.equal(ops.moe_experts(x, ids, weights, gate_up, down, 64), moe_sorted(x, ids, weights, gate_up,
-                                                                                       down, 64))
+    assert torch.equal(ops.moe_experts(x, ids, weights, gate_up, down, 64),
+                       moe_grouped_ref(x, ids, weights, gate_up, down, 64))
     q8 = [pack_int8(torch.randint(-128, 128, w.shape, dtype=torch.int8),
                     0.001 * torch.rand(w.shape[0], w.shape[1] // 64), 64)
           for w in experts(5, 128, 64, "16bit", torch.float32)]
@@ -198,8 +199,8 @@ def test_moe_decode_forced_configs_gpu(kind, config):
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, MOE_DECODE_MAX_T, 16])
 def test_moe_experts_in_a_cuda_graph_gpu(T):
-    """Routing + experts captured once (T = 16: above MOE_DECODE_MAX_T, the capture takes the decode kernels, not
-    the sorted loop's host sync) and replayed on new inputs: the decode kernels' result on those inputs."""
+    """Routing + experts captured once (T = 16: above MOE_DECODE_MAX_T, the grouped kernels) and replayed on new
+    inputs: the eager result on those inputs."""
     gate_up, down = a3b("int4")
     gen = torch.Generator("cuda").manual_seed(T)
     logits = torch.randn(T, A3B["E"] + 1, device="cuda", generator=gen).bfloat16()
@@ -209,13 +210,11 @@ def test_moe_experts_in_a_cuda_graph_gpu(T):
         ids, weights = ops.moe_route(logits, A3B["k"], shared=True)
         return ops.moe_experts(x, ids, weights, gate_up, down, A3B["I"])
 
-    step()
-    moe_decode(x, *moe_route(logits, A3B["k"], shared=True), gate_up, down, A3B["I"])     # built before the capture
+    step()                                                                    # built before the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = step()
     logits.copy_(torch.randn(logits.shape, device="cuda", generator=gen))
     x.copy_(torch.randn(x.shape, device="cuda", generator=gen))
     graph.replay()
-    ids, weights = moe_route(logits, A3B["k"], shared=True)
-    assert torch.equal(out, moe_decode(x, ids, weights, gate_up, down, A3B["I"]))
+    assert torch.equal(out, step())

@@ -39,8 +39,10 @@ class SparseMoE(nn.Module):
         self.num_experts, self.top_k, self.inter, self.hidden = E, cfg.num_experts_per_tok, I, H
         self.shared_expert = shared_expert
         experts = [f"experts.{e}." for e in range(E)]
+        self.pairs = self.top_k                        # (token, expert) pairs per token
         if shared_expert is None:
             experts.append("shared_expert.")
+            self.pairs += 1
             self.router = Linear(H, {"gate": E, "shared_expert_gate": 1}, build, prefix)
         else:
             self.router = Linear(H, {"gate": E}, build, prefix)
