@@ -92,7 +92,8 @@ def _block_dot(w, blk, rows, ok, x_row, K, s_ptr, z_ptr, INT4: tl.constexpr, G: 
         groups = K // G
         y = tl.zeros((R, BM), tl.float32)
         for g in tl.static_range(GROUPS):
-            d, xs = _int4_dots(w, blk, g * RUNS, RUNS, xt_cols, c, 1, K, ones, USE_ASM, DOT_PRECISION, R, BM)
+            d, xs = _int4_dots(w, blk, g * RUNS, RUNS, xt_cols, c[None, :] < 1, K, ones, USE_ASM, DOT_PRECISION, R,
+                               BM)
             sz = group_param_offs(rows, tl.minimum(blk * GROUPS + g, groups - 1), groups)   # (K padding: x = 0)
             s = tl.load(s_ptr + sz, mask=ok, other=0.0).to(tl.float32)
             z = tl.load(z_ptr + sz, mask=ok, other=0.0).to(tl.float32)
