@@ -267,7 +267,8 @@ def main(argv=None) -> int:
     ap.add_argument("--hf-decode-tokens", type=positive_int, default=16)
     ap.add_argument("--weights", default="bf16", choices=["bf16", "int4"])
     ap.add_argument("--simulate-gb", type=float, default=None,
-                    help="instead of the speed runs: the memory scenarios of a card this size (int4 weights)")
+                    help="instead of the speed runs: the memory scenarios of a card this size, the model loaded as "
+                    "the app loads it (the planner's weights, MTP, the vision tower where the plan puts it)")
     ap.add_argument("--profile", metavar="DIR", help="instead of the speed runs: profile a 512-token prefill "
                     "(torch.profiler, cProfile of the host side into DIR) and the kernels of a decode step")
     ap.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
@@ -308,7 +309,7 @@ def main(argv=None) -> int:
     raw = text_config(args.shape)
     if args.simulate_gb:
         from engine.bench_memory import simulate
-        results = simulate(raw, args.simulate_gb)
+        results = simulate(args.shape, args.simulate_gb)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)
