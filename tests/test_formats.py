@@ -302,3 +302,50 @@ def test_fused_fp8_experts_with_misshapen_scales_are_refused(tmp_path):
     with pytest.raises(ValueError, match="gate_up_proj_scale_inv is \\[2, 3, 2\\].*needs \\[2, 4, 2\\]"):
         source.read(P + "mlp.experts.0.gate_proj.weight")
     source.close()
+
+
+def test_gptq_moe_checkpoint_loads_as_its_dequantized_self(checkpoint, tmp_path):
+    """A community GPTQ int4 MoE release (experts one by one, 4 bits, group 128, v1 zeros; the rest 16-bit) of a tiny
+    MoE: 16-bit loads score exactly as the dequantized copy (scales powers of two: every weight exact in bf16), and
+    an int4 load keeps each expert's codes as they are (its stacked experts dequantize to the copy's weights)."""
+    from engine.api import Engine, EngineConfig
+    src, group = checkpoint("moe128"), 128
+    tensors = load_file(str(src / "model.safetensors"))
+    gptq, deq = {}, {}
+    gen = torch.Generator().manual_seed(9)
+    for name, t in tensors.items():
+        if not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            gptq[name] = deq[name] = t
+            continue
+        halves = ("gate_proj", "up_proj") if name.endswith("gate_up_proj") else ("down_proj",)
+        for e, w in enumerate(t):
+            for kind, part in zip(halves, w.chunk(len(halves))):
+                n, k = part.shape
+                q = torch.randint(0, 16, (n, k), generator=gen)
+                z = torch.randint(1, 17, (n, k // group), generator=gen)
+                s = (2.0 ** -torch.randint(5, 9, (n, k // group), generator=gen)).half()
+                base = f"{name.rsplit('.', 1)[0]}.{e}.{kind}."
+                gptq.update({base + "qweight": pack_along_rows(q.T), base + "qzeros": pack_along_cols((z - 1).T),
+                             base + "scales": s.T.contiguous(), base + "g_idx": (torch.arange(k) // group).int()})
+                deq[base + "weight"] = expected(q, z, s, torch.arange(k) // group)
+    config = json.loads((src / "config.json").read_text())
+    qc = {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": False, "sym": False}
+    for out, state, extra in ((tmp_path / "gptq", gptq, {"quantization_config": qc}), (tmp_path / "deq", deq, {})):
+        shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.safetensors"))
+        (out / "config.json").write_text(json.dumps({**config, **extra}))
+        save_file(state, str(out / "model.safetensors"))
+    kw = dict(device="cpu", dtype="float32", max_context=256, speculative_tokens=3)
+    loaded = {(d, w): Engine(EngineConfig(model=str(tmp_path / d), weights=w, quant_method="rtn", **kw))
+              for d, w in (("gptq", "bf16"), ("deq", "bf16"), ("gptq", "int4"))}
+    try:
+        ids = torch.randint(0, 200, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+        assert torch.equal(loaded["gptq", "bf16"].score(ids), loaded["deq", "bf16"].score(ids))
+        quant, ref = loaded["gptq", "int4"]._model, loaded["deq", "bf16"]._model
+        moes = [(a.mlp, b.mlp) for a, b in zip([*quant.layers, quant.mtp.layer], [*ref.layers, ref.mtp.layer])]
+        for a, b in moes:
+            assert a.gate_up.scheme == a.down.scheme == "int4"
+            assert torch.equal(a.gate_up.dequantized(), b.gate_up.weight) and torch.equal(a.down.dequantized(),
+                                                                                          b.down.weight)
+    finally:
+        for e in loaded.values():
+            e.close()
