@@ -46,6 +46,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     from engine.api import DeviceInfo, Engine, EngineConfig, SamplingParams, parse_model_config, plan_for
     from engine.memory import vision_encode_bytes
+    from engine.vision.encoder import ImageEncoder
     from engine.vision.processor import parse_processor_config, process_image
 
     raw = wrapper_config("27b")
@@ -104,7 +105,7 @@ def main(argv=None) -> dict:
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     with torch.inference_mode():
-        _, seconds = synced(lambda: tower(big.pixel_values.cuda(), [big.grid]))
+        _, seconds = synced(lambda: ImageEncoder(tower, torch.device("cuda"), "resident").encode(big))  # as the engine
     peak = torch.cuda.max_memory_allocated() - base
     out["max_image"] = dict(side=side, tokens=big.num_tokens, encode_ms=1e3 * seconds, peak_gib=peak / GIB,
                             planned_gib=vision_encode_bytes(cfg, torch.bfloat16, proc.max_pixels) / GIB)

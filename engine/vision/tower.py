@@ -143,6 +143,7 @@ class VisionTower(nn.Module):
         """Pixel values [patches, C*T*P*P] of one or more images (any device) -> [patches / merge², out_hidden] on
         the tower's: each image's merged tokens, in order (what its placeholder tokens in the prompt take)."""
         stages = self.stages(pixel_values, grids)
+        del pixel_values                    # the stages drop it after the patch embedding
         while True:
             try:
                 next(stages)
