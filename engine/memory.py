@@ -19,6 +19,7 @@ from engine.config import ModelConfig, load_model_config
 from engine.device import DeviceInfo, host_ram_bytes, probe, resolve_dtype
 from engine.model.shapes import model_tensor_shapes, vision_tensor_shapes
 from engine.params import PROFILES, EngineConfig
+from engine.vision.tower import CHUNK_ROWS
 from engine.weights.policy import policy_bytes
 
 GIB = 1 << 30
@@ -166,7 +167,6 @@ def vision_encode_bytes(cfg: ModelConfig, dtype: torch.dtype, max_pixels: int) -
     patch, or the first four and one chunk's projection with its fp32 rotary copies; in the patch embedding, the
     fp32 pixels and the residual, and one chunk's pixels and fp32 position taps; the rotary tables throughout; plus
     the merged embeddings the prompt's rows take."""
-    from engine.vision.tower import CHUNK_ROWS
     v = cfg.vision
     patches = max_pixels // v.patch_size ** 2
     chunk, it, h = min(patches, CHUNK_ROWS), dtype.itemsize, v.hidden_size
