@@ -53,22 +53,37 @@ def run(engine, prompts, max_tokens):
     return [[ev for ev in h][-1] for h in handles]
 
 
-def bench_ours(model, args, bw) -> dict:
+def bench_engine(model, args, profile: str, context: int):
     from engine.api import Engine, EngineConfig
-    tok = bench_tokenizer()
+    return Engine.from_model(EngineConfig(model="", device="cuda", profile=profile, max_context=context,
+                                          prefill_chunk=args.prefill_chunk, max_queue=16), model, bench_tokenizer())
+
+
+def prefill_figures(eng, n: int) -> dict:
+    """TTFT of an n-token prompt, first use of its shapes (cold: kernels compile, tune) and again."""
+    cold = run(eng, [rand_ids(n, n + 1)], 1)[0]
+    fin = run(eng, [rand_ids(n, n)], 1)[0]
+    return {f"prefill_{n}_tok_s": n / (fin.timings.ttft_ms / 1e3), f"ttft_{n}_ms": fin.timings.ttft_ms,
+            f"ttft_{n}_cold_ms": cold.timings.ttft_ms}
+
+
+def decode_figures(eng, model, profile: str, args, bw) -> dict:
+    """C = the profile's concurrency streams of args.decode_tokens after args.decode_prompt-token prompts: per-stream
+    and aggregate tok/s, and the roofline: the bytes a step reads over the copy bandwidth."""
+    c = int(profile[1:])
+    run(eng, [rand_ids(args.decode_prompt, 100 + i) for i in range(c)], 8)  # warm-up at this batch size
+    fins = run(eng, [rand_ids(args.decode_prompt, 200 + i) for i in range(c)], args.decode_tokens)
+    span = max(f.timings.total_ms for f in fins) - min(f.timings.ttft_ms for f in fins)
+    return {f"decode_{profile}_per_stream_tok_s": sum(f.timings.decode_tok_s for f in fins) / c,
+            f"decode_{profile}_aggregate_tok_s": c * (args.decode_tokens - 1) / (span / 1e3),
+            f"decode_{profile}_roofline_tok_s": c / (decode_bytes(model, c, args) / bw)}
+
+
+def bench_ours(model, args, bw) -> dict:
     res = {}
-
-    def engine(profile, ctx):
-        return Engine.from_model(EngineConfig(model="", device="cuda", profile=profile, max_context=ctx,
-                                              prefill_chunk=args.prefill_chunk, max_queue=16), model, tok)
-
-    eng = engine("C1", max(args.contexts + [4096 + 128]) + 1024)   # + the second-turn workload below
+    eng = bench_engine(model, args, "C1", max(args.contexts + [4096 + 128]) + 1024)   # + the second-turn workload
     for n in args.contexts:
-        cold = run(eng, [rand_ids(n, n + 1)], 1)[0]   # first use of a shape compiles / tunes kernels
-        fin = run(eng, [rand_ids(n, n)], 1)[0]
-        res[f"prefill_{n}_tok_s"] = n / (fin.timings.ttft_ms / 1e3)
-        res[f"ttft_{n}_ms"] = fin.timings.ttft_ms
-        res[f"ttft_{n}_cold_ms"] = cold.timings.ttft_ms
+        res.update(prefill_figures(eng, n))
     run(eng, [rand_ids(4096, 9)], 64)                 # warm the turn workload's shapes
     first = run(eng, [rand_ids(4096, 7)], 64)[0]
     second = run(eng, [rand_ids(4096, 7) + list(range(1000, 1064)) + rand_ids(64, 8)], 1)[0]
@@ -76,16 +91,9 @@ def bench_ours(model, args, bw) -> dict:
     res["turn2_cached_tokens"] = second.usage.cached_tokens
     eng.close()
     for profile in args.profiles:
-        c = int(profile[1:])
-        eng = engine(profile, args.decode_prompt + args.decode_tokens + 64)
-        run(eng, [rand_ids(args.decode_prompt, 100 + i) for i in range(c)], 8)  # warm-up at this batch size
-        fins = run(eng, [rand_ids(args.decode_prompt, 200 + i) for i in range(c)], args.decode_tokens)
+        eng = bench_engine(model, args, profile, args.decode_prompt + args.decode_tokens + 64)
+        res.update(decode_figures(eng, model, profile, args, bw))
         eng.close()
-        span = max(f.timings.total_ms for f in fins) - min(f.timings.ttft_ms for f in fins)
-        agg = c * (args.decode_tokens - 1) / (span / 1e3)
-        res[f"decode_{profile}_per_stream_tok_s"] = sum(f.timings.decode_tok_s for f in fins) / c
-        res[f"decode_{profile}_aggregate_tok_s"] = agg
-        res[f"decode_{profile}_roofline_tok_s"] = c / (decode_bytes(model, c, args) / bw)
     return res
 
 
@@ -153,10 +161,11 @@ def profile(model, out_dir: str) -> None:
     eng.close()
 
 
-def profile_decode(eng, steps: int = 64) -> None:
+def profile_decode(eng, steps: int = 64) -> dict:
     """GPU time per decode step by kernel (CUPTI sees the kernels inside the CUDA graphs): a request of 1 token
     (prefill only) is profiled and subtracted from one of 1 + steps tokens. Prints the step's wall time, the sum of its
-    kernels (the difference is gaps between kernels and host time) and the top kernels with their launches per step."""
+    kernels (the difference is gaps between kernels and host time: launches) and the top kernels with their launches
+    per step; returns the first three."""
     from collections import defaultdict
 
     from torch.profiler import ProfilerActivity
@@ -179,10 +188,11 @@ def profile_decode(eng, steps: int = 64) -> None:
             for name, (us, count) in total.items()}
     busy = sum(us for us, _ in step.values())
     launches = sum(c for _, c in step.values())
-    print(f"decode step: wall {(walls[1] - walls[0]) / steps * 1e3:.2f} ms, kernels {busy / 1e3:.2f} ms busy, "
-          f"{launches:.0f} launches")
+    wall = (walls[1] - walls[0]) / steps * 1e3
+    print(f"decode step: wall {wall:.2f} ms, kernels {busy / 1e3:.2f} ms busy, {launches:.0f} launches")
     for name, (us, count) in sorted(step.items(), key=lambda kv: -kv[1][0])[:16]:
         print(f"  {us:8.1f} us  {count:6.1f}x  {name[:90]}")
+    return {"step_wall_ms": wall, "step_busy_ms": busy / 1e3, "step_launches": launches}
 
 
 def routed_expert_bytes(model, tokens: int) -> tuple[int, float]:
@@ -199,13 +209,19 @@ def routed_expert_bytes(model, tokens: int) -> tuple[int, float]:
     return held, held * (1 - (1 - k / E) ** tokens)
 
 
-def decode_bytes(model, c, args) -> float:
+def step_bytes(model, c, args) -> tuple[float, float]:
+    """(weight bytes, KV + GDN state bytes) a decode step of c sequences reads: the weights but the embedding table
+    and the experts nobody chose; each sequence's KV at the mean context of the run, its GDN state read and written."""
     from engine.memory import kv_bytes_per_token, state_bytes_per_slot
     cfg = model.cfg
     ctx = args.decode_prompt + args.decode_tokens // 2
     held, read = routed_expert_bytes(model, c)
-    return (weight_bytes(model) - held + read + c * ctx * kv_bytes_per_token(cfg, torch.bfloat16, False)
-            + 2 * c * state_bytes_per_slot(cfg, torch.bfloat16))
+    return (weight_bytes(model) - held + read,
+            c * ctx * kv_bytes_per_token(cfg, torch.bfloat16, False) + 2 * c * state_bytes_per_slot(cfg, torch.bfloat16))
+
+
+def decode_bytes(model, c, args) -> float:
+    return sum(step_bytes(model, c, args))
 
 
 def bench_hf(raw_cfg, args) -> dict:
@@ -267,7 +283,8 @@ def main(argv=None) -> int:
     ap.add_argument("--hf-decode-tokens", type=positive_int, default=16)
     ap.add_argument("--weights", default="bf16", choices=["bf16", "int4"])
     ap.add_argument("--simulate-gb", type=float, default=None,
-                    help="instead of the speed runs: the memory scenarios of a card this size (int4 weights)")
+                    help="instead of the speed runs: the memory scenarios of a card this size, the model loaded as "
+                    "the app loads it (the planner's weights, MTP, the vision tower where the plan puts it)")
     ap.add_argument("--profile", metavar="DIR", help="instead of the speed runs: profile a 512-token prefill "
                     "(torch.profiler, cProfile of the host side into DIR) and the kernels of a decode step")
     ap.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
@@ -281,6 +298,10 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-rounds", action="store_true",
                     help="(--draft-oracle) also profile the rounds of the first rate by kernel")
     ap.add_argument("--kv-dtype", default="bf16", choices=["bf16", "int8"], help="KV cache (--draft-oracle)")
+    ap.add_argument("--moe-goals", action="store_true",
+                    help="instead of the speed runs: issue 30's figures, the 35B-A3B int4 (C1 and C8 decode, prefill "
+                    "8K, bytes per decode step, launches per step) against the 27B int4 in the same run "
+                    "(engine/bench_moe.py)")
     ap.add_argument("--json-schema", metavar="FILE", help="instead of the speed runs: decode with this JSON schema "
                     "as a constraint against without, at --profiles (engine/bench_grammar.py; needs --tokenizer)")
     ap.add_argument("--tokenizer", metavar="DIR", help="a byte-level tokenizer's folder (--json-schema)")
@@ -296,7 +317,7 @@ def main(argv=None) -> int:
     if args.json_schema and not args.tokenizer:
         ap.error("--json-schema needs --tokenizer DIR (a folder with the model's tokenizer.json)")
     args.hf = args.hf and args.weights == "bf16" and not (args.simulate_gb or args.profile or args.json_schema
-                                                                   or args.cache_tiers)
+                                                                   or args.cache_tiers or args.moe_goals)
     if args.hf and (why := transformers_missing()):
         print(f"note: skipping the comparison with HF transformers ({why}); pip install transformers to run it")
         args.hf = False
@@ -308,7 +329,7 @@ def main(argv=None) -> int:
     raw = text_config(args.shape)
     if args.simulate_gb:
         from engine.bench_memory import simulate
-        results = simulate(raw, args.simulate_gb)
+        results = simulate(args.shape, args.simulate_gb)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)
@@ -317,6 +338,14 @@ def main(argv=None) -> int:
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e12:.2f} TB/s; shape {args.shape}; "
           f"weights {args.weights}", flush=True)
     results = {"shape": args.shape, "copy_tbps": bw / 1e12, "weights": args.weights}
+    if args.moe_goals:
+        from engine import bench_moe
+        results.update(bench_moe.bench_goals(args, bw), shape="35b-a3b vs 27b", weights="int4")
+        bench_moe.report(results)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return 0
     if args.draft_oracle:
         from engine import bench_spec
         results.update(bench_spec.bench_speculation(build_random_model(raw, args.weights, mtp=True), args))

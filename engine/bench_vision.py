@@ -16,14 +16,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from engine.random_model import bench_tokenizer, build_random_model, rand_ids, randomize_, text_config
+from engine.random_model import PREPROCESSOR, bench_tokenizer, build_random_model, build_random_tower, rand_ids, \
+    wrapper_config
 
 GIB = 1 << 30
-VISION_27B = {"depth": 27, "hidden_size": 1152, "num_heads": 16, "intermediate_size": 4304, "patch_size": 16,
-              "temporal_patch_size": 2, "spatial_merge_size": 2, "in_channels": 3, "out_hidden_size": 5120,
-              "num_position_embeddings": 2304}
-PREPROCESSOR = {"min_pixels": 65536, "max_pixels": 16777216, "patch_size": 16, "temporal_patch_size": 2,
-                "merge_size": 2, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}
 
 
 def png(side: int, seed: int = 0) -> bytes:
@@ -50,12 +46,10 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     from engine.api import DeviceInfo, Engine, EngineConfig, SamplingParams, parse_model_config, plan_for
     from engine.memory import vision_encode_bytes
-    from engine.model.linear import Build
+    from engine.vision.encoder import ImageEncoder
     from engine.vision.processor import parse_processor_config, process_image
-    from engine.vision.tower import VisionTower
 
-    raw = {"model_type": "qwen3_5", "text_config": text_config("27b"), "vision_config": VISION_27B,
-           "image_token_id": 248056}
+    raw = wrapper_config("27b")
     cfg = parse_model_config(raw)
     out = {}
     # the 24 GiB plan (no weights needed)
@@ -66,9 +60,7 @@ def main(argv=None) -> dict:
     print("24 GiB plan:", plan.summary(), flush=True)
 
     model = build_random_model(raw, "bf16")            # the wrapper's config: the engine reads its vision part
-    tower = VisionTower(cfg.vision, Build(torch.bfloat16, "cuda", None))
-    randomize_(tower)
-    tower.eval()
+    tower = build_random_tower(cfg.vision, "bf16", "resident")
     proc = parse_processor_config(PREPROCESSOR)
     eng = Engine.from_model(EngineConfig(model="", device="cuda", profile="C1", max_context=8192), model,
                             bench_tokenizer(), vision=(tower, proc, "resident"))
@@ -113,7 +105,7 @@ def main(argv=None) -> dict:
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     with torch.inference_mode():
-        _, seconds = synced(lambda: tower(big.pixel_values.cuda(), [big.grid]))
+        _, seconds = synced(lambda: ImageEncoder(tower, torch.device("cuda"), "resident").encode(big))  # as the engine
     peak = torch.cuda.max_memory_allocated() - base
     out["max_image"] = dict(side=side, tokens=big.num_tokens, encode_ms=1e3 * seconds, peak_gib=peak / GIB,
                             planned_gib=vision_encode_bytes(cfg, torch.bfloat16, proc.max_pixels) / GIB)

@@ -19,6 +19,7 @@ from engine.config import ModelConfig, load_model_config
 from engine.device import DeviceInfo, host_ram_bytes, probe, resolve_dtype
 from engine.model.shapes import model_tensor_shapes, vision_tensor_shapes
 from engine.params import PROFILES, EngineConfig
+from engine.vision.tower import CHUNK_ROWS
 from engine.weights.policy import policy_bytes
 
 GIB = 1 << 30
@@ -161,14 +162,19 @@ def vision_placement(cfg: ModelConfig, config: EngineConfig, device: DeviceInfo)
 
 
 def vision_encode_bytes(cfg: ModelConfig, dtype: torch.dtype, max_pixels: int) -> int:
-    """Peak activations of the tower over one image of max_pixels (one block's: the residual, its norm, qkv, the fp32
-    rotary copies of q and k, the attention output, the MLP's two intermediates; SDPA's flash kernels keep no
-    score matrix), plus the merged embeddings the prompt's rows take."""
+    """Peak activations of the tower over one image of max_pixels (engine/vision/tower.py works in chunks of
+    CHUNK_ROWS patches, the attention apart): in a block, the residual, q, k, v and the attention output of every
+    patch, or the first four and one chunk's projection with its fp32 rotary copies; in the patch embedding, the
+    fp32 pixels and the residual, and one chunk's pixels and fp32 position taps; the rotary tables throughout; plus
+    the merged embeddings the prompt's rows take."""
     v = cfg.vision
     patches = max_pixels // v.patch_size ** 2
-    it = dtype.itemsize
-    block = patches * (v.hidden_size * (6 * it + 4 * 4 + it) + 2 * v.intermediate_size * it)
-    return block + patches // v.spatial_merge_size ** 2 * cfg.hidden_size * it
+    chunk, it, h = min(patches, CHUNK_ROWS), dtype.itemsize, v.hidden_size
+    pixels = v.in_channels * v.temporal_patch_size * v.patch_size ** 2
+    block = max(5 * patches * h * it, 4 * patches * h * it + chunk * h * (4 * it + 5 * 4))
+    embed = patches * (pixels * 4 + h * it) + chunk * (pixels * it + h * (3 * it + 10 * 4))
+    rotary = 2 * patches * (h // v.num_heads) * 4
+    return max(block, embed) + rotary + patches // v.spatial_merge_size ** 2 * cfg.hidden_size * it
 
 
 def vision_cost(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, device: DeviceInfo,

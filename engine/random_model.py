@@ -1,5 +1,6 @@
 """Models at real shapes with random weights, for the benchmarks (no checkpoint needed): the published 27B's
-shape, a 9B-style one and the 35B-A3B mixture of experts; a stand-in tokenizer; random prompts."""
+shape, a 9B-style one and the 35B-A3B mixture of experts, with the published vision tower; a stand-in tokenizer;
+random prompts."""
 
 from __future__ import annotations
 
@@ -19,6 +20,23 @@ SHAPES = {
                     num_key_value_heads=2, linear_num_value_heads=32, num_experts=256, num_experts_per_tok=8,
                     moe_intermediate_size=512, shared_expert_intermediate_size=512),
 }
+
+
+# the published checkpoints' vision tower (27B and 35B-A3B alike; out_hidden_size is the language model's width)
+VISION = {"depth": 27, "hidden_size": 1152, "num_heads": 16, "intermediate_size": 4304, "patch_size": 16,
+          "temporal_patch_size": 2, "spatial_merge_size": 2, "in_channels": 3, "num_position_embeddings": 2304}
+# their preprocessor_config.json's sizes: images of 65,536 to 16,777,216 pixels
+PREPROCESSOR = {"min_pixels": 65536, "max_pixels": 16777216, "patch_size": 16, "temporal_patch_size": 2,
+                "merge_size": 2, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}
+IMAGE_TOKEN_ID = 248056
+
+
+def wrapper_config(shape: str) -> dict:
+    """The multimodal checkpoint's config.json (`qwen3_5` or `qwen3_5_moe`): text_config and the vision tower's."""
+    text = text_config(shape)
+    moe = text["model_type"].startswith("qwen3_5_moe")
+    return {"model_type": "qwen3_5_moe" if moe else "qwen3_5", "text_config": text,
+            "vision_config": {**VISION, "out_hidden_size": text["hidden_size"]}, "image_token_id": IMAGE_TOKEN_ID}
 
 
 def text_config(shape: str) -> dict:
@@ -67,6 +85,17 @@ def build_random_model(raw: dict, weights: str, check: bool = True, mtp: bool = 
     if policy is not None and check:
         check_quantized_linear(model)
     return model
+
+
+def build_random_tower(vision, weights: str, placement: str):
+    """The vision tower of VisionConfig `vision`, random, under the weights' policy: built on the GPU, then moved to
+    the host when on demand (engine.vision.encoder.ImageEncoder pins it there)."""
+    from engine.model.linear import Build
+    from engine.params import EngineConfig
+    from engine.vision.tower import VisionTower
+    tower = VisionTower(vision, Build(torch.bfloat16, "cuda", EngineConfig(model="").policy(weights)))
+    randomize_(tower)
+    return tower.eval().to("cuda" if placement == "resident" else "cpu")
 
 
 def check_quantized_linear(model) -> None:

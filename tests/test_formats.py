@@ -2,10 +2,12 @@
 format detection and its refusals, and reading single weights from a checkpoint directory."""
 
 import json
+import re
+import shutil
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from engine.weights.formats import (ActOrderInt4, SourceFormat, UnsupportedFormatError, WeightSource,
                                     dequantize_fp8_block, detect_format, read_config, unpack_awq, unpack_gptq)
@@ -215,3 +217,156 @@ def test_fp8_checkpoint_reads_weight_by_weight(tmp_path):
     assert up.dtype == torch.bfloat16
     assert torch.equal(up, dequantize_fp8_block(w8, scale_inv, (32, 128)).to(torch.bfloat16))
     assert torch.equal(source.read(P + "linear_attn.in_proj_a.weight"), a)
+
+
+FP8_LINEARS = re.compile(r"(self_attn\.[qkvo]_proj|linear_attn\.(in_proj_qkv|in_proj_z|out_proj)|"
+                         r"shared_expert\.(gate|up|down)_proj|experts\.\d+\.(gate|up|down)_proj)\.weight$")
+
+
+def blockwise(w8, scale, bn, bk):
+    """The reference dequantization, written out: each (bn, bk) block times its scale, rounded to bf16 once."""
+    s = scale.float().repeat_interleave(bn, 0)[:w8.shape[0]].repeat_interleave(bk, 1)[:, :w8.shape[1]]
+    return (w8.float() * s).to(torch.bfloat16)
+
+
+def fp8_moe_copy(src, fp8_dir, deq_dir, block, scale_dtype):
+    """A tiny MoE checkpoint as an FP8 release stores it (the linears Qwen's FP8 releases quantize; fused experts
+    as transformers holds them in FP8: each expert's gate and up halves in blocks of their own), and its
+    dequantized 16-bit self."""
+    bn, bk = block
+    tensors = {}
+    for f in sorted(src.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    fp8, deq = {}, {}
+    for name, t in tensors.items():
+        if FP8_LINEARS.search(name):
+            w8, scale = fp8_block_quantize(t.float(), bn, bk)
+            scale = scale.to(scale_dtype)
+            fp8[name], fp8[name + "_scale_inv"], deq[name] = w8, scale, blockwise(w8, scale, bn, bk)
+        elif name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            halves = 2 if name.endswith("gate_up_proj") else 1
+            parts = [fp8_block_quantize(half.float(), bn, bk) for e in t for half in e.chunk(halves)]
+            w8 = torch.stack([w for w, _ in parts]).view(t.shape)
+            scale = torch.stack([s for _, s in parts]).view(t.shape[0], -1, parts[0][1].shape[1])
+            fp8[name], fp8[name + "_scale_inv"] = w8, scale
+            deq[name] = torch.stack([torch.cat([blockwise(*parts[e * halves + h], bn, bk) for h in range(halves)])
+                                     for e in range(t.shape[0])])
+        else:
+            fp8[name] = deq[name] = t
+    config = json.loads((src / "config.json").read_text())
+    for out, state, qc in ((fp8_dir, fp8, {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                           "weight_block_size": list(block),
+                                           "modules_to_not_convert": ["lm_head", "mlp.gate", "model.visual"]}),
+                           (deq_dir, deq, None)):
+        shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.safetensors", "*.index.json"))
+        (out / "config.json").write_text(json.dumps({**config, **({"quantization_config": qc} if qc else {})}))
+        save_file(state, str(out / "model.safetensors"))
+    return sum(t.dtype == torch.float8_e4m3fn for t in fp8.values())
+
+
+@pytest.mark.parametrize("spec, block, scale_dtype", [
+    ("moe_wrapper_ties", (16, 32), torch.bfloat16),   # experts one by one, as Qwen's -FP8 releases (bf16 scales)
+    ("moe", (16, 32), torch.float32),                 # fused experts in FP8, as transformers holds them
+])
+def test_fp8_moe_checkpoint_loads_as_its_dequantized_self(checkpoint, tmp_path, spec, block, scale_dtype):
+    """Every FP8 linear of a tiny MoE checkpoint (experts, shared expert, attention, GDN, MTP) dequantized by its
+    block scales: the model scores exactly as one loaded from the dequantized 16-bit copy."""
+    from engine.api import Engine, EngineConfig
+    quantized = fp8_moe_copy(checkpoint(spec), tmp_path / "fp8", tmp_path / "deq", block, scale_dtype)
+    assert quantized > 0
+    source = WeightSource(tmp_path / "fp8")
+    assert source.format == SourceFormat("fp8_block", block=block)
+    expert = next(n for n in source.shapes if ".experts.1.up_proj" in n)
+    assert source.read(expert).dtype == torch.bfloat16
+    source.close()
+    kw = dict(device="cpu", dtype="float32", max_context=256, speculative_tokens=3)
+    engines = [Engine(EngineConfig(model=str(tmp_path / d), **kw)) for d in ("fp8", "deq")]
+    try:
+        assert all(e._model.mtp is not None for e in engines)
+        ids = torch.randint(0, engines[0].model_config.vocab_size, (40,), generator=torch.Generator().manual_seed(3))
+        a, b = (e.score(ids.tolist()) for e in engines)
+        assert torch.equal(a, b)
+        for (name, p), (_, q) in zip(engines[0]._model.named_parameters(), engines[1]._model.named_parameters()):
+            assert torch.equal(p, q), name
+    finally:
+        for e in engines:
+            e.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weights", ["bf16", "int4"])
+def test_gpu_fp8_moe_checkpoint_loads_as_its_dequantized_self(checkpoint, tmp_path, weights):
+    """On CUDA, [128, 128] blocks, fused FP8 experts read on the device, as a 24 GB card loads an FP8 release (int4:
+    dequantized, then converted): the same greedy tokens and logits as the dequantized 16-bit copy."""
+    from engine.api import Engine, EngineConfig, SamplingParams
+    fp8_moe_copy(checkpoint("moe128"), tmp_path / "fp8", tmp_path / "deq", (128, 128), torch.float32)
+    engines = [Engine(EngineConfig(model=str(tmp_path / d), device="cuda", max_context=512, weights=weights))
+               for d in ("fp8", "deq")]
+    try:
+        ids = torch.randint(0, engines[0].model_config.vocab_size, (40,), generator=torch.Generator().manual_seed(3))
+        a, b = (e.score(ids.tolist()) for e in engines)
+        assert torch.equal(a, b)
+        params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+        assert engines[0].generate(ids.tolist(), params).token_ids == engines[1].generate(ids.tolist(), params).token_ids
+    finally:
+        for e in engines:
+            e.close()
+
+
+def test_fused_fp8_experts_with_misshapen_scales_are_refused(tmp_path):
+    w8, _ = fp8_block_quantize(torch.randn(2 * 32, 64), 16, 32)
+    path = write(tmp_path, cfg({"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [16, 32]}), {
+        P + "mlp.experts.gate_up_proj": torch.stack([w8, w8]),
+        P + "mlp.experts.gate_up_proj_scale_inv": torch.ones(2, 3, 2)})
+    source = WeightSource(path)
+    with pytest.raises(ValueError, match="gate_up_proj_scale_inv is \\[2, 3, 2\\].*needs \\[2, 4, 2\\]"):
+        source.read(P + "mlp.experts.0.gate_proj.weight")
+    source.close()
+
+
+def test_gptq_moe_checkpoint_loads_as_its_dequantized_self(checkpoint, tmp_path):
+    """A community GPTQ int4 MoE release (experts one by one, 4 bits, group 128, v1 zeros; the rest 16-bit) of a tiny
+    MoE: 16-bit loads score exactly as the dequantized copy (scales powers of two: every weight exact in bf16), and
+    an int4 load keeps each expert's codes as they are (its stacked experts dequantize to the copy's weights)."""
+    from engine.api import Engine, EngineConfig
+    src, group = checkpoint("moe128"), 128
+    tensors = load_file(str(src / "model.safetensors"))
+    gptq, deq = {}, {}
+    gen = torch.Generator().manual_seed(9)
+    for name, t in tensors.items():
+        if not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            gptq[name] = deq[name] = t
+            continue
+        halves = ("gate_proj", "up_proj") if name.endswith("gate_up_proj") else ("down_proj",)
+        for e, w in enumerate(t):
+            for kind, part in zip(halves, w.chunk(len(halves))):
+                n, k = part.shape
+                q = torch.randint(0, 16, (n, k), generator=gen)
+                z = torch.randint(1, 17, (n, k // group), generator=gen)
+                s = (2.0 ** -torch.randint(5, 9, (n, k // group), generator=gen)).half()
+                base = f"{name.rsplit('.', 1)[0]}.{e}.{kind}."
+                gptq.update({base + "qweight": pack_along_rows(q.T), base + "qzeros": pack_along_cols((z - 1).T),
+                             base + "scales": s.T.contiguous(), base + "g_idx": (torch.arange(k) // group).int()})
+                deq[base + "weight"] = expected(q, z, s, torch.arange(k) // group)
+    config = json.loads((src / "config.json").read_text())
+    qc = {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": False, "sym": False}
+    for out, state, extra in ((tmp_path / "gptq", gptq, {"quantization_config": qc}), (tmp_path / "deq", deq, {})):
+        shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.safetensors"))
+        (out / "config.json").write_text(json.dumps({**config, **extra}))
+        save_file(state, str(out / "model.safetensors"))
+    kw = dict(device="cpu", dtype="float32", max_context=256, speculative_tokens=3)
+    loaded = {(d, w): Engine(EngineConfig(model=str(tmp_path / d), weights=w, quant_method="rtn", **kw))
+              for d, w in (("gptq", "bf16"), ("deq", "bf16"), ("gptq", "int4"))}
+    try:
+        ids = torch.randint(0, 200, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+        assert torch.equal(loaded["gptq", "bf16"].score(ids), loaded["deq", "bf16"].score(ids))
+        quant, ref = loaded["gptq", "int4"]._model, loaded["deq", "bf16"]._model
+        moes = [(a.mlp, b.mlp) for a, b in zip([*quant.layers, quant.mtp.layer], [*ref.layers, ref.mtp.layer])]
+        for a, b in moes:            # the routed experts' rows (a shared expert stacked after them: 16-bit here)
+            gate_up, down = 2 * a.inter * a.num_experts, a.hidden * a.num_experts
+            assert a.gate_up.scheme == a.down.scheme == "int4"
+            assert torch.equal(a.gate_up.dequantized()[:gate_up], b.gate_up.weight[:gate_up])
+            assert torch.equal(a.down.dequantized()[:down], b.down.weight[:down])
+    finally:
+        for e in loaded.values():
+            e.close()

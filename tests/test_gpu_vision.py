@@ -40,3 +40,35 @@ def test_on_demand_tower_leaves_the_gpu_after_encoding(checkpoint):
     finally:
         e.close()
     torch.cuda.empty_cache()
+
+
+def test_row_chunks_on_cuda_stay_close_and_the_peak_is_planned(checkpoint, monkeypatch):
+    """An image of 4,096 patches through the tower on CUDA as the engine encodes it: its peak under the planner's
+    estimate (engine/memory.vision_encode_bytes); in chunks of a few hundred patches (cuBLAS picks kernels per row
+    count) close to one pass."""
+    from engine.config import load_model_config
+    from engine.memory import vision_encode_bytes
+    from engine.model import load_model
+    from engine.vision import tower as tower_module
+    from engine.vision.encoder import ImageEncoder
+    from engine.vision.processor import ProcessedImage
+    from engine.vision.tower import load_vision_tower
+
+    path = checkpoint("gqa3_ratio3")
+    cfg = load_model_config(path)
+    _, vision = load_model(path, "cuda", torch.bfloat16, mtp=False, vision=True)
+    encoder = ImageEncoder(load_vision_tower(cfg.vision, vision, torch.bfloat16, "cuda"), torch.device("cuda"),
+                           "resident")
+    v = cfg.vision
+    pixels = torch.randn(64 * 64, 3 * v.temporal_patch_size * v.patch_size ** 2,
+                         generator=torch.Generator().manual_seed(0))
+    image = ProcessedImage(pixels, (1, 64, 64), 64 * 64 // v.spatial_merge_size ** 2, b"test")
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    whole = encoder.encode(image).float()
+    peak = torch.cuda.max_memory_allocated() - base
+    assert peak <= vision_encode_bytes(cfg, torch.bfloat16, 64 * 64 * v.patch_size ** 2), peak
+    monkeypatch.setattr(tower_module, "CHUNK_ROWS", 500)
+    chunked = encoder.encode(image).float()
+    assert ((chunked - whole).abs().max() / whole.abs().max()).item() < 2e-2

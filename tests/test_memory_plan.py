@@ -88,6 +88,25 @@ def test_24gib_card_keeps_its_scenarios_with_speculation():
     assert p.kv_bytes_per_token > plan(profile="C1", kv_dtype="int8").kv_bytes_per_token     # the MTP layer's KV
 
 
+def test_35b_a3b_on_a_24gib_card_c1_64k_and_c8_8k_each_with_vision_on_demand():
+    """The 35B-A3B (config as published: MoE text config, the vision tower, MTP) as the app loads it on a 24 GiB card:
+    int4, MTP drafts, the tower on demand (the largest image's encode in the workspace); C1 with at least 64K tokens
+    of context and C8 with at least 8K each."""
+    from engine.device import DeviceInfo
+    from engine.memory import plan_for
+    from engine.random_model import wrapper_config
+
+    cfg = parse_model_config(wrapper_config("35b-a3b"))
+    card = DeviceInfo("cuda", "RTX 3090", 24 * GIB, int(23.5 * GIB))
+    c1 = plan_for(EngineConfig(model="", profile="C1"), card, model=cfg)
+    assert cfg.is_moe and c1.weights == "int4" and c1.vision == "on_demand" and c1.drafts == 3
+    assert c1.fits and c1.max_context >= 65536 and c1.total_bytes <= 24 * GIB, c1.summary()
+    assert c1.workspace_bytes >= c1.vision_bytes > 0
+    c8 = plan_for(EngineConfig(model="", profile="C8"), card, model=cfg)
+    assert c8.fits and c8.max_context >= 8192 and c8.total_bytes <= 24 * GIB, c8.summary()
+    print("\n35B-A3B, 24 GiB:", c1.summary(), "|", c8.summary())
+
+
 def test_vision_on_a_24gib_card_is_on_demand_and_keeps_32k_at_c1():
     """The published 27B with its vision tower (config.json as shipped), int4 and MTP as the app loads it: the tower
     stays on the host and borrows the workspace to encode the largest image (16.7 megapixels)."""

@@ -67,6 +67,22 @@ def test_tower_matches_transformers(checkpoint, transformers_model, name):
     assert rel_err(one, ours[:6]) < 1e-5
 
 
+@pytest.mark.parametrize("rows", [5, 24])
+def test_row_chunks_change_nothing(checkpoint, monkeypatch, rows):
+    """The row-wise work in chunks (a large image's: tower.CHUNK_ROWS, 4,096 patches) computes each row as one pass
+    does; chunks ending inside an image and on an image's end."""
+    from engine.vision import tower as tower_module
+    path = checkpoint("gqa3_ratio3")
+    tower, cfg = tower_of(path), load_model_config(path).vision
+    pixels = torch.randn(sum(t * h * w for t, h, w in GRIDS), 3 * cfg.temporal_patch_size * cfg.patch_size ** 2,
+                         generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        whole = tower(pixels, GRIDS)
+        monkeypatch.setattr(tower_module, "CHUNK_ROWS", rows)
+        chunked = tower(pixels, GRIDS)
+    assert rel_err(chunked, whole) < 1e-6
+
+
 def test_tower_in_bf16_is_close_to_fp32(checkpoint):
     path = checkpoint("gqa3_ratio3")
     processor = load_processor_config(path)

@@ -5,6 +5,10 @@ bilinearly to each image's grid) -> blocks (LayerNorm, attention within each ima
 LayerNorm, GELU MLP) -> merger (LayerNorm, each 2 x 2 block of patches concatenated, MLP into the language model's
 hidden size). Patches arrive in merge-block order (engine/vision/processor.py), so a block's four patches are
 consecutive rows. The linears are engine Linears: 16-bit, or int4 / int8 where the quantization policy says.
+
+Everything but the attention works on CHUNK_ROWS patches at a time (each row's arithmetic as in one pass), so a large
+image's activations are about five [patches, hidden] tensors (the residual, q, k, v, the attention output) plus one
+chunk's temporaries: the largest image (65,536 patches) needs ~0.9 GiB, not ~2.8 (engine/memory.py counts it).
 """
 
 from __future__ import annotations
@@ -19,6 +23,11 @@ from engine.weights.checkpoint import CheckpointError
 
 Grid = tuple[int, int, int]   # (t, h, w) in patches
 GELU_APPROXIMATION = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}   # the blocks' hidden_act -> F.gelu's
+CHUNK_ROWS = 4096        # patches per pass of the row-wise work (a 1024 x 1024 image: one pass)
+
+
+def row_chunks(n: int) -> list[slice]:
+    return [slice(i, min(i + CHUNK_ROWS, n)) for i in range(0, n, CHUNK_ROWS)]
 
 
 class BiasLinear(nn.Module):
@@ -76,21 +85,35 @@ class VisionBlock(nn.Module):
         self.approximate = GELU_APPROXIMATION[cfg.hidden_act]
 
     def forward(self, x, cos, sin, seqlens: list[int]):
-        x = x + self.proj(self.attention(self.norm1(x), cos, sin, seqlens))
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate=self.approximate))
-
-    def attention(self, x, cos, sin, seqlens):
-        """Attention within each image (each frame: a segment of seqlens); the rotary in fp32."""
+        """x [patches, hidden], updated in place and returned: x += attention; x += MLP (row chunks)."""
         n = x.shape[0]
-        q, k, v = self.qkv(x).view(n, 3, self.num_heads, -1).unbind(1)       # [n, H, D] each
+        qkv = torch.empty(n, 3, self.num_heads, x.shape[1] // self.num_heads, dtype=x.dtype, device=x.device)
+        for rows in row_chunks(n):
+            qkv[rows] = self.rotated_qkv(self.norm1(x[rows]), cos[rows], sin[rows])
+        out = self.attention(qkv, seqlens)
+        del qkv
+        for rows in row_chunks(n):
+            x[rows] += self.proj(out[rows].reshape(rows.stop - rows.start, -1))
+        del out
+        for rows in row_chunks(n):
+            x[rows] += self.fc2(F.gelu(self.fc1(self.norm2(x[rows])), approximate=self.approximate))
+        return x
+
+    def rotated_qkv(self, x, cos, sin):
+        """[rows, 3, H, D]: q, k (the rotary in fp32) and v of rows x."""
+        qkv = self.qkv(x).view(x.shape[0], 3, self.num_heads, -1)
         c, s = cos[:, None], sin[:, None]
-        q = (q.float() * c + rotate_half(q.float()) * s).to(x.dtype)
-        k = (k.float() * c + rotate_half(k.float()) * s).to(x.dtype)
+        for i in (0, 1):
+            t = qkv[:, i].float()
+            qkv[:, i] = t * c + rotate_half(t) * s
+        return qkv
+
+    def attention(self, qkv, seqlens):
+        """[patches, H, D]: attention within each image (each frame: a segment of seqlens)."""
         # [1, H, n, D]: SDPA's flash and memory-efficient kernels take 4-D inputs only
-        out = [F.scaled_dot_product_attention(qi.transpose(0, 1)[None], ki.transpose(0, 1)[None],
-                                              vi.transpose(0, 1)[None])[0]
-               for qi, ki, vi in zip(q.split(seqlens), k.split(seqlens), v.split(seqlens))]
-        return torch.cat(out, dim=1).transpose(0, 1).reshape(n, -1)
+        out = [F.scaled_dot_product_attention(*(t.transpose(0, 1)[None] for t in part.unbind(1)))[0]
+               for part in qkv.split(seqlens)]
+        return (out[0] if len(out) == 1 else torch.cat(out, dim=1)).transpose(0, 1)
 
     def checkpoint_slices(self):
         for part in (self.norm1, self.qkv, self.proj, self.norm2, self.fc1, self.fc2):
@@ -120,6 +143,7 @@ class VisionTower(nn.Module):
         """Pixel values [patches, C*T*P*P] of one or more images (any device) -> [patches / merge², out_hidden] on
         the tower's: each image's merged tokens, in order (what its placeholder tokens in the prompt take)."""
         stages = self.stages(pixel_values, grids)
+        del pixel_values                    # the stages drop it after the patch embedding
         while True:
             try:
                 next(stages)
@@ -131,8 +155,12 @@ class VisionTower(nn.Module):
         returns the output, so that the engine can spread a large image over several steps."""
         m = self.cfg.spatial_merge_size
         rows, cols = self._patch_coordinates(grids)
-        x = F.linear(pixel_values.to(self.patch_weight.device, self.dtype), self.patch_weight, self.patch_bias)
-        x = x + self._position_embeddings(grids, rows, cols).to(x.dtype)
+        n = pixel_values.shape[0]
+        x = torch.empty(n, self.cfg.hidden_size, dtype=self.dtype, device=self.patch_weight.device)
+        for part in row_chunks(n):
+            x[part] = F.linear(pixel_values[part].to(x.device, x.dtype), self.patch_weight, self.patch_bias)
+            x[part] += self._position_embeddings(grids, rows, cols, part).to(x.dtype)
+        del pixel_values
         freqs = torch.cat([rows[:, None] * self.inv_freq, cols[:, None] * self.inv_freq], dim=-1)
         emb = torch.cat([freqs, freqs], dim=-1)
         cos, sin = emb.cos(), emb.sin()
@@ -155,13 +183,14 @@ class VisionTower(nn.Module):
             cols.append(c.reshape(-1).repeat(t))
         return torch.cat(rows).float(), torch.cat(cols).float()
 
-    def _position_embeddings(self, grids: list[Grid], rows, cols) -> torch.Tensor:
-        """The square table resampled to each grid: bilinear, corners aligned (transformers' interpolation)."""
+    def _position_embeddings(self, grids: list[Grid], rows, cols, part: slice) -> torch.Tensor:
+        """The square table resampled to each grid (bilinear, corners aligned: transformers' interpolation), fp32,
+        for the patches in `part`."""
         side = self.side
-        heights = torch.cat([torch.full((t * h * w,), h, device=rows.device) for t, h, w in grids])
-        widths = torch.cat([torch.full((t * h * w,), w, device=rows.device) for t, h, w in grids])
-        h_taps, h_weights = _bilinear_taps(rows, heights, side)
-        w_taps, w_weights = _bilinear_taps(cols, widths, side)
+        heights = torch.cat([torch.full((t * h * w,), h, device=rows.device) for t, h, w in grids])[part]
+        widths = torch.cat([torch.full((t * h * w,), w, device=rows.device) for t, h, w in grids])[part]
+        h_taps, h_weights = _bilinear_taps(rows[part], heights, side)
+        w_taps, w_weights = _bilinear_taps(cols[part], widths, side)
         index = (h_taps[:, :, None] * side + w_taps[:, None, :]).reshape(-1, 4)
         weight = (h_weights[:, :, None] * w_weights[:, None, :]).reshape(-1, 4)
         return (self.pos_embed[index].float() * weight[:, :, None]).sum(1)

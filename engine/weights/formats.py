@@ -13,8 +13,11 @@ Formats (on-disk conventions as published by their producers):
              nibble order [0, 2, 4, 6, 1, 3, 5, 7] (nibble i holds column order[i] of each 8), `X.scales`
              [K/G, N]; W = (q - z) * s, no offset.
 Fused MoE expert tensors (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]) stand for their
-per-expert weights (engine/weights/experts.py). GPTQ and AWQ repack into the canonical Int4 exactly. GPTQ act-order (g_idx not k // G) comes out as an
-ActOrderInt4: the input channels permuted so each group is contiguous, plus the permutation.
+per-expert weights (engine/weights/experts.py); in FP8 (as transformers holds them) each has `X_scale_inv` beside it,
+[E, blocks of rows, blocks of K], the gate's row blocks then the up's (each half ceil(I / bn) of them, so that the two
+never share a block). Qwen's own FP8 MoE releases store their experts one by one, each expert's linears like any
+other FP8 linear. GPTQ and AWQ repack into the canonical Int4 exactly. GPTQ act-order (g_idx not k // G) comes out
+as an ActOrderInt4: the input channels permuted so each group is contiguous, plus the permutation.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import NamedTuple
 import torch
 
 from engine.weights.checkpoint import CheckpointError, TensorInfo, TensorReader, list_tensors
-from engine.weights.experts import expert_slice, per_expert_weights
+from engine.weights.experts import ExpertSlice, expert_slice, per_expert_weights
 from engine.weights.quantize import Int4
 
 FLOAT_FORMATS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -137,12 +140,13 @@ def logical_weights(tensors: dict[str, TensorInfo], fmt: SourceFormat) -> dict[s
                 continue
             if name.endswith((".qzeros", ".scales", ".g_idx")) and _sibling(name, ".qweight") in tensors:
                 continue
-        if fmt.kind == "fp8_block" and name.endswith(".weight_scale_inv") and _sibling(name, ".weight") in tensors:
-            continue
+        if fmt.kind == "fp8_block" and name.endswith("_scale_inv") and name.removesuffix("_scale_inv") in tensors:
+            continue          # X.weight_scale_inv of X.weight; experts.gate_up_proj_scale_inv of experts.gate_up_proj
         experts = per_expert_weights(name, info.shape)
-        if experts and info.dtype not in ("BF16", "F16", "F32"):
+        if experts and info.dtype not in ("BF16", "F16", "F32") and not (
+                fmt.kind == "fp8_block" and name + "_scale_inv" in tensors):
             raise UnsupportedFormatError(f"{name} holds fused experts as {info.dtype}; fused expert tensors are read "
-                                         f"in 16 or 32 bits only (quantized releases store them per expert)")
+                                         f"in 16 or 32 bits, or in FP8 with their {name}_scale_inv beside them")
         out.update(experts or {name: tuple(info.shape)})
     return out
 
@@ -155,12 +159,32 @@ def read_weight(tensors: dict[str, TensorInfo], name: str, fmt: SourceFormat,
         return _read_int4(tensors, name, fmt, reader)
     fused = expert_slice(name, tensors)
     if fused is not None:
-        return reader.get_slice(tensors[fused.fused], fused.expert, fused.rows)
+        weight = reader.get_slice(tensors[fused.fused], fused.expert, fused.rows)
+        scale = tensors.get(fused.fused + "_scale_inv")
+        if fmt.kind == "fp8_block" and scale is not None:
+            return dequantize_fp8_block(weight, _expert_scales(tensors[fused.fused], scale, fused, fmt, reader),
+                                        fmt.block, torch.bfloat16)
+        return weight
     scale = name + "_scale_inv"
     if fmt.kind == "fp8_block" and scale in tensors:
         return dequantize_fp8_block(reader.get(tensors[name]), reader.get(tensors[scale]), fmt.block,
                                     torch.bfloat16)
     return reader.get(tensors[name])
+
+
+def _expert_scales(weight: TensorInfo, scale: TensorInfo, where: ExpertSlice, fmt: SourceFormat,
+                   reader: TensorReader) -> torch.Tensor:
+    """The block scales of one expert's rows of a fused FP8 expert tensor: gate_up's [E, S, K / bk] holds the gate's
+    S / 2 row blocks, then the up's."""
+    E, rows, K = weight.shape
+    bn, bk = fmt.block
+    halves = 2 if where.rows != slice(None) else 1
+    blocks = -(-rows // halves // bn)
+    if tuple(scale.shape) != (E, halves * blocks, -(-K // bk)):
+        raise CheckpointError(f"{scale.name} is {list(scale.shape)}; {weight.name} {list(weight.shape)} in blocks of "
+                              f"{list(fmt.block)} needs [{E}, {halves * blocks}, {-(-K // bk)}]")
+    first = 0 if where.rows.start in (None, 0) else blocks
+    return reader.get_slice(scale, where.expert, slice(first, first + blocks))
 
 
 def _read_int4(tensors, name, fmt, reader):
