@@ -530,6 +530,11 @@ def soak(opts: Options) -> dict:
         proc, port = start_server(opts, model, disk_dir, log_path)
         try:
             return drive(opts, proc, port, disk_dir, log_path)
+        except OSError:
+            if proc.poll() is None:
+                raise
+            raise RuntimeError(f"qwendesk-serve exited ({proc.returncode}) during the run: "
+                               f"{log_path.read_text(errors='replace')[-4000:]}") from None
         finally:
             proc.terminate()
             try:
@@ -613,6 +618,7 @@ def report(opts, requests, outcomes, baseline, after, on_disk, sampler, elapsed,
                                  for s in sorted({o.status for o in outcomes}, key=str)},
         "client_5xx": len(client_5xx), "server_5xx": after["server_5xx"], "server_http": after["http"], "hung": sum(o.hung for o in outcomes),
         "bad_replies": len(bad), "bad_examples": [asdict(o) for o in bad[:10]], "tracebacks": tracebacks,
+        "server_log_tail": log[-4000:] if tracebacks else "",
         "finishes": {f: sum(o.finish == f for o in answered) for f in sorted({o.finish for o in answered})},
         "latency_s": {"p50": round(seconds[len(seconds) // 2], 3), "p99": round(seconds[int(len(seconds) * 0.99)], 3),
                       "max": round(seconds[-1], 3)},
@@ -675,6 +681,8 @@ def main(argv=None) -> int:
     out = args.pop("json")
     result = soak(Options(**args))
     print(table(result))
+    if result["server_log_tail"]:
+        print("the server's log ends:\n" + result["server_log_tail"])
     if out:
         Path(out).write_text(json.dumps(result, indent=1))
     return 0 if result["passed"] else 1
