@@ -18,7 +18,8 @@ a well-formed reply that ended as its protocol ends, none past its deadline (hun
 traceback; afterwards the engine back to its baseline (nothing running or waiting, no KV page or state slot held,
 the host and disk tiers within their budgets, the disk tier's folder holding exactly the bytes it counts and no
 temporary file); the server's RSS flat after the warm-up (first, after warm-up, max and last samples of VmRSS), and
-its GPU memory allocated (torch's allocator, from /metrics; 0 on the CPU) idle after the run as it was idle before.
+its GPU memory allocated (torch's allocator, from /metrics; 0 on the CPU) idle at the end as it was idle after the
+warm-up (the clients pause once the warm-up's requests are sent, until the server is idle).
 Prints a table and writes the whole report as JSON. Exit status 1 when a check fails.
 """
 
@@ -80,7 +81,7 @@ class Options:
     deadline_s: float = 60.0            # a request not finished by then is hung
     warmup: float = 0.2                 # share of the requests before RSS is taken as settled
     rss_tolerance_mb: float = 64.0      # growth allowed after the warm-up (and 10% of the settled RSS, if more)
-    gpu_tolerance_mb: float = 64.0      # GPU memory allocated: growth allowed from idle before to idle after
+    gpu_tolerance_mb: float = 64.0      # GPU memory allocated: growth allowed from idle after the warm-up to the end
     time_limit_s: float = 0.0           # no request handed out after this long (0: none); the checks cover those sent
     server_threads: int = 1             # OMP_NUM_THREADS of the server (0: torch's default; see docs/reliability.md)
     workdir: str | None = None          # where the checkpoint, the disk tier and the server log go (default: temp)
@@ -469,7 +470,7 @@ class MemorySampler(threading.Thread):
 
 def rss_report(samples: list[tuple[int, int]], warm_after: int, tolerance_mb: float) -> dict:
     mb = [kb / 1024 for _, kb in samples]
-    settled = [kb / 1024 for done, kb in samples if done >= warm_after]
+    settled = [kb / 1024 for done, kb in samples if done > warm_after]     # under load again, past the pause
     settled_at = statistics.median(settled[:max(1, len(settled) // 10)]) if settled else mb[-1]
     last = statistics.median(mb[-max(1, len(mb) // 20):])
     allowed = max(tolerance_mb, 0.1 * settled_at)
@@ -478,16 +479,18 @@ def rss_report(samples: list[tuple[int, int]], warm_after: int, tolerance_mb: fl
             "allowed_growth_mb": round(allowed, 1), "samples": len(mb), "flat": last - settled_at <= allowed}
 
 
-def gpu_report(before: dict, samples: list[int], after: dict, tolerance_mb: float) -> dict:
-    """GPU memory (torch's allocator, from /metrics): allocated idle before the run, the most seen during it, idle
-    after it; reserved (allocated plus the allocator's cache) before and after."""
+def gpu_report(before: dict, warmed: dict, samples: list[int], after: dict, tolerance_mb: float) -> dict:
+    """GPU memory (torch's allocator, from /metrics), allocated: idle before the run; idle after the warm-up (the
+    reference: what is made on first use, such as a speculative round captured for a batch size, is made by then);
+    the most seen during the run; idle after it. Reserved (allocated plus the allocator's cache and graph pools)
+    before and after."""
     mb = lambda n: round(n / 2**20, 1)      # noqa: E731
-    first, last = before.get("gpu_memory_allocated_bytes", 0), after.get("gpu_memory_allocated_bytes", 0)
-    return {"before_mb": mb(first), "max_mb": mb(max([first, last, *samples])), "after_mb": mb(last),
-            "growth_mb": mb(last - first), "allowed_growth_mb": tolerance_mb,
+    first, settled, last = (m.get("gpu_memory_allocated_bytes", 0) for m in (before, warmed, after))
+    return {"before_mb": mb(first), "after_warmup_mb": mb(settled), "max_mb": mb(max([first, last, *samples])),
+            "after_mb": mb(last), "growth_after_warmup_mb": mb(last - settled), "allowed_growth_mb": tolerance_mb,
             "reserved_before_mb": mb(before.get("gpu_memory_reserved_bytes", 0)),
             "reserved_after_mb": mb(after.get("gpu_memory_reserved_bytes", 0)), "samples": len(samples),
-            "flat": last - first <= tolerance_mb * 2**20}
+            "flat": last - settled <= tolerance_mb * 2**20}
 
 
 def folder_bytes(root: Path) -> tuple[int, int]:
@@ -550,41 +553,50 @@ def drive(opts: Options, proc: subprocess.Popen, port: int, disk_dir: Path, log_
     outcomes: list[Outcome] = []
     stored: list[str] = []
     lock = threading.Lock()
-    next_index = iter(range(len(requests)))
     handed_out = 0
 
-    def client(k: int):
-        nonlocal handed_out
-        rng = random.Random(opts.seed * 1000 + k)
-        while True:
-            with lock:
-                late = opts.time_limit_s and time.monotonic() - started > opts.time_limit_s
-                i = None if late else next(next_index, None)
-                handed_out += i is not None
-            if i is None:
-                return
-            outcome = run(port, requests[i], stored, opts.deadline_s, rng)
-            with lock:
-                outcomes.append(outcome)
+    def send_all(indices: range) -> None:
+        """The clients take the requests of `indices` in turn until none is left (or the time limit has passed)."""
+        pending = iter(indices)
+
+        def client(k: int):
+            nonlocal handed_out
+            rng = random.Random(opts.seed * 1000 + indices.start + k)
+            while True:
+                with lock:
+                    late = opts.time_limit_s and time.monotonic() - started > opts.time_limit_s
+                    i = None if late else next(pending, None)
+                    handed_out += i is not None
+                if i is None:
+                    return
+                outcome = run(port, requests[i], stored, opts.deadline_s, rng)
+                with lock:
+                    outcomes.append(outcome)
+
+        threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(opts.clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
     sampler = MemorySampler(proc.pid, port, lambda: len(outcomes))
     started = time.monotonic()
     sampler.start()
-    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(opts.clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    warm = int(opts.warmup * len(requests))
+    send_all(range(warm))
+    warmed, _ = settle(port, disk_dir)      # idle after the warm-up: the reference of the GPU memory
+    send_all(range(warm, len(requests)))
     elapsed = time.monotonic() - started
     after, on_disk = settle(port, disk_dir)
     sampler.stop.set()
     sampler.join()
-    return report(opts, requests[:handed_out], outcomes, baseline, after, on_disk, sampler, elapsed,
+    return report(opts, requests[:handed_out], outcomes, baseline, warmed, after, on_disk, sampler, elapsed,
                   log_path.read_text(errors="replace"))
 
 
-def report(opts, requests, outcomes, baseline, after, on_disk, sampler, elapsed, log) -> dict:
-    """requests: those handed out (all of them unless the time limit cut the run short)."""
+def report(opts, requests, outcomes, baseline, warmed, after, on_disk, sampler, elapsed, log) -> dict:
+    """requests: those handed out (all of them unless the time limit cut the run short). baseline, warmed, after: the
+    server's /metrics idle before the requests, after the warm-up's and after all of them."""
     answered = [o for o in outcomes if o.fate == "answer"]
     bad = [o for o in outcomes if o.error and o.fate != "drop_before"]
     client_5xx = [o for o in outcomes if o.status is not None and o.status >= 500]
@@ -596,7 +608,7 @@ def report(opts, requests, outcomes, baseline, after, on_disk, sampler, elapsed,
     held = {k: after.get(k, 0) for k in ("running", "waiting", "kv_pages_used", "state_slots_used")}
     host_budget, disk_budget = int(opts.host_cache_gb * 2**30), int(opts.disk_cache_gb * 2**30)
     rss = rss_report(sampler.samples, int(opts.warmup * opts.requests), opts.rss_tolerance_mb)
-    gpu = gpu_report(baseline, sampler.gpu, after, opts.gpu_tolerance_mb)
+    gpu = gpu_report(baseline, warmed, sampler.gpu, after, opts.gpu_tolerance_mb)
     checks = {
         "no 5xx": not client_5xx and after["server_5xx"] == 0,
         "no hung request": not any(o.hung for o in outcomes),
@@ -608,7 +620,7 @@ def report(opts, requests, outcomes, baseline, after, on_disk, sampler, elapsed,
         "disk tier within its budget": after.get("disk_cache_bytes", 0) <= disk_budget,
         "disk folder matches its count, no temporary file": on_disk == (after.get("disk_cache_bytes", 0), 0),
         "RSS flat after warm-up": rss["flat"],
-        "GPU memory allocated back to its baseline": gpu["flat"],
+        "GPU memory allocated flat after warm-up": gpu["flat"],
     }
     seconds = sorted(o.seconds for o in answered) or [0.0]
     return {
@@ -661,9 +673,10 @@ def table(r: dict) -> str:
                                                       f"{rss['max_mb']} / {rss['last_mb']} "
                                                       f"(growth {rss['growth_after_warmup_mb']}, allowed "
                                                       f"{rss['allowed_growth_mb']})"),
-        ("GPU allocated MB idle before / max / idle after",
-         f"{gpu['before_mb']} / {gpu['max_mb']} / {gpu['after_mb']} (growth {gpu['growth_mb']}, allowed "
-         f"{gpu['allowed_growth_mb']}; reserved {gpu['reserved_before_mb']} -> {gpu['reserved_after_mb']})"),
+        ("GPU allocated MB idle: before / after warm-up / (max) / after",
+         f"{gpu['before_mb']} / {gpu['after_warmup_mb']} / ({gpu['max_mb']}) / {gpu['after_mb']} (growth "
+         f"{gpu['growth_after_warmup_mb']}, allowed {gpu['allowed_growth_mb']}; reserved "
+         f"{gpu['reserved_before_mb']} -> {gpu['reserved_after_mb']})"),
     ]
     rows += [(f"check: {name}", "ok" if ok else "FAILED") for name, ok in r["checks"].items()]
     width = max(len(k) for k, _ in rows)
