@@ -79,7 +79,7 @@ class Options:
     host_cache_gb: float = 0.004        # small: pages spill to host memory and are evicted from it
     disk_cache_gb: float = 0.05
     deadline_s: float = 60.0            # a request not finished by then is hung
-    warmup: float = 0.2                 # share of the requests before RSS is taken as settled
+    warmup: float = 0.2                 # share of the requests before a pause (idle); RSS and GPU memory settle by then
     rss_tolerance_mb: float = 64.0      # growth allowed after the warm-up (and 10% of the settled RSS, if more)
     gpu_tolerance_mb: float = 64.0      # GPU memory allocated: growth allowed from idle after the warm-up to the end
     time_limit_s: float = 0.0           # no request handed out after this long (0: none); the checks cover those sent
