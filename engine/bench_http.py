@@ -36,20 +36,13 @@ def build_engine(shape: str, clients: int, context: int):
     from engine.api import Engine, EngineConfig
     from engine.random_model import build_random_model, text_config
     if shape == "tiny":
-        from engine.config import parse_model_config
-        from engine.model.qwen3_5 import Qwen3_5Model
-        from engine.random_model import randomize_
-        raw = {**text_config("9b"), "hidden_size": 128, "num_hidden_layers": 4, "intermediate_size": 256,
-               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "linear_num_key_heads": 2,
-               "linear_num_value_heads": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
-               "vocab_size": 4096, "eos_token_id": 4095}
-        model = Qwen3_5Model(parse_model_config(raw), torch.float32, "cpu")
-        randomize_(model)
+        raw = {**text_config("tiny"), "vocab_size": 4096, "eos_token_id": 4095}
         device = "cpu"
+        model = build_random_model(raw, "bf16", device=device, dtype=torch.float32)
     else:
         raw = text_config(shape)
-        model = build_random_model(raw, "bf16")
         device = "cuda"
+        model = build_random_model(raw, "bf16")
     config = EngineConfig(model="", device=device, profile=f"C{clients}", max_context=context, max_queue=16,
                           speculative_tokens=0)
     return Engine.from_model(config, model, stand_in_tokenizer(raw["vocab_size"]))

@@ -404,6 +404,9 @@ class Engine:
             stats = dict(self._stats)
         if self._disk is not None:          # its writer thread carries on while the loop idles: its figures now
             stats.update(self._disk.stats())
+        if self.device.type == "cuda":      # torch's allocator, now: held by tensors, and reserved from the driver
+            stats["gpu_allocated_bytes"] = torch.cuda.memory_allocated(self.device)
+            stats["gpu_reserved_bytes"] = torch.cuda.memory_reserved(self.device)
         return stats
 
     def generate(self, prompt, params: SamplingParams | None = None, tools=None, **template_kwargs) -> GenerateOutput:

@@ -1,6 +1,6 @@
 """Models at real shapes with random weights, for the benchmarks (no checkpoint needed): the published 27B's
-shape, a 9B-style one and the 35B-A3B mixture of experts, with the published vision tower; a stand-in tokenizer;
-random prompts."""
+shape, a 9B-style one and the 35B-A3B mixture of experts, with the published vision tower, and a tiny one for CPU
+runs of the same paths; a stand-in tokenizer; random prompts."""
 
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ SHAPES = {
                     num_key_value_heads=2, linear_num_value_heads=32, num_experts=256, num_experts_per_tok=8,
                     moe_intermediate_size=512, shared_expert_intermediate_size=512),
 }
+# every dimension small (the CPU runs of what the real shapes run on a GPU: bench_http, the soak), the real vocabulary
+TINY = dict(hidden_size=128, num_hidden_layers=4, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+            linear_value_head_dim=32)
 
 
 # the published checkpoints' vision tower (27B and 35B-A3B alike; out_hidden_size is the language model's width)
@@ -40,12 +44,13 @@ def wrapper_config(shape: str) -> dict:
 
 
 def text_config(shape: str) -> dict:
+    """The config.json of `shape`: one of SHAPES, or "tiny"."""
     return {"model_type": "qwen3_5_text", "vocab_size": 248320, "head_dim": 256, "linear_num_key_heads": 16,
             "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
             "full_attention_interval": 4, "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
             "tie_word_embeddings": False, "mtp_num_hidden_layers": 1, "eos_token_id": 248046,
             "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
-                                "mrope_section": [11, 11, 10]}, **SHAPES[shape]}
+                                "mrope_section": [11, 11, 10]}, **(TINY if shape == "tiny" else SHAPES[shape])}
 
 
 @torch.no_grad()
@@ -73,14 +78,15 @@ def randomize_(model, seed: int = 0) -> None:
             b.uniform_(7, 9, generator=gen)
 
 
-def build_random_model(raw: dict, weights: str, check: bool = True, mtp: bool = False):
-    """The model of config `raw` on the GPU with random weights (bf16, or int4 per the default policy); mtp: with
-    its MTP module (an engine around it speculates)."""
+def build_random_model(raw: dict, weights: str, check: bool = True, mtp: bool = False, device="cuda",
+                       dtype: torch.dtype = torch.bfloat16):
+    """The model of config `raw` on `device` with random weights (16-bit: `dtype`, or int4 per the default policy);
+    mtp: with its MTP module (an engine around it speculates)."""
     from engine.config import parse_model_config
     from engine.model.qwen3_5 import Qwen3_5Model
     from engine.params import EngineConfig
     policy = EngineConfig(model="").policy(weights)
-    model = Qwen3_5Model(parse_model_config(raw), torch.bfloat16, "cuda", with_mtp=mtp, policy=policy)
+    model = Qwen3_5Model(parse_model_config(raw), dtype, device, with_mtp=mtp, policy=policy)
     randomize_(model)
     if policy is not None and check:
         check_quantized_linear(model)

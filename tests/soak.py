@@ -1,9 +1,12 @@
 """Soak: many mixed requests from several clients against a real `qwendesk-serve` process, then the checks.
 
     python -m tests.soak --requests 2000 --clients 12 --json soak.json
+    python -m tests.soak --shape 27b --weights int4 --device cuda ...     # on a GPU: docs/reliability.md
 
 The server runs as its own process (profile C8, the host tier small so that it spills and evicts, the disk tier on
-in a temporary folder), on a tiny random checkpoint written for the run unless --model names one. The requests mix
+in a temporary folder), on a tiny random checkpoint written for the run unless --model names one. With --shape it
+serves random weights at that shape (27b, or tiny on the CPU) with the real Qwen3.5 vocabulary and chat template,
+through tests/random_serve.py: qwendesk-serve with the model built in place, no checkpoint written. The requests mix
 OpenAI chat completions, plain completions, the Responses API and Anthropic messages; tools with tool_choice auto
 and required, structured output (json_schema), short prompts and long ones, many sharing a conversation's prefix
 (so that prefix hits come from each tier); half are streamed. One in five is dropped by its client (the socket
@@ -14,7 +17,9 @@ Checks: no 5xx (seen by the clients or counted by the server), every request tha
 a well-formed reply that ended as its protocol ends, none past its deadline (hung), the server's log without a
 traceback; afterwards the engine back to its baseline (nothing running or waiting, no KV page or state slot held,
 the host and disk tiers within their budgets, the disk tier's folder holding exactly the bytes it counts and no
-temporary file); the server's RSS flat after the warm-up (first, after warm-up, max and last samples of VmRSS).
+temporary file); the server's RSS flat after the warm-up (first, after warm-up, max and last samples of VmRSS), and
+its GPU memory allocated (torch's allocator, from /metrics; 0 on the CPU) idle at the end as it was idle after the
+warm-up (the clients pause once the warm-up's requests are sent, until the server is idle).
 Prints a table and writes the whole report as JSON. Exit status 1 when a check fails.
 """
 
@@ -39,7 +44,9 @@ from pathlib import Path
 
 import jsonschema
 
+ROOT = Path(__file__).resolve().parent.parent
 MODEL_ID = "tiny"
+START_TIMEOUT_S = 600                   # a 27B random model builds, tunes its kernels and warms up: ~2 min when cold
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
          "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -54,7 +61,7 @@ RESPONSES_TOOLS = [{"type": "function", "name": "get_weather", "description": "T
 ANTHROPIC_TOOLS = [{"name": "get_weather", "description": "The weather in a city", "input_schema": WEATHER}]
 GAUGES = ("running", "waiting", "kv_pages_used", "kv_pages_cached", "kv_pages_total", "state_slots_used",
           "snapshots_cached", "host_cache_pages", "host_cache_snapshots", "host_cache_bytes", "disk_cache_pages",
-          "disk_cache_snapshots", "disk_cache_bytes")
+          "disk_cache_snapshots", "disk_cache_bytes", "gpu_memory_allocated_bytes", "gpu_memory_reserved_bytes")
 
 
 @dataclass
@@ -63,6 +70,8 @@ class Options:
     clients: int = 12
     seed: int = 0
     model: str | None = None            # a checkpoint directory (default: a tiny random one, written for the run)
+    shape: str | None = None            # instead: random weights at this shape (27b, 9b, tiny; tests/random_serve.py)
+    weights: str = "int4"               # with --shape: int4 | bf16
     device: str = "cpu"
     profile: str = "C8"
     max_context: int = 4096
@@ -70,8 +79,10 @@ class Options:
     host_cache_gb: float = 0.004        # small: pages spill to host memory and are evicted from it
     disk_cache_gb: float = 0.05
     deadline_s: float = 60.0            # a request not finished by then is hung
-    warmup: float = 0.2                 # share of the requests before RSS is taken as settled
+    warmup: float = 0.2                 # share of the requests before a pause (idle); RSS and GPU memory settle by then
     rss_tolerance_mb: float = 64.0      # growth allowed after the warm-up (and 10% of the settled RSS, if more)
+    gpu_tolerance_mb: float = 64.0      # GPU memory allocated: growth allowed from idle after the warm-up to the end
+    time_limit_s: float = 0.0           # no request handed out after this long (0: none); the checks cover those sent
     server_threads: int = 1             # OMP_NUM_THREADS of the server (0: torch's default; see docs/reliability.md)
     workdir: str | None = None          # where the checkpoint, the disk tier and the server log go (default: temp)
 
@@ -399,17 +410,19 @@ def metrics(port: int) -> dict:
 
 def start_server(opts: Options, model: str, disk_dir: Path, log_path: Path) -> tuple[subprocess.Popen, int]:
     port = free_port()
-    cmd = [sys.executable, "-m", "engine.server.cli", "--model", model, "--model-id", MODEL_ID, "--port", str(port),
+    server = ["tests.random_serve", "--weights", opts.weights] if opts.shape else ["engine.server.cli"]
+    cmd = [sys.executable, "-m", *server, "--model", model, "--model-id", MODEL_ID, "--port", str(port),
            "--device", opts.device, "--profile", opts.profile, "--max-context", str(opts.max_context),
            "--host-cache-gb", str(opts.host_cache_gb), "--disk-cache", "--disk-cache-dir", str(disk_dir),
            "--disk-cache-gb", str(opts.disk_cache_gb), "--log-level", "warning"]
     log = open(log_path, "w")
-    env = {**os.environ, "QWENDESK_API_KEY": ""}
+    env = {**os.environ, "QWENDESK_API_KEY": "", "PYTHONPATH": os.pathsep.join(filter(None, [
+        str(ROOT), os.environ.get("PYTHONPATH")]))}        # the server runs the driver's tree
     if opts.server_threads:
         env["OMP_NUM_THREADS"] = str(opts.server_threads)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     log.close()
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"qwendesk-serve exited ({proc.returncode}): {log_path.read_text()[-2000:]}")
@@ -420,7 +433,7 @@ def start_server(opts: Options, model: str, disk_dir: Path, log_path: Path) -> t
             pass
         if time.monotonic() > deadline:
             proc.kill()
-            raise RuntimeError("qwendesk-serve did not become ready in 180 s")
+            raise RuntimeError(f"qwendesk-serve did not become ready in {START_TIMEOUT_S} s")
         time.sleep(0.2)
 
 
@@ -431,30 +444,53 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
-class RssSampler(threading.Thread):
-    """(requests done, VmRSS in KiB) of the server process every `every` seconds."""
+class MemorySampler(threading.Thread):
+    """The server's memory while the requests run: (requests done, VmRSS in KiB) every `every` seconds, and its GPU
+    memory allocated (bytes, from /metrics) every `gpu_every` seconds."""
 
-    def __init__(self, pid: int, done, every: float = 0.25):
+    def __init__(self, pid: int, port: int, done, every: float = 0.25, gpu_every: float = 1.0):
         super().__init__(daemon=True)
-        self.pid, self.done, self.every = pid, done, every
+        self.pid, self.port, self.done, self.every, self.gpu_every = pid, port, done, every, gpu_every
         self.samples: list[tuple[int, int]] = []
+        self.gpu: list[int] = []
         self.stop = threading.Event()
 
     def run(self):
+        next_gpu = 0.0
         while not self.stop.is_set():
             self.samples.append((self.done(), rss_kb(self.pid)))
+            if time.monotonic() >= next_gpu:
+                next_gpu = time.monotonic() + self.gpu_every
+                try:
+                    self.gpu.append(metrics(self.port).get("gpu_memory_allocated_bytes", 0))
+                except (OSError, http.client.HTTPException):
+                    pass                    # a slow /metrics under load: the next sample
             self.stop.wait(self.every)
 
 
 def rss_report(samples: list[tuple[int, int]], warm_after: int, tolerance_mb: float) -> dict:
     mb = [kb / 1024 for _, kb in samples]
-    settled = [kb / 1024 for done, kb in samples if done >= warm_after]
+    settled = [kb / 1024 for done, kb in samples if done > warm_after]     # under load again, past the pause
     settled_at = statistics.median(settled[:max(1, len(settled) // 10)]) if settled else mb[-1]
     last = statistics.median(mb[-max(1, len(mb) // 20):])
     allowed = max(tolerance_mb, 0.1 * settled_at)
     return {"first_mb": round(mb[0], 1), "after_warmup_mb": round(settled_at, 1), "max_mb": round(max(mb), 1),
             "last_mb": round(last, 1), "growth_after_warmup_mb": round(last - settled_at, 1),
             "allowed_growth_mb": round(allowed, 1), "samples": len(mb), "flat": last - settled_at <= allowed}
+
+
+def gpu_report(before: dict, warmed: dict, samples: list[int], after: dict, tolerance_mb: float) -> dict:
+    """GPU memory (torch's allocator, from /metrics), allocated: idle before the run; idle after the warm-up (the
+    reference: what is made on first use, such as a speculative round captured for a batch size, is made by then);
+    the most seen during the run; idle after it. Reserved (allocated plus the allocator's cache and graph pools)
+    before and after."""
+    mb = lambda n: round(n / 2**20, 1)      # noqa: E731
+    first, settled, last = (m.get("gpu_memory_allocated_bytes", 0) for m in (before, warmed, after))
+    return {"before_mb": mb(first), "after_warmup_mb": mb(settled), "max_mb": mb(max([first, last, *samples])),
+            "after_mb": mb(last), "growth_after_warmup_mb": mb(last - settled), "allowed_growth_mb": tolerance_mb,
+            "reserved_before_mb": mb(before.get("gpu_memory_reserved_bytes", 0)),
+            "reserved_after_mb": mb(after.get("gpu_memory_reserved_bytes", 0)), "samples": len(samples),
+            "flat": last - settled <= tolerance_mb * 2**20}
 
 
 def folder_bytes(root: Path) -> tuple[int, int]:
@@ -485,13 +521,23 @@ def soak(opts: Options) -> dict:
     with tempfile.TemporaryDirectory(prefix="qwendesk-soak-", dir=opts.workdir) as tmp:
         work = Path(tmp)
         model = opts.model
-        if model is None:
+        if opts.shape:
+            if model is not None:
+                raise ValueError("--shape serves random weights: give it or --model, not both")
+            from tests.random_serve import write_model_dir
+            model = str(write_model_dir(work / "model", opts.shape))
+        elif model is None:
             from tests.fixtures.checkpoints import write_checkpoint
             model = str(write_checkpoint(work / "ckpt", "base"))
         disk_dir, log_path = work / "kv", work / "server.log"
         proc, port = start_server(opts, model, disk_dir, log_path)
         try:
             return drive(opts, proc, port, disk_dir, log_path)
+        except OSError:
+            if proc.poll() is None:
+                raise
+            raise RuntimeError(f"qwendesk-serve exited ({proc.returncode}) during the run: "
+                               f"{log_path.read_text(errors='replace')[-4000:]}") from None
         finally:
             proc.terminate()
             try:
@@ -507,36 +553,50 @@ def drive(opts: Options, proc: subprocess.Popen, port: int, disk_dir: Path, log_
     outcomes: list[Outcome] = []
     stored: list[str] = []
     lock = threading.Lock()
-    next_index = iter(range(len(requests)))
+    handed_out = 0
 
-    def client(k: int):
-        rng = random.Random(opts.seed * 1000 + k)
-        while True:
-            with lock:
-                i = next(next_index, None)
-            if i is None:
-                return
-            outcome = run(port, requests[i], stored, opts.deadline_s, rng)
-            with lock:
-                outcomes.append(outcome)
+    def send_all(indices: range) -> None:
+        """The clients take the requests of `indices` in turn until none is left (or the time limit has passed)."""
+        pending = iter(indices)
 
-    sampler = RssSampler(proc.pid, lambda: len(outcomes))
-    sampler.start()
+        def client(k: int):
+            nonlocal handed_out
+            rng = random.Random(opts.seed * 1000 + indices.start + k)
+            while True:
+                with lock:
+                    late = opts.time_limit_s and time.monotonic() - started > opts.time_limit_s
+                    i = None if late else next(pending, None)
+                    handed_out += i is not None
+                if i is None:
+                    return
+                outcome = run(port, requests[i], stored, opts.deadline_s, rng)
+                with lock:
+                    outcomes.append(outcome)
+
+        threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(opts.clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    sampler = MemorySampler(proc.pid, port, lambda: len(outcomes))
     started = time.monotonic()
-    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(opts.clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    sampler.start()
+    warm = int(opts.warmup * len(requests))
+    send_all(range(warm))
+    warmed, _ = settle(port, disk_dir)      # idle after the warm-up: the reference of the GPU memory
+    send_all(range(warm, len(requests)))
     elapsed = time.monotonic() - started
     after, on_disk = settle(port, disk_dir)
     sampler.stop.set()
     sampler.join()
-    return report(opts, requests, outcomes, baseline, after, on_disk, sampler.samples, elapsed,
+    return report(opts, requests[:handed_out], outcomes, baseline, warmed, after, on_disk, sampler, elapsed,
                   log_path.read_text(errors="replace"))
 
 
-def report(opts, requests, outcomes, baseline, after, on_disk, samples, elapsed, log) -> dict:
+def report(opts, requests, outcomes, baseline, warmed, after, on_disk, sampler, elapsed, log) -> dict:
+    """requests: those handed out (all of them unless the time limit cut the run short). baseline, warmed, after: the
+    server's /metrics idle before the requests, after the warm-up's and after all of them."""
     answered = [o for o in outcomes if o.fate == "answer"]
     bad = [o for o in outcomes if o.error and o.fate != "drop_before"]
     client_5xx = [o for o in outcomes if o.status is not None and o.status >= 500]
@@ -547,7 +607,8 @@ def report(opts, requests, outcomes, baseline, after, on_disk, samples, elapsed,
             mix[key] = mix.get(key, 0) + 1
     held = {k: after.get(k, 0) for k in ("running", "waiting", "kv_pages_used", "state_slots_used")}
     host_budget, disk_budget = int(opts.host_cache_gb * 2**30), int(opts.disk_cache_gb * 2**30)
-    rss = rss_report(samples, int(opts.warmup * len(requests)), opts.rss_tolerance_mb)
+    rss = rss_report(sampler.samples, int(opts.warmup * opts.requests), opts.rss_tolerance_mb)
+    gpu = gpu_report(baseline, warmed, sampler.gpu, after, opts.gpu_tolerance_mb)
     checks = {
         "no 5xx": not client_5xx and after["server_5xx"] == 0,
         "no hung request": not any(o.hung for o in outcomes),
@@ -559,14 +620,17 @@ def report(opts, requests, outcomes, baseline, after, on_disk, samples, elapsed,
         "disk tier within its budget": after.get("disk_cache_bytes", 0) <= disk_budget,
         "disk folder matches its count, no temporary file": on_disk == (after.get("disk_cache_bytes", 0), 0),
         "RSS flat after warm-up": rss["flat"],
+        "GPU memory allocated flat after warm-up": gpu["flat"],
     }
     seconds = sorted(o.seconds for o in answered) or [0.0]
     return {
         "options": asdict(opts), "elapsed_s": round(elapsed, 1), "requests_per_s": round(len(outcomes) / elapsed, 2),
+        "requests_sent": len(requests), "requests_planned": opts.requests,
         "mix": mix, "statuses": {str(s): sum(o.status == s for o in outcomes)
                                  for s in sorted({o.status for o in outcomes}, key=str)},
         "client_5xx": len(client_5xx), "server_5xx": after["server_5xx"], "server_http": after["http"], "hung": sum(o.hung for o in outcomes),
         "bad_replies": len(bad), "bad_examples": [asdict(o) for o in bad[:10]], "tracebacks": tracebacks,
+        "server_log_tail": log[-4000:] if tracebacks else "",
         "finishes": {f: sum(o.finish == f for o in answered) for f in sorted({o.finish for o in answered})},
         "latency_s": {"p50": round(seconds[len(seconds) // 2], 3), "p99": round(seconds[int(len(seconds) * 0.99)], 3),
                       "max": round(seconds[-1], 3)},
@@ -574,16 +638,19 @@ def report(opts, requests, outcomes, baseline, after, on_disk, samples, elapsed,
         "counters": {k: after.get(k, 0) for k in ("prefix_cache_hit_tokens_total", "host_cache_hit_pages_total",
                                                   "disk_cache_hit_pages_total", "disk_cache_write_errors_total",
                                                   "disk_cache_rejected_total")},
-        "disk_folder_bytes": on_disk[0], "disk_temp_files": on_disk[1], "rss": rss,
+        "disk_folder_bytes": on_disk[0], "disk_temp_files": on_disk[1], "rss": rss, "gpu": gpu,
         "checks": checks, "passed": all(checks.values()),
     }
 
 
 def table(r: dict) -> str:
-    rss, a = r["rss"], r["after"]
+    rss, gpu, a, o = r["rss"], r["gpu"], r["after"], r["options"]
+    cut = f" (of {r['requests_planned']} planned: the time limit)" if r["requests_sent"] < r["requests_planned"] else ""
     rows = [
-        ("requests", f"{sum(r['statuses'].values())} in {r['elapsed_s']} s ({r['requests_per_s']}/s), "
-                     f"{r['options']['clients']} clients, profile {r['options']['profile']}"),
+        ("server", f"shape {o['shape']}, {o['weights']} weights, {o['device']}" if o["shape"] else
+                   f"{o['model'] or 'the tiny checkpoint'}, {o['device']}"),
+        ("requests", f"{sum(r['statuses'].values())}{cut} in {r['elapsed_s']} s ({r['requests_per_s']}/s), "
+                     f"{o['clients']} clients, profile {o['profile']}"),
         ("mix", ", ".join(f"{k} {v}" for k, v in r["mix"].items())),
         ("statuses", ", ".join(f"{k}: {v}" for k, v in r["statuses"].items())),
         ("5xx (clients / server)", f"{r['client_5xx']} / {r['server_5xx']}"),
@@ -606,6 +673,10 @@ def table(r: dict) -> str:
                                                       f"{rss['max_mb']} / {rss['last_mb']} "
                                                       f"(growth {rss['growth_after_warmup_mb']}, allowed "
                                                       f"{rss['allowed_growth_mb']})"),
+        ("GPU allocated MB idle: before / after warm-up / (max) / after",
+         f"{gpu['before_mb']} / {gpu['after_warmup_mb']} / ({gpu['max_mb']}) / {gpu['after_mb']} (growth "
+         f"{gpu['growth_after_warmup_mb']}, allowed {gpu['allowed_growth_mb']}; reserved "
+         f"{gpu['reserved_before_mb']} -> {gpu['reserved_after_mb']})"),
     ]
     rows += [(f"check: {name}", "ok" if ok else "FAILED") for name, ok in r["checks"].items()]
     width = max(len(k) for k, _ in rows)
@@ -623,6 +694,8 @@ def main(argv=None) -> int:
     out = args.pop("json")
     result = soak(Options(**args))
     print(table(result))
+    if result["server_log_tail"]:
+        print("the server's log ends:\n" + result["server_log_tail"])
     if out:
         Path(out).write_text(json.dumps(result, indent=1))
     return 0 if result["passed"] else 1

@@ -96,7 +96,7 @@ def test_metrics(server, steer):
                  "qwendesk_completion_tokens_total ", 'qwendesk_time_to_first_token_seconds_bucket{le="+Inf"}',
                  "qwendesk_request_latency_seconds_count ", "qwendesk_requests_waiting 0",
                  "qwendesk_requests_running ", "qwendesk_kv_pages_used ", "qwendesk_prefix_cache_hit_tokens_total ",
-                 "qwendesk_ready 1"):
+                 "qwendesk_gpu_memory_allocated_bytes 0", "qwendesk_ready 1"):     # 0: a CPU engine
         assert line in text, line
 
 

@@ -1,5 +1,6 @@
-"""The soak driver (tests/soak.py) against a real qwendesk-serve process: a CI-sized run (150 requests, ~20 s),
-and the full 2,000-request run behind the `soak` marker (`make soak`)."""
+"""The soak driver (tests/soak.py) against a real qwendesk-serve process: a CI-sized run (150 requests, ~20 s), the
+GPU soak's random-weights server at the tiny shape (a few requests), and the full 2,000-request run behind the `soak`
+marker (`make soak`)."""
 
 import json
 
@@ -8,14 +9,14 @@ import pytest
 from tests.soak import Options, soak, table
 
 
-def run_soak(checkpoint, tmp_path, **kw) -> dict:
-    report = soak(Options(model=str(checkpoint("base")), workdir=str(tmp_path), **kw))
+def run_soak(tmp_path, **kw) -> dict:
+    report = soak(Options(workdir=str(tmp_path), **kw))
     assert report["passed"], table(report) + "\n" + json.dumps(report["bad_examples"], indent=1)
     return report
 
 
 def test_a_short_soak_leaves_no_5xx_no_hung_request_and_the_engine_at_its_baseline(checkpoint, tmp_path):
-    report = run_soak(checkpoint, tmp_path, requests=150, clients=8, max_tokens=24)
+    report = run_soak(tmp_path, model=str(checkpoint("base")), requests=150, clients=8, max_tokens=24)
     mix = report["mix"]
     assert all(mix.get(k, 0) > 0 for k in ("chat", "completions", "responses", "messages", "streamed", "drop_before",
                                            "drop_mid", "cancel", "tools_auto", "tools_required", "json_schema", "long"))
@@ -24,6 +25,15 @@ def test_a_short_soak_leaves_no_5xx_no_hung_request_and_the_engine_at_its_baseli
     assert after["host_cache_bytes"] > 0 and after["disk_cache_pages"] > 0  # both tiers were written
 
 
+def test_the_gpu_soaks_server_runs_at_the_tiny_shape(tmp_path):
+    """What `--shape 27b` runs on a GPU (docs/reliability.md), on the CPU: tests/random_serve.py, qwendesk-serve
+    around random weights built in place, with the real vocabulary and chat template; a few requests (sampling from
+    248K logits on the CPU is slow)."""
+    report = run_soak(tmp_path, shape="tiny", weights="bf16", requests=16, clients=4, max_tokens=8)
+    assert report["options"]["shape"] == "tiny" and report["requests_sent"] == 16
+    assert report["gpu"]["before_mb"] == report["gpu"]["after_mb"] == 0     # a CPU engine reports no GPU memory
+
+
 @pytest.mark.soak
 def test_the_full_soak(checkpoint, tmp_path):
-    run_soak(checkpoint, tmp_path, requests=2000, clients=12)
+    run_soak(tmp_path, model=str(checkpoint("base")), requests=2000, clients=12)

@@ -92,7 +92,9 @@ class Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def serve_main(argv=None) -> NoReturn:
+def serve_main(argv=None, load=None) -> NoReturn:
+    """load(config) -> Engine: what builds the engine behind the server once the HTTP server is up (default:
+    `Engine(config)`, the checkpoint's weights; the soak's launcher, tests/random_serve.py, builds random ones)."""
     args, config = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -110,7 +112,8 @@ def serve_main(argv=None) -> NoReturn:
     state = app.state.server
     server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="off",
                                    timeout_graceful_shutdown=5), state)
-    loader = threading.Thread(target=load_engine, args=(config, state, server), name="qwendesk-load", daemon=True)
+    loader = threading.Thread(target=load_engine, args=(config, state, server, load), name="qwendesk-load",
+                              daemon=True)
     loader.start()
     try:
         server.run()
@@ -127,12 +130,12 @@ def serve_main(argv=None) -> NoReturn:
     os._exit(1 if state.load_error else 0)
 
 
-def load_engine(config: EngineConfig, state, server) -> None:
+def load_engine(config: EngineConfig, state, server, load=None) -> None:
     from engine.api import Engine
 
     try:
         config.model = resolve_model(config.model)
-        engine = Engine(config)
+        engine = (load or Engine)(config)
     except Exception as e:  # any failure to load is reported and ends the server
         state.load_error = f"{type(e).__name__}: {e}"
         log.error("cannot load %s: %s", config.model, state.load_error)

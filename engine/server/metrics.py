@@ -24,6 +24,10 @@ ENGINE_GAUGES = (  # engine.stats() key, metric, help
     ("disk_pages", "qwendesk_disk_cache_pages", "KV pages in the disk tier."),
     ("disk_snapshots", "qwendesk_disk_cache_snapshots", "GDN snapshots in the disk tier."),
     ("disk_bytes", "qwendesk_disk_cache_bytes", "Bytes of the disk tier's folder."),
+    ("gpu_allocated_bytes", "qwendesk_gpu_memory_allocated_bytes",
+     "GPU memory held by tensors: weights, cache pools, buffers in use (0 on the CPU)."),
+    ("gpu_reserved_bytes", "qwendesk_gpu_memory_reserved_bytes",
+     "GPU memory torch's caching allocator holds from the driver: in use, and freed but kept for reuse."),
 )
 ENGINE_COUNTERS = (  # engine.stats() key, metric, help
     ("prefix_hit_tokens", "qwendesk_prefix_cache_hit_tokens_total", "Prompt tokens reused from the prefix cache."),
