@@ -16,7 +16,9 @@ def run_soak(tmp_path, **kw) -> dict:
 
 
 def test_a_short_soak_leaves_no_5xx_no_hung_request_and_the_engine_at_its_baseline(checkpoint, tmp_path):
-    report = run_soak(tmp_path, model=str(checkpoint("base")), requests=150, clients=8, max_tokens=24)
+    # (RSS is taken as settled half-way: 30 requests, the default 20%, are too few for the allocators' pools, and
+    # the RSS check then failed now and then by some 20 MB)
+    report = run_soak(tmp_path, model=str(checkpoint("base")), requests=150, clients=8, max_tokens=24, warmup=0.5)
     mix = report["mix"]
     assert all(mix.get(k, 0) > 0 for k in ("chat", "completions", "responses", "messages", "streamed", "drop_before",
                                            "drop_mid", "cancel", "tools_auto", "tools_required", "json_schema", "long"))
