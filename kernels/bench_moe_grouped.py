@@ -129,8 +129,6 @@ def main(argv=None) -> int:
         for name, fn in (("per-expert loop", _per_expert_loop), ("torch reference", moe_grouped_ref)):
             us = time_us(lambda: fn(x, ids, weights, gate_up, down, I), warmup_ms=1, rep_ms=1)
             row(f"{kind} T={T} {name}", us, nan, 6 * T * P * H * I)
-        del gate_up, down
-        torch.cuda.empty_cache()
     return 0
 
 
