@@ -12,11 +12,11 @@ experts' shape (the 35B-A3B: both 512 wide), it is stacked after them as expert 
 row, and routing gives every token k + 1 pairs, the last (E, sigmoid(gate)): one routed path runs it. Else it is an
 MLP of its own.
 
-The routed path is kernels/ops.moe_route + moe_experts (kernels/moe_route.py, kernels/moe_decode.py): for
-16-bit or int4 experts, decode steps run two Triton kernels that read only the chosen experts' weights, with no
-host sync, so the engine captures MoE models' decode steps in CUDA graphs. Int8 experts (and, until the grouped
-kernels, steps of more than MOE_DECODE_MAX_T tokens) take a torch loop that learns each expert's token count on
-the host: the engine runs a model with int8 experts without CUDA graphs (engine/engine.py).
+The routed path is kernels/ops.moe_route + moe_experts: for 16-bit or int4 experts, steps of up to
+MOE_DECODE_MAX_T tokens run the decode kernels (kernels/moe_decode.py), which read only the chosen experts' weights,
+and larger steps the grouped kernels (kernels/moe_grouped.py), neither with a host sync, so the engine captures MoE
+models' decode steps in CUDA graphs. Int8 experts take a torch loop that learns each expert's token count on the
+host: the engine runs a model with int8 experts without CUDA graphs (engine/engine.py).
 """
 
 from __future__ import annotations
