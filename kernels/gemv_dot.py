@@ -24,7 +24,7 @@ from kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, splitk_scratch, store
 
 
 @triton.jit
-def _int4_dots(w, blk, P0: tl.constexpr, RUNS: tl.constexpr, xt_cols, x_ok, K, ones,
+def int4_dots(w, blk, P0: tl.constexpr, RUNS: tl.constexpr, xt_cols, x_ok, K, ones,
                USE_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
     """Over nibble pairs P0 .. P0 + RUNS - 1 of the 16-word block blk: d [BN, BM] = sum_k v x^T and xs [16, BM]
     (every row sum_k x; a small dot with ones, on a load of its own so that its layout stays apart)."""
@@ -62,7 +62,7 @@ def _x_even_odd(xt_cols, k0, x_ok, EVICT: tl.constexpr):
 @triton.jit
 def _int8_dots(w, blk, xt_cols, x_ok, ones,
                USE_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
-    """The 64-k block blk of int8 words: d [BN, BM] = sum_k (v_l + v_h) x^T, xs [16, BM] as in _int4_dots. Bytes
+    """The 64-k block blk of int8 words: d [BN, BM] = sum_k (v_l + v_h) x^T, xs [16, BM] as in int4_dots. Bytes
     (0, 2) of the words are k = 4j, 4j + 2: the even columns of x; bytes (1, 3) the odd ones."""
     dtype = xt_cols.dtype.element_ty
     even, odd = _x_even_odd(xt_cols, blk * 64, x_ok, "")
@@ -97,7 +97,7 @@ def dot_tile(xt_cols, x_ok, w_ptr, s_ptr, z_ptr, rn, row_ok, b0, b1, K, BITS: tl
         w = tl.load(w_rows + blk * BLOCK_WORDS, mask=row_ok[:, None], other=0)
         for h in tl.static_range(GROUPS):
             if BITS == 4:
-                d, xs = _int4_dots(w, blk, h * (4 // GROUPS), 4 // GROUPS, xt_cols, x_ok, K, ones,
+                d, xs = int4_dots(w, blk, h * (4 // GROUPS), 4 // GROUPS, xt_cols, x_ok, K, ones,
                                    USE_ASM, DOT_PRECISION, BN, BM)
                 g = tl.minimum(blk * GROUPS + h, groups - 1)      # (K padding: x = 0 there)
                 sz = group_param_offs(rn, g, groups)

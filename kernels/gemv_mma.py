@@ -224,7 +224,7 @@ def _block_c(f0, f1, xs, a00, a01, a02, a03, a10, a11, a12, a13, zero, one, G: t
 
 
 @triton.jit
-def _store_swiglu(total, rows, cols, y_ptr, M, N, stride_ym):
+def store_swiglu(total, rows, cols, y_ptr, M, N, stride_ym):
     """y [M, N] = silu(gate) * up from the fp32 sums [..., 2 (gate / up)], with the unfused path's roundings: both
     rounded to y's dtype as the projection's output, silu rounded before the product (kernels/activation.py)."""
     dtype = y_ptr.dtype.element_ty
@@ -330,12 +330,12 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, 
         if GLU:                                             # [32 NW, 2, 2, 2 (gate / up)], the partials over 2N rows
             y = tl.join(y, tl.join(tl.join(a10, a11), tl.join(a12, a13)))
             if first == last:
-                _store_swiglu(y, rows, cols, y_ptr, M, N, stride_ym)
+                store_swiglu(y, rows, cols, y_ptr, M, N, stride_ym)
             else:
                 total, done = arrive(y, tl.join(rows, rows + N), tl.join(cols, cols), part_ptr, count_ptr, M, 2 * N,
                                      row_group, pid - first, last - first + 1)
                 if done:
-                    _store_swiglu(total, rows, cols, y_ptr, M, N, stride_ym)
+                    store_swiglu(total, rows, cols, y_ptr, M, N, stride_ym)
         else:
             if R == 2:                                                   # [32 NW, 2, 2, 2 (tile)]
                 y = tl.join(y, tl.join(tl.join(a10, a11), tl.join(a12, a13)))

@@ -29,8 +29,8 @@ import triton.language as tl
 
 from kernels import pdl
 from kernels.activation import silu_mul_ref
-from kernels.gemv_dot import _int4_dots
-from kernels.gemv_mma import _store_swiglu
+from kernels.gemv_dot import int4_dots
+from kernels.gemv_mma import store_swiglu
 from kernels.quant_format import Int4Weight, group_param_offs, int4_linear_ref, int4_row_words, weight_rows
 from kernels.runtime import INTERPRET, sm_count
 from kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, arrive, splitk_scratch, store_tile
@@ -92,7 +92,7 @@ def _block_dot(w, blk, rows, ok, x_row, K, s_ptr, z_ptr, INT4: tl.constexpr, G: 
         groups = K // G
         y = tl.zeros((R, BM), tl.float32)
         for g in tl.static_range(GROUPS):
-            d, xs = _int4_dots(w, blk, g * RUNS, RUNS, xt_cols, c[None, :] < 1, K, ones, USE_ASM, DOT_PRECISION, R,
+            d, xs = int4_dots(w, blk, g * RUNS, RUNS, xt_cols, c[None, :] < 1, K, ones, USE_ASM, DOT_PRECISION, R,
                                BM)
             sz = group_param_offs(rows, tl.minimum(blk * GROUPS + g, groups - 1), groups)   # (K padding: x = 0)
             s = tl.load(s_ptr + sz, mask=ok, other=0.0).to(tl.float32)
@@ -133,12 +133,12 @@ def _gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, z_ptr, h_ptr, part_ptr, count_
     out_rows = tile * BN + tl.arange(0, BN)
     cols = pair + 0 * out_rows                # (a tensor: the interpreter cannot mask with a scalar)
     if tl.cdiv(blocks, per) == 1:
-        _store_swiglu(tl.reshape(acc, (BN, 2)), out_rows, cols, h_ptr, T * P, I, I)
+        store_swiglu(tl.reshape(acc, (BN, 2)), out_rows, cols, h_ptr, T * P, I, I)
     else:
         total, last = arrive(acc, 2 * n + r % 2, pair + 0 * r, part_ptr, count_ptr, T * P, 2 * I,
                              pair * tl.cdiv(I, BN) + tile, run, tl.cdiv(blocks, per))
         if last:
-            _store_swiglu(tl.reshape(total, (BN, 2)), out_rows, cols, h_ptr, T * P, I, I)
+            store_swiglu(tl.reshape(total, (BN, 2)), out_rows, cols, h_ptr, T * P, I, I)
 
 
 @triton.jit(do_not_specialize=["T", "per"])
