@@ -6,28 +6,16 @@ from transformers import Qwen3_5ForCausalLM
 
 from engine.api import Engine, EngineConfig, SamplingParams
 from tests.fixtures.checkpoints import SPECS
+from tests.fixtures.hf_pairs import HFPairs, rel_err
 
 NAMES = list(SPECS)
 
 
-def rel_err(a, b):
-    return ((a - b).abs().max() / b.abs().max()).item()
-
-
 @pytest.fixture(scope="module")
 def pair(checkpoint):
-    made = {}
-
-    def get(name):
-        if name not in made:
-            path = checkpoint(name)
-            hf, info = Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
-            assert not info["missing_keys"], info["missing_keys"]
-            hf.generation_config.eos_token_id = None  # generate exactly max_new_tokens
-            made[name] = (Engine(EngineConfig(model=str(path), device="cpu", dtype="float32")), hf.eval())
-        return made[name]
-
-    return get
+    pairs = HFPairs(checkpoint, Qwen3_5ForCausalLM)
+    yield lambda name: pairs(name)[:2]
+    pairs.close()
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -16,31 +16,17 @@ from engine.model.layers import MLP
 from engine.weights.loader import load_state_dict
 from engine.weights.policy import QuantPolicy, policy_bytes
 from kernels.moe_route import moe_route_ref
+from tests.fixtures.hf_pairs import HFPairs, rel_err
 
 NAMES = ["moe", "moe_wrapper_ties"]
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
 
-def rel_err(a, b):
-    return ((a - b).abs().max() / b.abs().max()).item()
-
-
 @pytest.fixture(scope="module")
 def pair(checkpoint):
-    made = {}
-
-    def get(name):
-        if name not in made:
-            path = checkpoint(name)
-            hf, info = Qwen3_5MoeForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
-            assert not info["missing_keys"] and not info["unexpected_keys"], info
-            hf.generation_config.eos_token_id = None
-            made[name] = (Engine(EngineConfig(model=str(path), device="cpu", dtype="float32")), hf.eval(), path)
-        return made[name]
-
-    yield get
-    for eng, _, _ in made.values():
-        eng.close()
+    pairs = HFPairs(checkpoint, Qwen3_5MoeForCausalLM)
+    yield pairs
+    pairs.close()
 
 
 def test_route_softmax_topk_renormalised_ties_to_lower_id():

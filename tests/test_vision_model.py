@@ -17,12 +17,9 @@ from engine.vision.positions import mrope_positions
 from engine.vision.processor import load_processor_config, preprocess
 from engine.vision.tokens import expand_image_placeholders, image_rows
 from engine.vision.tower import load_vision_tower
+from tests.fixtures.hf_pairs import rel_err
 
 PAGE = 16
-
-
-def rel_err(a, b):
-    return ((a - b).abs().max() / b.abs().max()).item()
 
 
 class Pair:

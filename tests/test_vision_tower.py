@@ -22,12 +22,9 @@ from engine.weights.checkpoint import CheckpointError, canonical_name
 from engine.weights.convert_cache import convert
 from engine.weights.policy import QuantPolicy
 from tests.fixtures.checkpoints import QWEN3_5_PREPROCESSOR, VISION, TinySpec, _Random, _vision_tensors
+from tests.fixtures.hf_pairs import rel_err
 
 NAMES = ["gqa3_ratio3", "wrapper_tied_sharded_bf16"]    # two tower configs (tests/fixtures/checkpoints.py)
-
-
-def rel_err(a, b):
-    return ((a - b).abs().max() / b.abs().max()).item()
 
 
 @pytest.fixture(scope="module")
