@@ -20,9 +20,9 @@ import torch
 
 from kernels.activation import silu_mul
 from kernels.bench import graph_replay, time_us
-from kernels.moe_grouped import BLOCK_MS, default_config, expert_rows, moe_grouped_ref, moe_grouped_triton
+from kernels.moe_grouped import BLOCK_MS, default_config, moe_grouped_ref, moe_grouped_triton
 from kernels.quant import int4_linear
-from kernels.quant_format import Int4Weight, pack_int4
+from kernels.quant_format import Int4Weight, pack_int4, weight_rows
 
 E, H, I, P = 257, 2048, 512, 9
 G = 128
@@ -76,7 +76,7 @@ def _per_expert_loop(x, ids, weights, gate_up, down, inter):
         if n:
             rows = slice(start, start + n)
             if isinstance(gate_up, Int4Weight):
-                gu, dn = expert_rows(gate_up, 2 * inter * e, 2 * inter), expert_rows(down, H * e, H)
+                gu, dn = weight_rows(gate_up, 2 * inter * e, 2 * inter), weight_rows(down, H * e, H)
                 out[rows] = int4_linear(silu_mul(int4_linear(xs[rows], gu)), dn)
             else:
                 gu, dn = gate_up[2 * inter * e:2 * inter * (e + 1)], down[H * e:H * (e + 1)]

@@ -36,7 +36,7 @@ import triton.language as tl
 from kernels import pdl
 from kernels.activation import silu_mul_ref
 from kernels.gemv_dot import dot_tile
-from kernels.quant_format import Int4Weight, int4_linear_ref
+from kernels.quant_format import Int4Weight, int4_linear_ref, weight_rows
 from kernels.runtime import INTERPRET
 
 ALIGN_EXPERTS = 16        # experts per program of the alignment kernels
@@ -47,14 +47,6 @@ BLOCK_MS = (16, 32, 64, 128)
 
 # ---------------------------------------------------------------------------------------------------------------
 # torch references
-
-def expert_rows(w: torch.Tensor | Int4Weight, start: int, n: int) -> torch.Tensor | Int4Weight:
-    """Rows [start, start + n) of a stacked weight (whole 16-row tiles when int4)."""
-    if isinstance(w, Int4Weight):
-        t = slice(start // 16, (start + n) // 16)
-        return Int4Weight(w.qweight[t], w.scales[t], w.zeros[t], w.group_size, (n, w.shape[1]))
-    return w[start:start + n]
-
 
 def _linear_ref(x: torch.Tensor, w: torch.Tensor | Int4Weight) -> torch.Tensor:
     if isinstance(w, Int4Weight):
@@ -70,8 +62,8 @@ def moe_grouped_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, g
     pairs = torch.zeros(T, P, H, dtype=x.dtype, device=x.device)
     for e in torch.unique(ids).tolist():
         t, j = (ids == e).nonzero(as_tuple=True)
-        h = silu_mul_ref(_linear_ref(x[t], expert_rows(gate_up, 2 * inter * e, 2 * inter)))
-        y = _linear_ref(h, expert_rows(down, H * e, H))
+        h = silu_mul_ref(_linear_ref(x[t], weight_rows(gate_up, 2 * inter * e, 2 * inter)))
+        y = _linear_ref(h, weight_rows(down, H * e, H))
         pairs[t, j] = (y.float() * weights[t, j, None].float()).to(x.dtype)
     return pairs.float().sum(1).to(x.dtype)
 
