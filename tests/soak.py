@@ -693,6 +693,13 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the report here")
     args = vars(ap.parse_args(argv))
     out = args.pop("json")
+    from engine.random_model import SHAPES
+    if args["shape"] not in (None, "tiny", *SHAPES):
+        ap.error(f"--shape: one of tiny, {', '.join(SHAPES)}")
+    if args["weights"] not in ("int4", "bf16"):
+        ap.error("--weights: int4 or bf16")
+    if args["shape"] and args["model"]:
+        ap.error("--shape serves random weights: give it or --model, not both")
     result = soak(Options(**args))
     print(table(result))
     if result["server_log_tail"]:
