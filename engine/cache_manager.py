@@ -141,14 +141,16 @@ class CacheManager:
             self.disk is not None and self.disk.has(kind, key))
 
     def _from_disk(self, keys: list[bytes]) -> int:
-        """Read the pages among `keys` found only on disk into the host tier, holding the hit's host entries
-        there meanwhile; returns how many leading pages are now on the GPU or in the host tier."""
+        """Read the pages among `keys` found only on disk into the host tier (together: the disk tier reads many files
+        at once), holding the hit's host entries there meanwhile; returns how many leading pages are now on the GPU
+        or in the host tier."""
+        off_gpu = [k for k in keys if k not in self.index]
+        if self.disk is not None:
+            self.host.store_from("page", off_gpu, lambda entries: self.disk.read_many("page", entries))
         for i, key in enumerate(keys):
             if key in self.index:
                 continue
-            if not self.host.has("page", key) and not (
-                    self.disk is not None and self.host.store_from("page", key, lambda v, k=key: self.disk.read_into(
-                        "page", k, v))):
+            if not self.host.has("page", key):
                 return i
             self.host.held.add(("page", key))
         return len(keys)
@@ -156,8 +158,8 @@ class CacheManager:
     def _state_from_disk(self, key: bytes) -> bool:
         if key in self.snapshots or self.host.has("state", key):
             return True
-        return self.disk is not None and self.host.store_from("state", key, lambda v: self.disk.read_into(
-            "state", key, v))
+        return self.disk is not None and self.host.store_from("state", [key], lambda entries: self.disk.read_many(
+            "state", entries))[0]
 
     # ---- admission and growth ------------------------------------------------------------------
     def can_admit(self, hit: PrefixHit, total_tokens: int) -> bool:

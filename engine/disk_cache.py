@@ -10,7 +10,9 @@ is removed and counts as a miss: it is never served.
 
 Writes never wait on the disk in the engine loop: the loop copies the bytes into pinned host memory (queued on the
 stream) and a writer thread waits for that copy, then writes; when too much is pending, a write is skipped. Reads
-(disk -> host tier, engine.host_cache) happen in the loop, when a prefix lookup or Engine.warm needs them. The
+(disk -> host tier, engine.host_cache) happen in the loop, when a prefix lookup or Engine.warm needs them: a hit's
+files are read and checksummed READ_THREADS at a time (an SSD serves many reads in flight, and both file reads and
+hashlib's hashing of large buffers run outside the GIL; one after the other they went at a quarter of the disk). The
 folder's size is bounded: the least recently used files (by the time they were written or last read: their mtime)
 go first, whatever namespace they belong to. An IO error (a full disk) is logged and the engine carries on.
 """
@@ -22,6 +24,7 @@ import json
 import logging
 import os
 import queue
+from concurrent.futures import ThreadPoolExecutor
 import struct
 import threading
 import time
@@ -42,6 +45,7 @@ MAGIC = b"QDKV"
 HEADER = struct.Struct("<4sIB3x16s16sQ16s")     # magic, version, kind, key, namespace, payload bytes, checksum
 KINDS = {"page": 1, "state": 2}
 WRITE_CHUNK_PAGES = 32
+READ_THREADS = 8
 MAX_PENDING_BYTES = 2 << 30     # pinned bytes waiting for the writer before writes are skipped (27B: a 32K turn ~1.3 GB)
 
 
@@ -80,6 +84,7 @@ class DiskCache:
         self.hit_pages = self.hit_snapshots = self.written = self.write_errors = self.skipped = 0
         self.rejected = self.evicted = 0
         self._scan()
+        self._readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="qwendesk-disk-read")
         self._queue: queue.Queue[WriteJob | None] = queue.Queue()
         self._thread = threading.Thread(target=self._write_loop, name="qwendesk-disk-cache", daemon=True)
         self._thread.start()
@@ -135,6 +140,35 @@ class DiskCache:
     def read_into(self, kind: str, key: bytes, views: list[torch.Tensor]) -> bool:
         """Fill `views` (1-D uint8 CPU tensors: the entry's bytes in order) from the file at (kind, key). A file that
         does not check out is removed: False, as for a missing one."""
+        return self.read_many(kind, [(key, views)])[0]
+
+    def read_many(self, kind: str, entries: list[tuple[bytes, list[torch.Tensor]]]) -> list[bool]:
+        """read_into for each (key, views), READ_THREADS files at a time."""
+        reads = (self._readers.map(lambda e: self._read_file(kind, *e), entries) if len(entries) > 1
+                 else [self._read_file(kind, *e) for e in entries])
+        done = []
+        for (key, views), error in zip(entries, reads):
+            path = self._path(kind, key)
+            if error is not None:
+                if not isinstance(error, FileNotFoundError):
+                    log.warning("disk cache: removing %s: %s", path, error)
+                    self.rejected += 1
+                    path.unlink(missing_ok=True)
+                self._forget(path, kind, key)
+                done.append(False)
+                continue
+            with self._lock:
+                self._record(path, time.time(), HEADER.size + sum(v.numel() for v in views))
+            if kind == "page":
+                self.hit_pages += 1
+            else:
+                self.hit_snapshots += 1
+            done.append(True)
+        return done
+
+    def _read_file(self, kind: str, key: bytes, views: list[torch.Tensor]) -> Exception | None:
+        """(a reader thread) The file's payload into views, checked; its mtime set to now (the LRU order). Returns
+        what went wrong, if anything."""
         path = self._path(kind, key)
         nbytes = sum(v.numel() for v in views)
         try:
@@ -156,27 +190,13 @@ class DiskCache:
                     raise ValueError("trailing bytes")
                 if digest.digest() != checksum:
                     raise ValueError("checksum mismatch")
-        except FileNotFoundError:
-            self._forget(path, kind, key)
-            return False
         except (OSError, ValueError) as e:
-            log.warning("disk cache: removing %s: %s", path, e)
-            self.rejected += 1
-            self._forget(path, kind, key)
-            path.unlink(missing_ok=True)
-            return False
-        now = time.time()
+            return e
         try:
-            os.utime(path, (now, now))
+            os.utime(path)
         except OSError:
             pass
-        with self._lock:
-            self._record(path, now, HEADER.size + nbytes)
-        if kind == "page":
-            self.hit_pages += 1
-        else:
-            self.hit_snapshots += 1
-        return True
+        return None
 
     # ---- writing (queued by the engine loop, done by the writer thread) ------------------------------
     def write_pages(self, pools: CacheTensors, keys: list[bytes], pages: list[int]) -> None:
@@ -274,3 +294,4 @@ class DiskCache:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join()
+        self._readers.shutdown()

@@ -168,24 +168,27 @@ class HostCache:
         self.hit_snapshots += 1
 
     # ---- from the CPU (the disk tier) --------------------------------------------------------------
-    def store_from(self, kind: str, key: bytes, fill) -> bool:
-        """Keep an entry whose bytes `fill(views)` writes into the given host buffers (a list of 1-D uint8 tensors,
-        in order, exactly the entry's bytes) and returns whether it succeeded; on failure nothing is kept."""
-        if (kind, key) in self.entries:
-            self.entries.move_to_end((kind, key))
-            return True
+    def store_from(self, kind: str, keys: list[bytes], fill) -> list[bool]:
+        """Keep entries whose bytes `fill([(key, views), ...])` writes into the given host buffers (views: 1-D uint8
+        tensors, in order, exactly the entry's bytes) for the keys not kept yet, returning whether each succeeded;
+        a failed one is not kept. Returns whether each key is kept now (False also where no room was left)."""
         nbytes = self.block if kind == "page" else self.pools.state_nbytes
         if self.pinned:
             torch.cuda.current_stream().synchronize()     # no queued copy may still read the blocks reused here
-        blocks = self._put(kind, key, -(-nbytes // self.block))
-        if blocks is None:
-            return False
-        views, left = [], nbytes
-        for i, n in self._runs(blocks):
-            view = self._span(blocks[i], n).view(-1)[:left]
-            views.append(view)
-            left -= view.numel()
-        if not fill(views):
-            self.discard(kind, key)
-            return False
-        return True
+        placed, was_held = [], set(self.held)
+        for key in keys:
+            blocks = self._put(kind, key, -(-nbytes // self.block))
+            if blocks is None and (kind, key) not in self.entries:
+                break                                     # no room left
+            self.held.add((kind, key))                    # the batch never evicts its own entries
+            if blocks is not None:
+                views, left = [], nbytes
+                for i, n in self._runs(blocks):
+                    views.append(self._span(blocks[i], n).view(-1)[:left])
+                    left -= views[-1].numel()
+                placed.append((key, views))
+        self.held = was_held
+        for (key, _), ok in zip(placed, fill(placed) if placed else []):
+            if not ok:
+                self.discard(kind, key)
+        return [(kind, key) in self.entries for key in keys]

@@ -94,6 +94,21 @@ def test_a_damaged_or_foreign_entry_is_rejected_and_removed(tmp_path, damage):
     disk.close()
 
 
+def test_many_entries_read_at_once_each_checked_on_its_own(tmp_path):
+    """read_many (the reader threads): the good entries come back bit for bit beside a damaged and a missing one,
+    which are removed and reported False in their places."""
+    p, disk = written(tmp_path)
+    flip_payload_byte(entry(disk, "page", b"p1" * 8))
+    keys = [b"p0" * 8, b"p1" * 8, b"p2" * 8, b"gone" * 4]
+    got = [views(p.page_nbytes) for _ in keys]
+    assert disk.read_many("page", list(zip(keys, got))) == [True, False, True, False]
+    assert torch.equal(torch.cat(got[0]), p.read_pages([0])[0]) and torch.equal(torch.cat(got[2]), p.read_pages([2])[0])
+    assert not entry(disk, "page", b"p1" * 8).exists() and not disk.has("page", b"p1" * 8)
+    s = disk.stats()
+    assert (s["disk_pages"], s["disk_hit_pages"], s["disk_rejected"]) == (2, 2, 1)
+    disk.close()
+
+
 def test_a_file_that_vanished_is_a_plain_miss(tmp_path):
     p, disk = written(tmp_path)
     entry(disk, "page", b"p0" * 8).unlink()

@@ -101,6 +101,29 @@ def test_a_batch_larger_than_the_budget_keeps_what_fits_consistently():
         assert all(torch.equal(a, b) for a, b in zip(page_of(p, page), want[k]))
 
 
+def test_store_from_fills_many_entries_at_once_within_the_budget():
+    """The disk tier's path in: blocks for every new key first (one batch never evicts its own entries), then one
+    fill for all of them; a key already kept is not filled again; one the fill fails is not kept; past the budget
+    (once the entries outside the batch are evicted) the rest are refused."""
+    p = pools(num_pages=8)
+    host = HostCache(p, budget_bytes=4 * p.page_nbytes)
+    host.put_pages([b"0"], [0])
+    filled = []
+
+    def fill(entries):
+        filled.extend(key for key, _ in entries)
+        for key, views in entries:
+            views[0].fill_(key[0])
+        return [key != b"2" for key, _ in entries]
+
+    host.put_pages([b"x"], [1])                        # not asked for: evicted to make room
+    assert host.store_from("page", [b"0", b"1", b"2", b"3", b"4"], fill) == [True, True, False, True, False]
+    assert filled == [b"1", b"2", b"3"]                # "0" was kept; it and the batch's own held the 4 blocks
+    host.load_pages([b"3"], [6])
+    assert torch.equal(page_of(p, 6)[0].flatten().view(torch.uint8)[:4], torch.full((4,), ord("3"), dtype=torch.uint8))
+    assert not host.has("page", b"x") and host.stats()["host_pages"] == 3 and not host.held
+
+
 def test_the_cache_spills_evicted_pages_and_snapshots_and_restores_a_hit_from_the_host():
     p = pools(num_pages=4, num_slots=5, page_size=4)
     cache = CacheManager(p, num_seq_slots=1, host=HostCache(p, 1 << 20))
