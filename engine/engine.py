@@ -457,7 +457,8 @@ class Engine:
         if self._disk is not None:
             self._disk.close()                  # the writes queued so far are finished first
         # drop every reference to device memory (graphs, pools, cache), then give it back
-        self._runner = self._model = self._pools = self._cache = self._scheduler = self._encoder = None
+        self._runner = self._model = self._pools = self._cache = self._scheduler = self._encoder = self._spec = None
+        self._in_flight = self._encoding = None
         if self.device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.empty_cache()

@@ -171,7 +171,7 @@ class Speculation:
                             snap_slot=snap_slot if snap_row >= 0 else self.cache.scratch_slot,
                             temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, seed=s.seed,
                             steps=len(s.output), seeded=p.seed is not None, delta=s.position_delta,
-                            stop=s.matcher.trigger if s.matcher is not None else -1)
+                            stop=-1 if s.matcher is None or s.matcher.trigger is None else s.matcher.trigger)
 
     def stats(self) -> dict:
         t = self.totals

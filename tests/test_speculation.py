@@ -5,9 +5,11 @@ cancels give everything back; seeded sampling reproduces; and a head distilled f
 gets drafts accepted well above chance on its own; a request whose tool calls are constrained once opened (tool_choice
 auto) speculates until the call opens, and the round ends there."""
 
+import gc
 import random
 import shutil
 import time
+import weakref
 
 import pytest
 import torch
@@ -81,6 +83,30 @@ def test_tool_auto_speculates_until_a_call_opens(ckpt, tmp_path):
             assert out.usage.speculation.rounds > 0
         finally:
             e.close()
+
+
+def test_a_grammar_active_from_the_first_token_beside_speculating_requests(ckpt, plain):
+    """json_schema without thinking: the grammar masks from the first token (no trigger), so that request never
+    speculates (nor does its batch, while it runs); its first draft is still made, and the other request's rounds
+    start once it is done."""
+    schema = {"type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"]}
+    other = prompt(50, 32)
+    want_other = plain_run(plain, other, 30)
+    e = make(ckpt, 0)
+    json_ids = e.encode_prompt([{"role": "user", "content": "json please"}], enable_thinking=False)
+    want = e.generate(json_ids, SamplingParams(max_tokens=6, temperature=0.0,
+                                               constraint=Constraint(json_schema=schema))).token_ids
+    e.close()
+    e = with_oracle(make(ckpt, 3, profile="C2"), 1.0, {tuple(other): want_other})
+    try:
+        constrained = SamplingParams(max_tokens=6, temperature=0.0, constraint=Constraint(json_schema=schema))
+        handles = [e.submit(json_ids, constrained), e.submit(other, SamplingParams(max_tokens=30, **GREEDY))]
+        events = [list(h) for h in handles]
+        assert all(evs[-1].finish_reason != "error" for evs in events), [evs[-1].error for evs in events]
+        assert [[t for ev in evs for t in ev.token_ids] for evs in events] == [want, want_other]
+        assert events[0][-1].usage.speculation is None and events[1][-1].usage.speculation.rounds > 0
+    finally:
+        e.close()
 
 
 @pytest.mark.parametrize("k, p", [(1, 1.0), (2, 0.5), (3, 0.82), (4, 0.0), (5, 0.9)])
@@ -198,6 +224,17 @@ def test_cancels_give_everything_back(ckpt):
         assert len(held._free) + len(held) == e._cache.scratch_slot - e.config.max_running   # no slot lost
     finally:
         e.close()
+
+
+def test_a_closed_engine_holds_none_of_its_cache_or_speculation_memory(ckpt):
+    """Closing gives the memory back while the Engine object lives on (the app, or the 24 GiB simulation's next
+    scenario, plans the next engine's memory before the old one is collected)."""
+    e = make(ckpt, 2)
+    e.generate(prompt(20, 1), SamplingParams(max_tokens=8, **GREEDY))
+    held = [weakref.ref(x) for x in (e._pools.k, e._spec, e._spec.spec)]
+    e.close()
+    gc.collect()
+    assert [r() for r in held] == [None] * len(held)
 
 
 def test_seeded_sampling_is_plain_seeded_sampling(ckpt, plain):
