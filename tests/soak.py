@@ -17,7 +17,8 @@ Checks: no 5xx (seen by the clients or counted by the server), every request tha
 a well-formed reply that ended as its protocol ends, none past its deadline (hung), the server's log without a
 traceback; afterwards the engine back to its baseline (nothing running or waiting, no KV page or state slot held,
 the host and disk tiers within their budgets, the disk tier's folder holding exactly the bytes it counts and no
-temporary file); the server's RSS flat after the warm-up (first, after warm-up, max and last samples of VmRSS), and
+temporary file); the server's RSS flat after the warm-up (first, after warm-up, max and last samples of VmRSS, less
+the host tier's slabs: the budgeted pinned memory it allocates as it fills), and
 its GPU memory allocated (torch's allocator, from /metrics; 0 on the CPU) idle at the end as it was idle after the
 warm-up (the clients pause once the warm-up's requests are sent, until the server is idle).
 Prints a table and writes the whole report as JSON. Exit status 1 when a check fails.
@@ -445,32 +446,38 @@ def rss_kb(pid: int) -> int:
 
 
 class MemorySampler(threading.Thread):
-    """The server's memory while the requests run: (requests done, VmRSS in KiB) every `every` seconds, and its GPU
-    memory allocated (bytes, from /metrics) every `gpu_every` seconds."""
+    """The server's memory while the requests run: (requests done, VmRSS in KiB, the host tier's slabs in KiB as
+    /metrics last said) every `every` seconds, and its GPU memory allocated (bytes, from /metrics) every `gpu_every`
+    seconds."""
 
     def __init__(self, pid: int, port: int, done, every: float = 0.25, gpu_every: float = 1.0):
         super().__init__(daemon=True)
         self.pid, self.port, self.done, self.every, self.gpu_every = pid, port, done, every, gpu_every
-        self.samples: list[tuple[int, int]] = []
+        self.samples: list[tuple[int, int, int]] = []
         self.gpu: list[int] = []
+        self.host_kb = 0
         self.stop = threading.Event()
 
     def run(self):
         next_gpu = 0.0
         while not self.stop.is_set():
-            self.samples.append((self.done(), rss_kb(self.pid)))
+            self.samples.append((self.done(), rss_kb(self.pid), self.host_kb))
             if time.monotonic() >= next_gpu:
                 next_gpu = time.monotonic() + self.gpu_every
                 try:
-                    self.gpu.append(metrics(self.port).get("gpu_memory_allocated_bytes", 0))
+                    m = metrics(self.port)
+                    self.gpu.append(m.get("gpu_memory_allocated_bytes", 0))
+                    self.host_kb = int(m.get("host_cache_bytes", 0)) // 1024
                 except (OSError, http.client.HTTPException):
                     pass                    # a slow /metrics under load: the next sample
             self.stop.wait(self.every)
 
 
-def rss_report(samples: list[tuple[int, int]], warm_after: int, tolerance_mb: float) -> dict:
-    mb = [kb / 1024 for _, kb in samples]
-    settled = [kb / 1024 for done, kb in samples if done > warm_after]     # under load again, past the pause
+def rss_report(samples: list[tuple[int, int, int]], warm_after: int, tolerance_mb: float) -> dict:
+    """RSS less the host tier's slabs (pinned memory it allocates up to its budget, which the check of the budget
+    covers): what would grow with a leak."""
+    mb = [(kb - host_kb) / 1024 for _, kb, host_kb in samples]
+    settled = [m for (done, _, _), m in zip(samples, mb) if done > warm_after]     # under load again, past the pause
     settled_at = statistics.median(settled[:max(1, len(settled) // 10)]) if settled else mb[-1]
     last = statistics.median(mb[-max(1, len(mb) // 20):])
     allowed = max(tolerance_mb, 0.1 * settled_at)
@@ -670,7 +677,7 @@ def table(r: dict) -> str:
                              f"{r['disk_temp_files']} temp files)"),
         ("hits (tokens / host pages / disk pages)",
          " / ".join(str(v) for v in list(r["counters"].values())[:3])),
-        ("RSS MB first / after warm-up / max / last", f"{rss['first_mb']} / {rss['after_warmup_mb']} / "
+        ("RSS less host tier, MB: first / after warm-up / max / last", f"{rss['first_mb']} / {rss['after_warmup_mb']} / "
                                                       f"{rss['max_mb']} / {rss['last_mb']} "
                                                       f"(growth {rss['growth_after_warmup_mb']}, allowed "
                                                       f"{rss['allowed_growth_mb']})"),
