@@ -1,16 +1,20 @@
 """MoE decode at the 35B-A3B shape (GPU): `python -m kernels.bench_moe`.
 
 A layer: the router (a bf16 GEMV over 256 + 1 rows: the shared expert's gate last), routing (kernels/moe_route.py)
-and the experts (kernels/moe_decode.py; the shared expert stacked as expert 256), for T = 1 and 8 tokens, int4
-(G = 128) and bf16 experts. 40 layers, each with weights and inputs of its own (as in the model: no layer's experts
-are still in L2), are replayed from one CUDA graph; per layer = the graph's time / 40. Bytes per layer: what it must
-read (the router, the distinct experts its tokens chose, x) and write (out). Launches per layer: the kernels the
-profiler sees in one eager layer. Baseline: the sorted torch loop (kernels/moe_sorted.py, eager: it syncs with the
-host) over the same 40 layers. Then decode configs are swept at int4, T = 1 and 8, experts only (DEFAULT_CONFIG's
-values were chosen without a GPU).
+and the experts (ops.moe_experts: int4 on the mma kernels, kernels/moe_decode_mma.py; bf16 on kernels/moe_decode.py;
+the shared expert stacked as expert 256), for T = 1, 2, 4, 8 tokens at int4 (G = 128), T = 1 and 8 at bf16. 40
+layers, each with weights and inputs of its own (as in the model: no layer's experts are still in L2), are replayed
+from one CUDA graph; per layer = the graph's time / 40. Bytes per layer: what it must read (the router, the distinct
+experts its tokens chose, x) and write (out). Launches per layer: the kernels the profiler sees in one eager layer.
+Baselines: the sorted torch loop (kernels/moe_sorted.py, eager: it syncs with the host), and at int4 the tl.dot
+decode kernels (kernels/moe_decode.py), over the same 40 layers. Then the configs of both int4 decode paths are
+swept at T = 1 and 8, experts only, and at T = 2 and 4 the mma path's slots per pair against grouped by expert
+(GROUP_MIN_T). `--kinds int4` leaves out bf16, `--no-sweep` the sweeps.
 """
 
 from __future__ import annotations
+
+import argparse
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +22,7 @@ import torch.nn.functional as F
 from kernels import ops
 from kernels.bench import graph_replay, time_us
 from kernels.moe_decode import DEFAULT_CONFIG, moe_decode
+from kernels.moe_decode_mma import MOE_MMA_CONFIG, moe_decode_mma
 from kernels.moe_sorted import moe_sorted
 from kernels.quant_format import Int4Weight
 
@@ -26,6 +31,9 @@ DEV = "cuda"
 SWEEP = [dict(GATE_UP_BN=32, GATE_UP_WARPS=2), dict(GATE_UP_BN=32, GATE_UP_WARPS=4),
          dict(GATE_UP_BN=64, GATE_UP_WARPS=4), dict(DOWN_BN=32, DOWN_WARPS=2), dict(DOWN_BN=64, DOWN_WARPS=4),
          dict(PER_SM=4), dict(PER_SM=16), dict(GATE_UP_PER=H // 128), dict(DOWN_PER=K_TOP + 1)]
+MMA_SWEEP = [dict(GROUP_MIN_T=99), dict(GROUP_MIN_T=1), dict(DOWN_R=1), dict(DOWN_PER_SM=8), dict(DOWN_PER_SM=32),
+             dict(GATE_UP_PER_SM=8), dict(GATE_UP_PER_SM=32), dict(GATE_UP_NW=2, DOWN_NW=2, GATE_UP_PER_SM=8,
+                                                                   DOWN_PER_SM=8), dict(MAXNREG=None)]
 
 
 def _int4(N: int, K: int) -> Int4Weight:
@@ -78,9 +86,9 @@ def _row(name: str, us: float, nbytes: float, launches: str = "") -> None:
     print(f"{name:64s} {us:9.2f} {nbytes / 1e6:9.2f} {nbytes / us / 1e3:8.0f} {launches:>9s}", flush=True)
 
 
-def bench(kind: str) -> None:
+def bench(kind: str, sweep: bool) -> None:
     layers = _layers(kind)
-    for T in (1, 8):
+    for T in (1, 2, 4, 8) if kind == "int4" else (1, 8):
         xs = [torch.randn(T, H, device=DEV).bfloat16() for _ in layers]
 
         def route(i):
@@ -92,34 +100,52 @@ def bench(kind: str) -> None:
             w = layers[i]
             return moe(xs[i], *routes[i], w["gate_up"], w["down"], I, **config)
 
-        def layer(i):
+        def layer(i, moe=ops.moe_experts):
             w = layers[i]
-            return ops.moe_experts(xs[i], *route(i), w["gate_up"], w["down"], I)
+            return moe(xs[i], *route(i), w["gate_up"], w["down"], I)
+
+        def graph_us(fn) -> float:
+            return time_us(graph_replay(lambda: [fn(i) for i in range(LAYERS)])) / LAYERS
 
         nbytes = sum(_layer_bytes(w, ids, T) for w, (ids, _) in zip(layers, routes)) / LAYERS
-        us = time_us(graph_replay(lambda: [layer(i) for i in range(LAYERS)])) / LAYERS
-        _row(f"{kind} T={T} layer: router + route + experts [graph]", us, nbytes, _launches(lambda: layer(0)))
-        us = time_us(graph_replay(lambda: [experts(i) for i in range(LAYERS)])) / LAYERS
-        _row(f"{kind} T={T} experts [graph]", us, nbytes, _launches(lambda: experts(0)))
+        _row(f"{kind} T={T} layer: router + route + experts [graph]", graph_us(layer), nbytes,
+             _launches(lambda: layer(0)))
+        _row(f"{kind} T={T} experts [graph]", graph_us(experts), nbytes, _launches(lambda: experts(0)))
         us = time_us(lambda: [experts(i, moe_sorted) for i in range(LAYERS)]) / LAYERS
         _row(f"{kind} T={T} experts, sorted torch loop [eager, baseline]", us, nbytes,
              _launches(lambda: experts(0, moe_sorted)))
         if kind != "int4":
             continue
+        _row(f"{kind} T={T} experts, tl.dot kernels (moe_decode) [graph]", graph_us(lambda i: experts(i, moe_decode)),
+             nbytes, _launches(lambda: experts(0, moe_decode)))
+        if T in (2, 4):                                   # where grouping starts to pay
+            for cfg in (dict(GROUP_MIN_T=99), dict(GROUP_MIN_T=1)):
+                _row(f"{kind} T={T} mma experts {cfg} [graph]",
+                     graph_us(lambda i, cfg=cfg: experts(i, moe_decode_mma, config=cfg)), nbytes)
+            continue
+        if not sweep:
+            continue
         for cfg in SWEEP:
             config = {**DEFAULT_CONFIG, **cfg}
-            step = graph_replay(lambda config=config: [experts(i, moe_decode, config=config) for i in range(LAYERS)])
-            _row(f"{kind} T={T} experts {cfg} [graph]", time_us(step) / LAYERS, nbytes)
+            _row(f"{kind} T={T} experts {cfg} [graph]",
+                 graph_us(lambda i, config=config: experts(i, moe_decode, config=config)), nbytes)
+        for cfg in MMA_SWEEP:
+            _row(f"{kind} T={T} mma experts {cfg} [graph]",
+                 graph_us(lambda i, cfg=cfg: experts(i, moe_decode_mma, config=cfg)), nbytes)
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description="MoE decode at the 35B-A3B shape (GPU)")
+    parser.add_argument("--kinds", nargs="+", choices=("int4", "bf16"), default=["int4", "bf16"])
+    parser.add_argument("--no-sweep", action="store_true", help="leave out the config sweeps")
+    args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("python -m kernels.bench_moe: needs a CUDA GPU")
     print(f"35B-A3B MoE layer: H {H}, I {I}, {E} experts + 1 shared (stacked), top {K_TOP}; {LAYERS} layers per "
-          f"graph; decode config {DEFAULT_CONFIG}")
+          f"graph; decode config {DEFAULT_CONFIG}; mma config {MOE_MMA_CONFIG}")
     print(f"{'case':64s} {'us/layer':>9s} {'MB/layer':>9s} {'GB/s':>8s} {'launches':>9s}")
-    for kind in ("int4", "bf16"):
-        bench(kind)
+    for kind in args.kinds:
+        bench(kind, not args.no_sweep)
         torch.cuda.empty_cache()                          # (the bf16 layers take 65 GB)
 
 

@@ -8,6 +8,7 @@ from kernels.attention import paged_attention, store_kv
 from kernels.conv1d import causal_conv1d
 from kernels.gdn import gated_delta_rule, gdn_decode, gdn_gating, gdn_replay
 from kernels.moe_decode import MOE_DECODE_MAX_T, moe_decode, moe_decode_ref, moe_decode_supports
+from kernels.moe_decode_mma import moe_decode_mma, moe_decode_mma_supports
 from kernels.moe_grouped import moe_grouped
 from kernels.moe_route import moe_route
 from kernels.moe_sorted import moe_sorted
@@ -18,14 +19,19 @@ from kernels.rope import qk_norm_rope
 
 def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up, down, inter: int) -> torch.Tensor:
     """sum over j of weights[t, j] * expert_{ids[t, j]}(x[t]) for x [T, H] (kernels/moe_decode.py: the layout).
-    16-bit or int4 experts: the decode kernels up to MOE_DECODE_MAX_T tokens, the grouped kernels above (prefill, a
-    speculative round's verify rows); neither syncs with the host, so both run in CUDA graphs; elsewhere than CUDA
-    their references. Int8 experts: the sorted torch loop (a host sync)."""
+    16-bit or int4 experts: the decode kernels up to MOE_DECODE_MAX_T tokens (int4 on the mma GEMV's machinery,
+    kernels/moe_decode_mma.py, where it applies: 1.4-2.6x the tl.dot ones at the 35B-A3B shape on the H200), the
+    grouped kernels above (prefill, a speculative round's verify rows); none syncs with the host, so all run in CUDA
+    graphs; elsewhere than CUDA their references. Int8 experts: the sorted torch loop (a host sync)."""
     if not moe_decode_supports(gate_up, down):
         return moe_sorted(x, ids, weights, gate_up, down, inter)
-    if x.shape[0] <= MOE_DECODE_MAX_T:
-        return (moe_decode if x.is_cuda else moe_decode_ref)(x, ids, weights, gate_up, down, inter)
-    return moe_grouped(x, ids, weights, gate_up, down, inter)
+    if x.shape[0] > MOE_DECODE_MAX_T:
+        return moe_grouped(x, ids, weights, gate_up, down, inter)
+    if not x.is_cuda:
+        return moe_decode_ref(x, ids, weights, gate_up, down, inter)
+    if moe_decode_mma_supports(x, gate_up, down, inter):
+        return moe_decode_mma(x, ids, weights, gate_up, down, inter)
+    return moe_decode(x, ids, weights, gate_up, down, inter)
 
 
 __all__ = ["add_rms_norm", "causal_conv1d", "gated_delta_rule", "gated_rms_norm", "gdn_decode", "gdn_gating",
