@@ -269,6 +269,12 @@ def bench_hf(raw_cfg, args) -> dict:
     return res   # the model goes with this frame
 
 
+def write_json(results: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="qwendesk-bench")
     ap.add_argument("--shape", default="27b", choices=sorted(SHAPES))
@@ -330,9 +336,7 @@ def main(argv=None) -> int:
     if args.simulate_gb:
         from engine.bench_memory import simulate
         results = simulate(args.shape, args.simulate_gb)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
+        write_json(results, args.json)
         return 0
     bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e12:.2f} TB/s; shape {args.shape}; "
@@ -342,30 +346,26 @@ def main(argv=None) -> int:
         from engine import bench_moe
         results.update(bench_moe.bench_goals(args, bw), shape="35b-a3b vs 27b", weights="int4")
         bench_moe.report(results)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
+        write_json(results, args.json)
         return 0
     if args.draft_oracle:
         from engine import bench_spec
         results.update(bench_spec.bench_speculation(build_random_model(raw, args.weights, mtp=True), args))
         bench_spec.report(results)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
+        write_json(results, args.json)
         return 0
     model = build_random_model(raw, args.weights)
     if args.cache_tiers:
         from engine import bench_tiers
         results.update(bench_tiers.bench_tiers(model, args))
         bench_tiers.report(results)
+        write_json(results, args.json)
+        return 0
     if args.json_schema:
         from engine import bench_grammar
         results.update(bench_grammar.bench_grammar(model, args))
         bench_grammar.report(results)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
+        write_json(results, args.json)
         return 0
     if args.profile:
         profile(model, args.profile)
@@ -377,9 +377,7 @@ def main(argv=None) -> int:
     if args.hf:
         results["hf"] = bench_hf(raw, args)
     report(results)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(results, args.json)
     return 0
 
 

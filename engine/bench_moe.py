@@ -58,6 +58,7 @@ def bench_goals(args, bw) -> dict:
     for shape, profiles in (("35b-a3b", ["C1", "C8"]), ("27b", ["C1"])):
         print(f"{shape}, int4: building and measuring ({', '.join(profiles)}, prefill {PREFILL})", flush=True)
         out[shape] = measure(shape, profiles, args, bw, profile_step=shape == "35b-a3b")
+        print(shape, {k: round(v, 2) for k, v in out[shape].items() if "tok_s" in k or "ms" in k}, flush=True)
     return out
 
 
