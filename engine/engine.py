@@ -407,6 +407,7 @@ class Engine:
         if self.device.type == "cuda":      # torch's allocator, now: held by tensors, and reserved from the driver
             stats["gpu_allocated_bytes"] = torch.cuda.memory_allocated(self.device)
             stats["gpu_reserved_bytes"] = torch.cuda.memory_reserved(self.device)
+            stats["pinned_host_bytes"] = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0)
         return stats
 
     def generate(self, prompt, params: SamplingParams | None = None, tools=None, **template_kwargs) -> GenerateOutput:

@@ -28,6 +28,9 @@ ENGINE_GAUGES = (  # engine.stats() key, metric, help
      "GPU memory held by tensors: weights, cache pools, buffers in use (0 on the CPU)."),
     ("gpu_reserved_bytes", "qwendesk_gpu_memory_reserved_bytes",
      "GPU memory torch's caching allocator holds from the driver: in use, and freed but kept for reuse."),
+    ("pinned_host_bytes", "qwendesk_pinned_host_memory_bytes",
+     "Page-locked host memory torch's pinned allocator holds (in use and kept for reuse): the host tier's slabs, the "
+     "disk tier's write staging (0 on the CPU)."),
 )
 ENGINE_COUNTERS = (  # engine.stats() key, metric, help
     ("prefix_hit_tokens", "qwendesk_prefix_cache_hit_tokens_total", "Prompt tokens reused from the prefix cache."),
@@ -36,6 +39,8 @@ ENGINE_COUNTERS = (  # engine.stats() key, metric, help
     ("spec_accepted_tokens", "qwendesk_speculative_accepted_tokens_total", "Draft tokens kept."),
     ("host_hit_pages", "qwendesk_host_cache_hit_pages_total", "KV pages restored from the host-RAM tier."),
     ("disk_hit_pages", "qwendesk_disk_cache_hit_pages_total", "KV pages read from the disk tier."),
+    ("host_hit_snapshots", "qwendesk_host_cache_hit_snapshots_total", "GDN snapshots restored from the host-RAM tier."),
+    ("disk_hit_snapshots", "qwendesk_disk_cache_hit_snapshots_total", "GDN snapshots read from the disk tier."),
     ("disk_write_errors", "qwendesk_disk_cache_write_errors_total", "Disk tier writes that failed (IO errors)."),
     ("disk_rejected", "qwendesk_disk_cache_rejected_total", "Disk tier files removed as corrupt or foreign."),
 )
