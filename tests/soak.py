@@ -8,8 +8,9 @@ in a temporary folder), on a tiny random checkpoint written for the run unless -
 serves random weights at that shape (27b, or tiny on the CPU) with the real Qwen3.5 vocabulary and chat template,
 through tests/random_serve.py: qwendesk-serve with the model built in place, no checkpoint written. The requests mix
 OpenAI chat completions, plain completions, the Responses API and Anthropic messages; tools with tool_choice auto
-and required, structured output (json_schema), short prompts and long ones, many sharing a conversation's prefix
-(so that prefix hits come from each tier); half are streamed. One in five is dropped by its client (the socket
+and required, structured output (json_schema), short prompts and long ones, many sharing a conversation's prefix,
+and many the next turn of an earlier one, old or recent (a stored response continued, or a finished chat sent again
+with its reply and a new question: prefix hits from each tier); half are streamed. One in five is dropped by its client (the socket
 reset before the reply, or in the middle of a stream) and some streams are cancelled the way the SDKs cancel one
 (the connection closed after a few events).
 
@@ -18,7 +19,8 @@ a well-formed reply that ended as its protocol ends, none past its deadline (hun
 traceback; afterwards the engine back to its baseline (nothing running or waiting, no KV page or state slot held,
 the host and disk tiers within their budgets, the disk tier's folder holding exactly the bytes it counts and no
 temporary file); the server's RSS flat after the warm-up (first, after warm-up, max and last samples of VmRSS, less
-the host tier's slabs: the budgeted pinned memory it allocates as it fills), and
+the pinned host memory torch holds: the host tier's slabs, which its budget bounds, and the disk writer's staging,
+which torch's pinned allocator keeps for reuse; on the CPU the host tier's bytes), and
 its GPU memory allocated (torch's allocator, from /metrics; 0 on the CPU) idle at the end as it was idle after the
 warm-up (the clients pause once the warm-up's requests are sent, until the server is idle).
 Prints a table and writes the whole report as JSON. Exit status 1 when a check fails.
@@ -40,7 +42,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import jsonschema
@@ -62,7 +64,8 @@ RESPONSES_TOOLS = [{"type": "function", "name": "get_weather", "description": "T
 ANTHROPIC_TOOLS = [{"name": "get_weather", "description": "The weather in a city", "input_schema": WEATHER}]
 GAUGES = ("running", "waiting", "kv_pages_used", "kv_pages_cached", "kv_pages_total", "state_slots_used",
           "snapshots_cached", "host_cache_pages", "host_cache_snapshots", "host_cache_bytes", "disk_cache_pages",
-          "disk_cache_snapshots", "disk_cache_bytes", "gpu_memory_allocated_bytes", "gpu_memory_reserved_bytes")
+          "disk_cache_snapshots", "disk_cache_bytes", "gpu_memory_allocated_bytes", "gpu_memory_reserved_bytes",
+          "pinned_host_memory_bytes")
 
 
 @dataclass
@@ -77,6 +80,8 @@ class Options:
     profile: str = "C8"
     max_context: int = 4096
     max_tokens: int = 48                # each request's max_tokens is drawn from 4 .. this
+    conversations: int = 48             # half the requests continue one of these (more than the GPU tier's 16
+    #                                     snapshots hold, so that their prefixes come back from the host and disk tiers)
     host_cache_gb: float = 0.004        # small: pages spill to host memory and are evicted from it
     disk_cache_gb: float = 0.05
     deadline_s: float = 60.0            # a request not finished by then is hung
@@ -98,7 +103,8 @@ class Request:
     long: bool
     conversation: int | None
     max_tokens: int
-    chain: bool = False                 # responses: continue a stored response (previous_response_id)
+    chain: bool = False                 # continue an earlier reply: a stored response (previous_response_id), or a
+    #                                     finished chat sent again with its reply and a new question
 
 
 @dataclass
@@ -116,7 +122,7 @@ class Outcome:
 
 
 # ---- the request mix ---------------------------------------------------------------------------------
-def plan(n: int, seed: int, max_tokens: int = 48) -> list[Request]:
+def plan(n: int, seed: int, max_tokens: int = 48, conversations: int = 48) -> list[Request]:
     rng = random.Random(seed)
     out = []
     for i in range(n):
@@ -133,8 +139,8 @@ def plan(n: int, seed: int, max_tokens: int = 48) -> list[Request]:
         if kind != "completions":
             feature = rng.choices(("plain", "tools_auto", "tools_required", "json_schema"), (50, 20, 15, 15))[0]
         out.append(Request(i, kind, stream, fate, feature, long=rng.random() < 0.3,
-                           conversation=rng.randrange(8) if rng.random() < 0.5 else None,
-                           max_tokens=rng.randint(4, max_tokens), chain=kind == "responses" and rng.random() < 0.2))
+                           conversation=rng.randrange(conversations) if rng.random() < 0.5 else None,
+                           max_tokens=rng.randint(4, max_tokens), chain=kind in ("responses", "chat") and rng.random() < 0.5))
     return out
 
 
@@ -152,7 +158,20 @@ def conversation_prefix(conversation: int) -> tuple[str, list[dict]]:
     return f"You are helper {conversation}. " + words(rng, rng.randint(10, 30)), history
 
 
-def body(req: Request, stored: list[str]) -> tuple[str, dict]:
+@dataclass
+class Stored:
+    """What later requests continue (any of them, so that old ones come back from the host or disk tier; each once
+    at most, so that a prompt stays within the context): stored responses' ids, and finished plain chats (the
+    request and its reply's text)."""
+    responses: list[str] = field(default_factory=list)
+    chats: list[tuple[Request, str]] = field(default_factory=list)
+
+    def keep_chat(self, req: Request, out: Outcome, text: str, calls: list) -> None:
+        if req.kind == "chat" and req.feature == "plain" and not req.chain and not calls and text and not out.error:
+            self.chats.append((req, text))
+
+
+def body(req: Request, stored: Stored) -> tuple[str, dict]:
     """-> (path, JSON body) of a request."""
     rng = random.Random(req.index)
     question = words(rng, rng.randint(80, 180) if req.long else rng.randint(3, 30))
@@ -175,6 +194,9 @@ def body(req: Request, stored: list[str]) -> tuple[str, dict]:
     messages = ([{"role": "system", "content": system}] if system else []) + history + \
         [{"role": "user", "content": question}]
     if req.kind == "chat":
+        if req.chain and stored.chats:         # a conversation coming back, as when the app reopens one
+            earlier, reply = rng.choice(stored.chats)
+            messages = body(earlier, stored)[1]["messages"] + [{"role": "assistant", "content": reply}, messages[-1]]
         b = {"model": MODEL_ID, "messages": messages, "max_tokens": req.max_tokens, "stream": req.stream,
              "temperature": temperature, "chat_template_kwargs": {"enable_thinking": rng.random() < 0.5}}
         if req.stream:
@@ -189,8 +211,8 @@ def body(req: Request, stored: list[str]) -> tuple[str, dict]:
          "stream": req.stream, "temperature": temperature, "reasoning": {"effort": "none"}}
     if system:
         b["instructions"] = system
-    if req.chain and stored:
-        b["previous_response_id"] = rng.choice(stored[-20:])
+    if req.chain and stored.responses:
+        b["previous_response_id"] = rng.choice(stored.responses)
         b["input"] = question
     if req.feature in ("tools_auto", "tools_required"):
         b["tools"] = RESPONSES_TOOLS
@@ -218,7 +240,7 @@ def reset(sock: socket.socket, response: http.client.HTTPResponse | None = None)
     sock.close()
 
 
-def run(port: int, req: Request, stored: list[str], deadline_s: float, rng: random.Random) -> Outcome:
+def run(port: int, req: Request, stored: Stored, deadline_s: float, rng: random.Random) -> Outcome:
     out = Outcome(req.index, req.kind, req.stream, req.fate, req.feature)
     path, payload = body(req, stored)
     start = time.monotonic()
@@ -252,7 +274,7 @@ def run(port: int, req: Request, stored: list[str], deadline_s: float, rng: rand
     return out
 
 
-def read_stream(req: Request, sock, response, out: Outcome, deadline: float, rng: random.Random, stored: list[str]):
+def read_stream(req: Request, sock, response, out: Outcome, deadline: float, rng: random.Random, stored: Stored):
     stop_after = rng.randint(1, 6) if req.fate in ("drop_mid", "cancel") else None
     events, name = [], None
     for raw_line in response:
@@ -283,7 +305,7 @@ def valid_json(text: str, schema: dict) -> str:
     return ""
 
 
-def check_reply(req: Request, reply: dict, out: Outcome, stored: list[str]) -> None:
+def check_reply(req: Request, reply: dict, out: Outcome, stored: Stored) -> None:
     if req.kind in ("chat", "completions"):
         choice = reply["choices"][0]
         out.finish = choice["finish_reason"]
@@ -297,13 +319,14 @@ def check_reply(req: Request, reply: dict, out: Outcome, stored: list[str]) -> N
         done, tools_finish = out.finish == "end_turn", out.finish == "tool_use"
     else:
         out.finish = reply["status"]
-        if out.finish == "completed" and not req.chain:
-            stored.append(reply["id"])      # continued once at most: a chain's prompt stays within the context
+        if out.finish in ("completed", "incomplete") and not req.chain:
+            stored.responses.append(reply["id"])
         text = "".join(part["text"] for item in reply["output"] if item["type"] == "message"
                        for part in item["content"] if part["type"] == "output_text")
         calls = [json.loads(item["arguments"]) for item in reply["output"] if item["type"] == "function_call"]
         done, tools_finish = out.finish == "completed" and not calls, out.finish == "completed" and calls
     check_content(req, out, text, calls, done, tools_finish)
+    stored.keep_chat(req, out, text, calls)
 
 
 def check_content(req: Request, out: Outcome, text: str, calls: list[dict], done: bool, tools_finish: bool) -> None:
@@ -321,7 +344,7 @@ def check_content(req: Request, out: Outcome, text: str, calls: list[dict], done
             out.error = f"tool call arguments off their schema: {e.message}"
 
 
-def check_stream(req: Request, events: list[tuple[str | None, str]], out: Outcome, stored: list[str]) -> None:
+def check_stream(req: Request, events: list[tuple[str | None, str]], out: Outcome, stored: Stored) -> None:
     if not events:
         out.error = "an empty stream"
         return
@@ -344,8 +367,9 @@ def check_stream(req: Request, events: list[tuple[str | None, str]], out: Outcom
         if not out.finish:
             out.error = "the stream ended without a finish reason"
             return
-        check_content(req, out, "".join(text), [json.loads(a) for a in calls.values()], out.finish == "stop",
-                      out.finish == "tool_calls")
+        calls = [json.loads(a) for a in calls.values()]
+        check_content(req, out, "".join(text), calls, out.finish == "stop", out.finish == "tool_calls")
+        stored.keep_chat(req, out, "".join(text), calls)
     elif req.kind == "messages":
         names = [n for n, _ in events]
         if "error" in names or names[-1] != "message_stop" or names[0] != "message_start":
@@ -446,37 +470,36 @@ def rss_kb(pid: int) -> int:
 
 
 class MemorySampler(threading.Thread):
-    """The server's memory while the requests run: (requests done, VmRSS in KiB, the host tier's slabs in KiB as
-    /metrics last said) every `every` seconds, and its GPU memory allocated (bytes, from /metrics) every `gpu_every`
-    seconds."""
+    """The server's memory while the requests run: (requests done, VmRSS in KiB, its pinned host memory in KiB as
+    /metrics last said: torch's pinned allocator's, or the host tier's bytes where that is more) every `every`
+    seconds, and its GPU memory allocated (bytes, from /metrics) every `gpu_every` seconds."""
 
     def __init__(self, pid: int, port: int, done, every: float = 0.25, gpu_every: float = 1.0):
         super().__init__(daemon=True)
         self.pid, self.port, self.done, self.every, self.gpu_every = pid, port, done, every, gpu_every
         self.samples: list[tuple[int, int, int]] = []
         self.gpu: list[int] = []
-        self.host_kb = 0
+        self.pinned_kb = 0
         self.stop = threading.Event()
 
     def run(self):
         next_gpu = 0.0
         while not self.stop.is_set():
-            self.samples.append((self.done(), rss_kb(self.pid), self.host_kb))
+            self.samples.append((self.done(), rss_kb(self.pid), self.pinned_kb))
             if time.monotonic() >= next_gpu:
                 next_gpu = time.monotonic() + self.gpu_every
                 try:
                     m = metrics(self.port)
                     self.gpu.append(m.get("gpu_memory_allocated_bytes", 0))
-                    self.host_kb = int(m.get("host_cache_bytes", 0)) // 1024
+                    self.pinned_kb = max(m.get("host_cache_bytes", 0), m.get("pinned_host_memory_bytes", 0)) // 1024
                 except (OSError, http.client.HTTPException):
                     pass                    # a slow /metrics under load: the next sample
             self.stop.wait(self.every)
 
 
 def rss_report(samples: list[tuple[int, int, int]], warm_after: int, tolerance_mb: float) -> dict:
-    """RSS less the host tier's slabs (pinned memory it allocates up to its budget, which the check of the budget
-    covers): what would grow with a leak."""
-    mb = [(kb - host_kb) / 1024 for _, kb, host_kb in samples]
+    """RSS less the pinned host memory (MemorySampler): what would grow with a leak."""
+    mb = [(kb - pinned_kb) / 1024 for _, kb, pinned_kb in samples]
     settled = [m for (done, _, _), m in zip(samples, mb) if done > warm_after]     # under load again, past the pause
     settled_at = statistics.median(settled[:max(1, len(settled) // 10)]) if settled else mb[-1]
     last = statistics.median(mb[-max(1, len(mb) // 20):])
@@ -556,9 +579,9 @@ def soak(opts: Options) -> dict:
 
 def drive(opts: Options, proc: subprocess.Popen, port: int, disk_dir: Path, log_path: Path) -> dict:
     baseline = metrics(port)
-    requests = plan(opts.requests, opts.seed, opts.max_tokens)
+    requests = plan(opts.requests, opts.seed, opts.max_tokens, opts.conversations)
     outcomes: list[Outcome] = []
-    stored: list[str] = []
+    stored = Stored()
     lock = threading.Lock()
     handed_out = 0
 
@@ -644,7 +667,8 @@ def report(opts, requests, outcomes, baseline, warmed, after, on_disk, sampler, 
                       "max": round(seconds[-1], 3)},
         "baseline": {k: baseline.get(k, 0) for k in GAUGES}, "after": {k: after.get(k, 0) for k in GAUGES},
         "counters": {k: after.get(k, 0) for k in ("prefix_cache_hit_tokens_total", "host_cache_hit_pages_total",
-                                                  "disk_cache_hit_pages_total", "disk_cache_write_errors_total",
+                                                  "host_cache_hit_snapshots_total", "disk_cache_hit_pages_total",
+                                                  "disk_cache_hit_snapshots_total", "disk_cache_write_errors_total",
                                                   "disk_cache_rejected_total")},
         "disk_folder_bytes": on_disk[0], "disk_temp_files": on_disk[1], "rss": rss, "gpu": gpu,
         "checks": checks, "passed": all(checks.values()),
@@ -675,9 +699,9 @@ def table(r: dict) -> str:
         ("after: disk tier", f"{a['disk_cache_pages']} pages, {a['disk_cache_snapshots']} snapshots, "
                              f"{a['disk_cache_bytes']} B (folder {r['disk_folder_bytes']} B, "
                              f"{r['disk_temp_files']} temp files)"),
-        ("hits (tokens / host pages / disk pages)",
-         " / ".join(str(v) for v in list(r["counters"].values())[:3])),
-        ("RSS less host tier, MB: first / after warm-up / max / last", f"{rss['first_mb']} / {rss['after_warmup_mb']} / "
+        ("prefix hits: tokens / host pages, snapshots / disk pages, snapshots",
+         "{} / {}, {} / {}, {}".format(*list(r["counters"].values())[:5])),
+        ("RSS less pinned memory, MB: first / after warm-up / max / last", f"{rss['first_mb']} / {rss['after_warmup_mb']} / "
                                                       f"{rss['max_mb']} / {rss['last_mb']} "
                                                       f"(growth {rss['growth_after_warmup_mb']}, allowed "
                                                       f"{rss['allowed_growth_mb']})"),

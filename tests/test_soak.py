@@ -23,6 +23,7 @@ def test_a_short_soak_leaves_no_5xx_no_hung_request_and_the_engine_at_its_baseli
     assert all(mix.get(k, 0) > 0 for k in ("chat", "completions", "responses", "messages", "streamed", "drop_before",
                                            "drop_mid", "cancel", "tools_auto", "tools_required", "json_schema", "long"))
     assert report["counters"]["prefix_cache_hit_tokens_total"] > 0         # prefixes came back from the cache
+    assert report["counters"]["host_cache_hit_snapshots_total"] > 0        # old turns' state came back from RAM
     after = report["after"]
     assert after["host_cache_bytes"] > 0 and after["disk_cache_pages"] > 0  # both tiers were written
 
