@@ -1,6 +1,6 @@
 """The int4 MoE decode kernels on the mma GEMV's machinery (kernels/gemv_mma.py): the same inline-PTX mma.sync on
 the packed words, the same stream-K one-wave grid, SwiGLU in the epilogue; ops.moe_experts' path for int4 experts and up to 8
-tokens (0.92-2.2 TB/s at the 35B-A3B shape on the H200, against 0.51-0.85 for kernels/moe_decode.py's tl.dot tiles:
+tokens (0.92-2.2 TB/s at the 35B-A3B shape on the H200, against 0.52-0.87 for kernels/moe_decode.py's tl.dot tiles:
 `python -m kernels.bench_moe`). Same signature, same torch reference (moe_decode_ref).
 
 Slots. The mma's B operand has 8 columns: column c is token c (x rows for gate_up, h rows for down). A slot is one
