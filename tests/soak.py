@@ -633,7 +633,7 @@ def report(opts, requests, outcomes, baseline, warmed, after, on_disk, sampler, 
     tracebacks = log.count("Traceback")
     mix: dict[str, int] = {}
     for r in requests:
-        for key in (r.kind, "streamed" if r.stream else "plain", r.fate, r.feature, "long" if r.long else "short"):
+        for key in (r.kind, "streamed" if r.stream else "not streamed", r.fate, r.feature, "long" if r.long else "short"):
             mix[key] = mix.get(key, 0) + 1
     held = {k: after.get(k, 0) for k in ("running", "waiting", "kv_pages_used", "state_slots_used")}
     host_budget, disk_budget = int(opts.host_cache_gb * 2**30), int(opts.disk_cache_gb * 2**30)
