@@ -144,9 +144,9 @@ class CacheManager:
         """Read the pages among `keys` found only on disk into the host tier (together: the disk tier reads many files
         at once), holding the hit's host entries there meanwhile; returns how many leading pages are now on the GPU
         or in the host tier."""
-        off_gpu = [k for k in keys if k not in self.index]
-        if self.disk is not None:
-            self.host.store_from("page", off_gpu, lambda entries: self.disk.read_many("page", entries))
+        on_disk_only = [k for k in keys if k not in self.index and not self.host.has("page", k)]
+        if on_disk_only and self.disk is not None:      # (store_from waits for the stream: only when there is a read)
+            self.host.store_from("page", on_disk_only, lambda entries: self.disk.read_many("page", entries))
         for i, key in enumerate(keys):
             if key in self.index:
                 continue
