@@ -124,7 +124,6 @@ def bench_tiers(model, args) -> dict:
         r["restart_vs_cold"] = r["restart_ttft_ms"] / r["cold_ttft_ms"]
         r["warmed_vs_cold"] = r["warmed_ttft_ms"] / r["cold_ttft_ms"]
         res[kv] = r
-        print(kv, {k: round(v, 3) for k, v in r.items()}, flush=True)
         print(f"{kv} KV: {r}", flush=True)
 
     if not args.tiers_decode:

@@ -10,9 +10,9 @@ through tests/random_serve.py: qwendesk-serve with the model built in place, no 
 OpenAI chat completions, plain completions, the Responses API and Anthropic messages; tools with tool_choice auto
 and required, structured output (json_schema), short prompts and long ones, many sharing a conversation's prefix,
 and many the next turn of an earlier one, old or recent (a stored response continued, or a finished chat sent again
-with its reply and a new question: prefix hits from each tier); half are streamed. One in five is dropped by its client (the socket
-reset before the reply, or in the middle of a stream) and some streams are cancelled the way the SDKs cancel one
-(the connection closed after a few events).
+with its reply and a new question: prefix hits from each tier); half are streamed. One in five is dropped by its
+client (the socket reset before the reply, or in the middle of a stream) and some streams are cancelled the way the
+SDKs cancel one (the connection closed after a few events).
 
 Checks: no 5xx (seen by the clients or counted by the server), every request that was not dropped answered 200 with
 a well-formed reply that ended as its protocol ends, none past its deadline (hung), the server's log without a
@@ -80,8 +80,7 @@ class Options:
     profile: str = "C8"
     max_context: int = 4096
     max_tokens: int = 48                # each request's max_tokens is drawn from 4 .. this
-    conversations: int = 48             # half the requests continue one of these (more than the GPU tier's 16
-    #                                     snapshots hold, so that their prefixes come back from the host and disk tiers)
+    conversations: int = 48             # half the requests share one of these conversations' system prompt and history
     host_cache_gb: float = 0.004        # small: pages spill to host memory and are evicted from it
     disk_cache_gb: float = 0.05
     deadline_s: float = 60.0            # a request not finished by then is hung
@@ -140,7 +139,8 @@ def plan(n: int, seed: int, max_tokens: int = 48, conversations: int = 48) -> li
             feature = rng.choices(("plain", "tools_auto", "tools_required", "json_schema"), (50, 20, 15, 15))[0]
         out.append(Request(i, kind, stream, fate, feature, long=rng.random() < 0.3,
                            conversation=rng.randrange(conversations) if rng.random() < 0.5 else None,
-                           max_tokens=rng.randint(4, max_tokens), chain=kind in ("responses", "chat") and rng.random() < 0.5))
+                           max_tokens=rng.randint(4, max_tokens),
+                           chain=kind in ("responses", "chat") and rng.random() < 0.5))
     return out
 
 
@@ -633,7 +633,8 @@ def report(opts, requests, outcomes, baseline, warmed, after, on_disk, sampler, 
     tracebacks = log.count("Traceback")
     mix: dict[str, int] = {}
     for r in requests:
-        for key in (r.kind, "streamed" if r.stream else "not streamed", r.fate, r.feature, "long" if r.long else "short"):
+        streamed = "streamed" if r.stream else "not streamed"
+        for key in (r.kind, streamed, r.fate, r.feature, "long" if r.long else "short"):
             mix[key] = mix.get(key, 0) + 1
     held = {k: after.get(k, 0) for k in ("running", "waiting", "kv_pages_used", "state_slots_used")}
     host_budget, disk_budget = int(opts.host_cache_gb * 2**30), int(opts.disk_cache_gb * 2**30)
@@ -701,10 +702,9 @@ def table(r: dict) -> str:
                              f"{r['disk_temp_files']} temp files)"),
         ("prefix hits: tokens / host pages, snapshots / disk pages, snapshots",
          "{} / {}, {} / {}, {}".format(*list(r["counters"].values())[:5])),
-        ("RSS less pinned memory, MB: first / after warm-up / max / last", f"{rss['first_mb']} / {rss['after_warmup_mb']} / "
-                                                      f"{rss['max_mb']} / {rss['last_mb']} "
-                                                      f"(growth {rss['growth_after_warmup_mb']}, allowed "
-                                                      f"{rss['allowed_growth_mb']})"),
+        ("RSS less pinned memory, MB: first / after warm-up / max / last",
+         f"{rss['first_mb']} / {rss['after_warmup_mb']} / {rss['max_mb']} / {rss['last_mb']} "
+         f"(growth {rss['growth_after_warmup_mb']}, allowed {rss['allowed_growth_mb']})"),
         ("GPU allocated MB idle: before / after warm-up / (max) / after",
          f"{gpu['before_mb']} / {gpu['after_warmup_mb']} / ({gpu['max_mb']}) / {gpu['after_mb']} (growth "
          f"{gpu['growth_after_warmup_mb']}, allowed {gpu['allowed_growth_mb']}; reserved "
