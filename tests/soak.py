@@ -727,6 +727,9 @@ def main(argv=None) -> int:
     from engine.random_model import SHAPES
     if args["shape"] not in (None, "tiny", *SHAPES):
         ap.error(f"--shape: one of tiny, {', '.join(SHAPES)}")
+    for name in ("requests", "clients", "conversations"):
+        if args[name] < 1:
+            ap.error(f"--{name}: at least 1")
     if args["weights"] not in ("int4", "bf16"):
         ap.error("--weights: int4 or bf16")
     if args["shape"] and args["model"]:

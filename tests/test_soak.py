@@ -40,3 +40,15 @@ def test_the_gpu_soaks_server_runs_at_the_tiny_shape(tmp_path):
 @pytest.mark.soak
 def test_the_full_soak(checkpoint, tmp_path):
     run_soak(tmp_path, model=str(checkpoint("base")), requests=2000, clients=12)
+
+
+@pytest.mark.parametrize("argv, says", [(["--conversations", "0"], "--conversations: at least 1"),
+                                        (["--requests", "-3"], "--requests: at least 1"),
+                                        (["--shape", "70b"], "--shape: one of"),
+                                        (["--weights", "fp8"], "--weights: int4 or bf16")])
+def test_wrong_flags_are_one_error_line(argv, says, capsys):
+    from tests.soak import main
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and says in err[-1] and not any("Traceback" in line for line in err)
