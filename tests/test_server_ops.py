@@ -340,3 +340,47 @@ def test_tokens_that_come_while_a_stream_waits_go_out_merged(engine, steer):
     content = [d["content"] for d in deltas if d.get("content")]
     assert "".join(content) == text
     assert len(content) < len(steer.tok.encode(text)) // 2
+
+
+def test_a_late_wake_up_for_events_already_read_sends_no_keepalive():
+    """The waker can set a generation's wake after the stream has read the events it was for (they came while it
+    was converting the batch before): the stream waits on, and only its keep-alive deadline sends a ping."""
+    import asyncio
+
+    from engine.api import SamplingParams, StreamEvent, Text
+    from engine.server.generation import Generation, Wakeups
+    from engine.server.prompting import Prompt
+
+    class Handle:
+        def __init__(self):
+            self.events = []
+
+        def ready(self):
+            out, self.events = self.events, []
+            return out
+
+        def cancel(self):
+            pass
+
+    class Engine:
+        def submit(self, ids, params, **kw):
+            self.handle = Handle()
+            return self.handle
+
+    async def stream() -> list:
+        engine = Engine()
+        gen = Generation(engine, Prompt([1], SamplingParams(), None), Wakeups(asyncio.get_running_loop()),
+                         keepalive_s=0.3)
+        loop, out = asyncio.get_running_loop(), []
+        engine.handle.events = [StreamEvent("delta", [Text("a")])]
+        loop.call_later(0.05, gen.wake.set)                  # late: "a" was read before it comes
+        loop.call_later(0.1, lambda: engine.handle.events.append(StreamEvent("delta", [Text("b")])))
+        loop.call_later(0.15, gen.wake.set)
+        loop.call_later(0.6, lambda: engine.handle.events.append(StreamEvent("finish", finish_reason="stop")))
+        loop.call_later(0.65, gen.wake.set)
+        async for ev in gen.events():
+            out.append(type(ev).__name__ if not isinstance(ev, Text) else ev.text)
+        return out
+
+    out = asyncio.run(stream())
+    assert out[:2] == ["a", "b"] and out.count("Keepalive") == 1 and out[-1] == "Finish", out

@@ -127,11 +127,15 @@ class Generation:
             while True:
                 batch = self.handle.ready()
                 if not batch:
-                    self.wake.clear()
-                    timer = loop.call_later(self.keepalive_s, self.wake.set)
-                    await self.wake.wait()
-                    timer.cancel()
-                    batch = self.handle.ready()
+                    # a wake-up can come late, for events this loop has read already: only the deadline sends a
+                    # keep-alive
+                    deadline = loop.time() + self.keepalive_s
+                    while not batch and loop.time() < deadline:
+                        self.wake.clear()
+                        timer = loop.call_at(deadline, self.wake.set)
+                        await self.wake.wait()
+                        timer.cancel()
+                        batch = self.handle.ready()
                     if not batch:
                         yield Keepalive()
                         continue
