@@ -43,15 +43,16 @@ def assistant_messages(window):
 def test_send_streams_a_reply_from_the_engine(chat_window, qtbot):
     window = chat_window
     assert window.current_page == "chat"
-    updates = []
-    window.session.reply_updated.connect(lambda *args: updates.append(args))
+    deltas = []      # the engine's stream, piece by piece (the window's refresh may coalesce them all)
+    window.session.backend.delta.connect(lambda _id, text, reasoning, tokens: deltas.append((text, reasoning)))
     send(qtbot, window, "Hello there")
     assert window.chat.composer.streaming or not window.session.busy
     wait_reply(qtbot, window)
     (reply,) = assistant_messages(window)
     assert reply.status == "complete"
     assert reply.metrics["prompt_tokens"] > 0 and reply.metrics["output_tokens"] > 0
-    assert updates, "the reply streamed"
+    assert len(deltas) > 1, "the reply streamed"
+    assert reply.content.startswith("".join(text for text, _ in deltas).strip())
     views = window.chat.transcript.message_views()
     assert [v.message.role for v in views] == ["user", "assistant"]
     assert "prompt" in views[1].metrics.text() and "output" in views[1].metrics.text()
