@@ -117,11 +117,11 @@ class CacheManager:
                 if self.host is not None:                        # hold this candidate's entries (and no others)
                     self.host.held.clear()
                     self.host.held.add(("state", keys[-1]))
-                secured = self._from_disk(keys)
+                secured, state = self._from_disk(keys)
                 if secured < len(keys):
                     limit = secured            # a page could not be read: look again, short of it
                     continue
-                if not self._state_from_disk(keys[-1]):
+                if not state:
                     no_state.add(keys[-1])
                     continue
                 return PrefixHit([self.index.get(h, -1) for h in keys], len(keys) * self.page_size, keys[-1], keys)
@@ -140,26 +140,25 @@ class CacheManager:
         return (self.host is not None and self.host.has(kind, key)) or (
             self.disk is not None and self.disk.has(kind, key))
 
-    def _from_disk(self, keys: list[bytes]) -> int:
-        """Read the pages among `keys` found only on disk into the host tier (together: the disk tier reads many files
-        at once), holding the hit's host entries there meanwhile; returns how many leading pages are now on the GPU
-        or in the host tier."""
-        on_disk_only = [k for k in keys if k not in self.index and not self.host.has("page", k)]
-        if on_disk_only and self.disk is not None:      # (store_from waits for the stream: only when there is a read)
-            self.host.store_from("page", on_disk_only, lambda entries: self.disk.read_many("page", entries))
+    def _from_disk(self, keys: list[bytes]) -> tuple[int, bool]:
+        """Read what the candidate hit `keys` has only on disk into the host tier, its snapshot and pages in one
+        batch (the snapshot, the largest file, first: it is read beside the pages, not after them), holding the
+        hit's host entries there meanwhile. Returns how many leading pages are now on the GPU or in the host tier,
+        and whether the snapshot at keys[-1] is in a tier."""
+        def kept(kind: str, key: bytes) -> bool:
+            return (key in self.index if kind == "page" else key in self.snapshots) or self.host.has(kind, key)
+
+        wanted = [(kind, key) for kind, key in [("state", keys[-1])] + [("page", k) for k in keys]
+                  if not kept(kind, key)]
+        if wanted and self.disk is not None:            # (store_from waits for the stream: only when there is a read)
+            self.host.store_from(wanted, self.disk.read_many)
         for i, key in enumerate(keys):
             if key in self.index:
                 continue
             if not self.host.has("page", key):
-                return i
+                return i, kept("state", keys[-1])
             self.host.held.add(("page", key))
-        return len(keys)
-
-    def _state_from_disk(self, key: bytes) -> bool:
-        if key in self.snapshots or self.host.has("state", key):
-            return True
-        return self.disk is not None and self.host.store_from("state", [key], lambda entries: self.disk.read_many(
-            "state", entries))[0]
+        return len(keys), kept("state", keys[-1])
 
     # ---- admission and growth ------------------------------------------------------------------
     def can_admit(self, hit: PrefixHit, total_tokens: int) -> bool:

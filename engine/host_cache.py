@@ -168,15 +168,16 @@ class HostCache:
         self.hit_snapshots += 1
 
     # ---- from the CPU (the disk tier) --------------------------------------------------------------
-    def store_from(self, kind: str, keys: list[bytes], fill) -> list[bool]:
-        """Keep entries whose bytes `fill([(key, views), ...])` writes into the given host buffers (views: 1-D uint8
-        tensors, in order, exactly the entry's bytes) for the keys not kept yet, returning whether each succeeded;
-        a failed one is not kept. Returns whether each key is kept now (False also where no room was left)."""
-        nbytes = self.block if kind == "page" else self.pools.state_nbytes
+    def store_from(self, entries: list[tuple[str, bytes]], fill) -> list[bool]:
+        """Keep the (kind, key) entries whose bytes `fill([(kind, key, views), ...])` writes into the given host
+        buffers (views: 1-D uint8 tensors, in order, exactly the entry's bytes) for those not kept yet, returning
+        whether each succeeded; a failed one is not kept. Room is taken in the order given, and past the budget the
+        rest are refused. Returns whether each entry is kept now."""
         if self.pinned:
             torch.cuda.current_stream().synchronize()     # no queued copy may still read the blocks reused here
         placed, was_held = [], set(self.held)
-        for key in keys:
+        for kind, key in entries:
+            nbytes = self.block if kind == "page" else self.pools.state_nbytes
             blocks = self._put(kind, key, -(-nbytes // self.block))
             if blocks is None and (kind, key) not in self.entries:
                 break                                     # no room left
@@ -186,9 +187,9 @@ class HostCache:
                 for i, n in self._runs(blocks):
                     views.append(self._span(blocks[i], n).view(-1)[:left])
                     left -= views[-1].numel()
-                placed.append((key, views))
+                placed.append((kind, key, views))
         self.held = was_held
-        for (key, _), ok in zip(placed, fill(placed) if placed else []):
+        for (kind, key, _), ok in zip(placed, fill(placed) if placed else []):
             if not ok:
                 self.discard(kind, key)
-        return [(kind, key) in self.entries for key in keys]
+        return [entry in self.entries for entry in entries]

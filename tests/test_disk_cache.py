@@ -72,7 +72,8 @@ def other_version(path):
 def foreign(path):
     """Another model's entry under this name (same key, another namespace in its header)."""
     data = bytearray(path.read_bytes())
-    data[HEADER.size - 16 - 8 - 16:HEADER.size - 16 - 8] = namespace({"model": "other"})
+    at = struct.calcsize("<4sIB3x16s")                  # the namespace's place in HEADER
+    data[at:at + 16] = namespace({"model": "other"})
     path.write_bytes(bytes(data))
 
 
@@ -101,7 +102,7 @@ def test_many_entries_read_at_once_each_checked_on_its_own(tmp_path):
     flip_payload_byte(entry(disk, "page", b"p1" * 8))
     keys = [b"p0" * 8, b"p1" * 8, b"p2" * 8, b"gone" * 4]
     got = [views(p.page_nbytes) for _ in keys]
-    assert disk.read_many("page", list(zip(keys, got))) == [True, False, True, False]
+    assert disk.read_many([("page", k, v) for k, v in zip(keys, got)]) == [True, False, True, False]
     assert torch.equal(torch.cat(got[0]), p.read_pages([0])[0]) and torch.equal(torch.cat(got[2]), p.read_pages([2])[0])
     assert not entry(disk, "page", b"p1" * 8).exists() and not disk.has("page", b"p1" * 8)
     s = disk.stats()

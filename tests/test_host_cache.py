@@ -111,13 +111,14 @@ def test_store_from_fills_many_entries_at_once_within_the_budget():
     filled = []
 
     def fill(entries):
-        filled.extend(key for key, _ in entries)
-        for key, views in entries:
+        filled.extend(key for _, key, _ in entries)
+        for _, key, views in entries:
             views[0].fill_(key[0])
-        return [key != b"2" for key, _ in entries]
+        return [key != b"2" for _, key, _ in entries]
 
     host.put_pages([b"x"], [1])                        # not asked for: evicted to make room
-    assert host.store_from("page", [b"0", b"1", b"2", b"3", b"4"], fill) == [True, True, False, True, False]
+    wanted = [("page", k) for k in [b"0", b"1", b"2", b"3", b"4"]]
+    assert host.store_from(wanted, fill) == [True, True, False, True, False]
     assert filled == [b"1", b"2", b"3"]                # "0" was kept; it and the batch's own held the 4 blocks
     host.load_pages([b"3"], [6])
     assert torch.equal(page_of(p, 6)[0].flatten().view(torch.uint8)[:4], torch.full((4,), ord("3"), dtype=torch.uint8))
@@ -202,4 +203,29 @@ def test_a_disk_hit_bigger_than_the_host_tier_restores_what_it_can(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(page_of(p, pages[0]), page_of(src, 0)))
     assert torch.equal(p.conv[:, slot], src.conv[:, 1]) and torch.equal(p.ssm[:, slot], src.ssm[:, 1])
     assert disk.stats()["disk_rejected"] == 0 and cache.stats()["disk_hit_snapshots"] >= 1
+    disk.close()
+
+
+def test_a_disk_hit_reads_its_snapshot_beside_its_pages_in_one_batch(tmp_path):
+    """The snapshot (the largest file) is not read after the pages: one read_many has it first, then every page."""
+    from engine.cache_manager import chain_hashes
+    from engine.disk_cache import DiskCache, namespace
+    src = pools(num_pages=4, num_slots=5, seed=1)
+    tokens = list(range(13))
+    keys = chain_hashes(tokens[:12], 4)
+    disk = DiskCache(tmp_path, namespace({"t": 1}), budget_bytes=1 << 20)
+    disk.write_pages(src, keys, [0, 1, 2])
+    disk.write_state(src, keys[2], 2)
+    disk.flush()
+    batches = []
+    read_many = disk.read_many
+    disk.read_many = lambda entries: batches.append([(kind, key) for kind, key, _ in entries]) or read_many(entries)
+    p = pools(num_pages=4, num_slots=5, seed=2)
+    cache = CacheManager(p, num_seq_slots=1, host=HostCache(p, budget_bytes=1 << 20), disk=disk)
+    hit = cache.match_prefix(tokens)
+    assert (hit.tokens, hit.snapshot) == (12, keys[2])
+    assert batches == [[("state", keys[2])] + [("page", k) for k in keys]]
+    pages, slot = cache.admit(hit, 13)
+    assert all(torch.equal(a, b) for i in range(3) for a, b in zip(page_of(p, pages[i]), page_of(src, i)))
+    assert torch.equal(p.ssm[:, slot], src.ssm[:, 2])
     disk.close()
