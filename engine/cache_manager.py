@@ -18,13 +18,15 @@ Tiers. With a host tier (engine.host_cache.HostCache), a page or snapshot leavin
 memory first; with a disk tier (engine.disk_cache.DiskCache), the pages and snapshots of a finished sequence are
 also written to disk in the background. A lookup walks the chain through GPU -> host -> disk: the longest prefix
 whose every page is in some tier and which has a snapshot in some tier at its end is the hit. Disk entries of a hit
-are read into the host tier during the lookup (a file that does not check out is a miss there, and the lookup
-looks again); admission copies the host entries into fresh GPU pages and indexes them there.
+are read into reserved host blocks by the disk tier's threads, while the engine goes on stepping: the lookup says
+`loading`, and the request waits for a later lookup (a file that does not check out is a miss there, and the
+lookup looks again); admission copies the host entries into fresh GPU pages and indexes them there.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -33,6 +35,8 @@ from engine.disk_cache import DiskCache
 from engine.host_cache import HostCache
 from engine.kv_cache import CacheTensors, IdPool
 from engine.snapshots import Snapshots
+
+log = logging.getLogger("qwendesk.engine")
 
 
 def chain_hashes(tokens: list[int], page_size: int, prev: bytes = b"") -> list[bytes]:
@@ -51,6 +55,7 @@ class PrefixHit:
     tokens: int = 0                 # prefix length reused (a multiple of the page size)
     snapshot: bytes | None = None   # key of the snapshot holding the GDN state after `tokens` tokens (None: no hit)
     keys: list[bytes] = field(default_factory=list, compare=False)   # chain hash of each page
+    loading: bool = False           # the disk tier is still reading what the hit needs: look again later
 
     @property
     def on_gpu(self) -> list[int]:
@@ -79,6 +84,7 @@ class CacheManager:
         self.snapshots = Snapshots(pools, range(num_seq_slots, self.scratch_slot),
                                    on_evict=host.put_state if host is not None else None)
         self.hits = 0                                              # prefix tokens reused so far
+        self._loads: list[tuple] = []                              # (Future, reserved entries): disk reads in flight
 
     # ---- accounting ----------------------------------------------------------------------
     @property
@@ -99,9 +105,11 @@ class CacheManager:
                 **(self.disk.stats() if self.disk is not None else {})}
 
     # ---- prefix lookup ---------------------------------------------------------------------
-    def match_prefix(self, tokens: list[int]) -> PrefixHit:
+    def match_prefix(self, tokens: list[int], wait: bool = False) -> PrefixHit:
         """Longest cached prefix (pages + snapshot, in any tier), leaving at least one token to compute. What the
-        hit needs from the disk tier is read into the host tier here."""
+        hit needs from the disk tier is read into the host tier in the background: until that is done the hit is
+        `loading` (look again later); with `wait`, the reads are waited for here."""
+        self._collect_loads()
         hashes = chain_hashes(tokens[:len(tokens) - 1], self.page_size)
         limit, no_state = len(hashes), set()
         try:
@@ -117,7 +125,9 @@ class CacheManager:
                 if self.host is not None:                        # hold this candidate's entries (and no others)
                     self.host.held.clear()
                     self.host.held.add(("state", keys[-1]))
-                secured, state = self._from_disk(keys)
+                secured, state = self._from_disk(keys, wait)
+                if secured < 0:
+                    return PrefixHit(loading=True)
                 if secured < len(keys):
                     limit = secured            # a page could not be read: look again, short of it
                     continue
@@ -130,9 +140,27 @@ class CacheManager:
                 self.host.held.clear()
 
     def warm(self, tokens: list[int]) -> int:
-        """Bring what a prompt's prefix needs from the disk tier into the host tier, ahead of its request;
-        returns the prefix tokens a request would reuse now."""
-        return self.match_prefix(tokens).tokens
+        """Bring what a prompt's prefix needs from the disk tier into the host tier, ahead of its request (waiting for
+        the reads); returns the prefix tokens a request would reuse now."""
+        return self.match_prefix(tokens, wait=True).tokens
+
+    @property
+    def loading(self) -> bool:
+        """Whether disk reads started by a lookup are still in flight."""
+        return bool(self._loads)
+
+    def _collect_loads(self, wait: bool = False) -> None:
+        """Keep the entries of every finished background read (with `wait`: of every one, once it is done)."""
+        for load in list(self._loads):
+            future, placed = load
+            if wait or future.done():
+                self._loads.remove(load)
+                try:
+                    filled = future.result()
+                except Exception:          # (read_many reports bad files itself: this is a bug, not a disk error)
+                    log.exception("disk cache: a background read failed")
+                    filled = [False] * len(placed)
+                self.host.finish(placed, filled)
 
     def _has(self, kind: str, key: bytes) -> bool:
         if (key in self.index) if kind == "page" else (key in self.snapshots):
@@ -140,18 +168,28 @@ class CacheManager:
         return (self.host is not None and self.host.has(kind, key)) or (
             self.disk is not None and self.disk.has(kind, key))
 
-    def _from_disk(self, keys: list[bytes]) -> tuple[int, bool]:
+    def _from_disk(self, keys: list[bytes], wait: bool) -> tuple[int, bool]:
         """Read what the candidate hit `keys` has only on disk into the host tier, its snapshot and pages in one
         batch (the snapshot, the largest file, first: it is read beside the pages, not after them), holding the
-        hit's host entries there meanwhile. Returns how many leading pages are now on the GPU or in the host tier,
-        and whether the snapshot at keys[-1] is in a tier."""
+        hit's host entries there meanwhile. Returns how many leading pages are now on the GPU or in the host tier
+        (-1: some are still being read), and whether the snapshot at keys[-1] is in a tier."""
         def kept(kind: str, key: bytes) -> bool:
             return (key in self.index if kind == "page" else key in self.snapshots) or self.host.has(kind, key)
 
         wanted = [(kind, key) for kind, key in [("state", keys[-1])] + [("page", k) for k in keys]
                   if not kept(kind, key)]
-        if wanted and self.disk is not None:            # (store_from waits for the stream: only when there is a read)
-            self.host.store_from(wanted, self.disk.read_many)
+        if wanted and self.disk is not None:
+            self.host.held.update(("page", k) for k in keys if self.host.has("page", k))
+            placed = self.host.reserve(wanted)          # (it waits for the stream: only when there is a read)
+            if placed:
+                if wait:
+                    self.host.finish(placed, self.disk.read_many(placed))
+                else:
+                    self._loads.append((self.disk.read_many_async(placed), placed))
+            if wait:
+                self._collect_loads(wait=True)
+            if any(entry in self.host.loading for entry in wanted):
+                return -1, False
         for i, key in enumerate(keys):
             if key in self.index:
                 continue

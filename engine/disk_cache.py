@@ -10,8 +10,9 @@ is removed and counts as a miss: it is never served.
 
 Writes never wait on the disk in the engine loop: the loop copies the bytes into pinned host memory (queued on the
 stream) and a writer thread waits for that copy, then writes; when too much is pending, a write is skipped. Reads
-(disk -> host tier, engine.host_cache) happen in the loop, when a prefix lookup or Engine.warm needs them: a hit's
-files, its snapshot among its pages, are read and checked READ_THREADS at a time (an SSD serves many reads in
+(disk -> host tier, engine.host_cache) start when a prefix lookup needs them and run beside the loop (a request
+waits for its own, the running streams do not; Engine.warm waits in the loop): a hit's files, its snapshot among
+its pages, are read and checked READ_THREADS at a time (an SSD serves many reads in
 flight, and both file reads and zlib's CRC of large buffers run outside the GIL; one after the other they went at a
 quarter of the disk). The check is a CRC-32, not a cryptographic hash: it guards against torn writes and bit rot
 (whoever can write the folder can change the app too), and at ~4 GB/s a core against blake2b's ~1 it keeps up
@@ -32,7 +33,7 @@ import threading
 import time
 import uuid
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +90,7 @@ class DiskCache:
         self.rejected = self.evicted = 0
         self._scan()
         self._readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="qwendesk-disk-read")
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="qwendesk-disk-load")   # read_many_async's batches
         self._queue: queue.Queue[WriteJob | None] = queue.Queue()
         self._thread = threading.Thread(target=self._write_loop, name="qwendesk-disk-cache", daemon=True)
         self._thread.start()
@@ -169,6 +171,10 @@ class DiskCache:
                 self.hit_snapshots += 1
             done.append(True)
         return done
+
+    def read_many_async(self, entries: list[tuple[str, bytes, list[torch.Tensor]]]) -> Future:
+        """read_many in the background (one batch at a time): a Future of its list."""
+        return self._loader.submit(self.read_many, entries)
 
     def _read_file(self, kind: str, key: bytes, views: list[torch.Tensor]) -> Exception | None:
         """(a reader thread) The file's payload into views, checked; its mtime set to now (the LRU order). Returns
@@ -295,6 +301,8 @@ class DiskCache:
         self._queue.join()
 
     def close(self) -> None:
+        """Finish the queued writes and the reads in flight (they fill host memory that is freed after this)."""
         self._queue.put(None)
         self._thread.join()
+        self._loader.shutdown()
         self._readers.shutdown()

@@ -52,6 +52,7 @@ from kernels.quant import WARM_UP_ROWS
 
 log = logging.getLogger("qwendesk.engine")
 NO_VISION = "the loaded model has no vision"
+DISK_POLL_S = 0.002     # how often an otherwise idle loop looks whether the disk tier's reads for a request are done
 
 @dataclass
 class StepInFlight:
@@ -474,8 +475,10 @@ class Engine:
     def _loop(self) -> None:
         while True:
             block = not self._scheduler.has_work()
+            waiting_on_disk = (self._scheduler.waiting and not self._scheduler.running   # nothing to step meanwhile
+                               and self._cache.loading)
             try:
-                msg = self._inbox.get(block=block)
+                msg = self._inbox.get(timeout=DISK_POLL_S) if waiting_on_disk else self._inbox.get(block=block)
                 while True:
                     if msg[0] == "stop":
                         self._fail_all("cancelled", None)

@@ -7,7 +7,8 @@ the least recently used entry that is not held (entries a prefix hit is being re
 
 Copies between the GPU and these blocks are queued on the current CUDA stream without waiting (pinned memory), so
 they are ordered with the steps around them; a run of consecutive blocks moves in one copy. Only the disk tier
-writes blocks from the CPU (store_from): it first waits for the stream, so no queued copy still reads those blocks.
+writes blocks from the CPU: reserve() first waits for the stream, so no queued copy still reads the blocks it hands
+out, and they stay loading (not kept, not evictable) until finish(), so a reader thread may fill them meanwhile.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class HostCache:
         self.free: list[int] = []
         self.entries: OrderedDict[tuple[str, bytes], list[int]] = OrderedDict()   # LRU first
         self.held: set[tuple[str, bytes]] = set()
+        self.loading: dict[tuple[str, bytes], list[int]] = {}   # reserved, being filled (the disk tier's reads)
         self.counts = {"page": 0, "state": 0}          # entries by kind (stats are read every engine step)
         self.hit_pages = 0
         self.hit_snapshots = 0
@@ -168,28 +170,46 @@ class HostCache:
         self.hit_snapshots += 1
 
     # ---- from the CPU (the disk tier) --------------------------------------------------------------
-    def store_from(self, entries: list[tuple[str, bytes]], fill) -> list[bool]:
-        """Keep the (kind, key) entries whose bytes `fill([(kind, key, views), ...])` writes into the given host
-        buffers (views: 1-D uint8 tensors, in order, exactly the entry's bytes) for those not kept yet, returning
-        whether each succeeded; a failed one is not kept. Room is taken in the order given, and past the budget the
-        rest are refused. Returns whether each entry is kept now."""
+    def reserve(self, entries: list[tuple[str, bytes]]) -> list[tuple[str, bytes, list[torch.Tensor]]]:
+        """Blocks for the (kind, key) entries neither kept nor loading, in the order given, until no room is left:
+        [(kind, key, views)] (views: 1-D uint8 tensors, in order, exactly the entry's bytes) for the caller to fill,
+        from any thread, and then hand to finish(). Until then they are loading: not kept, never evicted."""
         if self.pinned:
             torch.cuda.current_stream().synchronize()     # no queued copy may still read the blocks reused here
         placed, was_held = [], set(self.held)
         for kind, key in entries:
+            if (kind, key) in self.entries:
+                self.entries.move_to_end((kind, key))
+                self.held.add((kind, key))                # the batch never evicts its own entries
+                continue
+            if (kind, key) in self.loading:
+                continue
             nbytes = self.block if kind == "page" else self.pools.state_nbytes
-            blocks = self._put(kind, key, -(-nbytes // self.block))
-            if blocks is None and (kind, key) not in self.entries:
+            blocks = self._take(-(-nbytes // self.block))
+            if blocks is None:
                 break                                     # no room left
-            self.held.add((kind, key))                    # the batch never evicts its own entries
-            if blocks is not None:
-                views, left = [], nbytes
-                for i, n in self._runs(blocks):
-                    views.append(self._span(blocks[i], n).view(-1)[:left])
-                    left -= views[-1].numel()
-                placed.append((kind, key, views))
+            self.loading[(kind, key)] = blocks
+            views, left = [], nbytes
+            for i, n in self._runs(blocks):
+                views.append(self._span(blocks[i], n).view(-1)[:left])
+                left -= views[-1].numel()
+            placed.append((kind, key, views))
         self.held = was_held
-        for (kind, key, _), ok in zip(placed, fill(placed) if placed else []):
-            if not ok:
-                self.discard(kind, key)
+        return placed
+
+    def finish(self, placed: list[tuple[str, bytes, list[torch.Tensor]]], filled: list[bool]) -> None:
+        """Keep each reserved entry that was filled; give back the blocks of those that were not."""
+        for (kind, key, _), ok in zip(placed, filled):
+            blocks = self.loading.pop((kind, key))
+            if ok:
+                self.entries[(kind, key)] = blocks
+                self.counts[kind] += 1
+            else:
+                self.free.extend(reversed(blocks))
+
+    def store_from(self, entries: list[tuple[str, bytes]], fill) -> list[bool]:
+        """reserve, fill([(kind, key, views), ...]) -> whether each was filled, finish: in this thread. Returns
+        whether each entry is kept now."""
+        placed = self.reserve(entries)
+        self.finish(placed, fill(placed) if placed else [])
         return [entry in self.entries for entry in entries]

@@ -5,7 +5,8 @@ Each engine step runs at most one prefill batch (up to `prefill_chunk` prompt to
 from several sequences) and one decode round over every running sequence that has finished its
 prompt, so a long prompt arriving never stalls running streams for more than one chunk.
 Admission is first come, first served: the head of the queue waits until a slot and the pages
-for its whole sequence (prompt + max new tokens) are free.
+for its whole sequence (prompt + max new tokens) are free, and until the disk tier has read what
+its prefix hit needs (the running streams go on meanwhile).
 
 Images: a prompt's step ends before the next image whose embeddings are not at hand; the engine encodes one image
 at a time, a bounded share of the tower's work per step (engine/vision/encoder.py), so a large image holds up the
@@ -41,7 +42,7 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_running:
             seq = self.waiting[0]
             hit = self.cache.match_prefix(seq.hash_tokens)
-            if not self.cache.can_admit(hit, seq.max_total):
+            if hit.loading or not self.cache.can_admit(hit, seq.max_total):
                 break
             self.waiting.popleft()
             seq.pages, seq.state_slot = self.cache.admit(hit, seq.max_total)

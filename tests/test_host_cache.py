@@ -197,7 +197,7 @@ def test_a_disk_hit_bigger_than_the_host_tier_restores_what_it_can(tmp_path):
     host = HostCache(p, budget_bytes=4 * p.page_nbytes)
     assert host.state_blocks == 2
     cache = CacheManager(p, num_seq_slots=1, host=host, disk=disk)
-    hit = cache.match_prefix(tokens)
+    hit = cache.match_prefix(tokens, wait=True)
     assert (hit.tokens, hit.snapshot, hit.pages) == (4, keys[0], [-1])
     pages, slot = cache.admit(hit, 13)
     assert all(torch.equal(a, b) for a, b in zip(page_of(p, pages[0]), page_of(src, 0)))
@@ -206,8 +206,10 @@ def test_a_disk_hit_bigger_than_the_host_tier_restores_what_it_can(tmp_path):
     disk.close()
 
 
-def test_a_disk_hit_reads_its_snapshot_beside_its_pages_in_one_batch(tmp_path):
-    """The snapshot (the largest file) is not read after the pages: one read_many has it first, then every page."""
+def test_a_disk_hit_reads_its_snapshot_beside_its_pages_in_one_batch_in_the_background(tmp_path):
+    """The snapshot (the largest file) is not read after the pages: one read_many has it first, then every page. It
+    runs beside the caller: the lookups meanwhile say `loading` (and read nothing again), the one after it the hit."""
+    import threading
     from engine.cache_manager import chain_hashes
     from engine.disk_cache import DiskCache, namespace
     src = pools(num_pages=4, num_slots=5, seed=1)
@@ -217,13 +219,23 @@ def test_a_disk_hit_reads_its_snapshot_beside_its_pages_in_one_batch(tmp_path):
     disk.write_pages(src, keys, [0, 1, 2])
     disk.write_state(src, keys[2], 2)
     disk.flush()
-    batches = []
+    batches, go = [], threading.Event()
     read_many = disk.read_many
-    disk.read_many = lambda entries: batches.append([(kind, key) for kind, key, _ in entries]) or read_many(entries)
+
+    def gated(entries):
+        batches.append([(kind, key) for kind, key, _ in entries])
+        assert go.wait(10)
+        return read_many(entries)
+
+    disk.read_many = gated
     p = pools(num_pages=4, num_slots=5, seed=2)
     cache = CacheManager(p, num_seq_slots=1, host=HostCache(p, budget_bytes=1 << 20), disk=disk)
+    assert cache.match_prefix(tokens).loading and cache.loading
+    assert cache.match_prefix(tokens).loading and cache.stats()["host_pages"] == 0
+    go.set()
+    cache._loads[0][0].result(timeout=10)
     hit = cache.match_prefix(tokens)
-    assert (hit.tokens, hit.snapshot) == (12, keys[2])
+    assert (hit.tokens, hit.snapshot, hit.loading) == (12, keys[2], False) and not cache.loading
     assert batches == [[("state", keys[2])] + [("page", k) for k in keys]]
     pages, slot = cache.admit(hit, 13)
     assert all(torch.equal(a, b) for i in range(3) for a, b in zip(page_of(p, pages[i]), page_of(src, i)))
