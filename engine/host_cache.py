@@ -198,10 +198,11 @@ class HostCache:
         return placed
 
     def finish(self, placed: list[tuple[str, bytes, list[torch.Tensor]]], filled: list[bool]) -> None:
-        """Keep each reserved entry that was filled; give back the blocks of those that were not."""
+        """Keep each reserved entry that was filled; give back the blocks of those that were not (or that the GPU
+        put here meanwhile: then those are kept)."""
         for (kind, key, _), ok in zip(placed, filled):
             blocks = self.loading.pop((kind, key))
-            if ok:
+            if ok and (kind, key) not in self.entries:
                 self.entries[(kind, key)] = blocks
                 self.counts[kind] += 1
             else:

@@ -241,3 +241,19 @@ def test_a_disk_hit_reads_its_snapshot_beside_its_pages_in_one_batch_in_the_back
     assert all(torch.equal(a, b) for i in range(3) for a, b in zip(page_of(p, pages[i]), page_of(src, i)))
     assert torch.equal(p.ssm[:, slot], src.ssm[:, 2])
     disk.close()
+
+
+def test_an_entry_put_from_the_gpu_while_its_disk_read_is_in_flight_is_kept_once():
+    """reserve, then the GPU evicts the same page into the tier, then the read finishes: one entry, no block lost."""
+    p = pools(num_pages=4)
+    host = HostCache(p, budget_bytes=3 * p.page_nbytes)
+    (placed,) = host.reserve([("page", b"k")])
+    assert not host.has("page", b"k") and host.loading
+    host.put_pages([b"k"], [2])
+    placed[2][0].fill_(7)
+    host.finish([placed], [True])
+    assert host.stats()["host_pages"] == 1 and not host.loading
+    host.load_pages([b"k"], [0])
+    assert all(torch.equal(a, b) for a, b in zip(page_of(p, 0), page_of(p, 2)))   # the GPU's copy, not the fill
+    host.put_pages([b"a", b"b"], [1, 3])                 # the other two blocks are free again
+    assert host.stats()["host_pages"] == 3
