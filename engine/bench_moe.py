@@ -3,7 +3,7 @@
 The 35B-A3B: decode at C1 and C8 (aggregate tok/s), the prefill of an 8K prompt, the bytes a decode step reads (the
 weights but the embedding table and the experts no token chose: under the uniform routing of random weights a layer
 reads E (1 - (1 - k / E)^tokens) of its E experts; plus KV and GDN state), and where a C1 decode step's time goes
-(engine.bench.profile_decode, on an engine of its own without PDL, which would count a kernel's wait for the one
+(engine.bench_figures.profile_decode, on an engine of its own without PDL, which would count a kernel's wait for the one
 before as its own time: the step's wall time against its kernels' busy time; the rest is launch overhead and the
 gaps between kernels). Then, the 35B-A3B freed, the 27B int4's C1 decode and 8K prefill in the same process,
 and the table of the issue's ratios against their goals.
@@ -15,7 +15,8 @@ import gc
 
 import torch
 
-from engine.bench import bench_engine, decode_figures, prefill_figures, profile_decode, step_bytes, weight_bytes
+from engine.bench_figures import (bench_engine, decode_figures, prefill_figures, profile_decode, step_bytes,
+                                  weight_bytes)
 from engine.random_model import build_random_model, text_config
 from kernels import pdl
 
