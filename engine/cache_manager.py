@@ -105,10 +105,10 @@ class CacheManager:
                 **(self.disk.stats() if self.disk is not None else {})}
 
     # ---- prefix lookup ---------------------------------------------------------------------
-    def match_prefix(self, tokens: list[int], wait: bool = False) -> PrefixHit:
+    def match_prefix(self, tokens: list[int]) -> PrefixHit:
         """Longest cached prefix (pages + snapshot, in any tier), leaving at least one token to compute. What the
         hit needs from the disk tier is read into the host tier in the background: until that is done the hit is
-        `loading` (look again later); with `wait`, the reads are waited for here."""
+        `loading` (look again later)."""
         self._collect_loads()
         hashes = chain_hashes(tokens[:len(tokens) - 1], self.page_size)
         limit, no_state = len(hashes), set()
@@ -125,7 +125,7 @@ class CacheManager:
                 if self.host is not None:                        # hold this candidate's entries (and no others)
                     self.host.held.clear()
                     self.host.held.add(("state", keys[-1]))
-                secured, state = self._from_disk(keys, wait)
+                secured, state = self._from_disk(keys)
                 if secured < 0:
                     return PrefixHit(loading=True)
                 if secured < len(keys):
@@ -139,21 +139,16 @@ class CacheManager:
             if self.host is not None:
                 self.host.held.clear()
 
-    def warm(self, tokens: list[int]) -> int:
-        """Bring what a prompt's prefix needs from the disk tier into the host tier, ahead of its request (waiting for
-        the reads); returns the prefix tokens a request would reuse now."""
-        return self.match_prefix(tokens, wait=True).tokens
-
     @property
     def loading(self) -> bool:
-        """Whether disk reads started by a lookup are still in flight."""
+        """Whether disk reads started by a lookup are still in flight (or done, and not yet kept)."""
         return bool(self._loads)
 
-    def _collect_loads(self, wait: bool = False) -> None:
-        """Keep the entries of every finished background read (with `wait`: of every one, once it is done)."""
+    def _collect_loads(self) -> None:
+        """Keep the entries of every finished background read."""
         for load in list(self._loads):
             future, placed = load
-            if wait or future.done():
+            if future.done():
                 self._loads.remove(load)
                 try:
                     filled = future.result()
@@ -168,11 +163,12 @@ class CacheManager:
         return (self.host is not None and self.host.has(kind, key)) or (
             self.disk is not None and self.disk.has(kind, key))
 
-    def _from_disk(self, keys: list[bytes], wait: bool) -> tuple[int, bool]:
+    def _from_disk(self, keys: list[bytes]) -> tuple[int, bool]:
         """Read what the candidate hit `keys` has only on disk into the host tier, its snapshot and pages in one
         batch (the snapshot, the largest file, first: it is read beside the pages, not after them), holding the
-        hit's host entries there meanwhile. Returns how many leading pages are now on the GPU or in the host tier
-        (-1: some are still being read), and whether the snapshot at keys[-1] is in a tier."""
+        hit's host entries there meanwhile; only when all of it fits there (else a part would evict another, and
+        the next lookup the first again). Returns how many leading pages are on the GPU or in the host tier, or fit
+        there (-1: some are still being read), and whether the snapshot at keys[-1] is in a tier or fits."""
         def kept(kind: str, key: bytes) -> bool:
             return (key in self.index if kind == "page" else key in self.snapshots) or self.host.has(kind, key)
 
@@ -180,14 +176,13 @@ class CacheManager:
                   if not kept(kind, key)]
         if wanted and self.disk is not None:
             self.host.held.update(("page", k) for k in keys if self.host.has("page", k))
+            fits = self.host.room(wanted)
+            if fits < len(wanted):                      # the first entry without room: the hit ends before it
+                kind, key = wanted[fits]
+                return (len(keys), False) if kind == "state" else (keys.index(key), True)
             placed = self.host.reserve(wanted)          # (it waits for the stream: only when there is a read)
             if placed:
-                if wait:
-                    self.host.finish(placed, self.disk.read_many(placed))
-                else:
-                    self._loads.append((self.disk.read_many_async(placed), placed))
-            if wait:
-                self._collect_loads(wait=True)
+                self._loads.append((self.disk.read_many_async(placed), placed))
             if any(entry in self.host.loading for entry in wanted):
                 return -1, False
         for i, key in enumerate(keys):

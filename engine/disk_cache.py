@@ -10,15 +10,14 @@ is removed and counts as a miss: it is never served.
 
 Writes never wait on the disk in the engine loop: the loop copies the bytes into pinned host memory (queued on the
 stream) and a writer thread waits for that copy, then writes; when too much is pending, a write is skipped. Reads
-(disk -> host tier, engine.host_cache) start when a prefix lookup needs them and run beside the loop (a request
-waits for its own, the running streams do not; Engine.warm waits in the loop): a hit's files, its snapshot among
-its pages, are read and checked READ_THREADS at a time (an SSD serves many reads in
-flight, and both file reads and zlib's CRC of large buffers run outside the GIL; one after the other they went at a
-quarter of the disk). The check is a CRC-32, not a cryptographic hash: it guards against torn writes and bit rot
-(whoever can write the folder can change the app too), and at ~4 GB/s a core against blake2b's ~1 it keeps up
-with an NVMe disk. The
-folder's size is bounded: the least recently used files (by the time they were written or last read: their mtime)
-go first, whatever namespace they belong to. An IO error (a full disk) is logged and the engine carries on.
+(disk -> host tier, engine.host_cache) start when a prefix lookup needs them and run beside the loop (a request, or
+Engine.warm, waits for its own; the running streams and the requests behind it do not): a hit's files, its snapshot
+among its pages, are read and checked READ_THREADS at a time (an SSD serves many reads in flight, and both file
+reads and zlib's CRC of large buffers run outside the GIL; one after the other they went at a quarter of the disk).
+The check is a CRC-32, not a cryptographic hash: it guards against torn writes and bit rot (whoever can write the
+folder can change the app too), and at ~4 GB/s a core against blake2b's ~1 it keeps up with an NVMe disk. The
+folder's size is bounded: the least recently used files (by the time they were written or last read: their mtime) go
+first, whatever namespace they belong to. An IO error (a full disk) is logged and the engine carries on.
 """
 
 from __future__ import annotations

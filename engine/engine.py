@@ -210,6 +210,7 @@ class Engine:
         self._next_id = 0
         self._seqs: dict[int, Sequence] = {}   # loop thread only
         self._in_flight: StepInFlight | None = None   # loop thread only: see _decode
+        self._warming: list[tuple[list[int], Future]] = []   # loop thread only: warm()s whose disk reads run
         self._stats = self._collect_stats()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="qwendesk-engine", daemon=True)
@@ -434,8 +435,9 @@ class Engine:
 
     def warm(self, prompt, tools=None, images=None, **template_kwargs) -> Future:
         """Ahead of a request (a conversation reopened after a restart): read what its prompt's prefix has in the
-        disk tier into host memory, so that the request restores it by fast copies. Returns once the prompt is
-        rendered; the Future gives the prompt tokens a request would now reuse. The prompt as submit() takes it."""
+        disk tier into host memory, so that the request restores it by fast copies (the reads run beside the loop's
+        steps). Returns once the prompt is rendered; the Future gives the prompt tokens a request would now reuse. The
+        prompt as submit() takes it."""
         ids, image_info = self._prompt(prompt, tools, images, template_kwargs)
         done: Future = Future()
         self._inbox.put(("warm", image_info.hash_tokens if image_info else ids, done))
@@ -474,9 +476,9 @@ class Engine:
     # ---- the loop (engine thread) ---------------------------------------------------------
     def _loop(self) -> None:
         while True:
-            block = not self._scheduler.has_work()
-            waiting_on_disk = (self._scheduler.waiting and not self._scheduler.running   # nothing to step meanwhile
-                               and self._cache.loading)
+            block = not (self._scheduler.has_work() or self._warming)
+            waiting_on_disk = ((self._scheduler.waiting or self._warming) and not self._scheduler.running
+                               and self._cache.loading)              # nothing to step meanwhile but to look again
             try:
                 msg = self._inbox.get(timeout=DISK_POLL_S) if waiting_on_disk else self._inbox.get(block=block)
                 while True:
@@ -505,10 +507,12 @@ class Engine:
             seq = self._seqs.get(msg[1])
             if seq is not None:
                 self._finish(seq, "cancelled")
-        elif kind in ("score", "warm"):
+        elif kind == "warm":
+            self._warming.append(msg[1:])
+        elif kind == "score":
             _, ids, done = msg
             try:
-                done.set_result(self._score(ids) if kind == "score" else self._cache.warm(ids))
+                done.set_result(self._score(ids))
             except Exception as e:
                 done.set_exception(e)
 
@@ -525,7 +529,23 @@ class Engine:
             c.release(pages=seq.pages, state_slot=seq.state_slot, total_tokens=len(ids), hashes=[], tokens=[],
                       num_computed=0)
 
+    def _settle_warms(self) -> None:
+        """Answer each warm() whose prefix the tiers now hold (its disk reads done), with the tokens it would reuse."""
+        for item in list(self._warming):
+            ids, done = item
+            try:
+                hit = self._cache.match_prefix(ids)
+            except Exception as e:
+                self._warming.remove(item)
+                done.set_exception(e)
+                continue
+            if not hit.loading:
+                self._warming.remove(item)
+                done.set_result(hit.tokens)
+
     def _step(self) -> None:
+        if self._warming:
+            self._settle_warms()
         now = time.perf_counter()
         for seq in self._scheduler.admit():
             seq.t_admit = now
@@ -747,6 +767,9 @@ class Engine:
 
     def _fail_all(self, reason: str, error: str | None) -> None:
         self._in_flight = None
+        for _, done in self._warming:
+            done.set_exception(RuntimeError(f"the engine stopped before the prefix was read ({reason})"))
+        self._warming = []
         for seq in list(self._seqs.values()):
             self._finish(seq, reason, error)
 

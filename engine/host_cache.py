@@ -170,6 +170,23 @@ class HostCache:
         self.hit_snapshots += 1
 
     # ---- from the CPU (the disk tier) --------------------------------------------------------------
+    def _blocks_of(self, kind: str) -> int:
+        return 1 if kind == "page" else self.state_blocks
+
+    def room(self, entries: list[tuple[str, bytes]]) -> int:
+        """How many of the (kind, key) entries, in order, reserve() would place now: free blocks, the budget's
+        unallocated ones and those of the entries it may evict (not held, not in `entries`); one kept or loading
+        already needs none."""
+        batch = set(entries)
+        left = len(self.free) + self.max_blocks - sum(len(slab) for slab in self.slabs) + sum(
+            len(blocks) for entry, blocks in self.entries.items() if entry not in self.held and entry not in batch)
+        for i, entry in enumerate(entries):
+            if entry not in self.entries and entry not in self.loading:
+                left -= self._blocks_of(entry[0])
+                if left < 0:
+                    return i
+        return len(entries)
+
     def reserve(self, entries: list[tuple[str, bytes]]) -> list[tuple[str, bytes, list[torch.Tensor]]]:
         """Blocks for the (kind, key) entries neither kept nor loading, in the order given, until no room is left:
         [(kind, key, views)] (views: 1-D uint8 tensors, in order, exactly the entry's bytes) for the caller to fill,
@@ -185,7 +202,7 @@ class HostCache:
             if (kind, key) in self.loading:
                 continue
             nbytes = self.block if kind == "page" else self.pools.state_nbytes
-            blocks = self._take(-(-nbytes // self.block))
+            blocks = self._take(self._blocks_of(kind))
             if blocks is None:
                 break                                     # no room left
             self.loading[(kind, key)] = blocks
@@ -207,10 +224,3 @@ class HostCache:
                 self.counts[kind] += 1
             else:
                 self.free.extend(reversed(blocks))
-
-    def store_from(self, entries: list[tuple[str, bytes]], fill) -> list[bool]:
-        """reserve, fill([(kind, key, views), ...]) -> whether each was filled, finish: in this thread. Returns
-        whether each entry is kept now."""
-        placed = self.reserve(entries)
-        self.finish(placed, fill(placed) if placed else [])
-        return [entry in self.entries for entry in entries]

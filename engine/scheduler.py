@@ -5,8 +5,9 @@ Each engine step runs at most one prefill batch (up to `prefill_chunk` prompt to
 from several sequences) and one decode round over every running sequence that has finished its
 prompt, so a long prompt arriving never stalls running streams for more than one chunk.
 Admission is first come, first served: the head of the queue waits until a slot and the pages
-for its whole sequence (prompt + max new tokens) are free, and until the disk tier has read what
-its prefix hit needs (the running streams go on meanwhile).
+for its whole sequence (prompt + max new tokens) are free. A request whose prefix hit the disk
+tier is still reading steps aside meanwhile (keeping its place): those behind it may go first, and
+the running streams go on.
 
 Images: a prompt's step ends before the next image whose embeddings are not at hand; the engine encodes one image
 at a time, a bounded share of the tower's work per step (engine/vision/encoder.py), so a large image holds up the
@@ -38,19 +39,23 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def admit(self) -> list[Sequence]:
-        admitted = []
+        admitted, aside = [], []
         while self.waiting and len(self.running) < self.max_running:
-            seq = self.waiting[0]
+            seq = self.waiting.popleft()
             hit = self.cache.match_prefix(seq.hash_tokens)
-            if hit.loading or not self.cache.can_admit(hit, seq.max_total):
+            if hit.loading:                 # its prefix is being read from disk: those behind it go first meanwhile
+                aside.append(seq)
+                continue
+            if not self.cache.can_admit(hit, seq.max_total):
+                self.waiting.appendleft(seq)
                 break
-            self.waiting.popleft()
             seq.pages, seq.state_slot = self.cache.admit(hit, seq.max_total)
             seq.num_computed = seq.cached_tokens = hit.tokens
             seq.snapshot_at = self._snapshot_boundary(seq)
             self.cache.grow(seq.pages, len(seq.prompt))
             self.running.append(seq)
             admitted.append(seq)
+        self.waiting.extendleft(reversed(aside))
         return admitted
 
     def _snapshot_boundary(self, seq: Sequence) -> int:

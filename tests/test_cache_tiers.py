@@ -108,32 +108,43 @@ def test_stats_show_the_disk_writes_finished_while_the_engine_idles(ckpt, tmp_pa
         assert stats["disk_pages"] > 0 and stats["disk_bytes"] == on_disk
 
 
+def tiered(ckpt, folder, **kw):
+    return Engine(EngineConfig(model=ckpt, device="cpu", dtype="float32", profile="C2", max_context=1024,
+                               host_cache_gb=0.01, disk_cache=True, disk_cache_dir=str(folder), **kw))
+
+
+def held_back(eng):
+    """Hold the engine's disk reads until the returned event is set."""
+    import threading
+    go, read_many = threading.Event(), eng._disk.read_many
+    eng._disk.read_many = lambda entries: (go.wait(30), read_many(entries))[1]
+    return go
+
+
 def test_a_request_reading_the_disk_tier_does_not_hold_up_the_running_streams(ckpt, tmp_path):
     """After a restart, a next turn whose prefix is on disk waits for its read (held back here) while another stream
-    decodes to its end; then it is answered from the cache, equal to a cold run, and a cancel meanwhile is clean."""
-    import threading
+    decodes to its end and a request sent after it is answered; warm() of it waits too, without blocking anything.
+    Then it is answered from the cache, equal to a cold run, and a cancel meanwhile is clean."""
     import time
-
-    def engine(**kw):
-        return Engine(EngineConfig(model=ckpt, device="cpu", dtype="float32", profile="C2", max_context=1024,
-                                   host_cache_gb=0.01, disk_cache=True, disk_cache_dir=str(tmp_path), **kw))
 
     params = SamplingParams(max_tokens=10, **GREEDY)
     first = prompt(300, 1)
-    with engine() as eng:
+    with tiered(ckpt, tmp_path) as eng:
         turn2 = first + eng.generate(first, params).token_ids + prompt(20, 9)
-    with engine(disk_cache_gb=1) as eng:
-        go, read_many = threading.Event(), eng._disk.read_many
-        eng._disk.read_many = lambda entries: (go.wait(30), read_many(entries))[1]
+    with tiered(ckpt, tmp_path, disk_cache_gb=1) as eng:
+        go = held_back(eng)
         started = time.monotonic()
         other = eng.submit(prompt(40, 7), SamplingParams(max_tokens=24, **GREEDY))
         cancelled = eng.submit(turn2, params)
         waiting = eng.submit(turn2, params)
-        finish = [ev for ev in other][-1]
-        assert finish.usage.completion_tokens == 24 and time.monotonic() - started < 20
-        assert not waiting.ready() and eng.stats()["disk_hit_pages"] == 0
+        warmed = eng.warm(turn2)
+        later = eng.submit(prompt(30, 8), SamplingParams(max_tokens=6, **GREEDY))
+        assert [ev for ev in other][-1].usage.completion_tokens == 24
+        assert [ev for ev in later][-1].usage.completion_tokens == 6 and time.monotonic() - started < 20
+        assert not waiting.ready() and not warmed.done() and eng.stats()["disk_hit_pages"] == 0
         cancelled.cancel()
         go.set()
+        assert warmed.result(timeout=30) == 256
         assert [ev for ev in cancelled][-1].finish_reason == "cancelled"
         events = list(waiting)
         assert events[-1].usage.cached_tokens == 256 and eng.stats()["disk_hit_pages"] == 4
@@ -141,3 +152,20 @@ def test_a_request_reading_the_disk_tier_does_not_hold_up_the_running_streams(ck
                              host_cache_gb=0)) as cold_engine:
         cold = cold_engine.generate(turn2, params)
     assert [t for ev in events for t in ev.token_ids] == cold.token_ids
+
+
+def test_closing_while_a_disk_read_is_in_flight_waits_for_it_and_fails_the_pending_warm(ckpt, tmp_path):
+    import threading
+
+    first = prompt(300, 1)
+    with tiered(ckpt, tmp_path) as eng:
+        turn2 = first + eng.generate(first, SamplingParams(max_tokens=10, **GREEDY)).token_ids
+    eng = tiered(ckpt, tmp_path)
+    go = held_back(eng)
+    warmed = eng.warm(turn2)
+    request = eng.submit(turn2, SamplingParams(max_tokens=4, **GREEDY))
+    threading.Timer(0.3, go.set).start()
+    eng.close()                                        # returns once the read is done (it fills host memory)
+    with pytest.raises(RuntimeError, match="stopped"):
+        warmed.result(timeout=5)
+    assert [ev for ev in request][-1].finish_reason == "cancelled"

@@ -101,28 +101,28 @@ def test_a_batch_larger_than_the_budget_keeps_what_fits_consistently():
         assert all(torch.equal(a, b) for a, b in zip(page_of(p, page), want[k]))
 
 
-def test_store_from_fills_many_entries_at_once_within_the_budget():
-    """The disk tier's path in: blocks for every new key first (one batch never evicts its own entries), then one
-    fill for all of them; a key already kept is not filled again; one the fill fails is not kept; past the budget
-    (once the entries outside the batch are evicted) the rest are refused."""
+def test_reserve_then_finish_keeps_the_filled_entries_within_the_budget():
+    """The disk tier's path in: blocks for every new entry in order (a batch never evicts its own entries, and an entry
+    being filled is never evicted), then finish keeps those filled; a key already kept is not reserved again; past the
+    budget (once the entries outside the batch are evicted) the rest are refused."""
     p = pools(num_pages=8)
     host = HostCache(p, budget_bytes=4 * p.page_nbytes)
     host.put_pages([b"0"], [0])
-    filled = []
-
-    def fill(entries):
-        filled.extend(key for _, key, _ in entries)
-        for _, key, views in entries:
-            views[0].fill_(key[0])
-        return [key != b"2" for _, key, _ in entries]
-
     host.put_pages([b"x"], [1])                        # not asked for: evicted to make room
-    wanted = [("page", k) for k in [b"0", b"1", b"2", b"3", b"4"]]
-    assert host.store_from(wanted, fill) == [True, True, False, True, False]
-    assert filled == [b"1", b"2", b"3"]                # "0" was kept; it and the batch's own held the 4 blocks
+    placed = host.reserve([("page", k) for k in [b"0", b"1", b"2", b"3", b"4"]])
+    assert [key for _, key, _ in placed] == [b"1", b"2", b"3"]   # "0" was kept; it and the batch's own took the 4
+    assert not host.has("page", b"1")
+    later = host.reserve([("page", b"5")])             # another batch: "0" is evictable now, those being filled not
+    assert [key for _, key, _ in later] == [b"5"] and not host.has("page", b"0")
+    assert host.reserve([("page", b"6")]) == []
+    for _, key, views in placed + later:
+        views[0].fill_(key[0])
+    host.finish(placed, [key != b"2" for _, key, _ in placed])
+    host.finish(later, [True])
+    assert [host.has("page", k) for k in [b"1", b"2", b"3", b"4", b"5"]] == [True, False, True, False, True]
     host.load_pages([b"3"], [6])
     assert torch.equal(page_of(p, 6)[0].flatten().view(torch.uint8)[:4], torch.full((4,), ord("3"), dtype=torch.uint8))
-    assert not host.has("page", b"x") and host.stats()["host_pages"] == 3 and not host.held
+    assert not host.has("page", b"x") and host.stats()["host_pages"] == 3 and not host.held and not host.loading
 
 
 def test_the_cache_spills_evicted_pages_and_snapshots_and_restores_a_hit_from_the_host():
@@ -180,6 +180,14 @@ def test_on_the_gpu_pinned_copies_keep_stream_order(tmp_path):
     disk.close()
 
 
+def settled(cache: CacheManager, tokens: list[int]) -> PrefixHit:
+    """match_prefix, looked up again until the disk reads it starts are done (the engine looks again each step)."""
+    while (hit := cache.match_prefix(tokens)).loading:
+        for future, _ in cache._loads:
+            future.result(timeout=10)
+    return hit
+
+
 def test_a_disk_hit_bigger_than_the_host_tier_restores_what_it_can(tmp_path):
     """Three pages and snapshots after pages 1 and 3 on disk, a host tier of 4 blocks (a snapshot takes 2): the
     3-page hit cannot be held whole, so the lookup settles for the first page and its snapshot."""
@@ -197,7 +205,7 @@ def test_a_disk_hit_bigger_than_the_host_tier_restores_what_it_can(tmp_path):
     host = HostCache(p, budget_bytes=4 * p.page_nbytes)
     assert host.state_blocks == 2
     cache = CacheManager(p, num_seq_slots=1, host=host, disk=disk)
-    hit = cache.match_prefix(tokens, wait=True)
+    hit = settled(cache, tokens)
     assert (hit.tokens, hit.snapshot, hit.pages) == (4, keys[0], [-1])
     pages, slot = cache.admit(hit, 13)
     assert all(torch.equal(a, b) for a, b in zip(page_of(p, pages[0]), page_of(src, 0)))
