@@ -85,6 +85,7 @@ class CacheManager:
                                    on_evict=host.put_state if host is not None else None)
         self.hits = 0                                              # prefix tokens reused so far
         self._loads: list[tuple] = []                              # (Future, reserved entries): disk reads in flight
+        self.reads_done = 0       # read batches kept so far: a lookup that said `loading` can change only after this does
 
     # ---- accounting ----------------------------------------------------------------------
     @property
@@ -109,7 +110,7 @@ class CacheManager:
         """Longest cached prefix (pages + snapshot, in any tier), leaving at least one token to compute. What the
         hit needs from the disk tier is read into the host tier in the background: until that is done the hit is
         `loading` (look again later)."""
-        self._collect_loads()
+        self.collect_loads()
         hashes = chain_hashes(tokens[:len(tokens) - 1], self.page_size)
         limit, no_state = len(hashes), set()
         try:
@@ -144,12 +145,13 @@ class CacheManager:
         """Whether disk reads started by a lookup are still in flight (or done, and not yet kept)."""
         return bool(self._loads)
 
-    def _collect_loads(self) -> None:
+    def collect_loads(self) -> None:
         """Keep the entries of every finished background read."""
         for load in list(self._loads):
             future, placed = load
             if future.done():
                 self._loads.remove(load)
+                self.reads_done += 1
                 try:
                     filled = future.result()
                 except Exception:          # (read_many reports bad files itself: this is a bug, not a disk error)

@@ -210,7 +210,7 @@ class Engine:
         self._next_id = 0
         self._seqs: dict[int, Sequence] = {}   # loop thread only
         self._in_flight: StepInFlight | None = None   # loop thread only: see _decode
-        self._warming: list[tuple[list[int], Future]] = []   # loop thread only: warm()s whose disk reads run
+        self._warming: list[list] = []   # loop thread only: [ids, Future, reads_done at its last lookup] of warm()s
         self._stats = self._collect_stats()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="qwendesk-engine", daemon=True)
@@ -508,7 +508,7 @@ class Engine:
             if seq is not None:
                 self._finish(seq, "cancelled")
         elif kind == "warm":
-            self._warming.append(msg[1:])
+            self._warming.append([*msg[1:], -1])
         elif kind == "score":
             _, ids, done = msg
             try:
@@ -531,14 +531,18 @@ class Engine:
 
     def _settle_warms(self) -> None:
         """Answer each warm() whose prefix the tiers now hold (its disk reads done), with the tokens it would reuse."""
+        self._cache.collect_loads()
         for item in list(self._warming):
-            ids, done = item
+            ids, done, looked = item
+            if looked == self._cache.reads_done:        # no read has finished since its last lookup
+                continue
             try:
                 hit = self._cache.match_prefix(ids)
             except Exception as e:
                 self._warming.remove(item)
                 done.set_exception(e)
                 continue
+            item[2] = self._cache.reads_done
             if not hit.loading:
                 self._warming.remove(item)
                 done.set_result(hit.tokens)
@@ -767,7 +771,7 @@ class Engine:
 
     def _fail_all(self, reason: str, error: str | None) -> None:
         self._in_flight = None
-        for _, done in self._warming:
+        for _, done, _ in self._warming:
             done.set_exception(RuntimeError(f"the engine stopped before the prefix was read ({reason})"))
         self._warming = []
         for seq in list(self._seqs.values()):

@@ -26,6 +26,7 @@ class Sequence:
     num_computed: int = 0                       # tokens whose KV and GDN state are in the cache
     cached_tokens: int = 0                      # prompt tokens taken from the prefix cache
     snapshot_at: int = -1                       # prompt boundary to snapshot the GDN state at
+    disk_wait: int = -1                         # CacheManager.reads_done when its lookup said loading (scheduler)
     rolling_slot: int = -1                      # end-of-turn snapshot: state at the latest page boundary
     spec_counts: SpeculationStats = field(default_factory=SpeculationStats)   # what speculation did for it
     spec_snapshot: tuple[int, int] | None = None  # a round's snapshot (page boundary, slot) not yet reached

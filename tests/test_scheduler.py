@@ -196,3 +196,26 @@ def test_a_second_turn_reuses_the_first_turns_prompt_and_end_of_turn_snapshots(t
     assert next_turn.snapshot_at == -1                  # its last <|im_start|> is at 32: nothing new to snapshot
     assert sched.prefill_batch() == ([again, next_turn], [10, 3], [4, 0])
     assert cache.stats()["prefix_hit_tokens"] == 40
+
+
+def test_a_request_whose_prefix_is_loading_steps_aside_and_is_looked_up_again_only_after_a_read(tiny_pools,
+                                                                                                 monkeypatch):
+    """A loading hit (the disk tier reading its prefix) keeps the request's place while the one behind it is
+    admitted; it is not looked up again (a whole prompt's hashes) until some read has finished."""
+    from engine.cache_manager import PrefixHit
+    sched = scheduler(tiny_pools)
+    restored, behind = seq(0, 12), seq(1, 8)
+    lookups, loading = [], {restored.id}
+
+    def match_prefix(tokens):
+        lookups.append(tokens)
+        return PrefixHit(loading=True) if tokens == restored.hash_tokens and restored.id in loading else PrefixHit()
+
+    monkeypatch.setattr(sched.cache, "match_prefix", match_prefix)
+    sched.add(restored)
+    sched.add(behind)
+    assert sched.admit() == [behind] and list(sched.waiting) == [restored]
+    assert sched.admit() == [] and len(lookups) == 2                  # not looked up again: no read has finished
+    sched.cache.reads_done += 1                                       # (a read batch was kept)
+    loading.clear()
+    assert sched.admit() == [restored] and len(lookups) == 3
