@@ -7,8 +7,9 @@ that the next start really reads the disk. Then the next turn's TTFT: after a re
 during the request), after a restart and Engine.warm (disk -> host before the request: the app's path), and cold (a
 fresh engine without tiers). Also the host -> GPU restore bandwidth (HostCache.load_pages of the conversation's
 pages), the disk's read speed (the tier's files read back cold, one at a time and READ_THREADS at a time as the
-tier reads them), and decode tok/s of one stream while the writer
-thread writes a just-finished long request's pages, beside the same stream alone.
+tier reads them), decode tok/s of one stream while a restored request's disk reads run (they run beside the loop),
+and decode tok/s of one stream while the writer thread writes a just-finished long request's pages, each beside the
+same stream alone.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 import torch
 
 from engine.disk_cache import READ_THREADS
+
+RESTORE_DECODE_TOKENS = 512     # the stream decoding while a restored request's reads run (~3 s at 27B int4 C1)
 
 
 def drop_page_cache(folder: Path) -> int:
@@ -78,6 +81,28 @@ def restore_gbps(eng, n_pages: int) -> tuple[float, float]:
     return restore, plain
 
 
+def decode_during_restore(eng, folder: Path, turn2: list[int]) -> dict:
+    """Decode tok/s of one stream alone, then while a request for turn2 waits for its prefix to be read from the disk
+    tier (C1: it waits for the stream's slot too; its reads start at once and run beside the loop, so the stream
+    should not stop for them). Closes eng."""
+    from engine.api import SamplingParams
+    from engine.random_model import rand_ids
+    greedy = dict(temperature=0.0, ignore_eos=True)
+    decode = SamplingParams(max_tokens=RESTORE_DECODE_TOKENS, **greedy)
+    try:
+        eng.generate(rand_ids(512, 3), SamplingParams(max_tokens=8, **greedy))     # warm-up at this shape
+        alone = eng.generate(rand_ids(512, 4), decode).timings.decode_tok_s
+        drop_page_cache(folder)
+        events = iter(eng.submit(rand_ids(512, 5), decode))
+        first = next(events)                                                       # decoding now
+        restored = eng.generate(turn2, SamplingParams(max_tokens=1, **greedy))
+        during = [first, *events][-1].timings.decode_tok_s
+    finally:
+        eng.close()
+    return {"decode_alone_tok_s": alone, "decode_during_restore_tok_s": during, "decode_restore_ratio": during / alone,
+            "restore_cached": restored.usage.cached_tokens}
+
+
 def bench_tiers(model, args) -> dict:
     from engine.api import Engine, EngineConfig, SamplingParams
     from engine.random_model import bench_tokenizer, rand_ids
@@ -119,6 +144,7 @@ def bench_tiers(model, args) -> dict:
         eng = engine(kv, host_cache_gb=0)
         r["cold_ttft_ms"], _ = ttft(eng, turn2)
         eng.close()
+        r.update(decode_during_restore(engine(kv, **tiers), folder, turn2))
         r["disk_read_gbps"] = disk_read_gbps(folder, 1)
         r["disk_read_parallel_gbps"] = disk_read_gbps(folder, READ_THREADS)
         r["restart_vs_cold"] = r["restart_ttft_ms"] / r["cold_ttft_ms"]
@@ -164,6 +190,12 @@ def report(res: dict) -> None:
               f"| {r['restart_vs_cold']:.1%} | {r['warmed_ttft_ms']:.0f} ms | {r['warmed_vs_cold']:.1%} "
               f"| {r['warm_ms']:.0f} ms | {r['restore_gbps']:.1f} | {r['pinned_copy_gbps']:.1f} "
               f"| {r['disk_read_gbps']:.2f} / {r['disk_read_parallel_gbps']:.2f} | {r['disk_bytes'] / 1e6:.0f} |")
+    for kv in ("int8", "bf16"):
+        if kv in res:
+            r = res[kv]
+            print(f"{kv} KV: decode of one stream while a restored request's reads run {r['decode_during_restore_tok_s']:.1f}"
+                  f" tok/s against {r['decode_alone_tok_s']:.1f} alone ({r['decode_restore_ratio']:.3f}x; the request "
+                  f"then had {r['restore_cached']} tokens cached)")
     if "decode_ratio" not in res:
         return
     print(f"decode tok/s alone {res['decode_alone_tok_s']:.1f}, during a background disk write "
