@@ -52,7 +52,7 @@ from kernels.quant import WARM_UP_ROWS
 
 log = logging.getLogger("qwendesk.engine")
 NO_VISION = "the loaded model has no vision"
-DISK_POLL_S = 0.002     # how often an otherwise idle loop looks whether the disk tier's reads for a request are done
+DISK_POLL_S = 0.002     # how often an otherwise idle loop looks whether the disk tier's reads are done
 
 @dataclass
 class StepInFlight:
@@ -477,8 +477,9 @@ class Engine:
     def _loop(self) -> None:
         while True:
             block = not (self._scheduler.has_work() or self._warming)
-            waiting_on_disk = ((self._scheduler.waiting or self._warming) and not self._scheduler.running
-                               and self._cache.loading)              # nothing to step meanwhile but to look again
+            # disk reads in flight and nothing running: step every DISK_POLL_S, so that admission keeps what they read
+            # (also for a request cancelled meanwhile) and looks again
+            waiting_on_disk = self._cache.loading and not self._scheduler.running
             try:
                 msg = self._inbox.get(timeout=DISK_POLL_S) if waiting_on_disk else self._inbox.get(block=block)
                 while True:

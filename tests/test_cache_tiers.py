@@ -169,3 +169,24 @@ def test_closing_while_a_disk_read_is_in_flight_waits_for_it_and_fails_the_pendi
     with pytest.raises(RuntimeError, match="stopped"):
         warmed.result(timeout=5)
     assert [ev for ev in request][-1].finish_reason == "cancelled"
+
+
+def test_what_a_cancelled_request_had_read_is_kept_in_the_host_tier(ckpt, tmp_path):
+    import time
+
+    first = prompt(300, 1)
+    with tiered(ckpt, tmp_path) as eng:
+        turn2 = first + eng.generate(first, SamplingParams(max_tokens=10, **GREEDY)).token_ids
+    with tiered(ckpt, tmp_path) as eng:
+        go = held_back(eng)
+        request = eng.submit(turn2, SamplingParams(max_tokens=4, **GREEDY))
+        deadline = time.monotonic() + 20
+        while not eng._cache.loading and time.monotonic() < deadline:   # its lookup started the reads
+            time.sleep(0.01)
+        request.cancel()
+        assert [ev for ev in request][-1].finish_reason == "cancelled"
+        go.set()
+        while eng.stats().get("host_pages", 0) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        s = eng.stats()
+        assert (s["host_pages"], s["host_snapshots"], s["disk_hit_pages"]) == (4, 1, 4)
