@@ -180,6 +180,22 @@ def test_on_the_gpu_pinned_copies_keep_stream_order(tmp_path):
     disk.close()
 
 
+def three_pages_on_disk(tmp_path, snapshots: dict[int, int]):
+    """(source pools, 13 tokens, the chain hashes of their 3 pages, a DiskCache holding those pages and a snapshot
+    after page i (0-based) from the source's state slot snapshots[i])."""
+    from engine.cache_manager import chain_hashes
+    from engine.disk_cache import DiskCache, namespace
+    src = pools(num_pages=4, num_slots=5, seed=1)
+    tokens = list(range(13))
+    keys = chain_hashes(tokens[:12], 4)
+    disk = DiskCache(tmp_path, namespace({"t": 1}), budget_bytes=1 << 20)
+    disk.write_pages(src, keys, [0, 1, 2])
+    for i, slot in snapshots.items():
+        disk.write_state(src, keys[i], slot)
+    disk.flush()
+    return src, tokens, keys, disk
+
+
 def settled(cache: CacheManager, tokens: list[int]) -> PrefixHit:
     """match_prefix, looked up again until the disk reads it starts are done (the engine looks again each step)."""
     while (hit := cache.match_prefix(tokens)).loading:
@@ -191,16 +207,7 @@ def settled(cache: CacheManager, tokens: list[int]) -> PrefixHit:
 def test_a_disk_hit_bigger_than_the_host_tier_restores_what_it_can(tmp_path):
     """Three pages and snapshots after pages 1 and 3 on disk, a host tier of 4 blocks (a snapshot takes 2): the
     3-page hit cannot be held whole, so the lookup settles for the first page and its snapshot."""
-    from engine.cache_manager import chain_hashes
-    from engine.disk_cache import DiskCache, namespace
-    src = pools(num_pages=4, num_slots=5, seed=1)
-    tokens = list(range(13))
-    keys = chain_hashes(tokens[:12], 4)
-    disk = DiskCache(tmp_path, namespace({"t": 1}), budget_bytes=1 << 20)
-    disk.write_pages(src, keys, [0, 1, 2])
-    disk.write_state(src, keys[0], 1)
-    disk.write_state(src, keys[2], 2)
-    disk.flush()
+    src, tokens, keys, disk = three_pages_on_disk(tmp_path, {0: 1, 2: 2})
     p = pools(num_pages=4, num_slots=5, seed=2)
     host = HostCache(p, budget_bytes=4 * p.page_nbytes)
     assert host.state_blocks == 2
@@ -218,15 +225,7 @@ def test_a_disk_hit_reads_its_snapshot_beside_its_pages_in_one_batch_in_the_back
     """The snapshot (the largest file) is not read after the pages: one read_many has it first, then every page. It
     runs beside the caller: the lookups meanwhile say `loading` (and read nothing again), the one after it the hit."""
     import threading
-    from engine.cache_manager import chain_hashes
-    from engine.disk_cache import DiskCache, namespace
-    src = pools(num_pages=4, num_slots=5, seed=1)
-    tokens = list(range(13))
-    keys = chain_hashes(tokens[:12], 4)
-    disk = DiskCache(tmp_path, namespace({"t": 1}), budget_bytes=1 << 20)
-    disk.write_pages(src, keys, [0, 1, 2])
-    disk.write_state(src, keys[2], 2)
-    disk.flush()
+    src, tokens, keys, disk = three_pages_on_disk(tmp_path, {2: 2})
     batches, go = [], threading.Event()
     read_many = disk.read_many
 
