@@ -39,50 +39,48 @@ def moe_route_ref(logits: torch.Tensor, top_k: int, shared: bool) -> tuple[torch
 
 
 @triton.jit
-def _route_rows(logits_ptr, ids_ptr, weights_ptr, t, T, E, stride_l, K: tl.constexpr, SHARED: tl.constexpr,
-                BE: tl.constexpr, BP: tl.constexpr, dtype: tl.constexpr):
-    """Route tokens t [BT] (those below T) of logits [T, stride_l]. The k picks are k argmaxes over the logits (the
-    softmax keeps their order; argmax takes the lowest index of a tie), each taken out of the running after it is
-    picked."""
-    e = tl.arange(0, BE)[None, :]
-    row = t[:, None] < T
-    logits = tl.load(logits_ptr + t[:, None] * stride_l + e, mask=row & (e < E), other=-float("inf"),
+def _route_token(logits_ptr, ids_ptr, weights_ptr, t, E, stride_l, K: tl.constexpr, SHARED: tl.constexpr,
+                 BE: tl.constexpr, BP: tl.constexpr, dtype: tl.constexpr):
+    """Route token t of logits [T, stride_l] (read through L2: another program may have written them). The k picks
+    are k argmaxes over the logits (the softmax keeps their order; argmax takes the lowest index of a tie), each
+    taken out of the running after it is picked."""
+    e = tl.arange(0, BE)
+    logits = tl.load(logits_ptr + t * stride_l + e, mask=e < E, other=-float("inf"),
                      cache_modifier=".cg").to(tl.float32)
-    num = tl.exp(logits - tl.max(logits, axis=1)[:, None])
-    probs = num / tl.sum(num, axis=1)[:, None]
-    j = tl.arange(0, BP)[None, :]
-    ids = tl.zeros((t.shape[0], BP), tl.int32)
-    top = tl.zeros((t.shape[0], BP), tl.float32)
+    num = tl.exp(logits - tl.max(logits, axis=0))
+    probs = num / tl.sum(num, axis=0)
+    j = tl.arange(0, BP)
+    ids = tl.zeros((BP,), tl.int32)
+    top = tl.zeros((BP,), tl.float32)
     left = logits
     for i in tl.static_range(K):
-        best = tl.argmax(left, axis=1, tie_break_left=True)[:, None]
+        best = tl.argmax(left, axis=0, tie_break_left=True)
         ids = tl.where(j == i, best, ids)
-        top = tl.where(j == i, tl.sum(tl.where(e == best, probs, 0.0), axis=1)[:, None], top)
+        top = tl.where(j == i, tl.sum(tl.where(e == best, probs, 0.0), axis=0), top)
         left = tl.where(e == best, -float("inf"), left)
-    weights = (top / tl.sum(top, axis=1)[:, None]).to(dtype).to(tl.float32)
+    weights = (top / tl.sum(top, axis=0)).to(dtype).to(tl.float32)
     P: tl.constexpr = K + SHARED
     if SHARED:
-        gate = tl.load(logits_ptr + t[:, None] * stride_l + E, mask=row, other=0.0, cache_modifier=".cg")
+        gate = tl.load(logits_ptr + t * stride_l + E, cache_modifier=".cg").to(tl.float32)
         ids = tl.where(j == K, E, ids)
-        weights = tl.where(j == K, (1.0 / (1.0 + tl.exp(-gate.to(tl.float32)))).to(dtype).to(tl.float32), weights)
-    mask = row & (j < P)
-    tl.store(ids_ptr + t[:, None] * P + j, ids, mask=mask)
-    tl.store(weights_ptr + t[:, None] * P + j, weights, mask=mask)
+        weights = tl.where(j == K, (1.0 / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32), weights)
+    tl.store(ids_ptr + t * P + j, ids, mask=j < P)
+    tl.store(weights_ptr + t * P + j, weights, mask=j < P)
 
 
 @triton.jit
-def _route_kernel(logits_ptr, ids_ptr, weights_ptr, T, E, stride_l, K: tl.constexpr, SHARED: tl.constexpr,
+def _route_kernel(logits_ptr, ids_ptr, weights_ptr, E, stride_l, K: tl.constexpr, SHARED: tl.constexpr,
                   BE: tl.constexpr, BP: tl.constexpr, PDL: tl.constexpr):
     """One token per program."""
     pdl.enter(PDL)
-    t = tl.program_id(0) + tl.arange(0, 1)
-    _route_rows(logits_ptr, ids_ptr, weights_ptr, t, T, E, stride_l, K, SHARED, BE, BP, logits_ptr.dtype.element_ty)
+    _route_token(logits_ptr, ids_ptr, weights_ptr, tl.program_id(0).to(tl.int64), E, stride_l, K, SHARED, BE, BP,
+                 logits_ptr.dtype.element_ty)
 
 
 @triton.jit
 def _router_route_kernel(x_ptr, w_ptr, logits_ptr, count_ptr, ids_ptr, weights_ptr, T, N, H, stride_x,
                          K: tl.constexpr, SHARED: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr,
-                         BT: tl.constexpr, BE: tl.constexpr, BP: tl.constexpr, PDL: tl.constexpr):
+                         BE: tl.constexpr, BP: tl.constexpr, PDL: tl.constexpr):
     """Program n: router rows [n BN, n BN + BN) for every token, rounded to x's dtype (what F.linear returns), into
     logits [T, N] fp32. Its weights are loaded before it waits for the kernel before (they do not depend on it).
     The last program to arrive at the counter routes every token and resets the counter (kernels/splitk.py's
@@ -101,7 +99,8 @@ def _router_route_kernel(x_ptr, w_ptr, logits_ptr, count_ptr, ids_ptr, weights_p
         tl.store(logits_ptr + t * N + rows, y.to(dtype).to(tl.float32), mask=rows < N)
     tl.debug_barrier()                      # every thread's logits are written before the release below
     if tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
-        _route_rows(logits_ptr, ids_ptr, weights_ptr, tl.arange(0, BT), T, N - SHARED, N, K, SHARED, BE, BP, dtype)
+        for t in range(T):
+            _route_token(logits_ptr, ids_ptr, weights_ptr, t, N - SHARED, N, K, SHARED, BE, BP, dtype)
         tl.atomic_xchg(count_ptr, 0)
 
 
@@ -112,7 +111,7 @@ def moe_route_triton(logits: torch.Tensor, top_k: int, shared: bool) -> tuple[to
     weights = torch.empty(T, P, dtype=torch.float32, device=logits.device)
     if T:
         logits = logits if logits.stride(-1) == 1 else logits.contiguous()
-        _route_kernel[(T,)](logits, ids, weights, T, E, logits.stride(0), K=top_k, SHARED=shared,
+        _route_kernel[(T,)](logits, ids, weights, E, logits.stride(0), K=top_k, SHARED=shared,
                             BE=triton.next_power_of_2(E), BP=triton.next_power_of_2(P), num_warps=4,
                             **pdl.launch_args(logits.device))
     return ids, weights
@@ -147,6 +146,6 @@ def moe_router_route_triton(x: torch.Tensor, router: torch.Tensor, top_k: int,
         count = splitk_scratch(x.device)[1]     # its first counter: every kernel before has reset its own
         _router_route_kernel[(triton.cdiv(N, BN),)](
             x, router, logits, count, ids, weights, T, N, H, x.stride(0), K=top_k, SHARED=shared, BN=BN, BH=BH,
-            BT=triton.next_power_of_2(T), BE=triton.next_power_of_2(N - shared), BP=triton.next_power_of_2(P),
+            BE=triton.next_power_of_2(N - shared), BP=triton.next_power_of_2(P),
             num_warps=4, **pdl.launch_args(x.device))
     return ids, weights, logits
