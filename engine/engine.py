@@ -485,6 +485,8 @@ class Engine:
                 while True:
                     if msg[0] == "stop":
                         self._fail_all("cancelled", None)
+                        for _, done, _ in self._warming:
+                            done.set_exception(RuntimeError("the engine stopped before the prefix was read"))
                         return
                     self._handle(msg)
                     msg = self._inbox.get_nowait()
@@ -772,9 +774,6 @@ class Engine:
 
     def _fail_all(self, reason: str, error: str | None) -> None:
         self._in_flight = None
-        for _, done, _ in self._warming:
-            done.set_exception(RuntimeError(f"the engine stopped before the prefix was read ({reason})"))
-        self._warming = []
         for seq in list(self._seqs.values()):
             self._finish(seq, reason, error)
 
