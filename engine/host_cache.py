@@ -72,12 +72,19 @@ class HostCache:
         row = first % self.slab_blocks
         return self.slabs[first // self.slab_blocks][row:row + n]
 
+    def _unused(self) -> int:
+        """Free blocks and those the budget has not allocated yet (the last slab may be shorter)."""
+        return len(self.free) + self.max_blocks - sum(len(slab) for slab in self.slabs)
+
+    def _evictable(self, keep=frozenset()) -> int:
+        """Blocks of the entries that may be evicted: not held, not in `keep`."""
+        return sum(len(b) for e, b in self.entries.items() if e not in self.held and e not in keep)
+
     def _take(self, n: int) -> list[int] | None:
         """n free blocks, growing the slabs within the budget, else evicting unheld entries (None: cannot, and then
         nothing is evicted)."""
-        growable = self.max_blocks - sum(len(slab) for slab in self.slabs)   # (the last slab may be shorter)
-        if len(self.free) + growable < n and len(self.free) + growable + sum(
-                len(b) for e, b in self.entries.items() if e not in self.held) < n:
+        unused = self._unused()
+        if unused < n and unused + self._evictable() < n:
             return None
         while len(self.free) < n:
             first = len(self.slabs) * self.slab_blocks
@@ -177,9 +184,7 @@ class HostCache:
         """How many of the (kind, key) entries, in order, reserve() would place now: free blocks, the budget's
         unallocated ones and those of the entries it may evict (not held, not in `entries`); one kept or loading
         already needs none."""
-        batch = set(entries)
-        left = len(self.free) + self.max_blocks - sum(len(slab) for slab in self.slabs) + sum(
-            len(blocks) for entry, blocks in self.entries.items() if entry not in self.held and entry not in batch)
+        left = self._unused() + self._evictable(set(entries))
         for i, entry in enumerate(entries):
             if entry not in self.entries and entry not in self.loading:
                 left -= self._blocks_of(entry[0])
