@@ -6,7 +6,7 @@ min(1, p_j(d_j) / q_j(d_j)), p_j the target's distribution at that position afte
 top-p and min-p; at the first rejection the token is drawn from max(0, p_j - q_j) renormalised, and when every draft
 is kept a bonus token is drawn from the last row's p. The kept tokens are then distributed exactly as tokens sampled
 one by one from p (Leviathan et al., Chen et al. 2023). Seeded rows instead draw each position's token from p with
-the very uniforms plain decoding uses at that step (kernels/sampling.py) and keep the drafts that equal them: the
+the very uniforms plain decoding uses at that step (qwendesk_kernels/sampling.py) and keep the drafts that equal them: the
 output is the plain seeded one, whatever the drafts (which depend on the cache: a prefix hit changes the MTP's KV at
 its boundary), at a lower acceptance (sum p q instead of sum min(p, q)).
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.sampling import filtered_probs_ref, race_ref, random_uniform_ref
+from qwendesk_kernels.sampling import filtered_probs_ref, race_ref, random_uniform_ref
 
 # counter streams: a request's draws at generation step s use counter 4 s + stream
 DRAFT, ACCEPT, RESIDUAL = 0, 1, 2

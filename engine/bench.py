@@ -60,7 +60,7 @@ def profile(model, out_dir: str) -> None:
     from engine.api import Engine, EngineConfig
     from engine.kv_cache import CacheTensors
     from engine.model.batch import build_batch
-    from kernels import gdn
+    from qwendesk_kernels import gdn
     eng = Engine.from_model(EngineConfig(model="", device="cuda", max_context=4096), model, bench_tokenizer())
     run(eng, [rand_ids(512, 1)], 16)                         # warm: compile, tune, capture
     ttft = [run(eng, [rand_ids(512, 2 + i)], 1)[0].timings.ttft_ms for i in range(3)]
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", metavar="DIR", help="instead of the speed runs: profile a 512-token prefill "
                     "(torch.profiler, cProfile of the host side into DIR) and the kernels of a decode step")
     ap.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
-                    help="programmatic dependent launch where the GPU has it (kernels/pdl.py); profile with "
+                    help="programmatic dependent launch where the GPU has it (qwendesk_kernels/pdl.py); profile with "
                     "--no-pdl: with it a kernel's time includes its wait for the one before")
     ap.add_argument("--draft-oracle", type=rates, metavar="P,...",
                     help="instead of the speed runs: speculative decoding with drafts right at these rates "
@@ -214,7 +214,7 @@ def main(argv=None) -> int:
         args.hf = False
     if not torch.cuda.is_available():
         ap.exit(2, f"{ap.prog}: error: needs a CUDA GPU; none is available\n")
-    from kernels import pdl
+    from qwendesk_kernels import pdl
     pdl.ENABLED = args.pdl
 
     raw = text_config(args.shape)

@@ -18,7 +18,7 @@ import torch
 from engine.bench_figures import (bench_engine, decode_figures, prefill_figures, profile_decode, step_bytes,
                                   weight_bytes)
 from engine.random_model import build_random_model, text_config
-from kernels import pdl
+from qwendesk_kernels import pdl
 
 PREFILL = 8192
 GOALS = [   # figure, numerator (shape, key), denominator (shape, key), goal

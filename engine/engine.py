@@ -46,9 +46,9 @@ from engine.vision.processor import ImageInputError, ProcessedImage, load_proces
 from engine.vision.prompt import image_prompt, split_images
 from engine.vision.tokens import expand_image_placeholders
 from engine.vision.tower import load_vision_tower
-from kernels.gdn import RECURRENT_MAX_TOKENS
-from kernels.moe_grouped import warm_up_tokens
-from kernels.quant import WARM_UP_ROWS
+from qwendesk_kernels.gdn import RECURRENT_MAX_TOKENS
+from qwendesk_kernels.moe_grouped import warm_up_tokens
+from qwendesk_kernels.quant import WARM_UP_ROWS
 
 log = logging.getLogger("qwendesk.engine")
 NO_VISION = "the loaded model has no vision"
@@ -229,7 +229,7 @@ class Engine:
         """Run each quantized weight shape at WARM_UP_ROWS (2 .. FUSED_MAX_M rows: a prompt's last step, a short chat
         turn): the int4 GEMV's build for M > 1 and the autotuned kernels' M buckets, which otherwise compile and tune
         on first use (seconds each); and each kind of MoE layer at 1 token, at WARM_UP_ROWS and at the token counts
-        that reach each block size of the grouped kernels (kernels/moe_grouped.warm_up_tokens; the routing, decode and
+        that reach each block size of the grouped kernels (qwendesk_kernels/moe_grouped.warm_up_tokens; the routing, decode and
         grouped kernels' builds serve every T; int8 experts: the sorted loop's GEMMs). Before the loop thread starts:
         the model is not yet shared."""
         moes = [m for m in self._model.modules() if isinstance(m, SparseMoE)]

@@ -18,7 +18,7 @@ from engine.model.qwen3_5 import Qwen3_5Model
 from engine.params import TokenLogprob
 from engine.sequence import Sequence
 from engine.speculative import Speculator
-from kernels.sampling import Penalties, sample, token_logprobs, token_mask
+from qwendesk_kernels.sampling import Penalties, sample, token_logprobs, token_mask
 
 BUCKETS = (1, 2, 4, 8)
 

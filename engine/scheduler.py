@@ -20,7 +20,7 @@ from collections import deque
 
 from engine.cache_manager import CacheManager
 from engine.sequence import Sequence
-from kernels.gdn import RECURRENT_MAX_TOKENS
+from qwendesk_kernels.gdn import RECURRENT_MAX_TOKENS
 
 
 class Scheduler:

@@ -5,9 +5,9 @@ A round, for B sequences at once, runs on the device with no host sync (one CUDA
      state; its head reads only the first `draft_vocab` rows of the LM head (the most frequent tokens): verify
      uses the full head, so what is kept stays exact
   2. verify: the main model over [last token, d_1 .. d_k] (k + 1 rows per sequence); GDN layers keep the
-     round's start state in the slot and only note each row's inputs (kernels/gdn.py VerifyRows)
+     round's start state in the slot and only note each row's inputs (qwendesk_kernels/gdn.py VerifyRows)
   3. accept (engine/acceptance.py): the leading drafts kept and the token after them
-  4. replay: every GDN layer's state advanced by the kept rows, one launch (kernels/gdn.py gdn_replay); a page
+  4. replay: every GDN layer's state advanced by the kept rows, one launch (qwendesk_kernels/gdn.py gdn_replay); a page
      boundary inside them also fills the sequence's rolling prefix-cache snapshot
   5. catch-up: the MTP layer over the same k + 1 rows with the kept tokens and the verify's hidden states (its
      KV at those positions made with the true hidden states); the row after the last kept one drafts d_1 of
@@ -28,8 +28,8 @@ from engine.acceptance import Sampling, accept, pick_draft
 from engine.kv_cache import CacheTensors
 from engine.model.batch import ForwardBatch
 from engine.model.qwen3_5 import Qwen3_5Model
-from kernels.gdn import VerifyRows, gdn_replay
-from kernels.sampling import random_uniform_ref
+from qwendesk_kernels.gdn import VerifyRows, gdn_replay
+from qwendesk_kernels.sampling import random_uniform_ref
 
 DRAFT_VOCAB = 32768        # draft head rows: Qwen's ids are in merge order, so the first ones are the most frequent
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine.acceptance import Sampling, accept, draft_probs, pick_draft
-from kernels.sampling import filtered_probs_ref
+from qwendesk_kernels.sampling import filtered_probs_ref
 
 V, K = 6, 2
 
@@ -75,7 +75,7 @@ def test_seeded_rounds_reproduce():
 
 def test_seeded_rows_keep_what_plain_seeded_sampling_draws():
     """Whatever the drafts, a seeded row's new tokens are the ones plain decoding draws at those steps."""
-    from kernels.sampling import sample_ref
+    from qwendesk_kernels.sampling import sample_ref
     torch.manual_seed(3)
     n = 64
     target = torch.randn(n, K + 1, V)

@@ -1,5 +1,5 @@
 """The command lines: a chat session, and bad arguments refused while parsing (exit 2, one error line on
-stderr, no model loaded) by qwendesk-chat, qwendesk-serve, qwendesk, qwendesk-bench and kernels.bench."""
+stderr, no model loaded) by qwendesk-chat, qwendesk-serve, qwendesk, qwendesk-bench and qwendesk_kernels.bench."""
 
 import io
 import subprocess
@@ -14,7 +14,7 @@ from app.main import main as app_main
 from engine.bench import main as bench_main
 from engine.cli import chat_main
 from engine.server.cli import parse_args as serve_args
-from kernels.bench import main as kernels_bench_main
+from qwendesk_kernels.bench import main as kernels_bench_main
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens without a CUDA GPU")
 
@@ -167,7 +167,7 @@ def test_benches_refuse_bad_arguments(capsys):
 
 @no_gpu
 def test_benches_say_they_need_a_gpu(capsys):
-    for run, prog in ((bench_main, "qwendesk-bench"), (kernels_bench_main, "python -m kernels.bench")):
+    for run, prog in ((bench_main, "qwendesk-bench"), (kernels_bench_main, "python -m qwendesk_kernels.bench")):
         assert refusal(capsys, run, ["--no-hf"] if run is bench_main else []) == \
             f"{prog}: error: needs a CUDA GPU; none is available"
 

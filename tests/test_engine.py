@@ -302,7 +302,7 @@ def test_warm_up_runs_the_prefill_variants_a_first_chat_prompt_needs(ckpt, monke
     """On CUDA the engine warms up at load so that a first request compiles no Triton kernel; a short prompt
     whose prefill step saves the GDN state in passing (what most chat prompts do) uses a kernel variant of its
     own, so the warm-up must run one (called here on the CPU, where the ops are the references)."""
-    from kernels import gdn, ops
+    from qwendesk_kernels import gdn, ops
     steps = []
     real = ops.gated_delta_rule
 

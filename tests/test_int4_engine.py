@@ -89,13 +89,13 @@ def test_warm_up_runs_every_quantized_shape_at_the_gemv_row_buckets(engines, mon
     fused GEMM's 64 .. FUSED_MAX_M): a prompt's short last step or a chat turn would compile and tune them on first
     use (seconds), so the engine runs every quantized weight shape at one row count per bucket before serving
     (called here on the CPU, where the ops are the references)."""
-    from kernels import quant as kernels_quant
-    from kernels.gemv_dot import m_bucket
-    from kernels.quant import FUSED_MAX_M, WARM_UP_ROWS
+    from qwendesk_kernels import quant as kernels_quant
+    from qwendesk_kernels.gemv_dot import m_bucket
+    from qwendesk_kernels.quant import FUSED_MAX_M, WARM_UP_ROWS
     assert WARM_UP_ROWS[0] == 2 and {m_bucket(m) for m in range(9, FUSED_MAX_M + 1)} == set(WARM_UP_ROWS[1:])
     _, _, quant, _ = engines
     seen = set()
-    for name in ("int4_linear", "int8_linear"):            # what kernels.quant.matmul calls
+    for name in ("int4_linear", "int8_linear"):            # what qwendesk_kernels.quant.matmul calls
         real = getattr(kernels_quant, name)
         monkeypatch.setattr(kernels_quant, name, lambda x, w, real=real, name=name: (
             seen.add((name, tuple(w.shape), x.shape[0])), real(x, w))[1])

@@ -1,4 +1,4 @@
-"""Paged attention kernels (kernels/attention.py) against their torch references.
+"""Paged attention kernels (qwendesk_kernels/attention.py) against their torch references.
 
 Small shapes run the Triton kernels on whatever device there is (the interpreter on the CPU); the
 `gpu` tests repeat the checks in bf16 / int8 at the 27B shapes and replay decode in a CUDA graph.
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from kernels.attention import (decode_attention, paged_attention, paged_attention_ref, prefill_attention,
+from qwendesk_kernels.attention import (decode_attention, paged_attention, paged_attention_ref, prefill_attention,
                                store_kv, store_kv_ref, store_kv_triton)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

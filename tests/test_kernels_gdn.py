@@ -10,13 +10,13 @@ import functools
 import pytest
 import torch
 
-from kernels.conv1d import (causal_conv1d, causal_conv1d_ref, causal_conv1d_triton, causal_conv1d_update,
+from qwendesk_kernels.conv1d import (causal_conv1d, causal_conv1d_ref, causal_conv1d_triton, causal_conv1d_update,
                             causal_conv1d_update_ref, causal_conv1d_update_triton)
-from kernels.gdn import (FUSED_NORM_MAX_B, VerifyRows, _fla_chunk, decode_block_v, gated_delta_rule,
+from qwendesk_kernels.gdn import (FUSED_NORM_MAX_B, VerifyRows, _fla_chunk, decode_block_v, gated_delta_rule,
                          gated_delta_rule_fla, gated_delta_rule_ref, gdn_decode, gdn_decode_ref, gdn_decode_triton,
                          gdn_gating, gdn_gating_ref, gdn_gating_triton, gdn_replay, gdn_replay_ref, gdn_replay_triton,
                          recurrent_gated_delta_rule_triton)
-from kernels.norm import gated_rms_norm_triton
+from qwendesk_kernels.norm import gated_rms_norm_triton
 
 W = 4
 SHAPE_27B = dict(Hk=16, Hv=48, K=128, V=128)

@@ -8,10 +8,10 @@ shapes (hidden 5120; q [T, 24, 256] and k [T, 4, 256] cut out of the fused qkv p
 import pytest
 import torch
 
-from kernels.activation import silu_mul, silu_mul_ref, silu_mul_triton
-from kernels.norm import (add_rms_norm, add_rms_norm_ref, add_rms_norm_triton, gated_rms_norm, gated_rms_norm_ref,
+from qwendesk_kernels.activation import silu_mul, silu_mul_ref, silu_mul_triton
+from qwendesk_kernels.norm import (add_rms_norm, add_rms_norm_ref, add_rms_norm_triton, gated_rms_norm, gated_rms_norm_ref,
                           gated_rms_norm_triton, rms_norm, rms_norm_ref, rms_norm_triton)
-from kernels.rope import (apply_rope_ref, inv_freq, mrope_axis, qk_norm_rope, qk_rope, qk_rope_triton,
+from qwendesk_kernels.rope import (apply_rope_ref, inv_freq, mrope_axis, qk_norm_rope, qk_rope, qk_rope_triton,
                           rope_cos_sin)
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=2e-3),

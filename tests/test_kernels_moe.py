@@ -1,4 +1,4 @@
-"""The MoE routing and decode kernels against their torch references, and the dispatch of kernels/ops.moe_experts.
+"""The MoE routing and decode kernels against their torch references, and the dispatch of qwendesk_kernels/ops.moe_experts.
 
 CPU: the Triton kernels run in the interpreter (fp32 / fp16, small odd shapes: K past a whole 128-k block, groups
 of 32 / 64 / 128, 16-bit and int4 weights, with and without the shared expert's pair, split and unsplit). GPU
@@ -9,13 +9,13 @@ replay from a CUDA graph.
 import pytest
 import torch
 
-from kernels import ops
-from kernels.moe_decode import MOE_DECODE_MAX_T, moe_decode, moe_decode_ref
-from kernels.moe_route import moe_route, moe_route_ref, moe_route_triton, moe_router_route_triton
-from kernels.moe_grouped import moe_grouped_ref
-from kernels.moe_sorted import moe_sorted
-from kernels.quant_format import dequantize_int8_ref, pack_int4, pack_int8
-from kernels.splitk import splitk_scratch
+from qwendesk_kernels import ops
+from qwendesk_kernels.moe_decode import MOE_DECODE_MAX_T, moe_decode, moe_decode_ref
+from qwendesk_kernels.moe_route import moe_route, moe_route_ref, moe_route_triton, moe_router_route_triton
+from qwendesk_kernels.moe_grouped import moe_grouped_ref
+from qwendesk_kernels.moe_sorted import moe_sorted
+from qwendesk_kernels.quant_format import dequantize_int8_ref, pack_int4, pack_int8
+from qwendesk_kernels.splitk import splitk_scratch
 
 pytestmark = pytest.mark.usefixtures("poisoned_outputs")   # see tests/conftest.py
 

@@ -1,4 +1,4 @@
-"""The grouped MoE expert kernels (kernels/moe_grouped.py) against their torch references.
+"""The grouped MoE expert kernels (qwendesk_kernels/moe_grouped.py) against their torch references.
 
 CPU: the alignment and the two grouped GEMMs in the interpreter (fp16 / fp32: the interpreter's dot has no bf16),
 small shapes that reach every BM of the default configs, K past the last full block, experts without pairs, one
@@ -9,10 +9,10 @@ bench sweeps, and a CUDA graph replayed with other routing.
 import pytest
 import torch
 
-from kernels import moe_grouped as mg
-from kernels.moe_grouped import (default_config, max_blocks, moe_align, moe_align_ref, moe_grouped,
+from qwendesk_kernels import moe_grouped as mg
+from qwendesk_kernels.moe_grouped import (default_config, max_blocks, moe_align, moe_align_ref, moe_grouped,
                                  moe_grouped_ref, moe_grouped_triton, warm_up_tokens, workspace_bytes)
-from kernels.quant_format import pack_int4
+from qwendesk_kernels.quant_format import pack_int4
 
 pytestmark = pytest.mark.usefixtures("poisoned_outputs")   # see tests/conftest.py
 
@@ -206,7 +206,7 @@ def test_gpu_real_shape(T, int4, real_experts):
 @pytest.mark.parametrize("int4", [False, True], ids=["bf16", "int4"])
 def test_gpu_every_swept_config(int4, real_experts):
     """Whatever config the bench's sweep finds best must be right."""
-    from kernels.bench_moe_grouped import sweep_configs
+    from qwendesk_kernels.bench_moe_grouped import sweep_configs
     gate_up, down = real_experts(int4)
     ids, weights = real_routing(512, seed=3)
     x = torch.randn(512, SHAPE["H"], device="cuda", dtype=torch.bfloat16)

@@ -1,4 +1,4 @@
-"""The int4 MoE decode kernels on the mma GEMV (kernels/moe_decode_mma.py) against moe_decode_ref.
+"""The int4 MoE decode kernels on the mma GEMV (qwendesk_kernels/moe_decode_mma.py) against moe_decode_ref.
 
 CPU: the interpreter (mma.sync written out in tl ops), fp16 (the interpreter casts fp32 to bf16 by truncation, and h
 is rounded three times), small odd shapes with few units (each costs ~1 s there): K past a whole 128-k block, groups
@@ -10,10 +10,10 @@ mark): bf16 at the 35B-A3B shape, forced configs (the bench's sweep), determinis
 import pytest
 import torch
 
-from kernels.moe_decode import moe_decode_ref
-from kernels.bench_moe import MMA_SWEEP
-from kernels.moe_decode_mma import MOE_MMA_CONFIG, _plan_kernel, moe_decode_mma, moe_mma_grids
-from kernels.splitk import splitk_scratch
+from qwendesk_kernels.moe_decode import moe_decode_ref
+from qwendesk_kernels.bench_moe import MMA_SWEEP
+from qwendesk_kernels.moe_decode_mma import MOE_MMA_CONFIG, _plan_kernel, moe_decode_mma, moe_mma_grids
+from qwendesk_kernels.splitk import splitk_scratch
 from tests.test_kernels_moe import A3B, TOL, a3b, check, experts, rel_err, routed
 
 pytestmark = pytest.mark.usefixtures("poisoned_outputs")   # see tests/conftest.py

@@ -12,17 +12,17 @@ import functools
 import pytest
 import torch
 
-from kernels.bench_quant import HIDDEN, LM_HEAD, PROJ
-from kernels.activation import silu_mul, silu_mul_ref
-from kernels.gemv_mma import gemv, gemv_mma_configs, gemv_mma_grid
-from kernels.quant import (int4_linear, int4_linear_triton, int4_swiglu, int8_embedding, int8_embedding_triton,
+from qwendesk_kernels.bench_quant import HIDDEN, LM_HEAD, PROJ
+from qwendesk_kernels.activation import silu_mul, silu_mul_ref
+from qwendesk_kernels.gemv_mma import gemv, gemv_mma_configs, gemv_mma_grid
+from qwendesk_kernels.quant import (int4_linear, int4_linear_triton, int4_swiglu, int8_embedding, int8_embedding_triton,
                            int8_linear, int8_linear_triton)
-from kernels.quant_format import (dequantize_int4_ref, dequantize_int8_ref, int4_linear_ref, int8_embedding_ref,
+from qwendesk_kernels.quant_format import (dequantize_int4_ref, dequantize_int8_ref, int4_linear_ref, int8_embedding_ref,
                                   int8_linear_ref, pack_int4, pack_int4_codes, pack_int8, pack_int8_as_int4,
                                   tile_group_params,
                                   unpack_int4, unpack_int4_codes, untile_group_params, write_group_param_rows,
                                   write_int4_rows)
-from kernels.splitk import SPLITK_FLOATS, splitk_scratch
+from qwendesk_kernels.splitk import SPLITK_FLOATS, splitk_scratch
 
 M_CPU = [1, 3, 8, 17, 32, 33, 100, 300]     # GEMV buckets 8 / 16 / 32, the fused GEMM (M tiles), dequantise + matmul
 
@@ -389,7 +389,7 @@ def test_gemv_forced_configs_gpu(bits, M, tile, split):
 @pytest.mark.parametrize("name", ["mlp_down", "gdn_in_qkvz"])
 def test_int4_fused_gemm_configs_gpu(name, M):
     """Every M-tile config the autotuner may pick for the fused GEMM (and its own pick) at the 27B shapes, bf16."""
-    from kernels.gemv_dot import _CONFIGS
+    from qwendesk_kernels.gemv_dot import _CONFIGS
     w = weight_27b(name)
     x = torch.randn(M, w.shape[1], dtype=torch.bfloat16, device="cuda")
     ref = int4_linear_ref(x, w)

@@ -27,7 +27,7 @@ def top(module: str) -> str:
 
 def test_the_app_imports_the_engine_only_through_its_api():
     """...and the endpoint from engine.server (FastAPI is imported only when the user switches it on)."""
-    bad = [(f, m) for f, m in imports("app") if top(m) in ("engine", "kernels") and m not in ("engine.api",
+    bad = [(f, m) for f, m in imports("app") if top(m) in ("engine", "qwendesk_kernels") and m not in ("engine.api",
                                                                                               "engine.server")]
     assert bad == []
 
@@ -36,12 +36,12 @@ def test_the_server_takes_the_engine_from_its_api():
     """Its command line (server/cli.py, the program on top) also shares the argument checks of engine/cli_args.py
     with qwendesk-chat."""
     allowed = {("engine/server/cli.py", "engine.cli_args")}
-    bad = [(f, m) for f, m in imports("engine/server") if top(m) in ("engine", "kernels") and m != "engine.api"
+    bad = [(f, m) for f, m in imports("engine/server") if top(m) in ("engine", "qwendesk_kernels") and m != "engine.api"
            and not m.startswith("engine.server") and (f, m) not in allowed]
     assert bad == []
 
 
-@pytest.mark.parametrize("package, banned", [("engine", ("app", "PySide6")), ("kernels", ("app", "engine", "PySide6"))])
+@pytest.mark.parametrize("package, banned", [("engine", ("app", "PySide6")), ("qwendesk_kernels", ("app", "engine", "PySide6"))])
 def test_lower_floors_never_import_upper_ones(package, banned):
     bad = [(f, m) for f, m in imports(package) if top(m) in banned]
     assert bad == []

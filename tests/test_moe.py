@@ -15,7 +15,7 @@ from engine.model.moe import SparseMoE
 from engine.model.layers import MLP
 from engine.weights.loader import load_state_dict
 from engine.weights.policy import QuantPolicy, policy_bytes
-from kernels.moe_route import moe_route_ref
+from qwendesk_kernels.moe_route import moe_route_ref
 from tests.fixtures.hf_pairs import HFPairs, rel_err
 
 NAMES = ["moe", "moe_wrapper_ties"]

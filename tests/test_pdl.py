@@ -1,14 +1,14 @@
-"""Programmatic dependent launch (kernels/pdl.py): off where it cannot run; on the GPU a chain of the decode step's
+"""Programmatic dependent launch (qwendesk_kernels/pdl.py): off where it cannot run; on the GPU a chain of the decode step's
 kernels replayed from a CUDA graph with PDL gives bit for bit what the same kernels give launched one after the
 other without it (a kernel that read its input before waiting for the one before would read stale values)."""
 
 import pytest
 import torch
 
-from kernels import pdl
-from kernels.activation import silu_mul
-from kernels.norm import add_rms_norm
-from kernels.quant import int4_linear
+from qwendesk_kernels import pdl
+from qwendesk_kernels.activation import silu_mul
+from qwendesk_kernels.norm import add_rms_norm
+from qwendesk_kernels.quant import int4_linear
 from tests.test_kernels_quant import random_int4
 
 

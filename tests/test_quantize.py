@@ -84,7 +84,7 @@ def test_int8_error_and_bf16_input():
 
 
 def test_canonical_form_packs_for_the_kernels():
-    int4 = pytest.importorskip("kernels.quant_format")
+    int4 = pytest.importorskip("qwendesk_kernels.quant_format")
     W = llm_like_weight(64, 256)
     t = quantize_int4(W, 128)
     packed = int4.pack_int4(t.q, t.scales, t.zeros, t.group_size)

@@ -6,7 +6,7 @@ from engine.cache_manager import CacheManager
 from engine.params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
-from kernels.gdn import RECURRENT_MAX_TOKENS
+from qwendesk_kernels.gdn import RECURRENT_MAX_TOKENS
 
 PAGE = 4
 IM = 1000          # the <|im_start|> token

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kernels.gdn import VerifyRows
+from qwendesk_kernels.gdn import VerifyRows
 
 if TYPE_CHECKING:
     from engine.vision.positions import MRopePositions

@@ -16,7 +16,7 @@ from engine.config import ModelConfig
 from engine.model.batch import ForwardBatch
 from engine.model.linear import Build, Linear, param
 from engine.model.moe import SparseMoE
-from kernels import ops
+from qwendesk_kernels import ops
 
 
 class RMSNorm(nn.Module):

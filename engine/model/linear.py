@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from engine.weights.policy import int8_held_as_planes
-from kernels import ops
-from kernels.quant_format import (Int4Weight, Int8Weight, int8_as_int4_planes, pack_int8, weight_rows,
+from qwendesk_kernels import ops
+from qwendesk_kernels.quant_format import (Int4Weight, Int8Weight, int8_as_int4_planes, pack_int8, weight_rows,
                                   write_group_param_rows, write_int4_rows)
 
 
@@ -45,7 +45,7 @@ def param(tensor: torch.Tensor) -> nn.Parameter:
 class Linear(nn.Module):
     """y = x W^T with W [out, in] stacked from checkpoint tensors `parts` (name suffix -> rows).
     scheme "float": W in the model dtype; "int4": packed codes with per-group scales and zeros;
-    "int8": codes with per-group scales, held as two int4 planes over 2K (kernels/quant_format.int8_as_int4_planes:
+    "int8": codes with per-group scales, held as two int4 planes over 2K (qwendesk_kernels/quant_format.int8_as_int4_planes:
     exact, and the int4 GEMV reads them faster than an int8 GEMV reads int8) where int8_held_as_planes says."""
 
     int8_planes = True      # the Embedding gathers rows: row-major int8
@@ -64,7 +64,7 @@ class Linear(nn.Module):
         self.planes = 2 if self.scheme == "int8" and self.int8_planes and int8_held_as_planes(self.shape) else 1
         self.int4_tiles = self.scheme == "int4" or self.planes == 2
         if self.int4_tiles:
-            tiles, K = -(-N // 16), K * self.planes     # 16-row tiles: see kernels/quant_format.py
+            tiles, K = -(-N // 16), K * self.planes     # 16-row tiles: see qwendesk_kernels/quant_format.py
             self.register_buffer("qweight", build.empty(tiles, -(-K // 128), 16, 16, dtype=torch.int32).zero_())
             self.register_buffer("scales", build.empty(tiles, K // self.group_size, 16).zero_())
             self.register_buffer("zeros", build.empty(tiles, K // self.group_size, 16).zero_())
@@ -98,7 +98,7 @@ class Linear(nn.Module):
         return ops.matmul(x, self.rows(0, n))
 
     def rows(self, start: int, n: int) -> torch.Tensor | Int4Weight | Int8Weight:
-        """The weight of output rows [start, start + n), a view (kernels/quant_format.weight_rows)."""
+        """The weight of output rows [start, start + n), a view (qwendesk_kernels/quant_format.weight_rows)."""
         return weight_rows(self.held, start, n)
 
     def checkpoint_slices(self, prefix: str | None = None):
@@ -138,7 +138,7 @@ class Linear(nn.Module):
         """W [N, K] in the model dtype (a copy when quantized)."""
         if self.scheme == "float":
             return self.weight
-        from kernels.quant_format import dequantize_int4_ref, dequantize_int8_ref
+        from qwendesk_kernels.quant_format import dequantize_int4_ref, dequantize_int8_ref
         w = self.quantized()
         return dequantize_int4_ref(w) if isinstance(w, Int4Weight) else dequantize_int8_ref(w)
 

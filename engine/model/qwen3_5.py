@@ -12,7 +12,7 @@ from engine.model.batch import ForwardBatch
 from engine.model.layers import DecoderLayer, RMSNorm
 from engine.model.linear import Build, Embedding, Linear
 from engine.model.mtp import MTP
-from kernels.rope import inv_freq, mrope_axis
+from qwendesk_kernels.rope import inv_freq, mrope_axis
 
 
 class Rotary(nn.Module):

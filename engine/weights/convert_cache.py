@@ -35,7 +35,7 @@ FORMAT_VERSION = 2
 CACHE_ENV = "QWENDESK_CACHE_DIR"
 SHARD_BYTES = 1 << 30
 MANIFEST = "manifest.json"
-KERNEL_GROUP_SIZES = (32, 64, 128)      # int4 group sizes kernels/quant_format.pack_int4 takes
+KERNEL_GROUP_SIZES = (32, 64, 128)      # int4 group sizes qwendesk_kernels/quant_format.pack_int4 takes
 
 Weight = torch.Tensor | Int4 | Int8 | ActOrderInt4
 Progress = Callable[[int, int], None]

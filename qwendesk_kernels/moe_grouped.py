@@ -17,10 +17,10 @@ out[t] = sum_j weights[t, j] * down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, j
   reads one int32 and exits: the grid is the bound, the work what the routing made.
 - The per-token sum over P of the pairs' rows is torch's (one launch; fp32 accumulation, no atomics: the same
   bits every run).
-- Int4 weights go through the dot GEMV's K loop (kernels/gemv_dot.py dot_tile: the packed words are the tensor
+- Int4 weights go through the dot GEMV's K loop (qwendesk_kernels/gemv_dot.py dot_tile: the packed words are the tensor
   cores' A operand, sum_k x by a dot with ones, per-group scale and zero once per output), so there is one
   dequantisation in the tree; 16-bit weights are a plain tl.dot GEMM with x as A. Roundings are the unfused
-  path's (a linear's output in the activation dtype, then SwiGLU as kernels/activation.py, the expert's output
+  path's (a linear's output in the activation dtype, then SwiGLU as qwendesk_kernels/activation.py, the expert's output
   rounded before the routing weight), so moe_grouped_ref below is a loop over experts of the ordinary ops.
 - Configs: a fixed one per BM (chosen from the mean pairs per expert), no autotuner: nothing to tune inside a
   graph capture, and each BM compiles once (warm_up_tokens: token counts that reach every BM).
@@ -33,11 +33,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
-from kernels.activation import silu_mul_ref
-from kernels.gemv_dot import dot_tile
-from kernels.quant_format import Int4Weight, int4_linear_ref, weight_rows
-from kernels.runtime import INTERPRET
+from qwendesk_kernels import pdl
+from qwendesk_kernels.activation import silu_mul_ref
+from qwendesk_kernels.gemv_dot import dot_tile
+from qwendesk_kernels.quant_format import Int4Weight, int4_linear_ref, weight_rows
+from qwendesk_kernels.runtime import INTERPRET
 
 ALIGN_EXPERTS = 16        # experts per program of the alignment kernels
 ALIGN_SEGMENT = 4096      # pairs per program of the alignment kernels
@@ -215,7 +215,7 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, z_ptr, pairs_ptr, block_expert_ptr, num
         h_ptrs = h_ptr + slot[:, None] * I + cols[None, :]
         h_mask = cols[None, :] < I
     dtype = h_ptr.dtype.element_ty
-    gate = gate.to(dtype).to(tl.float32)                      # the projection's output, then kernels/activation.py
+    gate = gate.to(dtype).to(tl.float32)                      # the projection's output, then qwendesk_kernels/activation.py
     silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
     tl.store(h_ptrs, (silu * up.to(dtype).to(tl.float32)).to(dtype), mask=h_mask)
 
@@ -256,7 +256,7 @@ def _down_kernel(h_ptr, w_ptr, s_ptr, z_ptr, pairs_ptr, block_expert_ptr, num_bl
 def default_config(n_pairs: int, num_experts: int, int4: bool) -> dict:
     """BM from the mean pairs per expert (an expert's last block is half empty on average: BM up to half the mean),
     BN_UP columns of I (2 BN_UP weight rows of gate | up per program), BN_DOWN columns of H; warps and stages. Not
-    yet tuned on a GPU (kernels/bench_moe_grouped.py --sweep measures the alternatives)."""
+    yet tuned on a GPU (qwendesk_kernels/bench_moe_grouped.py --sweep measures the alternatives)."""
     mean = n_pairs / num_experts
     BM = next((bm for bm in BLOCK_MS[:-1] if mean < 2 * bm), BLOCK_MS[-1])
     return dict(BM=BM, BN_UP=64, BN_DOWN=128, BK=64, WARPS=8 if BM == 128 else 4, STAGES=2 if int4 else 3)

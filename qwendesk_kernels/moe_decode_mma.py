@@ -1,7 +1,7 @@
-"""The int4 MoE decode kernels on the mma GEMV's machinery (kernels/gemv_mma.py): the same inline-PTX mma.sync on
+"""The int4 MoE decode kernels on the mma GEMV's machinery (qwendesk_kernels/gemv_mma.py): the same inline-PTX mma.sync on
 the packed words, the same stream-K one-wave grid, SwiGLU in the epilogue; ops.moe_experts' path for int4 experts and up to 8
-tokens (0.92-2.2 TB/s at the 35B-A3B shape on the H200, against 0.52-0.87 for kernels/moe_decode.py's tl.dot tiles:
-`python -m kernels.bench_moe`). Same signature, same torch reference (moe_decode_ref).
+tokens (0.92-2.2 TB/s at the 35B-A3B shape on the H200, against 0.52-0.87 for qwendesk_kernels/moe_decode.py's tl.dot tiles:
+`python -m qwendesk_kernels.bench_moe`). Same signature, same torch reference (moe_decode_ref).
 
 Slots. The mma's B operand has 8 columns: column c is token c (x rows for gate_up, h rows for down). A slot is one
 expert and the tokens it serves: at T = 1 (and below GROUP_MIN_T) the slots are the pairs, each serving its own
@@ -21,8 +21,8 @@ sized for T P slots; each program reads the slot count and takes its share of th
   without a pair there) into its sums, which are out[token, rows] summed over the token's pairs. Row groups split over programs: splitk's
   store_tile, the partials summed in order by the last to arrive (deterministic, one launch, no per-pair buffer).
 Both wait for the kernel before them first (pdl.enter): the experts they read come from it. The configs
-(MOE_MMA_CONFIG, GROUP_MIN_T included) are the best of kernels/bench_moe.py's sweep on the H200 (DOWN_R 1; grouping
-pays from T = 4 on and is even at T = 2). The plan could come out of the routing launch (kernels/moe_route.py)
+(MOE_MMA_CONFIG, GROUP_MIN_T included) are the best of qwendesk_kernels/bench_moe.py's sweep on the H200 (DOWN_R 1; grouping
+pays from T = 4 on and is even at T = 2). The plan could come out of the routing launch (qwendesk_kernels/moe_route.py)
 instead of a launch of its own.
 """
 
@@ -32,11 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
-from kernels.gemv_mma import _block_c, _load_block_c, _load_x_c, store_swiglu
-from kernels.quant_format import Int4Weight, group_param_offs, int4_row_words
-from kernels.runtime import INTERPRET, sm_count
-from kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, arrive, splitk_scratch, store_tile
+from qwendesk_kernels import pdl
+from qwendesk_kernels.gemv_mma import _block_c, _load_block_c, _load_x_c, store_swiglu
+from qwendesk_kernels.quant_format import Int4Weight, group_param_offs, int4_row_words
+from qwendesk_kernels.runtime import INTERPRET, sm_count
+from qwendesk_kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, arrive, splitk_scratch, store_tile
 
 MOE_MMA_MAX_T = 8                 # the mma's 8 columns: one token each
 # NW warps per program, R 16-row tiles per warp (gate_up: its gate and up tile), PER_SM programs per SM (one wave

@@ -1,4 +1,4 @@
-"""Gated DeltaNet benchmarks at the 27B shapes (`python -m kernels.bench gdn`).
+"""Gated DeltaNet benchmarks at the 27B shapes (`python -m qwendesk_kernels.bench gdn`).
 
 Decode is counted by the recurrent state it must read and write (48 v heads x 128 x 128 fp32 = 3 MiB per
 sequence and layer); the `x48_graph` cases replay one CUDA graph of 48 layers (48 separate state pools), so
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from kernels.bench import Case, graph_replay
-from kernels.conv1d import causal_conv1d, causal_conv1d_ref, causal_conv1d_update
-from kernels.gdn import (RECURRENT_MAX_TOKENS, VerifyRows, _fla_chunk, gated_delta_rule, gated_delta_rule_fla,
+from qwendesk_kernels.bench import Case, graph_replay
+from qwendesk_kernels.conv1d import causal_conv1d, causal_conv1d_ref, causal_conv1d_update
+from qwendesk_kernels.gdn import (RECURRENT_MAX_TOKENS, VerifyRows, _fla_chunk, gated_delta_rule, gated_delta_rule_fla,
                          gated_delta_rule_ref, gdn_decode, gdn_decode_ref, gdn_gating_ref, gdn_replay,
                          recurrent_gated_delta_rule_triton)
 

@@ -1,14 +1,14 @@
 """Weight-only int4 / int8 linear layers and the int8 embedding gather: which kernel runs where.
 
-- M <= 32 rows (decode, speculative verify): a GEMV, kernels/gemv_mma.py (the mma GEMV: int4, M <= 8, the default
-  there) or kernels/gemv_dot.py (the dot GEMV: int4 and int8, any M <= 32).
+- M <= 32 rows (decode, speculative verify): a GEMV, qwendesk_kernels/gemv_mma.py (the mma GEMV: int4, M <= 8, the default
+  there) or qwendesk_kernels/gemv_dot.py (the dot GEMV: int4 and int8, any M <= 32).
 - int4, 32 < M <= FUSED_MAX_M (a short prompt, a chat turn): the dot GEMV tiled over M, a fused GEMM that reads the
   packed words once per weight tile. Dequantising the weight into a scratch for cuBLAS takes two launches per
   scratch chunk and writes and reads 16-bit weights, four times the packed bytes.
 - Larger M (prefill): the weight is dequantised in row chunks into a reusable scratch and multiplied by torch.
 - int4_swiglu: the MLP's gate|up projection and SwiGLU, at decode in the mma GEMV's epilogue.
 - matmul: x W^T for a weight of any kind (16-bit, int4, int8), as Linear holds it.
-- Elsewhere than CUDA: the torch references of kernels/quant_format.py, which also holds the formats.
+- Elsewhere than CUDA: the torch references of qwendesk_kernels/quant_format.py, which also holds the formats.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels import gemv_dot, gemv_mma, pdl
-from kernels.activation import silu_mul
-from kernels.quant_format import (Int4Weight, Int8Weight, group_param_offs, int4_linear_ref, int4_row_words,
+from qwendesk_kernels import gemv_dot, gemv_mma, pdl
+from qwendesk_kernels.activation import silu_mul
+from qwendesk_kernels.quant_format import (Int4Weight, Int8Weight, group_param_offs, int4_linear_ref, int4_row_words,
                                   int8_embedding_ref, int8_linear_ref, pair_as_float)
 
 GEMV_MAX_M = 32                 # above: int4 the fused GEMM, int8 dequantise + torch matmul

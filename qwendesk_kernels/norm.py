@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels import pdl
+from qwendesk_kernels import pdl
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -108,7 +108,7 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, R, H, sx_t
 @triton.jit
 def gated_norm_tile(x, g, w, eps, N: tl.constexpr, ROUND_WY: tl.constexpr, dtype: tl.constexpr):
     """gated_rms_norm_ref over the rows of fp32 tiles x, g [ROWS, BLOCK] (w [BLOCK]; zeros past N), with its
-    roundings to dtype; -> fp32. Shared with the fused GDN decode step (kernels/gdn.py)."""
+    roundings to dtype; -> fp32. Shared with the fused GDN decode step (qwendesk_kernels/gdn.py)."""
     r = tl.math.rsqrt(tl.sum(x * x, axis=1) / N + eps)
     y = (x * r[:, None]).to(dtype).to(tl.float32)
     y = w[None, :] * y

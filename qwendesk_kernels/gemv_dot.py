@@ -7,8 +7,8 @@ the same kernel tiled over M as the fused GEMM of short prefill steps (up to qua
 - split-K (GEMV only): each split writes an fp32 partial; the last split of a tile to arrive (atomic counter) sums
   them in split order, writes y and resets the counter. Deterministic, one launch.
 - autotuned on (N, K, G, bits, M bucket) over (BM, BN, warps, split-K, stages); the interpreter runs one fixed config.
-Int4 and int8 weights (kernels/quant_format.py: the layouts and how codes become floats); for int4 at M <= 8,
-the mma GEMV (kernels/gemv_mma.py) is the default.
+Int4 and int8 weights (qwendesk_kernels/quant_format.py: the layouts and how codes become floats); for int4 at M <= 8,
+the mma GEMV (qwendesk_kernels/gemv_mma.py) is the default.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
-from kernels.quant_format import group_param_offs, int4_row_words, pair_as_float
-from kernels.runtime import INTERPRET, sm_count
-from kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, splitk_scratch, store_tile
+from qwendesk_kernels import pdl
+from qwendesk_kernels.quant_format import group_param_offs, int4_row_words, pair_as_float
+from qwendesk_kernels.runtime import INTERPRET, sm_count
+from qwendesk_kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, splitk_scratch, store_tile
 
 
 @triton.jit

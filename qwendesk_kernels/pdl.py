@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.runtime import INTERPRET
+from qwendesk_kernels.runtime import INTERPRET
 
 ENABLED = True
 

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels import pdl
+from qwendesk_kernels import pdl
 
 
 def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:

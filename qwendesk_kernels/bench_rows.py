@@ -1,4 +1,4 @@
-"""int4 GEMV time by rows M at the 27B's projection shapes (`python3 -m kernels.bench_rows`): what a speculative
+"""int4 GEMV time by rows M at the 27B's projection shapes (`python3 -m qwendesk_kernels.bench_rows`): what a speculative
 verify of M = c x (k + 1) rows costs against a decode step's M = c. Each case is replayed from a CUDA graph
 (triton.testing.do_bench); A is the dot GEMV (with the config its autotuner picked), C the mma GEMV (M <= 8), above
 32 rows the fused GEMM."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import torch
 import triton
 
-from kernels import gemv_dot
-from kernels.bench_quant import PROJ, _int4
-from kernels.gemv_mma import GEMV_MMA_MAX_M
-from kernels.quant import int4_linear_triton
+from qwendesk_kernels import gemv_dot
+from qwendesk_kernels.bench_quant import PROJ, _int4
+from qwendesk_kernels.gemv_mma import GEMV_MMA_MAX_M
+from qwendesk_kernels.quant import int4_linear_triton
 
 ROWS = (1, 4, 8, 16, 32, 64)
 
@@ -43,5 +43,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     if not torch.cuda.is_available():
-        raise SystemExit("kernels.bench_rows: needs a CUDA GPU")
+        raise SystemExit("qwendesk_kernels.bench_rows: needs a CUDA GPU")
     main()

@@ -1,7 +1,7 @@
-"""Kernel benchmark harness (GPU): `python -m kernels.bench [family ...]`.
+"""Kernel benchmark harness (GPU): `python -m qwendesk_kernels.bench [family ...]`.
 
 Measures the ceilings of the card in the same run (device-to-device copy, bf16 matmul), then
-every benchmark case of the kernel families (kernels/bench_*.py, each exposing `cases()`), and
+every benchmark case of the kernel families (qwendesk_kernels/bench_*.py, each exposing `cases()`), and
 prints one table: median time, achieved bandwidth / FLOP rate, fraction of the ceiling, and the
 speed-up over the torch reference or torch's own op where the case has one.
 """
@@ -95,7 +95,7 @@ def run_case(c: Case, ceil: dict) -> Result:
 
 
 def run_family(fam: str, ceil: dict) -> list[Result]:
-    mod = importlib.import_module(f"kernels.bench_{fam}")
+    mod = importlib.import_module(f"qwendesk_kernels.bench_{fam}")
     results = []
     for case in mod.cases():
         try:
@@ -107,7 +107,7 @@ def run_family(fam: str, ceil: dict) -> list[Result]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.bench")
+    ap = argparse.ArgumentParser(prog="python -m qwendesk_kernels.bench")
     ap.add_argument("families", nargs="*", default=list(FAMILIES), help=f"some of: {' '.join(FAMILIES)} (default: all)")
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--ceilings", help=argparse.SUPPRESS)   # set by the parent: one family per process
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     results = []
     for fam in args.families:
         # a separate process per family: a kernel fault (illegal address) poisons its CUDA context
-        proc = subprocess.run([sys.executable, "-m", "kernels.bench", fam, "--ceilings", json.dumps(ceil)],
+        proc = subprocess.run([sys.executable, "-m", "qwendesk_kernels.bench", fam, "--ceilings", json.dumps(ceil)],
                               capture_output=True, text=True)
         sys.stderr.write(proc.stderr[-4000:])
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")]

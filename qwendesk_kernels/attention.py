@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
-from kernels.runtime import INTERPRET, sm_count
+from qwendesk_kernels import pdl
+from qwendesk_kernels.runtime import INTERPRET, sm_count
 LOG2E = 1.4426950408889634
 MIN_SPLIT_TOKENS = 256      # fewest context tokens per decode split (at max_seq_len)
 

@@ -1,4 +1,4 @@
-"""Weight-only int4 / int8 benchmarks at the 27B shapes (`python -m kernels.bench quant`).
+"""Weight-only int4 / int8 benchmarks at the 27B shapes (`python -m qwendesk_kernels.bench quant`).
 
 GEMV cases (decode M = 1, C8 M = 8, verify M = 32) are counted by the bytes they must move: packed weights +
 scales + zeros + activations in and out; the baseline is torch's bf16 F.linear on a bf16 weight of the same
@@ -10,7 +10,7 @@ Cold L2 here means just after do_bench's L2 flush, whose dirty lines are written
 GEMV numbers read low (bf16 cuBLAS included); the engine's decode step is the measure that counts. `layer` cases
 replay one CUDA graph of the four projections of a GDN or full-attention layer, per variant (int4 against bf16).
 `decode GEMVs` cases replay the 64 projections of 16 layers (12 GDN, 4 attention, each with weights of its own:
-nothing stays in L2) from one graph, with and without programmatic dependent launch (kernels/pdl.py): the closest
+nothing stays in L2) from one graph, with and without programmatic dependent launch (qwendesk_kernels/pdl.py): the closest
 to the decode step's GEMVs, and the L2 flush is small next to them.
 Prefill cases (dequantise + cuBLAS) are counted by flops, with the issue's target of 60% of bf16's speed as a time
 budget measured in the same run.
@@ -21,11 +21,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels import gemv_dot, pdl
-from kernels.bench import Case, graph_replay, time_us
-from kernels.gemv_mma import GEMV_MMA_DEFAULT, GEMV_MMA_MAX_M, gemv_mma_configs, gemv_mma_grid
-from kernels.quant import int4_linear, int4_linear_triton, int8_embedding, int8_linear
-from kernels.quant_format import pack_int4, pack_int8
+from qwendesk_kernels import gemv_dot, pdl
+from qwendesk_kernels.bench import Case, graph_replay, time_us
+from qwendesk_kernels.gemv_mma import GEMV_MMA_DEFAULT, GEMV_MMA_MAX_M, gemv_mma_configs, gemv_mma_grid
+from qwendesk_kernels.quant import int4_linear, int4_linear_triton, int8_embedding, int8_linear
+from qwendesk_kernels.quant_format import pack_int4, pack_int8
 
 HIDDEN = 5120
 PROJ = {                                         # (N, K) of the int4 projections

@@ -1,4 +1,4 @@
-"""The grouped MoE experts (kernels/moe_grouped.py) at the 35B-A3B shape: `python -m kernels.bench_moe_grouped`.
+"""The grouped MoE experts (qwendesk_kernels/moe_grouped.py) at the 35B-A3B shape: `python -m qwendesk_kernels.bench_moe_grouped`.
 
 One layer's routed experts (hidden 2048, expert width 512, 256 routed experts + the shared one as expert 256, 8 + 1
 pairs per token, the router's distinct top-8 drawn at random) for T tokens, int4 (G = 128) and bf16, each case
@@ -6,7 +6,7 @@ checked against the torch reference first. Columns: ms per call, eager (five lau
 from a CUDA graph (the GPU's time: what a captured verify step or the launch-free prefill would see); TFLOP/s of
 the real work (6 T P H I flops: no padding rows, no skipped blocks); the weight bytes of the experts the routing
 touched (each read at least once) and that over the graph time. Baselines at the largest T: the per-expert loop of
-the torch path before it (kernels.quant / torch matmuls per expert with pairs: host syncs, one GEMM each) and the
+the torch path before it (qwendesk_kernels.quant / torch matmuls per expert with pairs: host syncs, one GEMM each) and the
 torch reference (moe_grouped_ref).
 --sweep: every config of sweep_configs per case as well (graph time), to choose default_config's table.
 """
@@ -18,11 +18,11 @@ import sys
 
 import torch
 
-from kernels.activation import silu_mul
-from kernels.bench import graph_replay, time_us
-from kernels.moe_grouped import BLOCK_MS, default_config, moe_grouped_ref, moe_grouped_triton
-from kernels.quant import int4_linear
-from kernels.quant_format import Int4Weight, pack_int4, weight_rows
+from qwendesk_kernels.activation import silu_mul
+from qwendesk_kernels.bench import graph_replay, time_us
+from qwendesk_kernels.moe_grouped import BLOCK_MS, default_config, moe_grouped_ref, moe_grouped_triton
+from qwendesk_kernels.quant import int4_linear
+from qwendesk_kernels.quant_format import Int4Weight, pack_int4, weight_rows
 
 E, H, I, P = 257, 2048, 512, 9
 G = 128
@@ -87,7 +87,7 @@ def _per_expert_loop(x, ids, weights, gate_up, down, inter):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.bench_moe_grouped")
+    ap = argparse.ArgumentParser(prog="python -m qwendesk_kernels.bench_moe_grouped")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="token counts, comma-separated")
     ap.add_argument("--sweep", action="store_true", help="also time every config of sweep_configs")
     args = ap.parse_args(argv)

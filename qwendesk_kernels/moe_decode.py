@@ -1,15 +1,15 @@
 """The MoE decode kernels (up to MOE_DECODE_MAX_T tokens: decode steps, speculative drafts): two launches that read
 only the chosen experts' weights, with no sorting and no host sync (CUDA-graph capturable).
 
-Layout. Routing (kernels/moe_route.py) gives token t its P (expert, weight) pairs, ids / weights [T, P], pair
+Layout. Routing (qwendesk_kernels/moe_route.py) gives token t its P (expert, weight) pairs, ids / weights [T, P], pair
 p = t P + j. gate_up stacks every expert's gate rows then up rows, expert e's at [2 I e, 2 I (e + 1)), K = H; down
-stacks their down rows, expert e's at [H e, H (e + 1)), K = I. Each is an Int4Weight (kernels/quant_format.py:
+stacks their down rows, expert e's at [H e, H (e + 1)), K = I. Each is an Int4Weight (qwendesk_kernels/quant_format.py:
 expert e's rows start at row tile 2 I e / 16, H e / 16) or a 16-bit tensor, on its own. The shared expert, when it
 has the routed experts' shape, is expert E there (engine/model/moe.py).
 
 - gate_up: program = (pair, BN rows n of I, a run of K blocks): the pair's expert's gate and up rows n against
   x[t]; h[pair, n] = silu(gate) * up with the unfused path's roundings (gemv_mma's SwiGLU epilogue). Runs of K:
-  fp32 partials, the last program to arrive sums them in order and applies the SwiGLU (kernels/splitk.py).
+  fp32 partials, the last program to arrive sums them in order and applies the SwiGLU (qwendesk_kernels/splitk.py).
 - down: program = (token, BN rows n of H, a run of its pairs): y_n = sum over the run of w_j (h_j . down_{e_j, n}),
   runs summed in order by the last to arrive; out[t] rounded once.
 Both split until there are ~PER_SM programs per SM (DEFAULT_CONFIG): at T = 1 and the 35B-A3B shape (H 2048, I 512, 8
@@ -27,17 +27,17 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
-from kernels.activation import silu_mul_ref
-from kernels.gemv_dot import int4_dots
-from kernels.gemv_mma import store_swiglu
-from kernels.quant_format import Int4Weight, group_param_offs, int4_linear_ref, int4_row_words, weight_rows
-from kernels.runtime import INTERPRET, sm_count
-from kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, arrive, splitk_scratch, store_tile
+from qwendesk_kernels import pdl
+from qwendesk_kernels.activation import silu_mul_ref
+from qwendesk_kernels.gemv_dot import int4_dots
+from qwendesk_kernels.gemv_mma import store_swiglu
+from qwendesk_kernels.quant_format import Int4Weight, group_param_offs, int4_linear_ref, int4_row_words, weight_rows
+from qwendesk_kernels.runtime import INTERPRET, sm_count
+from qwendesk_kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, arrive, splitk_scratch, store_tile
 
 MOE_DECODE_MAX_T = 8            # tokens up to which the decode kernels run (above: the grouped path)
 # BN: rows of I (gate_up: each with its gate and up rows) or H (down) per program; PER_SM: the splits aim at this
-# many programs per SM (the best of kernels/bench_moe.py's sweep on the H200 at the 35B-A3B shape, docs/performance.md)
+# many programs per SM (the best of qwendesk_kernels/bench_moe.py's sweep on the H200 at the 35B-A3B shape, docs/performance.md)
 DEFAULT_CONFIG = dict(GATE_UP_BN=64, GATE_UP_WARPS=4, DOWN_BN=32, DOWN_WARPS=2, PER_SM=8)
 
 

@@ -10,8 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
-from kernels.norm import rms_norm_ref
+from qwendesk_kernels import pdl
+from qwendesk_kernels.norm import rms_norm_ref
 
 
 def inv_freq(rotary_dim: int, theta: float, device=None) -> torch.Tensor:

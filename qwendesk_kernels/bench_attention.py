@@ -1,4 +1,4 @@
-"""Paged attention benchmarks at the 27B shapes (`python -m kernels.bench attention`).
+"""Paged attention benchmarks at the 27B shapes (`python -m qwendesk_kernels.bench attention`).
 
 Hq 24, Hkv 4, head_dim 256, page 64, pages in shuffled order. Decode (L = 1) is counted by the K/V bytes
 it must read (+ the int8 scales) and replayed from a CUDA graph (store_kv excluded), as the engine runs
@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.attention import paged_attention
-from kernels.bench import Case, graph_replay
+from qwendesk_kernels.attention import paged_attention
+from qwendesk_kernels.bench import Case, graph_replay
 
 HQ, HKV, D, PAGE = 24, 4, 256, 64
 SCALE = D ** -0.5

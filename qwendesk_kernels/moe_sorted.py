@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import torch
 
-from kernels.activation import silu_mul
-from kernels.quant import int4_swiglu, matmul
-from kernels.quant_format import Int4Weight, Int8Weight, weight_rows
+from qwendesk_kernels.activation import silu_mul
+from qwendesk_kernels.quant import int4_swiglu, matmul
+from qwendesk_kernels.quant_format import Int4Weight, Int8Weight, weight_rows
 
 Weight = torch.Tensor | Int4Weight | Int8Weight
 
 
 def moe_sorted(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: Weight, down: Weight,
                inter: int) -> torch.Tensor:
-    """sum over j of weights[t, j] * expert_{ids[t, j]}(x[t]) for x [T, H] (kernels/moe_decode.py: the layout)."""
+    """sum over j of weights[t, j] * expert_{ids[t, j]}(x[t]) for x [T, H] (qwendesk_kernels/moe_decode.py: the layout)."""
     P = ids.shape[1]
     flat = ids.flatten().long()
     order = torch.argsort(flat, stable=True)

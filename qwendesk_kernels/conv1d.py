@@ -7,7 +7,7 @@ zeros (its slot is not read, only written). Slots of one batch must be distinct.
 
 Two GPU paths: `causal_conv1d` for prefill (any lengths) and `causal_conv1d_update` for decode /
 speculative verify (the same number L of tokens per sequence, CUDA-graph capturable). The
-`conv_*` jit helpers are shared with the fused GDN decode kernel (kernels/gdn.py).
+`conv_*` jit helpers are shared with the fused GDN decode kernel (qwendesk_kernels/gdn.py).
 """
 
 import torch

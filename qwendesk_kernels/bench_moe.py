@@ -1,14 +1,14 @@
-"""MoE decode at the 35B-A3B shape (GPU): `python -m kernels.bench_moe`.
+"""MoE decode at the 35B-A3B shape (GPU): `python -m qwendesk_kernels.bench_moe`.
 
-A layer: the router (a bf16 GEMV over 256 + 1 rows: the shared expert's gate last), routing (kernels/moe_route.py)
-and the experts (ops.moe_experts: int4 on the mma kernels, kernels/moe_decode_mma.py; bf16 on kernels/moe_decode.py;
+A layer: the router (a bf16 GEMV over 256 + 1 rows: the shared expert's gate last), routing (qwendesk_kernels/moe_route.py)
+and the experts (ops.moe_experts: int4 on the mma kernels, qwendesk_kernels/moe_decode_mma.py; bf16 on qwendesk_kernels/moe_decode.py;
 the shared expert stacked as expert 256), for T = 1, 2, 4, 8 tokens at int4 (G = 128), T = 1 and 8 at bf16; the
 router and routing also in one launch (moe_route.moe_router_route_triton, not yet the model's path), alone and in the
 layer. 40 layers, each with weights and inputs of its own (as in the model: no layer's experts are still in L2), are
 replayed from one CUDA graph; per layer = the graph's time / 40. Bytes per layer: what it must read (the router, the
 distinct experts its tokens chose, x) and write (out). Launches per layer: the kernels the profiler sees in one eager layer.
-Baselines: the sorted torch loop (kernels/moe_sorted.py, eager: it syncs with the host), and at int4 the tl.dot
-decode kernels (kernels/moe_decode.py), over the same 40 layers. Then the configs of both int4 decode paths are
+Baselines: the sorted torch loop (qwendesk_kernels/moe_sorted.py, eager: it syncs with the host), and at int4 the tl.dot
+decode kernels (qwendesk_kernels/moe_decode.py), over the same 40 layers. Then the configs of both int4 decode paths are
 swept at T = 1 and 8, experts only, and at T = 2 and 4 the mma path's slots per pair against grouped by expert
 (GROUP_MIN_T). `--kinds int4` leaves out bf16, `--no-sweep` the sweeps.
 """
@@ -20,13 +20,13 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from kernels import ops
-from kernels.bench import graph_replay, time_us
-from kernels.moe_decode import DEFAULT_CONFIG, moe_decode
-from kernels.moe_decode_mma import MOE_MMA_CONFIG, moe_decode_mma
-from kernels.moe_route import moe_router_route_triton
-from kernels.moe_sorted import moe_sorted
-from kernels.quant_format import Int4Weight
+from qwendesk_kernels import ops
+from qwendesk_kernels.bench import graph_replay, time_us
+from qwendesk_kernels.moe_decode import DEFAULT_CONFIG, moe_decode
+from qwendesk_kernels.moe_decode_mma import MOE_MMA_CONFIG, moe_decode_mma
+from qwendesk_kernels.moe_route import moe_router_route_triton
+from qwendesk_kernels.moe_sorted import moe_sorted
+from qwendesk_kernels.quant_format import Int4Weight
 
 E, K_TOP, H, I, LAYERS, G = 256, 8, 2048, 512, 40, 128
 DEV = "cuda"
@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("--no-sweep", action="store_true", help="leave out the config sweeps")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("python -m kernels.bench_moe: needs a CUDA GPU")
+        raise SystemExit("python -m qwendesk_kernels.bench_moe: needs a CUDA GPU")
     print(f"35B-A3B MoE layer: H {H}, I {I}, {E} experts + 1 shared (stacked), top {K_TOP}; {LAYERS} layers per "
           f"graph; decode config {DEFAULT_CONFIG}; mma config {MOE_MMA_CONFIG}")
     print(f"{'case':64s} {'us/layer':>9s} {'MB/layer':>9s} {'GB/s':>8s} {'launches':>9s}")

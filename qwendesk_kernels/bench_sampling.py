@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.bench import Case, graph_replay
-from kernels.sampling import (Penalties, apply_penalties_ref, sample, sample_ref, token_logprobs,
+from qwendesk_kernels.bench import Case, graph_replay
+from qwendesk_kernels.sampling import (Penalties, apply_penalties_ref, sample, sample_ref, token_logprobs,
                               top_logprobs_ref)
 
 VOCAB = 248_320

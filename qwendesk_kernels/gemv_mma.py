@@ -1,5 +1,5 @@
 """The mma GEMV (int4, M <= 8, 16-bit x, G = 64 or 128; the default there), one launch, no autotuner; the int4
-layout and the code-to-float trick are in kernels/quant_format.py:
+layout and the code-to-float trick are in qwendesk_kernels/quant_format.py:
 - tensor-core mma.sync.m16n8k16 issued by inline PTX on the packed words as they lie: a warp's two 512-byte loads
   of a tile's block are 16 rows x 128 k of A fragments once a lop3 (and a shift) turn each nibble pair into two
   16-bit floats B + c (B = 128 in bf16); x (padded to 8 rows) is the B operand, loaded 16 bytes per lane straight
@@ -26,10 +26,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
-from kernels.quant_format import Int4Weight, code_bits, group_param_offs, int4_row_words, shift
-from kernels.runtime import INTERPRET, sm_count
-from kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, arrive, splitk_scratch, store_tile
+from qwendesk_kernels import pdl
+from qwendesk_kernels.quant_format import Int4Weight, code_bits, group_param_offs, int4_row_words, shift
+from qwendesk_kernels.runtime import INTERPRET, sm_count
+from qwendesk_kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, arrive, splitk_scratch, store_tile
 
 GEMV_MMA_MAX_M = 8                # the mma GEMV's limit (x rows are the 8 columns of the mma's B operand)
 
@@ -226,7 +226,7 @@ def _block_c(f0, f1, xs, a00, a01, a02, a03, a10, a11, a12, a13, zero, one, G: t
 @triton.jit
 def store_swiglu(total, rows, cols, y_ptr, M, N, stride_ym):
     """y [M, N] = silu(gate) * up from the fp32 sums [..., 2 (gate / up)], with the unfused path's roundings: both
-    rounded to y's dtype as the projection's output, silu rounded before the product (kernels/activation.py)."""
+    rounded to y's dtype as the projection's output, silu rounded before the product (qwendesk_kernels/activation.py)."""
     dtype = y_ptr.dtype.element_ty
     gate, up = tl.split(total)
     gate = gate.to(dtype).to(tl.float32)
@@ -259,7 +259,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, 
     row group's blocks, else as partial number pid - first of the group's programs, which the last to arrive adds in
     order).
 
-    PDL (kernels/pdl.py): lets the next kernel start at once, loads its first weights, then waits for the kernel
+    PDL (qwendesk_kernels/pdl.py): lets the next kernel start at once, loads its first weights, then waits for the kernel
     before it, before it reads x or writes anything. X_TWICE: x has K / 2 columns, read for each half of W."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -386,7 +386,7 @@ def gemv_mma_grid(N: int, K: int, config: dict, sms: int) -> tuple[int, int]:
 
 def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None, swiglu: bool = False):
     """y [M, N] = x2 [M, K / x_repeats] @ W^T for M <= 8 (the mma GEMV), one launch. config (gemv_mma_configs' keys,
-    PER, PDL) forces one; None: GEMV_MMA_DEFAULT (the first of gemv_mma_configs). PDL on (kernels/pdl.py) unless
+    PER, PDL) forces one; None: GEMV_MMA_DEFAULT (the first of gemv_mma_configs). PDL on (qwendesk_kernels/pdl.py) unless
     config says PDL=False. swiglu: W is gate | up stacked by rows and y [M, N / 2] = silu(x2 @ gate^T) * (x2 @ up^T),
     made in the epilogue (each warp's two tiles: a gate tile and the up tile N / 2 rows below; R = 2)."""
     M, (N, K) = x2.shape[0], w.shape

@@ -1,7 +1,7 @@
 """MoE routing: router logits -> each token's (expert id, weight) pairs, in one launch.
 
 logits [T, E] (or [T, E + 1], the shared expert's gate logit last) -> ids int32 [T, P], weights fp32 [T, P], pair
-p = t P + j (kernels/moe_decode.py reads them so). The routed pairs: a float32 softmax over the E experts, the k
+p = t P + j (qwendesk_kernels/moe_decode.py reads them so). The routed pairs: a float32 softmax over the E experts, the k
 largest (ties: the lower expert id first), renormalised to sum to 1 and rounded to the logits' dtype (what the
 model multiplies by: transformers' Qwen3_5MoeSparseMoeBlock). With `shared`, P = k + 1 and the last pair is the
 shared expert, stored as expert E, weighted by sigmoid(its gate logit), rounded the same way.
@@ -9,7 +9,7 @@ shared expert, stored as expert E, weighted by sigmoid(its gate logit), rounded 
 moe_router_route_triton does the router's GEMV too, for decode steps (T <= ROUTER_ROUTE_MAX_T) of a 16-bit router:
 one launch instead of cuBLAS's GEMV (which also waits for the whole kernel before it: no PDL) and the routing one,
 12% of the 35B-A3B's C1 step (docs/performance.md). It is tested here against the references but not yet the
-model's path (engine/model/moe.py): that waits for its time on the GPU (kernels/bench_moe.py measures both).
+model's path (engine/model/moe.py): that waits for its time on the GPU (qwendesk_kernels/bench_moe.py measures both).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
-from kernels.splitk import splitk_scratch
+from qwendesk_kernels import pdl
+from qwendesk_kernels.splitk import splitk_scratch
 
 ROUTER_ROUTE_MAX_T = 8          # decode steps; prefill's router is one cuBLAS GEMM
 ROUTER_ROUTE_MAX_H = 8192
@@ -83,7 +83,7 @@ def _router_route_kernel(x_ptr, w_ptr, logits_ptr, count_ptr, ids_ptr, weights_p
                          BE: tl.constexpr, BP: tl.constexpr, PDL: tl.constexpr):
     """Program n: router rows [n BN, n BN + BN) for every token, rounded to x's dtype (what F.linear returns), into
     logits [T, N] fp32. Its weights are loaded before it waits for the kernel before (they do not depend on it).
-    The last program to arrive at the counter routes every token and resets the counter (kernels/splitk.py's
+    The last program to arrive at the counter routes every token and resets the counter (qwendesk_kernels/splitk.py's
     arrival)."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()

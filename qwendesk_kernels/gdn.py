@@ -27,9 +27,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels import pdl
-from kernels.conv1d import causal_conv1d_ref, conv_token, store_conv_window
-from kernels.norm import gated_norm_tile, gated_rms_norm_ref, gated_rms_norm_triton, rounds_weight_product
+from qwendesk_kernels import pdl
+from qwendesk_kernels.conv1d import causal_conv1d_ref, conv_token, store_conv_window
+from qwendesk_kernels.norm import gated_norm_tile, gated_rms_norm_ref, gated_rms_norm_triton, rounds_weight_product
 
 
 def gdn_gating_ref(a, b, A_log, dt_bias):
