@@ -1,0 +1,50 @@
+"""Every third-party package the installed code imports is one pyproject.toml declares itself. One that only
+comes with another (numpy came with transformers, a test extra) is missing from a plain install: `make app`
+and the frozen app both failed at their first import of it."""
+
+import re
+import sys
+from importlib import metadata
+
+import pytest
+
+from tests.test_layering import ROOT, imports, top
+
+tomllib = pytest.importorskip("tomllib")     # Python 3.11 on
+
+SHIPPED = ("app", "engine", "qwendesk_kernels")
+# imports of a test extra, each only in a benchmark that says so and goes on without it
+OPTIONAL = {"transformers": {"engine/bench.py"}}
+
+
+def normalised(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def declared() -> set[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    return {normalised(re.match(r"[A-Za-z0-9._-]+", r).group()) for r in project["dependencies"]}
+
+
+def third_party_imports() -> dict[str, set[str]]:
+    """top-level module -> the files that import it, for modules outside the standard library and this repo."""
+    found: dict[str, set[str]] = {}
+    for package in SHIPPED:
+        for path, module in imports(package):
+            name = top(module)
+            if name not in sys.stdlib_module_names and name not in (*SHIPPED, "__future__"):
+                found.setdefault(name, set()).add(path)
+    return found
+
+
+def test_every_third_party_import_is_a_declared_dependency():
+    distributions = metadata.packages_distributions()
+    undeclared = {}
+    for name, paths in third_party_imports().items():
+        if name in OPTIONAL:
+            assert paths <= OPTIONAL[name], f"{name} (a test extra) imported by {sorted(paths - OPTIONAL[name])}"
+            continue
+        owners = {normalised(d) for d in distributions.get(name, [name])}
+        if not owners & declared():
+            undeclared[name] = sorted(paths)[:3]
+    assert not undeclared, f"imported but not in pyproject.toml's dependencies: {undeclared}"
