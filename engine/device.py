@@ -72,3 +72,11 @@ def probe(name: str = "auto") -> DeviceInfo:
     except (ValueError, OSError, AttributeError):
         total, free = 16 * GIB, 8 * GIB
     return DeviceInfo("cpu", "CPU", total, free)
+
+
+def capture_graph(graph: torch.cuda.CUDAGraph, pool=None):
+    """torch.cuda.graph, capturing in thread-local mode. In CUDA's default (global) mode a synchronizing call
+    from any thread fails the capture, and the disk tier's writer and readers make such calls on their own
+    threads while the engine captures a round on first use; thread-local forbids them only on the engine's."""
+    return torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local")
+

@@ -12,6 +12,7 @@ import dataclasses
 
 import torch
 
+from engine.device import capture_graph
 from engine.kv_cache import CacheTensors
 from engine.model.batch import ForwardBatch, build_batch
 from engine.model.qwen3_5 import Qwen3_5Model
@@ -214,7 +215,7 @@ class DecodeGraphs:
                     model.logits(model(self.ids[:b], batch, pools))
                 torch.cuda.synchronize()
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool):
+                with capture_graph(g, pool=pool):
                     self.logits[b] = model.logits(model(self.ids[:b], batch, pools))
             pool = g.pool()
             self.graphs[b] = g

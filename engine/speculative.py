@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.acceptance import Sampling, accept, pick_draft
+from engine.device import capture_graph
 from engine.kv_cache import CacheTensors
 from engine.model.batch import ForwardBatch
 from engine.model.qwen3_5 import Qwen3_5Model
@@ -265,7 +266,7 @@ class RoundGraphs:
             self.spec.round(inp, sampled)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with capture_graph(graph, pool=self.pool):
             out = self.spec.round(inp, sampled)
         self.pool = graph.pool()
         self.graphs[(b, sampled)] = (graph, inp, out)

@@ -15,7 +15,7 @@ what=${*:-tests kernels engine}
 for step in $what; do
   echo "=== $step ==="
   case $step in
-    tests)   python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_*.py tests/test_pdl.py tests/test_gpu_parity.py tests/test_moe.py \
+    tests)   python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_*.py tests/test_pdl.py tests/test_gpu_capture.py tests/test_gpu_parity.py tests/test_moe.py \
                2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
     kernels) python3 -m qwendesk_kernels.bench --json "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log" | tail -60 ;;
     engine)  python3 -m engine.bench --json "$OUT/engine.json" 2>&1 | tee "$OUT/engine.log" | tail -40 ;;
