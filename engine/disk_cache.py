@@ -251,13 +251,15 @@ class DiskCache:
                     job.ready.synchronize()
                 for key, row in zip(job.keys, job.data):
                     self._write_file(job.kind, key, row.numpy())
-                with self._lock:
-                    self._pending_bytes -= job.data.numel()
-                    self._queued.difference_update((job.kind, k) for k in job.keys)
                 self._evict_over_budget()
             except Exception:          # never let the writer die: the engine keeps serving without it
+                self.write_errors += 1
                 log.exception("disk cache: writer failed")
             finally:
+                if job is not None:    # done or failed, the job no longer holds its bytes and keys
+                    with self._lock:
+                        self._pending_bytes -= job.data.numel()
+                        self._queued.difference_update((job.kind, k) for k in job.keys)
                 self._queue.task_done()
 
     def _write_file(self, kind: str, key: bytes, payload) -> None:

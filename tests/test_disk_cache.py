@@ -177,6 +177,28 @@ def test_a_full_disk_is_logged_and_the_cache_carries_on(tmp_path, monkeypatch, c
     disk.close()
 
 
+def test_a_job_that_fails_gives_back_its_keys_and_bytes(tmp_path, monkeypatch, caplog):
+    """A failure outside the file write (on the GPU: the copy's event) must not leave the keys queued forever
+    (never written again) nor their bytes counted against the pending bound."""
+    p = pools()
+    disk = DiskCache(tmp_path, NS, budget_bytes=1 << 20, max_pending_bytes=p.page_nbytes)
+    real = disk._write_file
+
+    def broken(*_):
+        raise RuntimeError("copy failed")
+
+    monkeypatch.setattr(disk, "_write_file", broken)
+    disk.write_pages(p, [b"p0" * 8], [0])
+    disk.flush()
+    assert "writer failed" in caplog.text and disk.stats()["disk_write_errors"] == 1
+    assert not disk.has("page", b"p0" * 8) and disk._pending_bytes == 0
+    monkeypatch.setattr(disk, "_write_file", real)
+    disk.write_pages(p, [b"p0" * 8], [0])               # within the bound again, and written
+    disk.flush()
+    assert disk.has("page", b"p0" * 8) and disk.stats()["disk_write_skipped"] == 0
+    disk.close()
+
+
 def test_writes_beyond_the_pending_bound_are_skipped_not_waited_for(tmp_path):
     p = pools()
     disk = DiskCache(tmp_path, NS, budget_bytes=1 << 20, max_pending_bytes=p.page_nbytes)
