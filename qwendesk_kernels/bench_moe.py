@@ -3,10 +3,9 @@
 A layer: the router (a bf16 GEMV over 256 + 1 rows: the shared expert's gate last), routing (qwendesk_kernels/moe_route.py)
 and the experts (ops.moe_experts: int4 on the mma kernels, qwendesk_kernels/moe_decode_mma.py; bf16 on qwendesk_kernels/moe_decode.py;
 the shared expert stacked as expert 256), for T = 1, 2, 4, 8 tokens at int4 (G = 128), T = 1 and 8 at bf16; the
-router and routing also in one launch (moe_route.moe_router_route_triton, not yet the model's path), alone and in the
-layer. 40 layers, each with weights and inputs of its own (as in the model: no layer's experts are still in L2), are
-replayed from one CUDA graph; per layer = the graph's time / 40. Bytes per layer: what it must read (the router, the
-distinct experts its tokens chose, x) and write (out). Launches per layer: the kernels the profiler sees in one eager layer.
+router's GEMV and the routing alone. 40 layers, each with weights and inputs of its own (as in the model: no layer's
+experts are still in L2), are replayed from one CUDA graph; per layer = the graph's time / 40. Bytes per layer: what
+it must read (the router, the distinct experts its tokens chose, x) and write (out). Launches per layer: the kernels the profiler sees in one eager layer.
 Baselines: the sorted torch loop (qwendesk_kernels/moe_sorted.py, eager: it syncs with the host), and at int4 the tl.dot
 decode kernels (qwendesk_kernels/moe_decode.py), over the same 40 layers. Then the configs of both int4 decode paths are
 swept at T = 1 and 8, experts only, and at T = 2 and 4 the mma path's slots per pair against grouped by expert
@@ -24,7 +23,6 @@ from qwendesk_kernels import ops
 from qwendesk_kernels.bench import graph_replay, time_us
 from qwendesk_kernels.moe_decode import DEFAULT_CONFIG, moe_decode
 from qwendesk_kernels.moe_decode_mma import MOE_MMA_CONFIG, moe_decode_mma
-from qwendesk_kernels.moe_route import moe_router_route_triton
 from qwendesk_kernels.moe_sorted import moe_sorted
 from qwendesk_kernels.quant_format import Int4Weight
 
@@ -96,9 +94,6 @@ def bench(kind: str, sweep: bool) -> None:
         def route(i):
             return ops.moe_route(F.linear(xs[i], layers[i]["router"]), K_TOP, shared=True)
 
-        def route_fused(i):
-            return moe_router_route_triton(xs[i], layers[i]["router"], K_TOP, shared=True)[:2]
-
         routes = [route(i) for i in range(LAYERS)]       # what every run below routes (the same inputs)
 
         def experts(i, moe=ops.moe_experts, **config):
@@ -118,11 +113,6 @@ def bench(kind: str, sweep: bool) -> None:
         router_bytes = _nbytes(layers[0]["router"]) + T * H * 2
         _row(f"{kind} T={T} router + route, cuBLAS GEMV + moe_route [graph]", graph_us(route), router_bytes,
              _launches(lambda: route(0)))
-        _row(f"{kind} T={T} router + route, one launch (moe_router_route) [graph]", graph_us(route_fused),
-             router_bytes, _launches(lambda: route_fused(0)))
-        _row(f"{kind} T={T} layer, the fused router [graph]",
-             graph_us(lambda i: ops.moe_experts(xs[i], *route_fused(i), layers[i]["gate_up"], layers[i]["down"], I)),
-             nbytes)
         _row(f"{kind} T={T} experts [graph]", graph_us(experts), nbytes, _launches(lambda: experts(0)))
         us = time_us(lambda: [experts(i, moe_sorted) for i in range(LAYERS)]) / LAYERS
         _row(f"{kind} T={T} experts, sorted torch loop [eager, baseline]", us, nbytes,

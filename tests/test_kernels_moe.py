@@ -11,7 +11,7 @@ import torch
 
 from qwendesk_kernels import ops
 from qwendesk_kernels.moe_decode import MOE_DECODE_MAX_T, moe_decode, moe_decode_ref
-from qwendesk_kernels.moe_route import moe_route, moe_route_ref, moe_route_triton, moe_router_route_triton
+from qwendesk_kernels.moe_route import moe_route, moe_route_ref, moe_route_triton
 from qwendesk_kernels.moe_grouped import moe_grouped_ref
 from qwendesk_kernels.moe_sorted import moe_sorted
 from qwendesk_kernels.quant_format import dequantize_int8_ref, pack_int4, pack_int8
@@ -83,42 +83,6 @@ def test_route_ties_go_to_the_lower_id_and_cpu_is_the_reference():
     assert ids.tolist() == [[1, 3, 2, 6], [0, 1, 2, 6]]
     assert torch.equal(moe_route(logits, 3, shared=True)[0], ids)
     assert torch.allclose(weights[:, 3], torch.sigmoid(logits[:, 6]))
-
-
-def router_inputs(T, E, H, shared, dtype, device="cpu", seed=0, exact=False):
-    """x [T, H], router [E (+ 1), H]; exact: small multiples of 1/8, so the logits are exact in fp32 whatever the
-    order of the sum (and many tie)."""
-    gen = torch.Generator(device).manual_seed(seed)
-    if exact:
-        return [torch.randint(-3, 4, shape, device=device, generator=gen).to(dtype) / 8
-                for shape in ((T, H), (E + shared, H))]
-    return [torch.randn(shape, device=device, generator=gen).to(dtype) / scale
-            for shape, scale in (((T, H), 1.0), ((E + shared, H), H ** 0.5))]
-
-
-@pytest.mark.parametrize("T,E,H,k,shared", [(1, 5, 40, 2, True), (3, 33, 96, 8, True), (8, 6, 24, 3, False),
-                                            (5, 256, 64, 8, True)])
-def test_router_route_exact_logits(T, E, H, k, shared):
-    """The fused GEMV + routing: the logits as F.linear rounds them, ids equal (ties included), the counter reset
-    (a second launch the same)."""
-    x, router = router_inputs(T, E, H, shared, torch.float16, exact=True)
-    ref_logits = (x.float() @ router.float().T).half()
-    ref_ids, ref_weights = moe_route_ref(ref_logits, k, shared)
-    for _ in range(2):
-        ids, weights, logits = moe_router_route_triton(x, router, k, shared)
-        assert torch.equal(logits, ref_logits.float()) and torch.equal(ids, ref_ids)
-        check(weights, ref_weights, TOL[torch.float16])
-    assert splitk_scratch(x.device)[1][0].item() == 0
-
-
-def test_router_route_routes_its_own_logits():
-    """Random inputs: logits close to F.linear's, and exactly moe_route of them."""
-    x, router = router_inputs(8, 40, 200, True, torch.float16, seed=3)
-    ids, weights, logits = moe_router_route_triton(x, router, 8, True)
-    check(logits.half(), torch.nn.functional.linear(x.float(), router.float()).half(), TOL[torch.float16])
-    ref_ids, ref_weights = moe_route_ref(logits.half(), 8, True)
-    assert torch.equal(ids, ref_ids)
-    check(weights, ref_weights, TOL[torch.float16])
 
 
 # ---------------------------------------------------------------------------------------------------- decode
@@ -202,25 +166,6 @@ def test_route_gpu(T):
     ref_ids, ref_weights = moe_route_ref(logits, A3B["k"], shared=True)
     assert torch.equal(ids, ref_ids)
     check(weights, ref_weights, TOL[torch.bfloat16])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("T", [1, 2, 8])
-def test_router_route_gpu(T):
-    """The 35B-A3B's router (bf16, 2048 x 257): logits as cuBLAS's within a bf16 ulp, routed exactly as moe_route
-    routes them; the same from a CUDA graph replayed on new inputs."""
-    x, router = router_inputs(T, A3B["E"], A3B["H"], True, torch.bfloat16, "cuda", seed=T)
-    ids, weights, logits = moe_router_route_triton(x, router, A3B["k"], True)
-    check(logits.bfloat16(), torch.nn.functional.linear(x, router), TOL[torch.bfloat16])
-    ref_ids, ref_weights = moe_route_ref(logits.bfloat16(), A3B["k"], True)
-    assert torch.equal(ids, ref_ids) and torch.equal(weights, ref_weights)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = moe_router_route_triton(x, router, A3B["k"], True)
-    x.copy_(router_inputs(T, A3B["E"], A3B["H"], True, torch.bfloat16, "cuda", seed=T + 100)[0])
-    graph.replay()
-    assert torch.equal(out[0], moe_router_route_triton(x, router, A3B["k"], True)[0])
-    assert splitk_scratch(x.device)[1][0].item() == 0
 
 
 @pytest.mark.gpu
