@@ -547,6 +547,11 @@ def settle(port: int, disk_dir: Path, timeout: float = 60.0) -> tuple[dict, tupl
 
 
 # ---- the run ------------------------------------------------------------------------------------------
+def progress(line: str) -> None:
+    """Where the run is, on stderr (the report comes at the end: a run stopped by a time limit says how far it got)."""
+    print(f"soak: {line}", file=sys.stderr, flush=True)
+
+
 def soak(opts: Options) -> dict:
     with tempfile.TemporaryDirectory(prefix="qwendesk-soak-", dir=opts.workdir) as tmp:
         work = Path(tmp)
@@ -560,7 +565,9 @@ def soak(opts: Options) -> dict:
             from tests.fixtures.checkpoints import write_checkpoint
             model = str(write_checkpoint(work / "ckpt", "base"))
         disk_dir, log_path = work / "kv", work / "server.log"
+        begun = time.monotonic()
         proc, port = start_server(opts, model, disk_dir, log_path)
+        progress(f"the server is up after {time.monotonic() - begun:.0f} s; {opts.requests} requests to send")
         try:
             return drive(opts, proc, port, disk_dir, log_path)
         except OSError:
@@ -615,8 +622,10 @@ def drive(opts: Options, proc: subprocess.Popen, port: int, disk_dir: Path, log_
     warm = int(opts.warmup * len(requests))
     send_all(range(warm))
     warmed, _ = settle(port, disk_dir)      # idle after the warm-up: the reference of the GPU memory
+    progress(f"warm-up: {len(outcomes)} requests done, idle after {time.monotonic() - started:.0f} s")
     send_all(range(warm, len(requests)))
     elapsed = time.monotonic() - started
+    progress(f"{len(outcomes)} requests done after {elapsed:.0f} s; waiting for the server to settle")
     after, on_disk = settle(port, disk_dir)
     sampler.stop.set()
     sampler.join()
