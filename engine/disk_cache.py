@@ -8,8 +8,9 @@ of the payload) and the payload; it is written under a temporary name and rename
 that dies leaves no entry. A file that does not check out on reading (truncated, corrupt, foreign, another version)
 is removed and counts as a miss: it is never served.
 
-Writes never wait on the disk in the engine loop: the loop copies the bytes into pinned host memory (queued on the
-stream) and a writer thread waits for that copy, then writes; when too much is pending, a write is skipped. Reads
+Writes never wait on the disk in the engine loop: the loop copies the bytes into the write staging (pinned host
+memory on a GPU, engine/staging_ring.py; the copy queued on the stream) and a writer thread waits for that copy, then
+writes; a write that does not fit in the staging now is skipped. Reads
 (disk -> host tier, engine.host_cache) start when a prefix lookup needs them and run beside the loop (a request, or
 Engine.warm, waits for its own; the running streams and the requests behind it do not): a hit's files, its snapshot
 among its pages, are read and checked READ_THREADS at a time (an SSD serves many reads in flight, and both file
@@ -40,6 +41,7 @@ import platformdirs
 import torch
 
 from engine.kv_cache import CacheTensors
+from engine.staging_ring import StagingRing
 
 log = logging.getLogger("qwendesk.engine")
 
@@ -50,7 +52,7 @@ HEADER = struct.Struct("<4sIB3x16s16sQI")       # magic, version, kind, key, nam
 KINDS = {"page": 1, "state": 2}
 WRITE_CHUNK_PAGES = 32
 READ_THREADS = 8
-MAX_PENDING_BYTES = 2 << 30     # pinned bytes waiting for the writer before writes are skipped (27B: a 32K turn ~1.3 GB)
+MAX_PENDING_BYTES = 2 << 30     # staging for the writer (pinned on a GPU); a write that does not fit is skipped (27B: a 32K turn ~1.3 GB)
 
 
 def default_root() -> Path:
@@ -68,7 +70,8 @@ def namespace(identity: dict) -> bytes:
 class WriteJob:
     kind: str
     keys: list[bytes]
-    data: torch.Tensor          # [len(keys), nbytes] uint8 in (pinned) host memory
+    data: torch.Tensor          # [len(keys), nbytes] uint8: its piece of the staging ring
+    start: int                  # where that piece starts
     ready: object = None        # torch.cuda.Event recorded after the copy into `data` (None on the CPU)
 
 
@@ -78,13 +81,12 @@ class DiskCache:
         self.ns = ns
         self.dir = self.root / ns.hex()
         self.budget_bytes = budget_bytes
-        self.max_pending_bytes = max_pending_bytes
+        self._staging = StagingRing(max_pending_bytes)
         self._lock = threading.Lock()
         self._files: dict[Path, tuple[float, int]] = {}          # every entry under root -> (last use, size)
         self._bytes = 0                                            # their sizes' sum
         self._keys: dict[str, set[bytes]] = {kind: set() for kind in KINDS}   # this namespace's entries
         self._queued: set[tuple[str, bytes]] = set()
-        self._pending_bytes = 0
         self.hit_pages = self.hit_snapshots = self.written = self.write_errors = self.skipped = 0
         self.rejected = self.evicted = 0
         self._scan()
@@ -131,6 +133,7 @@ class DiskCache:
         with self._lock:
             return {"disk_pages": len(self._keys["page"]), "disk_snapshots": len(self._keys["state"]),
                     "disk_bytes": self._bytes, "disk_budget_bytes": self.budget_bytes,
+                    "disk_staging_bytes": self._staging.capacity,
                     "disk_hit_pages": self.hit_pages, "disk_hit_snapshots": self.hit_snapshots,
                     "disk_written": self.written, "disk_write_errors": self.write_errors,
                     "disk_write_skipped": self.skipped, "disk_rejected": self.rejected, "disk_evicted": self.evicted}
@@ -228,17 +231,22 @@ class DiskCache:
     def _queue_job(self, kind: str, keys: list[bytes], n: int, read) -> None:
         """Queue `read()` (n bytes) for writing, unless that is more than may be pending: then nothing is read."""
         with self._lock:
-            if self._pending_bytes + n > self.max_pending_bytes:
+            start = self._staging.take(n)
+            if start is None:
                 self.skipped += len(keys)
                 return
-            self._pending_bytes += n
             self._queued.update((kind, k) for k in keys)
-        data = read()
-        job = WriteJob(kind, keys, torch.empty(data.shape, dtype=torch.uint8, pin_memory=data.is_cuda))
-        job.data.copy_(data, non_blocking=True)
-        if data.is_cuda:
-            job.ready = torch.cuda.Event()
-            job.ready.record()
+        try:
+            data = read()
+            assert data.numel() == n, (data.shape, n)
+            job = WriteJob(kind, keys, self._staging.view(start, data.shape, pinned=data.is_cuda), start)
+            job.data.copy_(data, non_blocking=True)
+            if data.is_cuda:
+                job.ready = torch.cuda.Event()
+                job.ready.record()
+        except BaseException:
+            self._release(kind, keys, start)
+            raise
         self._queue.put(job)
 
     def _write_loop(self) -> None:
@@ -256,11 +264,14 @@ class DiskCache:
                 self.write_errors += 1
                 log.exception("disk cache: writer failed")
             finally:
-                if job is not None:    # done or failed, the job no longer holds its bytes and keys
-                    with self._lock:
-                        self._pending_bytes -= job.data.numel()
-                        self._queued.difference_update((job.kind, k) for k in job.keys)
+                if job is not None:    # done or failed, the job no longer holds its staging and keys
+                    self._release(job.kind, job.keys, job.start)
                 self._queue.task_done()
+
+    def _release(self, kind: str, keys: list[bytes], start: int) -> None:
+        with self._lock:
+            self._staging.give_back(start)
+            self._queued.difference_update((kind, k) for k in keys)
 
     def _write_file(self, kind: str, key: bytes, payload) -> None:
         path = self._path(kind, key)

@@ -187,7 +187,8 @@ class Engine:
         host = HostCache(self._pools, self._plan.host_cache_bytes) if self._plan.host_cache_bytes else None
         self._cache = CacheManager(self._pools, num_seq_slots=config.max_running, host=host)
         self._disk = DiskCache(config.disk_cache_dir or default_root(), namespace(self._cache_identity()),
-                               int(config.disk_cache_gb * (1 << 30))) if config.disk_cache else None
+                               int(config.disk_cache_gb * (1 << 30)),
+                               self._plan.disk_staging_bytes) if config.disk_cache else None
         self._scheduler = Scheduler(self._cache, config.max_running, config.prefill_chunk,
                                     im_start_id=self.tokenizer.token_to_id("<|im_start|>"))
         # int8 MoE experts run a torch loop that learns their token counts on the host (engine/model/moe.py)

@@ -17,6 +17,7 @@ import torch
 
 from engine.config import ModelConfig, load_model_config
 from engine.device import DeviceInfo, host_ram_bytes, probe, resolve_dtype
+from engine.disk_cache import MAX_PENDING_BYTES
 from engine.model.shapes import model_tensor_shapes, vision_tensor_shapes
 from engine.params import PROFILES, EngineConfig
 from engine.vision.tower import CHUNK_ROWS
@@ -49,6 +50,7 @@ class MemoryPlan:
     #                              GPU only while encoding: its weights are in the workspace, which the two share)
     vision_bytes: int = 0        # what encoding the largest image takes on the GPU: tower weights + its activations
     host_cache_bytes: int = 0    # the host-RAM tier's budget (host memory: not in total_bytes)
+    disk_staging_bytes: int = 0  # host memory the disk tier stages its writes in (pinned on a GPU; not in total_bytes)
     fits: bool = True
     message: str = ""
     alternatives: list[str] = field(default_factory=list)
@@ -68,7 +70,9 @@ class MemoryPlan:
                    if self.drafts else "")
                 + (f"; vision tower {self.vision.replace('_', ' ')}, {g(self.vision_bytes)} while encoding"
                    if self.vision != "off" else "")
-                + (f"; host-RAM cache tier up to {g(self.host_cache_bytes)}" if self.host_cache_bytes else ""))
+                + (f"; host-RAM cache tier up to {g(self.host_cache_bytes)}" if self.host_cache_bytes else "")
+                + (f"; disk tier's write staging {g(self.disk_staging_bytes)} of host memory"
+                   if self.disk_staging_bytes else ""))
 
 
 def host_cache_bytes(config: EngineConfig) -> int:
@@ -230,7 +234,8 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
                           kv_bytes_per_token=per_tok, state_bytes_per_slot=per_slot, drafts=drafts,
                           speculation_bytes=spec, vision=vision.placement,
                           vision_bytes=vision.weights_bytes + vision.encode_bytes if vision.placement != "off" else 0,
-                          host_cache_bytes=host_cache_bytes(config))
+                          host_cache_bytes=host_cache_bytes(config),
+                          disk_staging_bytes=MAX_PENDING_BYTES if config.disk_cache else 0)
 
     if config.max_context is not None:
         ctx = config.max_context

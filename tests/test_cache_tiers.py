@@ -98,6 +98,19 @@ def test_the_plan_shows_the_host_tier_apart_from_device_memory(ckpt):
     assert "host-RAM cache tier up to 1.50 GiB" in some.summary() and "host-RAM" not in off.summary()
 
 
+def test_the_plan_shows_the_disk_tiers_write_staging(ckpt):
+    """What the disk tier's writer stages in host memory (pinned on a GPU: one buffer of exactly this) is the plan's,
+    and the engine's disk tier is built with it."""
+    from engine.api import plan_for
+    from engine.disk_cache import MAX_PENDING_BYTES
+
+    base = dict(model=ckpt, device="cpu", max_context=1024)
+    off, on = (plan_for(EngineConfig(**base, disk_cache=d)) for d in (False, True))
+    assert (off.disk_staging_bytes, on.disk_staging_bytes) == (0, MAX_PENDING_BYTES)
+    assert off.total_bytes == on.total_bytes
+    assert "write staging 2.00 GiB" in on.summary() and "staging" not in off.summary()
+
+
 def test_stats_show_the_disk_writes_finished_while_the_engine_idles(ckpt, tmp_path):
     """The loop refreshes its figures at each step; the disk tier's writer finishes after the last one."""
     with make(ckpt, disk_cache=True, disk_cache_dir=str(tmp_path)) as engine:
@@ -106,6 +119,7 @@ def test_stats_show_the_disk_writes_finished_while_the_engine_idles(ckpt, tmp_pa
         on_disk = sum(p.stat().st_size for p in tmp_path.rglob("*.kv"))
         stats = engine.stats()
         assert stats["disk_pages"] > 0 and stats["disk_bytes"] == on_disk
+        assert engine._disk._staging.capacity == engine.plan().disk_staging_bytes > 0
 
 
 def tiered(ckpt, folder, **kw):

@@ -191,7 +191,7 @@ def test_a_job_that_fails_gives_back_its_keys_and_bytes(tmp_path, monkeypatch, c
     disk.write_pages(p, [b"p0" * 8], [0])
     disk.flush()
     assert "writer failed" in caplog.text and disk.stats()["disk_write_errors"] == 1
-    assert not disk.has("page", b"p0" * 8) and disk._pending_bytes == 0
+    assert not disk.has("page", b"p0" * 8) and disk._staging.used == 0
     monkeypatch.setattr(disk, "_write_file", real)
     disk.write_pages(p, [b"p0" * 8], [0])               # within the bound again, and written
     disk.flush()

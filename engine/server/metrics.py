@@ -24,13 +24,15 @@ ENGINE_GAUGES = (  # engine.stats() key, metric, help
     ("disk_pages", "qwendesk_disk_cache_pages", "KV pages in the disk tier."),
     ("disk_snapshots", "qwendesk_disk_cache_snapshots", "GDN snapshots in the disk tier."),
     ("disk_bytes", "qwendesk_disk_cache_bytes", "Bytes of the disk tier's folder."),
+    ("disk_staging_bytes", "qwendesk_disk_cache_staging_bytes",
+     "Host memory the disk tier stages its writes in (pinned on a GPU, allocated on the first write): its bound."),
     ("gpu_allocated_bytes", "qwendesk_gpu_memory_allocated_bytes",
      "GPU memory held by tensors: weights, cache pools, buffers in use (0 on the CPU)."),
     ("gpu_reserved_bytes", "qwendesk_gpu_memory_reserved_bytes",
      "GPU memory torch's caching allocator holds from the driver: in use, and freed but kept for reuse."),
     ("pinned_host_bytes", "qwendesk_pinned_host_memory_bytes",
      "Page-locked host memory torch's pinned allocator holds (in use and kept for reuse): the host tier's slabs, the "
-     "disk tier's write staging (0 on the CPU)."),
+     "disk tier's write staging, small transfer buffers (0 on the CPU)."),
 )
 ENGINE_COUNTERS = (  # engine.stats() key, metric, help
     ("prefix_hit_tokens", "qwendesk_prefix_cache_hit_tokens_total", "Prompt tokens reused from the prefix cache."),
