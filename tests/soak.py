@@ -17,10 +17,11 @@ SDKs cancel one (the connection closed after a few events).
 Checks: no 5xx (seen by the clients or counted by the server), every request that was not dropped answered 200 with
 a well-formed reply that ended as its protocol ends, none past its deadline (hung), the server's log without a
 traceback; afterwards the engine back to its baseline (nothing running or waiting, no KV page or state slot held,
-the host and disk tiers within their budgets, the disk tier's folder holding exactly the bytes it counts and no
+the host and disk tiers within their budgets, the pinned host memory within the host tier's budget and the disk
+tier's write staging (and PINNED_SLACK_MB), the disk tier's folder holding exactly the bytes it counts and no
 temporary file); the server's RSS flat after the warm-up (first, after warm-up, max and last samples of VmRSS, less
 the pinned host memory torch holds: the host tier's slabs, which its budget bounds, and the disk writer's staging,
-which torch's pinned allocator keeps for reuse; on the CPU the host tier's bytes), and
+one buffer of its bound; on the CPU the host tier's bytes), and
 its GPU memory allocated (torch's allocator, from /metrics; 0 on the CPU) idle at the end as it was idle after the
 warm-up (the clients pause once the warm-up's requests are sent, until the server is idle).
 Prints a table and writes the whole report as JSON. Exit status 1 when a check fails.
@@ -64,8 +65,9 @@ RESPONSES_TOOLS = [{"type": "function", "name": "get_weather", "description": "T
 ANTHROPIC_TOOLS = [{"name": "get_weather", "description": "The weather in a city", "input_schema": WEATHER}]
 GAUGES = ("running", "waiting", "kv_pages_used", "kv_pages_cached", "kv_pages_total", "state_slots_used",
           "snapshots_cached", "host_cache_pages", "host_cache_snapshots", "host_cache_bytes", "disk_cache_pages",
-          "disk_cache_snapshots", "disk_cache_bytes", "gpu_memory_allocated_bytes", "gpu_memory_reserved_bytes",
+          "disk_cache_snapshots", "disk_cache_bytes", "disk_cache_staging_bytes", "gpu_memory_allocated_bytes", "gpu_memory_reserved_bytes",
           "pinned_host_memory_bytes")
+PINNED_SLACK_MB = 256      # pinned memory beside the host tier and the disk tier's staging: small transfer buffers
 
 
 @dataclass
@@ -649,6 +651,9 @@ def report(opts, requests, outcomes, baseline, warmed, after, on_disk, sampler, 
     host_budget, disk_budget = int(opts.host_cache_gb * 2**30), int(opts.disk_cache_gb * 2**30)
     rss = rss_report(sampler.samples, int(opts.warmup * opts.requests), opts.rss_tolerance_mb)
     gpu = gpu_report(baseline, warmed, sampler.gpu, after, opts.gpu_tolerance_mb)
+    pinned = {name: round(m.get("pinned_host_memory_bytes", 0) / 2**20, 1)
+              for name, m in (("after_warmup_mb", warmed), ("after_mb", after))}
+    pinned["allowed_mb"] = round((host_budget + after.get("disk_cache_staging_bytes", 0)) / 2**20 + PINNED_SLACK_MB, 1)
     checks = {
         "no 5xx": not client_5xx and after["server_5xx"] == 0,
         "no hung request": not any(o.hung for o in outcomes),
@@ -661,6 +666,7 @@ def report(opts, requests, outcomes, baseline, warmed, after, on_disk, sampler, 
         "disk folder matches its count, no temporary file": on_disk == (after.get("disk_cache_bytes", 0), 0),
         "RSS flat after warm-up": rss["flat"],
         "GPU memory allocated flat after warm-up": gpu["flat"],
+        "pinned host memory within the tiers' bounds": pinned["after_mb"] <= pinned["allowed_mb"],
     }
     seconds = sorted(o.seconds for o in answered) or [0.0]
     return {
@@ -680,7 +686,7 @@ def report(opts, requests, outcomes, baseline, warmed, after, on_disk, sampler, 
                                                   "host_cache_hit_snapshots_total", "disk_cache_hit_pages_total",
                                                   "disk_cache_hit_snapshots_total", "disk_cache_write_errors_total",
                                                   "disk_cache_rejected_total")},
-        "disk_folder_bytes": on_disk[0], "disk_temp_files": on_disk[1], "rss": rss, "gpu": gpu,
+        "disk_folder_bytes": on_disk[0], "disk_temp_files": on_disk[1], "rss": rss, "gpu": gpu, "pinned": pinned,
         "checks": checks, "passed": all(checks.values()),
     }
 
@@ -711,6 +717,9 @@ def table(r: dict) -> str:
                              f"{r['disk_temp_files']} temp files)"),
         ("prefix hits: tokens / host pages, snapshots / disk pages, snapshots",
          "{} / {}, {} / {}, {}".format(*list(r["counters"].values())[:5])),
+        ("pinned host memory MB idle: after warm-up / after",
+         f"{r['pinned']['after_warmup_mb']} / {r['pinned']['after_mb']} (allowed {r['pinned']['allowed_mb']}: the "
+         f"host tier's budget, the disk tier's staging, {PINNED_SLACK_MB} more)"),
         ("RSS less pinned memory, MB: first / after warm-up / max / last",
          f"{rss['first_mb']} / {rss['after_warmup_mb']} / {rss['max_mb']} / {rss['last_mb']} "
          f"(growth {rss['growth_after_warmup_mb']}, allowed {rss['allowed_growth_mb']})"),
