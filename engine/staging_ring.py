@@ -3,9 +3,10 @@
 The engine loop copies a finished turn's pages and snapshot off the GPU into host memory and the disk tier's writer
 thread writes them out, in the order they were queued. Pinned memory lets that copy run without stopping the loop,
 but a pinned buffer per job is rounded up to a power of two by torch's pinned allocator and kept for reuse by size:
-in the GPU soak the staging held 4.5 GB for a 2 GiB bound. One buffer of exactly the bound, allocated on the first
+in the GPU soak the staging held about 4.2 GB for a 2 GiB bound. One buffer of exactly the bound, allocated on the first
 write and taken as a ring (a piece is taken after the newest; the single writer gives them back in about that order),
-makes the bound the memory. Unpinned staging (a CPU engine) takes a buffer per job: ordinary memory goes back when it is freed.
+makes the bound the memory. Unpinned staging (a CPU engine) takes a buffer per job: ordinary memory goes back when
+it is freed.
 """
 
 from __future__ import annotations

@@ -65,8 +65,8 @@ RESPONSES_TOOLS = [{"type": "function", "name": "get_weather", "description": "T
 ANTHROPIC_TOOLS = [{"name": "get_weather", "description": "The weather in a city", "input_schema": WEATHER}]
 GAUGES = ("running", "waiting", "kv_pages_used", "kv_pages_cached", "kv_pages_total", "state_slots_used",
           "snapshots_cached", "host_cache_pages", "host_cache_snapshots", "host_cache_bytes", "disk_cache_pages",
-          "disk_cache_snapshots", "disk_cache_bytes", "disk_cache_staging_bytes", "gpu_memory_allocated_bytes", "gpu_memory_reserved_bytes",
-          "pinned_host_memory_bytes")
+          "disk_cache_snapshots", "disk_cache_bytes", "disk_cache_staging_bytes", "gpu_memory_allocated_bytes",
+          "gpu_memory_reserved_bytes", "pinned_host_memory_bytes")
 PINNED_SLACK_MB = 256      # pinned memory beside the host tier and the disk tier's staging: small transfer buffers
 
 
