@@ -52,8 +52,8 @@ HEADER = struct.Struct("<4sIB3x16s16sQI")       # magic, version, kind, key, nam
 KINDS = {"page": 1, "state": 2}
 WRITE_CHUNK_PAGES = 32
 READ_THREADS = 8
-MAX_PENDING_BYTES = 2 << 30     # the writer's staging (pinned on a GPU): a write that does not fit is skipped (27B: a
-#                                 32K turn ~1.3 GB)
+# the writer's staging (pinned on a GPU): a write that does not fit is skipped (27B: a 32K turn is ~1.3 GB)
+MAX_PENDING_BYTES = 2 << 30
 
 
 def default_root() -> Path:

@@ -1,13 +1,14 @@
 """MoE decode at the 35B-A3B shape (GPU): `python -m qwendesk_kernels.bench_moe`.
 
-A layer: the router (a bf16 GEMV over 256 + 1 rows: the shared expert's gate last), routing (qwendesk_kernels/moe_route.py)
-and the experts (ops.moe_experts: int4 on the mma kernels, qwendesk_kernels/moe_decode_mma.py; bf16 on qwendesk_kernels/moe_decode.py;
-the shared expert stacked as expert 256), for T = 1, 2, 4, 8 tokens at int4 (G = 128), T = 1 and 8 at bf16; the
-router's GEMV and the routing alone. 40 layers, each with weights and inputs of its own (as in the model: no layer's
-experts are still in L2), are replayed from one CUDA graph; per layer = the graph's time / 40. Bytes per layer: what
-it must read (the router, the distinct experts its tokens chose, x) and write (out). Launches per layer: the kernels the profiler sees in one eager layer.
-Baselines: the sorted torch loop (qwendesk_kernels/moe_sorted.py, eager: it syncs with the host), and at int4 the tl.dot
-decode kernels (qwendesk_kernels/moe_decode.py), over the same 40 layers. Then the configs of both int4 decode paths are
+A layer: the router (a bf16 GEMV over 256 + 1 rows: the shared expert's gate last), routing
+(qwendesk_kernels/moe_route.py) and the experts (ops.moe_experts: int4 on the mma kernels,
+qwendesk_kernels/moe_decode_mma.py; bf16 on qwendesk_kernels/moe_decode.py; the shared expert stacked as expert 256),
+for T = 1, 2, 4, 8 tokens at int4 (G = 128), T = 1 and 8 at bf16; the router's GEMV and the routing alone. 40 layers,
+each with weights and inputs of its own (as in the model: no layer's experts are still in L2), are replayed from one
+CUDA graph; per layer = the graph's time / 40. Bytes per layer: what it must read (the router, the distinct experts
+its tokens chose, x) and write (out). Launches per layer: the kernels the profiler sees in one eager layer. Baselines:
+the sorted torch loop (qwendesk_kernels/moe_sorted.py, eager: it syncs with the host), and at int4 the tl.dot decode
+kernels (qwendesk_kernels/moe_decode.py), over the same 40 layers. Then the configs of both int4 decode paths are
 swept at T = 1 and 8, experts only, and at T = 2 and 4 the mma path's slots per pair against grouped by expert
 (GROUP_MIN_T). `--kinds int4` leaves out bf16, `--no-sweep` the sweeps.
 """
