@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from engine.disk_cache import DiskCache
 from engine.host_cache import HostCache
-from engine.kv_cache import CacheTensors, IdPool
+from engine.kv_cache import CacheTensors, IdPool, PageTable
 from engine.snapshots import Snapshots
 
 log = logging.getLogger("qwendesk.engine")
@@ -202,7 +202,7 @@ class CacheManager:
         reusable = sum(1 for p in gpu if self.refs[p] == 0)  # cached pages we would revive
         return self.seq_slots.free > 0 and need <= self.available_pages() - reusable
 
-    def admit(self, hit: PrefixHit, total_tokens: int) -> tuple[list[int], int]:
+    def admit(self, hit: PrefixHit, total_tokens: int) -> tuple[PageTable, int]:
         """Take the hit's pages and a state slot (with the snapshot copied in); reserve the pages for the rest of the
         sequence. The hit's pages in the host tier are copied into pages taken from that reservation (and indexed).
         Returns (pages, slot)."""
@@ -216,7 +216,7 @@ class CacheManager:
                 self.host.load_state(hit.snapshot, slot)
             self.hits += hit.tokens
         self.reserved += -(-total_tokens // self.page_size) - len(hit.on_gpu)
-        pages = list(hit.pages)
+        pages = PageTable(hit.pages)
         missing = [i for i, p in enumerate(pages) if p < 0]
         if missing:
             keys = [hit.keys[i] for i in missing]
@@ -233,7 +233,7 @@ class CacheManager:
                 self.page_key[pages[i]] = key
         return pages, slot
 
-    def grow(self, pages: list[int], n_tokens: int) -> None:
+    def grow(self, pages: PageTable, n_tokens: int) -> None:
         """Extend a page table (in place) to hold n_tokens, from the sequence's reservation."""
         while len(pages) * self.page_size < n_tokens:
             pages.append(self._take_page())
@@ -263,21 +263,23 @@ class CacheManager:
         self.refs[page] = 1
 
     # ---- indexing and release ----------------------------------------------------------------
-    def index_pages(self, hashes: list[bytes], tokens: list[int], num_computed: int, pages: list[int]) -> None:
-        """Extend `hashes` (in place) over the full pages computed so far and index those pages,
-        so that other requests can share them even while this one runs."""
+    def index_pages(self, hashes: list[bytes], tokens: list[int], num_computed: int, pages: PageTable) -> None:
+        """Extend `hashes` (in place) over the full pages computed since the last call and index those pages,
+        so that other requests can share them even while this one runs (the work is the new pages': a decode step
+        at 128K tokens does not walk the whole table)."""
         page = self.page_size
         full = num_computed // page
-        if len(hashes) < full:
-            start = len(hashes) * page
-            hashes += chain_hashes(tokens[start:full * page], page, prev=hashes[-1] if hashes else b"")
-        for i in range(full):
+        start = len(hashes)
+        if start >= full:
+            return
+        hashes += chain_hashes(tokens[start * page:full * page], page, prev=hashes[-1] if hashes else b"")
+        for i in range(start, full):
             p = pages[i]
             if p not in self.page_key and hashes[i] not in self.index:
                 self.index[hashes[i]] = p
                 self.page_key[p] = hashes[i]
 
-    def release(self, *, pages: list[int], state_slot: int, total_tokens: int, hashes: list[bytes],
+    def release(self, *, pages: PageTable, state_slot: int, total_tokens: int, hashes: list[bytes],
                 tokens: list[int], num_computed: int, rolling_slot: int = -1) -> None:
         """A sequence is done (finished or cancelled): index its full computed pages for reuse (`hashes` is
         extended in place), drop its references, free its state slot and what is left of the reservation

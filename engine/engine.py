@@ -712,7 +712,7 @@ class Engine:
                 continue
             if not seq.output:
                 seq.t_first = now
-            seq.output.append(token)
+            seq.append(token)
             reason, kind, pieces = None, "control", []
             if token in p.stop_token_ids or (not p.ignore_eos and token in tok.eos_token_ids):
                 reason = "stop"

@@ -9,11 +9,23 @@ These tensors are passed around as `pools`; what holds which page and slot is th
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 import torch
 
 from engine.config import ModelConfig
+
+
+class PageTable(array):
+    """A sequence's KV pages in order: int32 in one block of memory, so that a step copies it to the GPU in one go
+    whatever its length (engine/model/batch.py page_table); equal to a list of the same pages."""
+
+    def __new__(cls, pages=()):
+        return super().__new__(cls, "i", pages)
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other)
 
 
 @dataclass

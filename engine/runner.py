@@ -14,7 +14,7 @@ import torch
 
 from engine.device import capture_graph
 from engine.kv_cache import CacheTensors
-from engine.model.batch import ForwardBatch, build_batch
+from engine.model.batch import ForwardBatch, build_batch, page_table
 from engine.model.qwen3_5 import Qwen3_5Model
 from engine.params import TokenLogprob
 from engine.sequence import Sequence
@@ -51,9 +51,8 @@ class ModelRunner:
             logits = self.graphs.run(seqs, input_ids)
         else:
             if input_ids is None:
-                input_ids = torch.tensor([t for s, n in zip(seqs, query_lens)
-                                          for t in s.tokens[s.num_computed:s.num_computed + n]], dtype=torch.int64,
-                                         device=self.device)
+                input_ids = torch.cat([torch.tensor(s.tokens[s.num_computed:s.num_computed + n], dtype=torch.int64)
+                                       for s, n in zip(seqs, query_lens)]).to(self.device)
             images = {} if not any(s.images for s in seqs) else \
                 dict(mrope=[s.images.mrope if s.images else None for s in seqs], **image_inputs(seqs, query_lens))
             batch = build_batch(query_lens, [s.num_computed for s in seqs], [s.state_slot for s in seqs],
@@ -76,15 +75,16 @@ class ModelRunner:
 
     def _prompt_mtp(self, seqs: list[Sequence], query_lens: list[int], hidden: torch.Tensor, batch) -> None:
         """The MTP layer's KV for a prefill step's rows: row p takes the token after it, known for every prompt row
-        but the last (made with the first sampled token: Speculation.start)."""
+        but the last (made with the first sampled token: Speculation.start). One slice per sequence (a row loop here
+        made a 128K prompt's prefill quadratic on the host)."""
         next_ids, known = [], []
         for s, n in zip(seqs, query_lens):
-            for p in range(s.num_computed, s.num_computed + n):
-                known.append(p + 1 < len(s.tokens))
-                next_ids.append(s.tokens[p + 1] if known[-1] else 0)
+            after = s.tokens[s.num_computed + 1:s.num_computed + n + 1]       # the tokens after the step's rows
+            next_ids.append(torch.tensor(after + [0] * (n - len(after)), dtype=torch.int64))
+            known.append(torch.arange(n) < len(after))
         dev = hidden.device
-        slots = torch.where(torch.tensor(known, device=dev), batch.slot_mapping, -1)
-        self.speculator.prompt_mtp(hidden, torch.tensor(next_ids, device=dev),
+        slots = torch.where(torch.cat(known).to(dev), batch.slot_mapping, -1)
+        self.speculator.prompt_mtp(hidden, torch.cat(next_ids).to(dev),
                                    dataclasses.replace(batch, slot_mapping=slots, logits_rows=None, snapshot=None))
 
     @torch.inference_mode()
@@ -240,9 +240,7 @@ class DecodeGraphs:
         pad = b - n
         pos = [s.num_computed for s in seqs]
         slots = [s.pages[p // self.page] * self.page + p % self.page for s, p in zip(seqs, pos)]
-        tables = torch.zeros(b, self.max_pages, dtype=torch.int32)
-        for i, s in enumerate(seqs):
-            tables[i, :len(s.pages)] = torch.tensor(s.pages, dtype=torch.int32)
+        tables = page_table([s.pages for s in seqs] + [()] * pad, self.max_pages)
         if input_ids is None:
             self.ids[:b].copy_(pinned(torch.tensor([s.tokens[p] for s, p in zip(seqs, pos)] + [0] * pad)),
                                non_blocking=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 
 from engine.cache_manager import CacheManager
+from engine.kv_cache import PageTable
 from engine.sequence import Sequence
 from qwendesk_kernels.gdn import RECURRENT_MAX_TOKENS
 
@@ -116,4 +117,4 @@ class Scheduler:
     def _release(self, seq: Sequence) -> None:
         self.cache.release(pages=seq.pages, state_slot=seq.state_slot, total_tokens=seq.max_total, hashes=seq.hashes,
                            tokens=seq.hash_tokens, num_computed=seq.num_computed, rolling_slot=seq.rolling_slot)
-        seq.pages, seq.state_slot, seq.rolling_slot = [], -1, -1
+        seq.pages, seq.state_slot, seq.rolling_slot = PageTable(), -1, -1

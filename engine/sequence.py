@@ -8,6 +8,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from engine.kv_cache import PageTable
 from engine.params import SamplingParams, SpeculationStats, StreamEvent, TokenLogprob
 from engine.vision.prompt import ImagePrompt
 
@@ -20,7 +21,7 @@ class Sequence:
     seed: int                                   # the request's seed, or one drawn for it
     max_total: int = 0                          # prompt + new tokens it may reach (capped by the context)
     output: list[int] = field(default_factory=list)
-    pages: list[int] = field(default_factory=list)
+    pages: PageTable = field(default_factory=PageTable)
     hashes: list[bytes] = field(default_factory=list)   # chained hash of each full computed page
     state_slot: int = -1
     num_computed: int = 0                       # tokens whose KV and GDN state are in the cache
@@ -43,15 +44,20 @@ class Sequence:
     t_submit: float = field(default_factory=time.perf_counter)
     t_admit: float = 0.0
     t_first: float = 0.0
+    tokens: list[int] = field(init=False)       # prompt + output, appended to (never rebuilt: host work per step
+    hash_tokens: list[int] = field(init=False)  # must not grow with the context); what the prefix cache hashes:
+    #                                             the tokens, each image's run standing for its digest
 
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt + self.output
+    def __post_init__(self):
+        self.tokens = self.prompt + self.output
+        self.hash_tokens = self.images.hash_tokens + self.output if self.images else self.tokens
 
-    @property
-    def hash_tokens(self) -> list[int]:
-        """What the prefix cache hashes: the tokens, each image's run standing for its digest."""
-        return self.images.hash_tokens + self.output if self.images else self.tokens
+    def append(self, token: int) -> None:
+        """A new output token (the only way output grows: the token lists above follow it)."""
+        self.output.append(token)
+        self.tokens.append(token)
+        if self.hash_tokens is not self.tokens:
+            self.hash_tokens.append(token)
 
     @property
     def position_delta(self) -> int:

@@ -27,7 +27,7 @@ import torch
 from engine.acceptance import Sampling, accept, pick_draft
 from engine.device import capture_graph
 from engine.kv_cache import CacheTensors
-from engine.model.batch import ForwardBatch
+from engine.model.batch import ForwardBatch, page_table
 from engine.model.qwen3_5 import Qwen3_5Model
 from qwendesk_kernels.gdn import VerifyRows, gdn_replay
 from qwendesk_kernels.sampling import random_uniform_ref
@@ -213,9 +213,7 @@ def round_inputs(reqs: list[RoundRequest], max_pages: int, device, pad_to: int =
     with rows that write nothing (limit 0) on pad_slot. Copies go from page-locked memory: no wait for the GPU."""
     pad = max(0, pad_to - len(reqs))
     reqs = reqs + [RoundRequest(pad_slot, 0, 0, [], 0, -1, pad_slot, 0.0, 0, 1.0, 0.0, 0, 0, False)] * pad
-    tables = torch.zeros(len(reqs), max_pages, dtype=torch.int32)
-    for i, r in enumerate(reqs):
-        tables[i, :len(r.pages)] = torch.tensor(r.pages, dtype=torch.int32)
+    tables = page_table([r.pages for r in reqs], max_pages)
     col = lambda name, dtype: torch.tensor([getattr(r, name) for r in reqs], dtype=dtype)  # noqa: E731
     host = RoundInputs(col("slot", torch.int64), col("base", torch.int64), col("last", torch.int64), tables,
                        col("limit", torch.int64), col("snap_row", torch.int32), col("snap_slot", torch.int64),

@@ -60,8 +60,8 @@ def test_a_prefix_hit_needs_the_pages_and_a_snapshot_at_the_same_boundary(tiny_p
     cache.snapshots.save(slot, hashes[1])                              # the state after 8 tokens
     release(cache, pages, slot, hashes, tokens)
     hit = cache.match_prefix(tokens + [99])
-    assert hit == PrefixHit(pages[:2], 8, hashes[1])                   # page 3 is indexed but has no snapshot
-    assert cache.match_prefix(tokens[:9]) == PrefixHit(pages[:2], 8, hashes[1])
+    assert hit == PrefixHit(list(pages[:2]), 8, hashes[1])                   # page 3 is indexed but has no snapshot
+    assert cache.match_prefix(tokens[:9]) == PrefixHit(list(pages[:2]), 8, hashes[1])
     assert cache.match_prefix(tokens[:8]) == PrefixHit()               # at least one token is left to compute
     assert cache.match_prefix([7] + tokens[1:]) == PrefixHit()         # a different first page: a different chain
     assert cache.match_prefix(tokens[:4] + [0] * 8) == PrefixHit()     # the first page alone has no snapshot
@@ -137,7 +137,7 @@ def test_the_rolling_snapshot_is_kept_at_release_under_the_last_full_page(tiny_p
                   rolling_slot=rolling)
     assert hashes == chain_hashes(tokens, PAGE) and hashes[-1] in cache.index and hashes[-1] in cache.snapshots
     hit = cache.match_prefix(tokens + [5])
-    assert hit == PrefixHit(pages[:2], 8, hashes[-1])
+    assert hit == PrefixHit(list(pages[:2]), 8, hashes[-1])
     _, new_slot = cache.admit(hit, 12)
     assert pools.conv[0, new_slot].item() == 8.0
 

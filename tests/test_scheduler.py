@@ -31,7 +31,7 @@ def compute(sched, s, n):
 
 def decode(sched, s, token):
     """A token sampled (accepted), then a decode step that runs it."""
-    s.output.append(token)
+    s.append(token)
     sched.cache.grow(s.pages, s.num_computed + 1)
     compute(sched, s, 1)
 

@@ -9,6 +9,7 @@ of those rows.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,17 @@ class ForwardBatch:
     image_embeds: torch.Tensor | None = None  # [R, hidden]: those embeddings, in the order of image_rows
 
 
+def page_table(tables: list, width: int) -> torch.Tensor:
+    """[N, width] int32 on the host: each sequence's pages, zero-padded. A page table is an int32 array
+    (CacheManager.admit), copied as one block: a row of 2,048 pages (128K tokens) in ~1 us, where a list took ~150."""
+    out = torch.zeros(len(tables), width, dtype=torch.int32)
+    for row, pages in zip(out, tables):
+        if len(pages):
+            row[:len(pages)] = torch.frombuffer(pages if isinstance(pages, array) else array("i", pages),
+                                                dtype=torch.int32)
+    return out
+
+
 def build_batch(
     query_lens: list[int],
     cached_lens: list[int],
@@ -79,19 +91,17 @@ def build_batch(
     cu = [0]
     for n in query_lens:
         cu.append(cu[-1] + n)
-    slot_map, pos = [], []
-    for n, c, table in zip(query_lens, cached_lens, page_tables):
-        for t in range(c, c + n):
-            slot_map.append(table[t // page_size] * page_size + t % page_size)
-            pos.append(t)
-    width = max((len(t) for t in page_tables), default=0) or 1
-    tables = [t + [0] * (width - len(t)) for t in page_tables]
+    assert all(len(t) * page_size >= c + n for n, c, t in zip(query_lens, cached_lens, page_tables)), "pages missing"
+    tables = page_table(page_tables, max((len(t) for t in page_tables), default=0) or 1)
+    pos = torch.cat([torch.arange(c, c + n) for n, c in zip(query_lens, cached_lens)])       # [T]: no loop per row
+    seq_of_row = torch.repeat_interleave(torch.arange(len(query_lens)), torch.tensor(query_lens))
+    slot_map = tables[seq_of_row, pos // page_size].long() * page_size + pos % page_size
     if mrope is not None and any(m is not None for m in mrope):
         assert positions is None
         positions = torch.cat([torch.arange(c, c + n).expand(3, -1) if m is None else m.rows(c, c + n)
                                for n, c, m in zip(query_lens, cached_lens, mrope)], dim=1)
     if positions is None:
-        positions = torch.tensor(pos, dtype=torch.int64).unsqueeze(0).expand(3, -1)
+        positions = pos.unsqueeze(0).expand(3, -1)
     rows = None
     if image_rows is not None and any(image_rows):
         rows = torch.tensor([cu[i] + r for i, seq_rows in enumerate(image_rows) for r in seq_rows], dtype=torch.int64)
@@ -113,8 +123,8 @@ def build_batch(
         seq_lens=torch.tensor([c + n for n, c in zip(query_lens, cached_lens)], dtype=torch.int32, device=dev),
         has_state=torch.tensor([c > 0 for c in cached_lens], dtype=torch.bool, device=dev),
         state_slots=torch.tensor(state_slots, dtype=torch.int64, device=dev),
-        block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
-        slot_mapping=torch.tensor(slot_map, dtype=torch.int64, device=dev),
+        block_tables=tables.to(dev),
+        slot_mapping=slot_map.to(dev),
         logits_rows=torch.tensor(cu[1:], dtype=torch.int64, device=dev) - 1 if last_only else None,
         decode_len=decode_len,
         max_seq_len=max(c + n for n, c in zip(query_lens, cached_lens)),
