@@ -69,11 +69,10 @@ def components(eng, k: int, context: int) -> dict:
         m = model.mtp_forward(inp.last, h, rows_batch(inp, 0, 1, page, spec.max_seq_len), pools)
         spec.draft_logits(m).argmax(-1)
 
-    rows = spec.rows
+    rows = spec.rows.first(1, k + 1)
 
     def verify():
-        batch = rows_batch(inp, 0, k + 1, page, spec.max_seq_len, verify=type(rows)(rows.raw[:, :1], rows.qkv[:, :1],
-                                                                                     rows.gb[:, :1]))
+        batch = rows_batch(inp, 0, k + 1, page, spec.max_seq_len, verify=rows)
         model.logits(model(inp.last.repeat(k + 1), batch, pools))
 
     with torch.inference_mode():
@@ -152,9 +151,9 @@ def timed_rounds(eng):
     spec, times = eng._spec, []
     plain = spec.round
 
-    def round_(seqs):
+    def round_(seqs, k):
         t0 = time.perf_counter()
-        out = plain(seqs)
+        out = plain(seqs, k)
         times.append(1e3 * (time.perf_counter() - t0))
         return out
     spec.round = round_

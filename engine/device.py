@@ -74,6 +74,11 @@ def probe(name: str = "auto") -> DeviceInfo:
     return DeviceInfo("cpu", "CPU", total, free)
 
 
+def graphs_on(device: torch.device) -> bool:
+    """Whether this device replays CUDA graphs (a GPU)."""
+    return device.type == "cuda"
+
+
 def capture_graph(graph: torch.cuda.CUDAGraph, pool=None):
     """torch.cuda.graph, capturing in thread-local mode. In CUDA's default (global) mode a synchronizing call
     from any thread fails the capture, and the disk tier's writer and readers make such calls on their own

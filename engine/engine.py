@@ -25,7 +25,7 @@ from engine.config import load_model_config
 from engine.disk_cache import DiskCache, default_root, namespace
 from engine.host_cache import HostCache
 from engine.kv_cache import CacheTensors
-from engine.device import probe, resolve_device, resolve_dtype
+from engine.device import graphs_on, probe, resolve_device, resolve_dtype
 from engine.grammar import Grammars
 from engine.memory import MemoryPlan, budget_for, checkpoint_max_pixels, plan_for, plan_memory, vision_cost
 from engine.model import load_model
@@ -33,7 +33,7 @@ from engine.model.linear import Embedding, Linear
 from engine.model.moe import SparseMoE
 from engine.params import (ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, Reasoning,
                            SamplingParams, StreamEvent, Text, Timings, Usage, add_calls)
-from engine.runner import ModelRunner
+from engine.runner import ModelRunner, batch_buckets
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.speculation import Speculation
@@ -191,9 +191,11 @@ class Engine:
                                self._plan.disk_staging_bytes) if config.disk_cache else None
         self._scheduler = Scheduler(self._cache, config.max_running, config.prefill_chunk,
                                     im_start_id=self.tokenizer.token_to_id("<|im_start|>"))
-        # int8 MoE experts run a torch loop that learns their token counts on the host (engine/model/moe.py)
-        graphs = config.cuda_graphs and all(m.graph_safe for m in self._model.modules() if isinstance(m, SparseMoE))
-        if self.device.type == "cuda" and graphs:
+        # decode steps and speculative rounds replay CUDA graphs: on a GPU, unless switched off or an MoE layer's int8
+        # experts run a torch loop that learns their token counts on the host (engine/model/moe.py)
+        graphs = (config.cuda_graphs and graphs_on(self.device)
+                  and all(m.graph_safe for m in self._model.modules() if isinstance(m, SparseMoE)))
+        if graphs:
             self._progress("Capturing CUDA graphs", 0, 1)
         self._runner = ModelRunner(self._model, self._pools, self.device, max_batch=config.max_running,
                                    max_context=self.max_context, scratch_slot=self._cache.scratch_slot,
@@ -203,7 +205,8 @@ class Engine:
             speculator = Speculator(self._model, self._pools, self.drafts, config.max_running, self.max_context,
                                     config.draft_vocab)
             self._runner.speculator = speculator
-            self._spec = Speculation(speculator, self._cache, config.max_running, graphs)
+            self._spec = Speculation(speculator, self._cache, batch_buckets(config.max_running), graphs=graphs,
+                                     plain_times=self._runner.graphs.seconds if graphs else None)
         self._grammars = Grammars(self.tokenizer, self.model_config.vocab_size)
         self._inbox: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
@@ -217,6 +220,8 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="qwendesk-engine", daemon=True)
         if self.device.type == "cuda":
             self._warm_up_linears()
+        if self._spec is not None:          # every round the engine can run, captured now: never on a request's path
+            self._spec.capture(lambda done, total: self._progress("Capturing speculative rounds", done, total))
         self._thread.start()
         if self.device.type == "cuda":
             try:
@@ -561,8 +566,10 @@ class Engine:
             self._encode_images()
         # an image still being encoded holds its activations (on demand, the tower's weights too) between steps: the
         # plan gives them the prefill's workspace, so prompts wait for it (decoding goes on)
+        mixed = self._encoding is not None
         seqs, lens, cuts = self._scheduler.prefill_batch() if self._encoding is None else ([], [], [])
         if seqs:
+            mixed = True
             c, snapshots = self._cache, self._cache.snapshots
             snap_slots = [snapshots.take() if cut else -1 for cut in cuts]
             in_passing = [(cut, slot) if slot >= 0 else (0, -1) for cut, slot in zip(cuts, snap_slots)]
@@ -590,7 +597,12 @@ class Engine:
                     live = [i for i, s in zip(done, ready) if s.finish_reason is None]
                     if live:
                         self._spec.start([seqs[i] for i in live], self._runner.last_hidden[live])
-        self._decode(self._scheduler.decode_batch())
+        ran = self._decode(self._scheduler.decode_batch())
+        if self._spec is not None:          # the speculation policy learns what a step of each kind takes
+            if mixed or ran is None:
+                self._spec.step_mixed()
+            else:
+                self._spec.step_done(*ran, time.perf_counter() - now)
 
     def _encode_images(self) -> None:
         """A step's share of the tower's work: the image that the first prefill waiting for one reaches next, encoded
@@ -608,24 +620,25 @@ class Engine:
                 seq.image_embeds[k] = embeds
                 self._encoding = None
 
-    def _decode(self, seqs: list[Sequence]) -> None:
+    def _decode(self, seqs: list[Sequence]) -> tuple[int, list[Sequence]] | None:
         """A decode step. When the host need not see the logits first (no logits processors, penalties, logprobs or
         forced tokens), the step samples on the GPU and stays in flight: the next step starts from those tokens
         still on the GPU, and the host reads, streams and checks them while it runs, so the GPU does not wait for
         the host between steps (~0.35 of 6.1 ms of an int4 C1 step on the H200). A sequence that a stop ends had one
         step too many run; its token is dropped. The steps before, with the tokens on the host, are taken where
         the batch changed, where a sequence may end by length, and where a step fills a page (the prefix cache
-        hashes the page's tokens then)."""
-        if self._spec is not None and self._spec.wants(seqs):
-            return self._speculate(seqs)
-        started = time.perf_counter()
+        hashes the page's tokens then). With speculation, the step may be a round of drafts instead (_speculate).
+        Returns (drafts, sequences) of what ran (0 drafts: a plain step), None when nothing did."""
+        k = self._spec.drafts(seqs) if self._spec is not None else 0
+        if k:
+            return self._speculate(seqs, k)
         flight, self._in_flight = self._in_flight, None
         ahead = int(flight is not None and self._can_follow(flight, seqs))
         if flight is not None and not ahead:
             self._accept_in_flight(flight)
             seqs = self._scheduler.decode_batch()
         if not seqs:
-            return
+            return None
         for seq in seqs:
             self._cache.grow(seq.pages, seq.num_computed + 1)
         logits = self._runner.forward(seqs, [1] * len(seqs), input_ids=flight.ids if ahead else None)
@@ -642,20 +655,21 @@ class Engine:
             self._accept(seqs, self._runner.sample(seqs, logits, self._masks(seqs)))
         if ahead:
             self._accept_in_flight(flight)
-        if self._spec is not None:
-            self._spec.pays.plain_done(len(seqs), time.perf_counter() - started)
+        return 0, seqs
 
-    def _speculate(self, seqs: list[Sequence]) -> None:
-        """A speculative round (engine/speculation.py) instead of a decode step; a step in flight is taken first."""
+    def _speculate(self, seqs: list[Sequence], k: int) -> tuple[int, list[Sequence]] | None:
+        """A speculative round of k drafts (engine/speculation.py) instead of a decode step; a step in flight is taken
+        first."""
         flight, self._in_flight = self._in_flight, None
         if flight is not None:
             self._accept_in_flight(flight)
             seqs = self._scheduler.decode_batch()
-            if not (seqs and self._spec.wants(seqs)):
-                return
+            if not (seqs and all(self._spec.eligible(s, k) for s in seqs)):
+                return None
         bases = [s.num_computed for s in seqs]
-        for seq, base, tokens in zip(seqs, bases, self._spec.round(seqs)):
+        for seq, base, tokens in zip(seqs, bases, self._spec.round(seqs, k)):
             self._commit(seq, base, tokens)
+        return k, seqs
 
     def _commit(self, seq: Sequence, base: int, tokens: list[int]) -> None:
         """A round's new tokens, one by one: each one's row is now in the cache; a stop, the length or an error may

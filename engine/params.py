@@ -180,19 +180,23 @@ class TokenLogprob:
 @dataclass
 class SpeculationStats:
     """What speculative decoding did for one request (or the engine): rounds, drafts proposed and kept, and per
-    draft position how many rounds kept it."""
+    draft position how many rounds made it and kept it (rounds make 1 .. k drafts, as the engine finds pays)."""
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
     accepted_at: list[int] = field(default_factory=list)     # [j]: rounds whose draft j + 1 was kept
+    drafted_at: list[int] = field(default_factory=list)      # [j]: rounds that made a draft j + 1
 
     def add(self, k: int, kept: int) -> None:
         self.rounds += 1
         self.drafted += k
         self.accepted += kept
-        self.accepted_at += [0] * (k - len(self.accepted_at))
-        for j in range(kept):
-            self.accepted_at[j] += 1
+        grow = [0] * (k - len(self.accepted_at))
+        self.accepted_at += grow
+        self.drafted_at += grow
+        for j in range(k):
+            self.drafted_at[j] += 1
+            self.accepted_at[j] += j < kept
 
     @property
     def tokens_per_round(self) -> float:
@@ -200,8 +204,8 @@ class SpeculationStats:
 
     @property
     def position_rates(self) -> list[float]:
-        """Per draft position, the share of rounds that kept it."""
-        return [n / self.rounds for n in self.accepted_at] if self.rounds else []
+        """Per draft position, the share of the rounds that made it that kept it."""
+        return [kept / made for kept, made in zip(self.accepted_at, self.drafted_at)]
 
 
 @dataclass

@@ -18,10 +18,16 @@ from engine.model.batch import ForwardBatch, build_batch, page_table
 from engine.model.qwen3_5 import Qwen3_5Model
 from engine.params import TokenLogprob
 from engine.sequence import Sequence
-from engine.speculative import Speculator
+from engine.speculative import Speculator, replay_seconds
 from qwendesk_kernels.sampling import Penalties, sample, token_logprobs, token_mask
 
 BUCKETS = (1, 2, 4, 8)
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """The batch sizes decode steps and speculative rounds are captured at (a batch runs padded to the next one)."""
+    buckets = [b for b in BUCKETS if b <= max(BUCKETS[0], max_batch)]
+    return buckets + [max_batch] if max_batch > buckets[-1] else buckets
 
 
 class ModelRunner:
@@ -33,7 +39,7 @@ class ModelRunner:
         self.graphs = None
         self.speculator: Speculator | None = None   # set by the engine when it speculates: prompts feed its MTP KV
         self.last_hidden: torch.Tensor | None = None  # a prefill step's hidden states at its logits rows
-        if cuda_graphs and device.type == "cuda":
+        if cuda_graphs:                             # (the engine decides: engine.device.graphs_on)
             self.graphs = DecodeGraphs(model, pools, device, max_batch, max_context, scratch_slot)
 
     @torch.inference_mode()
@@ -191,9 +197,7 @@ class DecodeGraphs:
         self.page = pools.page_size
         self.max_pages = -(-max_context // self.page)
         self.scratch_slot = scratch_slot
-        self.buckets = [b for b in BUCKETS if b <= max(BUCKETS[0], max_batch)]
-        if max_batch > self.buckets[-1]:
-            self.buckets.append(max_batch)
+        self.buckets = batch_buckets(max_batch)
         B = self.buckets[-1]
         i64 = dict(dtype=torch.int64, device=device)
         i32 = dict(dtype=torch.int32, device=device)
@@ -206,6 +210,7 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(B, self.max_pages, **i32)
         self.slot_mapping = torch.full((B,), -1, **i64)
         self.graphs, self.logits = {}, {}
+        self.seconds: dict[int, float] = {}     # a replay's GPU time per bucket, at capture
         self.max_context = max_context
         pool = None
         for b in reversed(self.buckets):          # largest first: the others reuse its memory pool
@@ -219,6 +224,7 @@ class DecodeGraphs:
                     self.logits[b] = model.logits(model(self.ids[:b], batch, pools))
             pool = g.pool()
             self.graphs[b] = g
+            self.seconds[b] = replay_seconds(g)
         torch.cuda.synchronize()
 
     def _batch(self, b: int) -> ForwardBatch:

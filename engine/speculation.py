@@ -1,107 +1,99 @@
-"""The engine's side of speculative decoding: which sequences speculate, a round's inputs from them, the tokens a round
-commits, the rolling prefix-cache snapshot inside a round, when speculating pays, and what it did per request.
+"""The engine's side of speculative decoding: which steps speculate and with how many drafts, a round's inputs from
+the sequences, the tokens a round commits, the rolling prefix-cache snapshot inside a round, and what it did per
+request.
 
 A decode step speculates when every running sequence can: its sampling needs no host work per token (no logits
 processors, penalties or logprobs), no forced token is pending, and no thinking budget can run out inside the round.
-Otherwise, or while speculation does not pay, the step is a plain one (engine.py _decode). The round itself is
-engine/speculative.py.
-
-When it pays: a round of k drafts costs about a plain step plus k draft steps and yields 1 + (drafts kept) tokens.
-The engine times rounds and plain steps as they run; when tokens per second of rounds fall below plain steps'
-(acceptance too low: a draft head that does not predict this text, long contexts, many sequences at once), it decodes
-plainly for a while (doubling each time it finds speculation still does not pay, up to MAX_PLAIN_STEPS) and then
-tries rounds again. Plain steps are timed when they happen anyway, else a few are taken to compare with.
+How many drafts (0: a plain step, engine.py `_decode`) is engine/draft_policy.py's choice, from measured times and the
+running acceptance. The round itself is engine/speculative.py; its CUDA graphs (every batch bucket, number of drafts,
+greedy and sampled) are captured and timed at load (`capture`), never on a request's path.
 """
 
 from __future__ import annotations
 
 import time
+
 import torch
 
 from engine.cache_manager import CacheManager
+from engine.draft_policy import DraftPolicy
 from engine.params import SpeculationStats
 from engine.sequence import Sequence
 from engine.speculative import RoundGraphs, RoundRequest, Speculator, round_inputs
 
-MIN_PLAIN_STEPS, MAX_PLAIN_STEPS = 16, 512
-PROBE_ROUNDS, REMEASURE = 8, 512
-EMA = 0.2                    # weight of the newest measurement
-
-
-class Pays:
-    """Whether rounds beat plain steps, from both measured as they run (tokens per second, moving averages). Plain
-    steps are measured when some happen anyway, else after PROBE_ROUNDS rounds, and again every REMEASURE rounds."""
-
-    def __init__(self):
-        self.round_rate: float | None = None      # tokens per second of rounds (all sequences)
-        self.plain_rate: float | None = None
-        self.plain_left = 0                       # plain steps still to take before trying rounds again
-        self.backoff = MIN_PLAIN_STEPS
-        self.rounds = 0                           # rounds since plain steps were last measured
-
-    def speculate(self) -> bool:
-        return self.plain_left == 0
-
-    def round_done(self, tokens: int, seconds: float) -> None:
-        self.round_rate = _ema(self.round_rate, tokens / max(seconds, 1e-9))
-        self.rounds += 1
-        if self.plain_rate is None or self.rounds >= REMEASURE:
-            if self.rounds >= PROBE_ROUNDS:           # time some plain steps to compare with
-                self.plain_left, self.plain_rate = MIN_PLAIN_STEPS, None
-        elif self.round_rate < self.plain_rate:
-            self.plain_left = self.backoff
-            self.backoff = min(2 * self.backoff, MAX_PLAIN_STEPS)
-        else:
-            self.backoff = MIN_PLAIN_STEPS
-
-    def plain_done(self, tokens: int, seconds: float) -> None:
-        self.plain_rate = _ema(self.plain_rate, tokens / max(seconds, 1e-9))
-        self.rounds = 0
-        if self.plain_left:
-            self.plain_left -= 1
-            if self.plain_left == 0:
-                self.round_rate = None            # measure rounds afresh
-
-
-def _ema(old: float | None, new: float) -> float:
-    return new if old is None else (1 - EMA) * old + EMA * new
-
 
 class Speculation:
-    def __init__(self, speculator: Speculator, cache: CacheManager, max_batch: int, cuda_graphs: bool):
-        self.spec, self.cache, self.k = speculator, cache, speculator.k
+    def __init__(self, speculator: Speculator, cache: CacheManager, buckets: list[int], graphs: bool,
+                 plain_times: dict[int, float] | None = None):
+        """buckets: the batch sizes decode steps and rounds run at (padded up); graphs: rounds replay CUDA graphs
+        (captured by `capture`); plain_times: {bucket: seconds} of the plain decode graphs (the policy's start)."""
+        self.spec, self.cache, self.max_k = speculator, cache, speculator.k
+        self.buckets = buckets
         self.max_pages = -(-speculator.max_seq_len // cache.page_size)     # block tables cover every verify row
-        self.graphs = None
-        if cuda_graphs and cache.pools.conv.is_cuda:
-            buckets = [b for b in (1, 2, 4, 8) if b <= max(1, max_batch)]
-            if max_batch > buckets[-1]:
-                buckets.append(max_batch)
-            self.graphs = RoundGraphs(speculator, buckets, self.max_pages, cache.scratch_slot)
-        self.pays = Pays()
-        self.adaptive = True                      # off: every eligible step speculates (measurements)
+        self.graphs = RoundGraphs(speculator, buckets, self.max_pages, cache.scratch_slot) if graphs else None
+        self.plain_times = dict(plain_times or {})
+        self.policy = self._new_policy()
+        self.adaptive = True                      # off: every eligible step makes max_k drafts (measurements)
         self.totals = SpeculationStats()          # every sequence's rounds together
-        self.round_ms = 0.0                       # time in rounds (host view, waiting for tokens; captures not)
+        self.round_ms = 0.0                       # time in rounds (host view, waiting for their tokens)
+        self._last: tuple[int, tuple[int, ...]] | None = None   # the last decode step: (drafts, sequence ids)
+
+    def capture(self, progress=None) -> None:
+        """Capture (and time) every round the engine can run: each batch bucket, 1 .. max_k drafts, greedy and
+        sampled; kernels compile and tune in the runs before each capture. progress(done, total)."""
+        if self.graphs is None:
+            return
+        variants = [(b, k, sampled) for b in self.buckets for k in range(1, self.max_k + 1) for sampled in (False, True)]
+        for i, (b, k, sampled) in enumerate(variants):
+            if progress is not None:
+                progress(i, len(variants))
+            self.graphs.capture(b, k, sampled)
+        self.policy = self._new_policy()
+
+    def _new_policy(self) -> DraftPolicy:
+        warm = {(0, b): t for b, t in self.plain_times.items()}
+        if self.graphs is not None:
+            warm.update({(k, b): t for (b, k, sampled), t in self.graphs.seconds.items() if not sampled})
+        return DraftPolicy(self.max_k, self.buckets, warm if self.graphs is not None else None)
 
     def use_oracle(self, oracle, adaptive: bool = True) -> None:
-        """Drafts from a DraftOracle (engine/speculative.py; None: the MTP's own); captured rounds are dropped.
-        adaptive False: speculate at every eligible step, paying or not (to time rounds)."""
+        """Drafts from a DraftOracle (engine/speculative.py; None: the MTP's own); the rounds are captured again.
+        adaptive False: every eligible step makes max_k drafts, paying or not (to time rounds)."""
         self.spec.set_oracle(oracle)
-        self.adaptive, self.pays = adaptive, Pays()
+        self.adaptive = adaptive
         if self.graphs is not None:
             self.graphs.clear()
+            self.capture()
+        self.policy = self._new_policy()
 
     # ---- which steps speculate ------------------------------------------------------------------------------------
-    def eligible(self, seq: Sequence) -> bool:
+    def eligible(self, seq: Sequence, k: int) -> bool:
         p = seq.params
         m = seq.matcher           # a grammar needs each token before the next mask; one waiting for its trigger
         if not seq.sampled_on_device or (m is not None and (m.active or m.banned)):   # (<tool_call>) ends the round
             return False
         stream = seq.stream
         return not (p.thinking_budget is not None and stream.in_reasoning
-                    and stream.reasoning_tokens + self.k + 1 >= p.thinking_budget)
+                    and stream.reasoning_tokens + k + 1 >= p.thinking_budget)
 
-    def wants(self, seqs: list[Sequence]) -> bool:
-        return bool(seqs) and (not self.adaptive or self.pays.speculate()) and all(self.eligible(s) for s in seqs)
+    def drafts(self, seqs: list[Sequence]) -> int:
+        """Drafts each sequence makes in the next decode step: 0 for a plain step."""
+        if not seqs:
+            return 0
+        k = self.policy.choose(len(seqs), max(s.num_computed for s in seqs)) if self.adaptive else self.max_k
+        return k if k and all(self.eligible(s, k) for s in seqs) else 0
+
+    def step_done(self, k: int, seqs: list[Sequence], seconds: float) -> None:
+        """A step that only decoded these sequences (k drafts each; 0: plain) took `seconds` of wall time: measured
+        unless the step before was of another kind or batch (its GPU work was still finishing during this one)."""
+        now = (k, tuple(s.id for s in seqs))
+        if self._last == now and seqs:
+            self.policy.step_time(k, len(seqs), max(s.num_computed for s in seqs), seconds)
+        self._last = now
+
+    def step_mixed(self) -> None:
+        """A step that also prefilled or encoded: the next decode step is not measured either."""
+        self._last = None
 
     # ---- drafts of a new sequence ---------------------------------------------------------------------------------
     def start(self, seqs: list[Sequence], hidden: torch.Tensor) -> None:
@@ -113,11 +105,11 @@ class Speculation:
                 self.spec.oracle.assign(s.state_slot, s.prompt)
 
     # ---- one round ------------------------------------------------------------------------------------------------
-    def round(self, seqs: list[Sequence]) -> list[list[int]]:
-        """One round over these sequences (their pages grown for its rows first); returns each one's new tokens
-        (1 .. k + 1), which the caller commits one by one (engine.py _commit), calling `passed` when a sequence's
-        committed tokens reach the page boundary the round snapshotted, and `round_over` at the end."""
-        k, page = self.k, self.cache.page_size
+    def round(self, seqs: list[Sequence], k: int) -> list[list[int]]:
+        """One round of k drafts over these sequences (their pages grown for its rows first); returns each one's new
+        tokens (1 .. k + 1), which the caller commits one by one (engine.py _commit), calling `passed` when a
+        sequence's committed tokens reach the page boundary the round snapshotted, and `round_over` at the end."""
+        page = self.cache.page_size
         reqs = []
         for s in seqs:
             self.cache.grow(s.pages, min(s.num_computed + k + 1, s.max_total))
@@ -128,17 +120,13 @@ class Speculation:
             reqs.append(self._request(s, base=s.num_computed, snap_row=row, snap_slot=slot))
         sampled = any(s.params.temperature > 0 for s in seqs)
         started = time.perf_counter()
-        graphed = self.graphs is not None and self.graphs.fits(len(seqs))
-        timed = not graphed or self.graphs.captured(len(seqs), sampled)      # a capture is no round's cost
-        if graphed:
-            out = self.graphs.run(reqs, sampled)
+        if self.graphs is not None and self.graphs.fits(len(seqs)):
+            out = self.graphs.run(reqs, k, sampled)
         else:
-            out = self.spec.round(round_inputs(reqs, self.max_pages, self.spec.pools.conv.device), sampled)
+            out = self.spec.round(round_inputs(reqs, self.max_pages, self.spec.pools.conv.device), sampled, k)
         kept, tokens = out.kept.tolist(), out.tokens.tolist()
-        seconds = time.perf_counter() - started
-        if timed:
-            self.round_ms += 1e3 * seconds
-            self.pays.round_done(sum(kept) + len(seqs), seconds)
+        self.round_ms += 1e3 * (time.perf_counter() - started)
+        self.policy.kept_drafts(k, kept)
         for s, n in zip(seqs, kept):
             s.spec_counts.add(k, n)
             self.totals.add(k, n)
@@ -175,7 +163,8 @@ class Speculation:
 
     def stats(self) -> dict:
         t = self.totals
-        return {"spec_drafts": self.k, "spec_rounds": t.rounds, "spec_drafted_tokens": t.drafted,
-                "spec_accepted_tokens": t.accepted, "spec_tokens_per_round": round(t.tokens_per_round, 3),
-                "spec_position_rates": [round(r, 3) for r in t.position_rates], "spec_on": self.pays.speculate(),
-                "spec_round_ms_total": self.round_ms}
+        now = self.policy.last if self.adaptive else self.max_k
+        return {"spec_drafts": self.max_k, "spec_drafts_now": now, "spec_on": bool(now), "spec_rounds": t.rounds,
+                "spec_drafted_tokens": t.drafted, "spec_accepted_tokens": t.accepted,
+                "spec_tokens_per_round": round(t.tokens_per_round, 3),
+                "spec_position_rates": [round(r, 3) for r in t.position_rates], "spec_round_ms_total": self.round_ms}

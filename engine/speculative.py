@@ -1,6 +1,8 @@
-"""Speculative decoding with the checkpoint's MTP head, k drafts per round, exact.
+"""Speculative decoding with the checkpoint's MTP head, up to k drafts per round (engine/draft_policy.py chooses how
+many each round), exact.
 
-A round, for B sequences at once, runs on the device with no host sync (one CUDA graph per batch bucket):
+A round, for B sequences at once, runs on the device with no host sync (one CUDA graph per batch bucket, number of
+drafts, greedy / sampled: all captured at load):
   1. drafts 2..k: the MTP layer, one row per sequence, from the previous draft and the MTP's own last hidden
      state; its head reads only the first `draft_vocab` rows of the LM head (the most frequent tokens): verify
      uses the full head, so what is kept stays exact
@@ -100,6 +102,7 @@ def rows_batch(inp: RoundInputs, offset: int, rows: int, page_size: int, max_seq
 class Speculator:
     def __init__(self, model: Qwen3_5Model, pools: CacheTensors, k: int, max_batch: int, max_context: int,
                  draft_vocab: int = DRAFT_VOCAB):
+        """k: the most drafts a round makes (buffers are sized for it)."""
         cfg = model.cfg
         assert model.mtp is not None and 1 <= k
         self.model, self.pools, self.k = model, pools, k
@@ -143,10 +146,11 @@ class Speculator:
 
     # ---- one round ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def round(self, inp: RoundInputs, sampled: bool) -> RoundOutputs:
-        """One speculative round for B = len(inp.slots) sequences (see the module docstring). sampled: some rows
-        sample (else every row is greedy: no probabilities are made)."""
-        model, pools, k = self.model, self.pools, self.k
+    def round(self, inp: RoundInputs, sampled: bool, k: int) -> RoundOutputs:
+        """One speculative round of k drafts (1 .. self.k) for B = len(inp.slots) sequences (see the module
+        docstring). sampled: some rows sample (else every row is greedy: no probabilities are made)."""
+        assert 1 <= k <= self.k
+        model, pools = self.model, self.pools
         page, B = pools.page_size, inp.slots.shape[0]
         s = inp.sampling
         d, h, qs = [self.draft_tokens[inp.slots]], self.draft_hidden[inp.slots], []
@@ -161,7 +165,7 @@ class Speculator:
         drafts = torch.stack(d, 1)                                                       # [B, k]
         if self.oracle is not None:
             drafts = self.oracle.apply(drafts, inp, model.cfg.vocab_size)
-        rows = VerifyRows(self.rows.raw[:, :B], self.rows.qkv[:, :B], self.rows.gb[:, :B])
+        rows = self.rows.first(B, k + 1)
         verify = rows_batch(inp, 0, k + 1, page, self.max_seq_len, verify=rows)
         hidden = model(torch.cat([inp.last[:, None], drafts], 1).reshape(-1), verify, pools)   # [B (k+1), H]
         logits = model.logits(hidden).view(B, k + 1, -1)
@@ -248,45 +252,57 @@ def _zip(dst: RoundInputs, src: RoundInputs, fn) -> None:
 
 
 class RoundGraphs:
-    """Speculative rounds captured per batch bucket (and greedy / sampled) over static inputs; a variant is
-    captured on its first use."""
+    """Speculative rounds captured per (batch bucket, drafts, greedy / sampled) over static inputs, and timed: all of
+    them at load (engine/speculation.py `capture`); running one that was not captured is a bug, not a capture on a
+    request's path (that stalled every stream for seconds)."""
 
     def __init__(self, spec: Speculator, buckets: list[int], max_pages: int, scratch_slot: int, pool=None):
         self.spec, self.buckets, self.max_pages, self.scratch = spec, buckets, max_pages, scratch_slot
         self.pool = pool
-        self.graphs: dict[tuple[int, bool], tuple] = {}
+        self.graphs: dict[tuple[int, int, bool], tuple] = {}
+        self.seconds: dict[tuple[int, int, bool], float] = {}       # a replay's GPU time, at capture
 
-    def capture(self, b: int, sampled: bool) -> None:
+    def capture(self, b: int, k: int, sampled: bool) -> None:
         dev = self.spec.pools.conv.device
         reqs = [RoundRequest(self.scratch, 0, 0, [], 0, -1, self.scratch, 0.5, 0, 1.0, 0.0, 0, 0, False)] * b
         inp = round_inputs(reqs, self.max_pages, dev)
         for _ in range(2):                                   # compile, tune, initialise outside the capture
-            self.spec.round(inp, sampled)
+            self.spec.round(inp, sampled, k)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with capture_graph(graph, pool=self.pool):
-            out = self.spec.round(inp, sampled)
+            out = self.spec.round(inp, sampled, k)
         self.pool = graph.pool()
-        self.graphs[(b, sampled)] = (graph, inp, out)
+        self.graphs[(b, k, sampled)] = (graph, inp, out)
+        self.seconds[(b, k, sampled)] = replay_seconds(graph)
 
     def clear(self) -> None:
         """Drop the captured rounds (and their memory pool: a pool whose graphs are gone cannot be captured into)."""
         self.graphs.clear()
+        self.seconds.clear()
         self.pool = None
 
     def fits(self, n: int) -> bool:
         return n <= self.buckets[-1]
 
-    def captured(self, n: int, sampled: bool) -> bool:
-        """The round for n sequences is captured already (else its first run captures it: hundreds of ms)."""
-        return (next(x for x in self.buckets if x >= n), sampled) in self.graphs
-
-    def run(self, reqs: list[RoundRequest], sampled: bool) -> RoundOutputs:
+    def run(self, reqs: list[RoundRequest], k: int, sampled: bool) -> RoundOutputs:
         n = len(reqs)
         b = next(x for x in self.buckets if x >= n)
-        if (b, sampled) not in self.graphs:
-            self.capture(b, sampled)
-        graph, inp, out = self.graphs[(b, sampled)]
+        graph, inp, out = self.graphs[(b, k, sampled)]
         round_inputs(reqs, self.max_pages, inp.slots.device, pad_to=b, pad_slot=self.scratch, out=inp)
         graph.replay()
         return RoundOutputs(out.kept[:n], out.tokens[:n])
+
+
+def replay_seconds(graph, replays: int = 3) -> float:
+    """A captured graph's GPU time per replay (the median of a few, after one not timed)."""
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return sorted(times)[len(times) // 2]

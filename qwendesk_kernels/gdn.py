@@ -20,6 +20,7 @@ GPU paths:
 """
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -133,6 +134,13 @@ class VerifyRows:
 
     def layer(self, i: int) -> "VerifyRows":
         return VerifyRows(self.raw[i], self.qkv[i], self.gb[i])
+
+    def first(self, B: int, L: int) -> "VerifyRows":
+        """The same memory seen as [layers, B, L, ...] (contiguous): the rows of a round of B sequences, L each."""
+        def part(t: torch.Tensor) -> torch.Tensor:
+            shape = (t.shape[0], B, L, *t.shape[3:])
+            return t.view(-1)[:math.prod(shape)].view(shape)
+        return VerifyRows(part(self.raw), part(self.qkv), part(self.gb))
 
 
 def gdn_decode_ref(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state,

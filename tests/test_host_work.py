@@ -60,6 +60,8 @@ def engine(request):
                           prefill_chunk=CHUNK, page_size=PAGE, speculative_tokens=request.param, host_cache_gb=0)
     eng = Engine.from_model(config, HostOnlyModel(), bench_tokenizer())
     assert eng.drafts == request.param
+    if request.param:
+        eng.set_draft_oracle(None, adaptive=False)    # every decode step a round (the policy would mix in plain steps)
     yield eng
     eng.close()
 
