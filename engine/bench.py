@@ -2,7 +2,8 @@
 
     qwendesk-bench [--shape 27b] [--weights bf16|int4] [--no-hf] [--json out.json]
 
-Measures, in one run on one GPU: the copy-bandwidth ceiling; prefill tok/s at 512 / 8K / 32K;
+Measures, in one run on one GPU, on the path users get (the model with its MTP module, speculation as by default) and
+with speculation off beside it: the copy-bandwidth ceiling; engine load time; prefill tok/s at 512 / 8K / 32K;
 TTFT at 512; decode tok/s per stream and aggregate at C1 / C2 / C4 / C8; the second-turn TTFT
 of a 4K-token conversation; then the same workloads through transformers' Qwen3_5ForCausalLM, or
 Qwen3_5MoeForCausalLM for --shape 35b-a3b (with flash-linear-attention when importable; skipped with a note when
@@ -27,21 +28,35 @@ from engine.params import PROFILES
 from engine.random_model import SHAPES, bench_tokenizer, build_random_model, rand_ids, text_config
 
 
+SPEC_MODES = {"": None, "_spec_off": 0}     # key suffix -> speculative_tokens: the default path, and speculation off
+
+
 def bench_ours(model, args, bw) -> dict:
+    """Every figure on the path users get (the model with its MTP module, speculation as it is by default) and, beside
+    it under keys ending in _spec_off, with speculation off; load_*_s: Engine.from_model's time (the round graphs'
+    capture is the difference)."""
     res = {}
-    eng = bench_engine(model, args, "C1", max(args.contexts + [4096 + 128]) + 1024)   # + the second-turn workload
-    for n in args.contexts:
-        res.update(prefill_figures(eng, n))
-    run(eng, [rand_ids(4096, 9)], 64)                 # warm the turn workload's shapes
-    first = run(eng, [rand_ids(4096, 7)], 64)[0]
-    second = run(eng, [rand_ids(4096, 7) + list(range(1000, 1064)) + rand_ids(64, 8)], 1)[0]
-    res["turn1_ttft_ms"], res["turn2_ttft_ms"] = first.timings.ttft_ms, second.timings.ttft_ms
-    res["turn2_cached_tokens"] = second.usage.cached_tokens
-    eng.close()
-    for profile in args.profiles:
-        eng = bench_engine(model, args, profile, args.decode_prompt + args.decode_tokens + 64)
-        res.update(decode_figures(eng, model, profile, args, bw))
+    for suffix, drafts in SPEC_MODES.items():
+        t0 = time.perf_counter()
+        context = max(args.contexts + [4096 + 128]) + 1024        # + the turn workload
+        eng = bench_engine(model, args, "C1", context, drafts)
+        res[f"load_C1_s{suffix}"] = time.perf_counter() - t0
+        for n in args.contexts:
+            res.update({k + suffix: v for k, v in prefill_figures(eng, n).items()})
+        run(eng, [rand_ids(4096, 9)], 64)                 # warm the turn workload's shapes
+        first = run(eng, [rand_ids(4096, 7)], 64)[0]
+        second = run(eng, [rand_ids(4096, 7) + list(range(1000, 1064)) + rand_ids(64, 8)], 1)[0]
+        res[f"turn1_ttft_ms{suffix}"], res[f"turn2_ttft_ms{suffix}"] = first.timings.ttft_ms, second.timings.ttft_ms
+        res[f"turn2_cached_tokens{suffix}"] = second.usage.cached_tokens
         eng.close()
+        for profile in args.profiles:
+            t0 = time.perf_counter()
+            eng = bench_engine(model, args, profile, args.decode_prompt + args.decode_tokens + 64, drafts)
+            res[f"load_{profile}_s{suffix}"] = time.perf_counter() - t0
+            res.update({k + suffix: v for k, v in decode_figures(eng, model, profile, args, bw).items()})
+            if drafts is None:
+                res[f"spec_drafts_now_{profile}"] = eng.stats().get("spec_drafts_now", 0)
+            eng.close()
     return res
 
 
@@ -239,7 +254,7 @@ def main(argv=None) -> int:
         bench_spec.report(results)
         write_json(results, args.json)
         return 0
-    model = build_random_model(raw, args.weights)
+    model = build_random_model(raw, args.weights, mtp=True)     # as users load it: with its MTP module
     if args.cache_tiers:
         from engine import bench_tiers
         results.update(bench_tiers.bench_tiers(model, args))
@@ -266,13 +281,14 @@ def main(argv=None) -> int:
     return 0
 
 
-def rates(value: str) -> list[float]:
-    """argparse type: "1,0.82,0" -> [1.0, 0.82, 0.0], each in [0, 1]."""
+def rates(value: str) -> list[float | tuple[float, ...]]:
+    """argparse type: "1,0.82,0.93/0.81/0.64" -> [1.0, 0.82, (0.93, 0.81, 0.64)], each in [0, 1]; a / list gives a
+    rate per draft position."""
     try:
-        out = [float(p) for p in value.split(",")]
+        out = [float(p) if "/" not in p else tuple(float(x) for x in p.split("/")) for p in value.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a list of rates: {value!r}") from None
-    if not all(0 <= p <= 1 for p in out):
+    if not all(0 <= x <= 1 for p in out for x in (p if isinstance(p, tuple) else [p])):
         raise argparse.ArgumentTypeError(f"rates are between 0 and 1: {value!r}")
     return out
 
@@ -311,20 +327,25 @@ def transformers_missing() -> str | None:
 def report(r: dict) -> None:
     ours, hf = r["ours"], r.get("hf", {})
     print(f"\nweights read per decode step: {r['weight_gb']:.2f} GB; copy bandwidth {r['copy_tbps']:.2f} TB/s")
-    print(f"{'metric':40s} {'ours':>10s} {'HF':>10s} {'ours/HF':>8s} {'roofline':>9s}")
+    print("ours: the default path (MTP module loaded, speculation as by default; random weights: drafts are never "
+          "right, so the drafts policy should settle on plain steps); spec off: speculative_tokens=0")
+    print(f"{'metric':40s} {'ours':>10s} {'spec off':>10s} {'on/off':>7s} {'HF':>10s} {'ours/HF':>8s} {'roofline':>9s}")
     for key, val in ours.items():
-        if key.endswith("roofline_tok_s") or not isinstance(val, float):
+        if key.endswith(("roofline_tok_s", "_spec_off")) or not isinstance(val, float):
             continue
-        other = hf.get(key)
-        ratio = f"{val / other:7.1f}x" if other and "ms" not in key else "        "
-        if other and "ms" in key:
-            ratio = f"{other / val:7.1f}x"
+        off, other = ours.get(key + "_spec_off"), hf.get(key)
+        lower = "ms" in key or key.endswith("_s")          # times: lower is better
+        ratio = f"{(other / val if lower else val / other):7.1f}x" if other else "        "
+        on_off = f"{val / off:6.2f}x" if off else "       "
         roof = ""
         if key.startswith("decode_") and key.endswith("aggregate_tok_s"):
             roof = f"{100 * val / ours[key.replace('aggregate', 'roofline')]:7.1f}%"
-        print(f"{key:40s} {val:10.1f} {other if other else float('nan'):10.1f} {ratio} {roof:>9s}")
+        print(f"{key:40s} {val:10.1f} {off if off else float('nan'):10.1f} {on_off} "
+              f"{other if other else float('nan'):10.1f} {ratio} {roof:>9s}")
     print(f"turn-2 TTFT / turn-1 TTFT: {ours['turn2_ttft_ms'] / ours['turn1_ttft_ms']:.2f} "
-          f"({ours['turn2_cached_tokens']} tokens reused); HF kernels: {hf.get('hf_kernels', '-')}")
+          f"({ours['turn2_cached_tokens']} tokens reused); HF kernels: {hf.get('hf_kernels', '-')}; drafts per "
+          f"round at the end of each decode run: "
+          f"{ {k[16:]: v for k, v in ours.items() if k.startswith('spec_drafts_now_')} }")
 
 
 if __name__ == "__main__":

@@ -25,10 +25,10 @@ def copy_bandwidth() -> float:
 
 
 def weight_bytes(model) -> int:
-    """Bytes a decode step reads from the weights: everything but the embedding table (rows gathered)."""
+    """Bytes a plain decode step reads from the weights: everything but the embedding table (rows gathered) and the
+    MTP module (only speculative rounds run it)."""
     tensors = list(model.named_parameters()) + list(model.named_buffers())
-    return sum(t.numel() * t.element_size() for n, t in tensors
-               if not n.startswith("embed.") and not n.startswith("rotary."))
+    return sum(t.numel() * t.element_size() for n, t in tensors if not n.startswith(("embed.", "rotary.", "mtp.")))
 
 
 def run(engine, prompts, max_tokens):
@@ -39,10 +39,13 @@ def run(engine, prompts, max_tokens):
     return [[ev for ev in h][-1] for h in handles]
 
 
-def bench_engine(model, args, profile: str, context: int):
+def bench_engine(model, args, profile: str, context: int, speculative_tokens: int | None = None):
+    """An engine over `model` as the app loads it (speculative_tokens None: the default, MTP drafts on a GPU when the
+    model has its MTP module; 0: off)."""
     from engine.api import Engine, EngineConfig
     return Engine.from_model(EngineConfig(model="", device="cuda", profile=profile, max_context=context,
-                                          prefill_chunk=args.prefill_chunk, max_queue=16), model, bench_tokenizer())
+                                          prefill_chunk=args.prefill_chunk, max_queue=16,
+                                          speculative_tokens=speculative_tokens), model, bench_tokenizer())
 
 
 def prefill_figures(eng, n: int) -> dict:

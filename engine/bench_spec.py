@@ -98,7 +98,9 @@ def bench_speculation(model, args) -> dict:
         prompt_len = args.spec_context
         prompts = [rand_ids(prompt_len, 300 + i) for i in range(c)]
         ctx = prompt_len + args.decode_tokens + 64
+        t0 = time.perf_counter()
         eng = engine(profile, ctx, 0)
+        plain_load_s = time.perf_counter() - t0
         _generate(eng, [rand_ids(prompt_len, 90 + i) for i in range(c)], 8)              # warm this batch size
         plain, plain_rate, fins = _generate(eng, prompts, args.decode_tokens)
         eng.close()
@@ -107,7 +109,11 @@ def bench_speculation(model, args) -> dict:
         print(f"{profile} plain: {plain_rate:.1f} tok/s, step {step_ms:.2f} ms", flush=True)
         runs = {tuple(p): p + o for p, o in zip(prompts, plain)}
         for k in args.drafts:
+            t0 = time.perf_counter()
             eng = engine(profile, ctx, k)
+            out[f"load_{profile}_k{k}_s"] = load_s = time.perf_counter() - t0
+            print(f"{profile} k={k}: load {load_s:.1f} s (plain {plain_load_s:.1f} s; the rounds' capture at load)",
+                  flush=True)
             if c == 1:
                 comp = components(eng, k, prompt_len)
                 out[f"draft_{profile}_k{k}_ms"], out[f"verify_{profile}_k{k}_ms"] = comp["draft_ms"], comp["verify_ms"]
@@ -115,8 +121,7 @@ def bench_speculation(model, args) -> dict:
                       f"step), verify of {k + 1} rows {comp['verify_ms']:.3f} ms "
                       f"({comp['verify_ms'] / step_ms:.3f}x)", flush=True)
             for p, adaptive in [(p, False) for p in args.draft_oracle] + [(0.0, True)]:
-                eng.set_draft_oracle(DraftOracle(p, runs), adaptive=adaptive)
-                _generate(eng, [rand_ids(prompt_len, 90 + i) for i in range(c)], 8)     # capture this round
+                eng.set_draft_oracle(DraftOracle(p, runs), adaptive=adaptive)     # (no warm-up: first rounds count)
                 before, retries = eng.stats(), torch.cuda.memory_stats().get("num_alloc_retries", 0)
                 with timed_rounds(eng) as times:
                     outs, rate, fins = _generate(eng, prompts, args.decode_tokens)
@@ -128,7 +133,7 @@ def bench_speculation(model, args) -> dict:
                                                 if f.usage.speculation) / c,
                            round_ms=c * (after["spec_round_ms_total"] - before["spec_round_ms_total"])
                            / max(rounds, 1),   # rounds counts each sequence's
-                           round_ms_quartiles=_quartiles(times),
+                           round_ms_quartiles=_quartiles(times), first_round_ms=times[0] if times else 0.0,
                            alloc_retries=torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries)
                 out["rows"].append(row)
                 print(row, flush=True)
@@ -189,10 +194,13 @@ def profile_rounds(eng, prompts, n: int) -> None:
 
 
 def report(r: dict) -> None:
-    print(f"\n{'profile':7s} {'k':>2s} {'P':>5s} {'adapt':>5s} {'tok/s':>8s} {'x plain':>7s} {'tok/rnd':>7s} "
-          f"{'round ms':>8s} exact")
+    print(f"\n{'profile':7s} {'k':>2s} {'P':>14s} {'adapt':>5s} {'tok/s':>8s} {'x plain':>7s} {'tok/rnd':>7s} "
+          f"{'round ms':>8s} {'first':>7s} {'median':>7s} {'max':>7s} exact")
     for row in r["rows"]:
-        print(f"{row['profile']:7s} {row['k']:2d} {row['p']:5.2f} {str(row['adaptive']):>5s} {row['tok_s']:8.1f} "
-              f"{row['vs_plain']:7.2f} {row['tokens_per_round']:7.2f} {row['round_ms']:8.2f} {row['exact']}")
+        p = row["p"] if isinstance(row["p"], float) else "/".join(f"{x:.2f}" for x in row["p"])
+        q = row["round_ms_quartiles"]
+        print(f"{row['profile']:7s} {row['k']:2d} {p:>14} {str(row['adaptive']):>5s} {row['tok_s']:8.1f} "
+              f"{row['vs_plain']:7.2f} {row['tokens_per_round']:7.2f} {row['round_ms']:8.2f} "
+              f"{row['first_round_ms']:7.2f} {q[2]:7.2f} {q[4]:7.2f} {row['exact']}")
     print({k: round(v, 3) for k, v in r.items() if isinstance(v, float)})
 

@@ -57,11 +57,12 @@ class Speculation:
         return DraftPolicy(self.max_k, self.buckets, warm if self.graphs is not None else None)
 
     def use_oracle(self, oracle, adaptive: bool = True) -> None:
-        """Drafts from a DraftOracle (engine/speculative.py; None: the MTP's own); the rounds are captured again.
-        adaptive False: every eligible step makes max_k drafts, paying or not (to time rounds)."""
-        self.spec.set_oracle(oracle)
+        """Drafts from a DraftOracle (engine/speculative.py; None: the MTP's own); the rounds are captured again when
+        the oracle comes or goes. adaptive False: every eligible step makes max_k drafts, paying or not (to time
+        rounds)."""
+        recapture = self.spec.set_oracle(oracle)
         self.adaptive = adaptive
-        if self.graphs is not None:
+        if self.graphs is not None and recapture:
             self.graphs.clear()
             self.capture()
         self.policy = self._new_policy()

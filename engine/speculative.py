@@ -44,9 +44,10 @@ class DraftOracle:
     token; a round then yields 1 + p + ... + p^k tokens on average, whatever the weights. Greedy requests only (a
     replaced draft has no draft distribution). `continuations` maps a prompt to its plain greedy run (prompt +
     output); `table` holds each live slot's, from `Speculation.start`."""
-    p: float
+    p: float | tuple[float, ...]                      # or one rate per draft position (the last one for the rest)
     continuations: dict[tuple[int, ...], list[int]]
     table: torch.Tensor | None = None                 # [num_slots, max_context] int64
+    rate: torch.Tensor | None = None                  # [k] p per position on the device: captured rounds read it
 
     def assign(self, slot: int, prompt: list[int]) -> None:
         tokens = self.continuations.get(tuple(prompt), [])[:self.table.shape[1]]
@@ -58,7 +59,7 @@ class DraftOracle:
         pos = (inp.base[:, None] + 1 + torch.arange(k, device=drafts.device)).clamp(max=self.table.shape[1] - 1)
         true = self.table[inp.slots[:, None], pos]
         u = random_uniform_ref(inp.sampling.seeds, 4 * inp.base + 3, k)
-        right = (u < self.p).int().cumprod(1).bool()
+        right = (u < self.rate[:k]).int().cumprod(1).bool()
         return torch.where(right, true, (true + 1) % vocab)
 
 
@@ -117,12 +118,21 @@ class Speculator:
         self.draft_hidden = torch.zeros(pools.num_slots, cfg.hidden_size, dtype=dtype, device=dev)
         self.oracle: DraftOracle | None = None
 
-    def set_oracle(self, oracle: DraftOracle | None) -> None:
-        """Replace drafts per DraftOracle (None: back to the MTP's own); captured rounds are dropped by the caller."""
+    def set_oracle(self, oracle: DraftOracle | None) -> bool:
+        """Replace drafts per DraftOracle (None: back to the MTP's own). Returns whether captured rounds must be
+        captured again: a round with an oracle runs other kernels; one oracle after another shares its tensors."""
+        if oracle is not None and self.oracle is not None:
+            oracle.table, oracle.rate = self.oracle.table, self.oracle.rate
+        elif oracle is not None:
+            dev = self.draft_tokens.device
+            oracle.table = torch.zeros(self.draft_tokens.shape[0], self.max_context, dtype=torch.int64, device=dev)
+            oracle.rate = torch.zeros(self.k, device=dev)
         if oracle is not None:
-            oracle.table = torch.zeros(self.draft_tokens.shape[0], self.max_context, dtype=torch.int64,
-                                       device=self.draft_tokens.device)
+            rates = list(oracle.p) if isinstance(oracle.p, tuple) else [oracle.p]
+            oracle.rate.copy_(torch.tensor((rates + rates[-1:] * self.k)[:self.k]))
+        recapture = (oracle is None) != (self.oracle is None)
         self.oracle = oracle
+        return recapture
 
     # ---- outside rounds (eager) ----------------------------------------------------------------------------------
     @torch.inference_mode()

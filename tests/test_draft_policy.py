@@ -214,3 +214,30 @@ def test_every_round_is_captured_at_load_and_none_on_a_requests_path(ckpt, monke
         assert len(StubRoundGraphs.captured) == len(every)       # nothing captured after load
         assert {b for b, _, _ in StubRoundGraphs.ran} == {1, 2, 4} and {s for _, _, s in StubRoundGraphs.ran} == {
             False, True}
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_every_round_graph_exists_after_load_and_requests_capture_none(ckpt, monkeypatch):
+    """The real graph layer: after load every (bucket, k, greedy / sampled) round is captured and timed; requests at
+    each batch size then replay them, capturing nothing, and greedy output equals the plain engine's."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    config = dict(model=ckpt, device="cuda", profile="C4", max_context=640, page_size=16)
+    prompts = [torch.randint(0, 600, (20 + 7 * i,), generator=torch.Generator().manual_seed(i)).tolist()
+               for i in range(4)]
+    greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    with Engine(EngineConfig(**config, speculative_tokens=0)) as plain:
+        want = [plain.generate(p, greedy).token_ids for p in prompts]
+    with Engine(EngineConfig(**config, speculative_tokens=3)) as e:
+        graphs = e._spec.graphs
+        every = {(b, k, s) for b in (1, 2, 4) for k in (1, 2, 3) for s in (False, True)}
+        assert set(graphs.graphs) == every and set(graphs.seconds) == every
+        assert all(t > 0 for t in graphs.seconds.values())
+        e.set_draft_oracle(DraftOracle(0.8, {tuple(p): p + w for p, w in zip(prompts, want)}), adaptive=False)
+        assert set(graphs.graphs) == every                  # captured again with the oracle's kernels in them
+        captures = []
+        monkeypatch.setattr(type(graphs), "capture", lambda self, *a: captures.append(a))
+        for n in (1, 2, 3, 4):
+            handles = [e.submit(p, greedy) for p in prompts[:n]]
+            assert [[t for ev in h for t in ev.token_ids] for h in handles] == want[:n]
+        assert captures == [] and e.stats()["spec_rounds"] > 0
