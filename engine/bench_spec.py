@@ -4,9 +4,10 @@ Random weights predict nothing, so drafts come from a DraftOracle (engine/specul
 continuation, from a plain run of the same prompt, with probability P if the drafts before it were, else a wrong
 token; a round then yields 1 + P + ... + P^k tokens on average (P = 0.82, k = 3: 3.04, the 3090 reference engine's
 measured figure). The MTP layer still runs, so every cost is real. Per profile: plain greedy runs (the reference
-output and plain tok/s), then per k and P a speculative run whose output must equal the plain one, with its tokens
-per round, round time and tok/s; the adaptive switch is off for these (every round speculates), and on for a last
-P = 0 run. Components, at C1: a plain decode step, one draft step (MTP row + draft head), one verify forward of
+output and plain tok/s), then per k and P two speculative runs whose output must equal the plain one, with their
+tokens per round, round time and tok/s: the drafts policy off (every round drafts k) and on (the default path: the
+policy picks 0..k drafts per step from measured step times and acceptance). Every run starts with its prompts in the
+prefix cache, so tok/s compares decoding, not a prefill that only the first run pays. Components, at C1: a plain decode step, one draft step (MTP row + draft head), one verify forward of
 k + 1 rows (main model + full head), each replayed from a CUDA graph of its own.
 """
 
@@ -21,7 +22,9 @@ from engine.random_model import bench_tokenizer, rand_ids
 
 
 def _generate(eng, prompts, n):
-    """Greedy runs of all prompts at once: (outputs, aggregate tok/s, finish events)."""
+    """Greedy runs of all prompts at once: (outputs, aggregate decode tok/s, finish events). The aggregate is the sum
+    of each stream's rate from its first token to its last: the streams' prefills, admitted one after another, stay
+    out of it (a span from the first first token to the last finish counted them at C8)."""
     from engine.api import SamplingParams
     handles = [eng.submit(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)) for p in prompts]
     outs, fins = [], []
@@ -32,8 +35,15 @@ def _generate(eng, prompts, n):
             if ev.kind == "finish":
                 fins.append(ev)
         outs.append(ids)
-    span = max(f.timings.total_ms for f in fins) - min(f.timings.ttft_ms for f in fins)
-    return outs, len(prompts) * (n - 1) / (span / 1e3), fins
+    return outs, sum(f.timings.decode_tok_s for f in fins), fins
+
+
+def _prefill(eng, prompts) -> None:
+    """Prefill each prompt (one token out, so no decode step or round runs): later runs find them cached."""
+    from engine.api import SamplingParams
+    for h in [eng.submit(p, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)) for p in prompts]:
+        for _ in h:
+            pass
 
 
 def _graph_ms(fn, iters: int = 30) -> float:
@@ -101,7 +111,7 @@ def bench_speculation(model, args) -> dict:
         t0 = time.perf_counter()
         eng = engine(profile, ctx, 0)
         plain_load_s = time.perf_counter() - t0
-        _generate(eng, [rand_ids(prompt_len, 90 + i) for i in range(c)], 8)              # warm this batch size
+        _generate(eng, prompts, 8)              # warm this batch size; the prompts in the prefix cache, as for every row
         plain, plain_rate, fins = _generate(eng, prompts, args.decode_tokens)
         eng.close()
         step_ms = 1e3 / (sum(f.timings.decode_tok_s for f in fins) / c)
@@ -120,8 +130,9 @@ def bench_speculation(model, args) -> dict:
                 print(f"{profile} k={k}: draft step {comp['draft_ms']:.3f} ms ({comp['draft_ms'] / step_ms:.3f}x a "
                       f"step), verify of {k + 1} rows {comp['verify_ms']:.3f} ms "
                       f"({comp['verify_ms'] / step_ms:.3f}x)", flush=True)
-            for p, adaptive in [(p, False) for p in args.draft_oracle] + [(0.0, True)]:
-                eng.set_draft_oracle(DraftOracle(p, runs), adaptive=adaptive)     # (no warm-up: first rounds count)
+            _prefill(eng, prompts)     # the prompts in the prefix cache, as for plain (no rounds: first rounds count)
+            for p, adaptive in [(p, a) for p in args.draft_oracle for a in (False, True)]:
+                eng.set_draft_oracle(DraftOracle(p, runs), adaptive=adaptive)
                 before, retries = eng.stats(), torch.cuda.memory_stats().get("num_alloc_retries", 0)
                 with timed_rounds(eng) as times:
                     outs, rate, fins = _generate(eng, prompts, args.decode_tokens)
@@ -152,11 +163,14 @@ def _quartiles(values: list[float]) -> list[float]:
 
 @contextlib.contextmanager
 def timed_rounds(eng):
-    """The wall time of each round (ms, the host waiting for its tokens) while the block runs."""
+    """The wall time of each round (ms, the host waiting for its tokens) while the block runs. The GPU finishes the
+    work queued before the round first (a prefill chunk of a stream being admitted), so that a round's time is its
+    own: unsynchronized, the round after a prefill chunk took the chunk's 100-600 ms at C8."""
     spec, times = eng._spec, []
     plain = spec.round
 
     def round_(seqs, k):
+        torch.cuda.synchronize()
         t0 = time.perf_counter()
         out = plain(seqs, k)
         times.append(1e3 * (time.perf_counter() - t0))

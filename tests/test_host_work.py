@@ -93,15 +93,22 @@ def step_times(eng, prompt_len: int, new_tokens: int) -> tuple[list[float], list
 
 
 def test_host_work_per_step_does_not_grow_with_the_context(engine):
-    short_prefill, short_decode = step_times(engine, SHORT, 96)
-    long_prefill, long_decode = step_times(engine, LONG, 96)
-    prefill = statistics.median(long_prefill) / statistics.median(short_prefill)
-    decode = statistics.median(long_decode) / statistics.median(short_decode)
-    print(f"drafts {engine.drafts}: prefill chunk {1e3 * statistics.median(short_prefill):.2f} -> "
-          f"{1e3 * statistics.median(long_prefill):.2f} ms ({prefill:.2f}x), decode step "
-          f"{1e3 * statistics.median(short_decode):.3f} -> {1e3 * statistics.median(long_decode):.3f} ms "
-          f"({decode:.2f}x)")
-    assert prefill < 1.5 and decode < 1.5
+    """Up to three interleaved 8K / 128K pairs, the best pair counting: a busy machine slows one run now and then
+    (CI shares 2 cores), while host work that grows with the context is 16x at 128K in every pair."""
+    ratios = []
+    for _ in range(3):
+        short_prefill, short_decode = step_times(engine, SHORT, 96)
+        long_prefill, long_decode = step_times(engine, LONG, 96)
+        prefill = statistics.median(long_prefill) / statistics.median(short_prefill)
+        decode = statistics.median(long_decode) / statistics.median(short_decode)
+        print(f"drafts {engine.drafts}: prefill chunk {1e3 * statistics.median(short_prefill):.2f} -> "
+              f"{1e3 * statistics.median(long_prefill):.2f} ms ({prefill:.2f}x), decode step "
+              f"{1e3 * statistics.median(short_decode):.3f} -> {1e3 * statistics.median(long_decode):.3f} ms "
+              f"({decode:.2f}x)")
+        ratios.append((prefill, decode))
+        if prefill < 1.5 and decode < 1.5:
+            return
+    pytest.fail(f"host work grows with the context in every pair (prefill, decode ratios 128K / 8K): {ratios}")
 
 
 def test_a_sequences_tokens_are_appended_to_never_copied():
