@@ -6,7 +6,7 @@ PY    := $(VENV)/bin/python
 # build. The venv remembers the TORCH it has (.venv/.torch): later runs keep it, a different TORCH replaces it.
 TORCH ?= $(or $(shell cat $(VENV)/.torch 2>/dev/null),torch==2.13.0)
 
-.PHONY: app test soak package test-package clean FORCE
+.PHONY: app test soak check-plans package test-package clean FORCE
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -39,6 +39,11 @@ test: $(VENV)/.test
 # The full soak (2,000 mixed requests against qwendesk-serve on a tiny CPU model; docs/reliability.md)
 soak: $(VENV)/.test
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -m soak tests/test_soak.py
+
+# Every first-launch plan (Linux and Windows x each PyTorch build x Python) through pip's resolver, against the package
+# indexes this machine reaches, else the torch metadata captured in the repo (installer/check_plans.py)
+check-plans: $(VENV)/.test
+	$(PY) -m installer.check_plans
 
 # The frozen app (dist/qwendesk/) and the Linux AppDir (dist/QwenDesk.AppDir/; packed into an AppImage where
 # appimagetool is on PATH). installer/README.md says what each step does.

@@ -13,9 +13,8 @@ import pytest
 from installer.firstrun.gpu import NvidiaGpu, parse_nvidia_smi
 from installer.firstrun.install import (MARKER, Installer, InstallError, Progress, is_complete, kept_gpu_runtime,
                                         read_progress)
+from installer.firstrun import pins
 from installer.firstrun.plan import CPU, RuntimePlan, choose
-
-PINS = {"python": "3.11", "packages": {"torch": "2.13.0", "triton": "3.9.0", "fla-core": "0.6.0"}}
 
 
 def gpu(driver: tuple[int, ...]) -> NvidiaGpu:
@@ -53,15 +52,34 @@ def test_a_forced_build_must_exist():
 
 
 def test_requirements_pin_the_build_and_its_index(tmp_path):
-    plan = RuntimePlan(choose([gpu((575, 57, 8))], "linux"), PINS, tmp_path)
-    assert plan.requirements == ["torch==2.13.0+cu128", "triton==3.9.0", "fla-core==0.6.0"]
+    plan = RuntimePlan(choose([gpu((575, 57, 8))], "linux"), tmp_path, python="3.11")
+    assert plan.requirements == ["torch==2.13.0+cu128", "triton==3.7.1", "fla-core==0.6.0"]
     assert plan.index_args[1] == "https://download.pytorch.org/whl/cu128"
     assert plan.key == "torch-2.13.0-cu128-py311"
-    windows_pins = {"python": "3.12", "packages": {"torch": "2.13.0", "triton-windows": "3.8.0.post29"}}
-    windows = RuntimePlan(choose([], "win32"), windows_pins, tmp_path)
-    assert windows.requirements == ["torch==2.13.0+cpu", "triton-windows==3.8.0.post29"]
-    pins = {"python": "3.11", "packages": {**PINS["packages"], "ziglang": "0.17.1"}}
-    assert RuntimePlan(choose([], "linux"), pins, tmp_path, with_compiler=True).requirements[-1] == "ziglang==0.17.1"
+    windows = RuntimePlan(choose([], "win32"), tmp_path)
+    assert windows.requirements == ["torch==2.13.0+cpu", "triton-windows==3.7.1.post27"]
+    assert RuntimePlan(choose([], "linux"), tmp_path, with_compiler=True).requirements[-1] == "ziglang==0.17.1"
+
+
+def test_the_pins_agree_with_torchs_own_requirements():
+    """Offline, against the torch wheels' metadata captured in the repo (make check-plans resolves them online):
+    torch 2.13.0's CUDA build requires triton==3.7.1; a build machine's triton 3.9.0 once made every GPU
+    user's first launch unresolvable."""
+    from installer.check_plans import captured, check, conflicts, linux_triton, windows_pair
+
+    metadata = captured()
+    assert metadata["torch"] == pins.TORCH and "linux-cu130" in metadata["builds"]
+    assert linux_triton(metadata) == pins.PACKAGES["linux"]["triton"] == "3.7.1"
+    cu130 = metadata["builds"]["linux-cu130"]["requires_dist"]
+    plan = RuntimePlan(choose([], "linux", "cu130"), Path("."), python="3.12")
+    assert conflicts(plan.requirements, cu130) == []
+    assert conflicts(["triton==3.9.0"], cu130) == ["torch requires triton==3.7.1, the pin is 3.9.0"]
+    windows = RuntimePlan(choose([], "win32", "cu128"), Path("."), python="3.12").requirements
+    assert windows_pair(windows, metadata) == []
+    assert windows_pair(["triton-windows==3.8.0.post29"], metadata) == [
+        "torch 2.13.0 pairs with Triton 3.7.1, triton-windows is 3.8.0.post29"]
+    assert check("win32", "cu126", "3.12", False, {"builds": {}}) == (
+        "not checked", "no reachable index, no captured metadata")
 
 
 def test_pip_output_becomes_progress():
@@ -100,8 +118,8 @@ def write_wheel(folder: Path, name: str, version: str, module: str) -> Path:
 def test_offline_install_from_a_wheel_folder_resumes_after_a_failure(tmp_path):
     wheels = tmp_path / "wheels"
     write_wheel(wheels, "torch", "2.13.0+cpu", "torch")
-    write_wheel(wheels, "triton", "3.9.0", "triton")
-    plan = RuntimePlan(choose([], "linux"), PINS, tmp_path / "runtime", wheels=wheels)
+    write_wheel(wheels, "triton", "3.7.1", "triton")
+    plan = RuntimePlan(choose([], "linux"), tmp_path / "runtime", wheels=wheels)
     seen: list[str] = []
     with pytest.raises(InstallError, match="pip install failed .*fla-core==0.6.0"):   # fla-core is missing
         Installer(plan, lambda p: seen.append(p.step)).run()
@@ -115,25 +133,25 @@ def test_offline_install_from_a_wheel_folder_resumes_after_a_failure(tmp_path):
     assert Installer(plan).run() == target          # complete: nothing to do
 
 
-def test_a_gpu_runtime_outlives_a_failed_gpu_check(tmp_path):
-    cpu = RuntimePlan(choose([], "linux"), PINS, tmp_path)
+def test_a_gpu_runtime_outlives_a_failed_gpu_check(tmp_path, monkeypatch):
+    cpu = RuntimePlan(choose([], "linux"), tmp_path)
     assert kept_gpu_runtime(cpu) is None
-    gpu_plan = RuntimePlan(choose([gpu((575, 57, 8))], "linux"), PINS, tmp_path)
+    gpu_plan = RuntimePlan(choose([gpu((575, 57, 8))], "linux"), tmp_path)
     gpu_plan.target.mkdir(parents=True)
     (gpu_plan.target / MARKER).write_text("{}")
     assert kept_gpu_runtime(cpu) == gpu_plan.target and kept_gpu_runtime(gpu_plan) is None
-    newer = RuntimePlan(choose([], "linux"), {**PINS, "packages": {**PINS["packages"], "torch": "2.14.0"}}, tmp_path)
-    assert kept_gpu_runtime(newer) is None          # an app update with a new torch installs anew
+    monkeypatch.setattr(pins, "TORCH", "2.14.0")
+    assert kept_gpu_runtime(cpu) is None            # an app update with a new torch installs anew
 
 
 def test_the_window_installs_and_closes_with_the_runtime(qtbot, tmp_path):
     from installer.firstrun.window import FirstRunWindow
 
     wheels = tmp_path / "wheels"
-    for name, version, module in (("torch", "2.13.0+cpu", "torch"), ("triton", "3.9.0", "triton"),
+    for name, version, module in (("torch", "2.13.0+cpu", "torch"), ("triton", "3.7.1", "triton"),
                                   ("fla-core", "0.6.0", "fla")):
         write_wheel(wheels, name, version, module)
-    plan = RuntimePlan(choose([], "linux"), PINS, tmp_path / "runtime", wheels=wheels)
+    plan = RuntimePlan(choose([], "linux"), tmp_path / "runtime", wheels=wheels)
     window = FirstRunWindow(plan)
     qtbot.addWidget(window)
     assert "No NVIDIA GPU was found" in window.message.text() and str(wheels) in window.message.text()

@@ -1,5 +1,6 @@
-"""Which PyTorch build this machine gets, and what installing it means: the packages pinned at build time,
-where they come from (the PyTorch index for that build, or a local wheel folder), and where they go.
+"""Which PyTorch build this machine gets, and what installing it means: the packages pinned in
+installer/firstrun/pins.py, where they come from (the PyTorch index for that build, or a local wheel folder),
+and where they go.
 
 The GPU builds need a driver at least as new as their CUDA release (NVIDIA's CUDA toolkit release notes,
 "CUDA Toolkit and Corresponding Driver Versions"); an older driver, or no NVIDIA GPU, gets the CPU build and a
@@ -9,23 +10,17 @@ against https://download.pytorch.org/whl/ when the torch pin moves.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
+from installer.firstrun import pins
 from installer.firstrun.gpu import NvidiaGpu
 
 PYTORCH_INDEX = "https://download.pytorch.org/whl/{variant}"
 PYPI_INDEX = "https://pypi.org/simple"
-PINS_FILE = "runtime-pins.json"
-# the packages installed at first launch instead of being frozen into the app (pyproject.toml declares them)
-PROVISIONED = {"linux": ("torch", "triton", "fla-core"), "win32": ("torch", "triton-windows")}
-# Linux without a C compiler: Triton builds its launcher stubs with zig's (installer/launcher.py points CC at it)
-COMPILER_PACKAGE = "ziglang"
 MIB = 1 << 20
 
 
@@ -89,27 +84,6 @@ def choose(gpus: list[NvidiaGpu], platform: str = sys.platform, forced: str = ""
     return Choice(CPU, gpu, platform)
 
 
-def pins_from_environment(platform: str = sys.platform) -> dict:
-    """The versions this build was made and tested with: what the build environment has installed (a local
-    version such as +cpu dropped), plus the compiler package where installed."""
-    packages = {}
-    for name in (*PROVISIONED[platform], COMPILER_PACKAGE):
-        try:
-            packages[name] = metadata.version(name).split("+")[0]
-        except metadata.PackageNotFoundError:
-            if name != COMPILER_PACKAGE:
-                raise
-    return {"python": f"{sys.version_info.major}.{sys.version_info.minor}", "packages": packages}
-
-
-def load_pins() -> dict:
-    """The frozen app's pins (written by installer/qwendesk.spec), else the running environment's."""
-    bundled = Path(getattr(sys, "_MEIPASS", "")) / PINS_FILE
-    if getattr(sys, "frozen", False) and bundled.is_file():
-        return json.loads(bundled.read_text(encoding="utf-8"))
-    return pins_from_environment()
-
-
 def has_c_compiler() -> bool:
     """Triton's own search on Linux: $CC, else gcc or clang on PATH."""
     return bool(os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang"))
@@ -118,15 +92,14 @@ def has_c_compiler() -> bool:
 @dataclass(frozen=True)
 class RuntimePlan:
     choice: Choice
-    pins: dict
     root: Path                       # <user data>/runtime
     wheels: Path | None = None       # a local wheel folder: install from it, offline
     with_compiler: bool = False
+    python: str = f"{sys.version_info.major}.{sys.version_info.minor}"    # the interpreter the runtime serves
 
     @property
     def key(self) -> str:
-        python = self.pins["python"].replace(".", "")
-        return f"torch-{self.pins['packages']['torch']}-{self.choice.variant.name}-py{python}"
+        return f"torch-{pins.TORCH}-{self.choice.variant.name}-py{self.python.replace('.', '')}"
 
     @property
     def target(self) -> Path:
@@ -144,12 +117,11 @@ class RuntimePlan:
 
     @property
     def requirements(self) -> list[str]:
-        packages = self.pins["packages"]
-        names = list(PROVISIONED[self.choice.platform])
-        if self.with_compiler and COMPILER_PACKAGE in packages:
-            names.append(COMPILER_PACKAGE)
-        return [f"{name}=={packages[name]}+{self.choice.variant.name}" if name == "torch" else
-                f"{name}=={packages[name]}" for name in names]
+        packages = dict(pins.PACKAGES[self.choice.platform])
+        if self.with_compiler:
+            packages.update([pins.COMPILER])
+        return [f"torch=={pins.TORCH}+{self.choice.variant.name}",
+                *(f"{name}=={version}" for name, version in packages.items())]
 
     @property
     def index_args(self) -> list[str]:
@@ -170,7 +142,7 @@ def make_plan(gpus: list[NvidiaGpu], platform: str = sys.platform) -> RuntimePla
     path), QWENDESK_RUNTIME_VARIANT (force a build), QWENDESK_RUNTIME_DIR (where runtimes live)."""
     wheels = os.environ.get("QWENDESK_WHEELS")
     choice = choose(gpus, platform, os.environ.get("QWENDESK_RUNTIME_VARIANT", ""))
-    return RuntimePlan(choice, load_pins(), runtime_root(), Path(wheels) if wheels else None,
+    return RuntimePlan(choice, runtime_root(), Path(wheels) if wheels else None,
                        with_compiler=platform == "linux" and not has_c_compiler())
 
 
@@ -178,4 +150,4 @@ if __name__ == "__main__":
     # `python -m installer.firstrun.plan VARIANT`: the requirements of that build for this platform, one a line
     # (the Makefile fills a local wheel folder with them; the release workflow checks the index has them)
     forced = choose([], sys.platform, sys.argv[1] if len(sys.argv) > 1 else "cpu")
-    print("\n".join(RuntimePlan(forced, pins_from_environment(), Path(".")).requirements))
+    print("\n".join(RuntimePlan(forced, Path(".")).requirements))
