@@ -17,15 +17,42 @@ from installer.firstrun import pins
 from installer.firstrun.plan import CPU, RuntimePlan, choose
 
 
-def gpu(driver: tuple[int, ...]) -> NvidiaGpu:
-    return NvidiaGpu("NVIDIA GeForce RTX 4090", driver, 24564)
+def gpu(driver: tuple[int, ...], name: str = "NVIDIA GeForce RTX 4090", cap=None) -> NvidiaGpu:
+    return NvidiaGpu(name, ".".join(map(str, driver)), 24564, cap)
 
 
 def test_nvidia_smi_lines_parse_and_junk_is_skipped():
-    out = "NVIDIA GeForce RTX 4090, 575.57.08, 24564\nNVIDIA RTX A6000, 535.104.05, 49140\n" \
-          "No devices were found\nNVIDIA H200, [N/A], 143771\n"
-    assert parse_nvidia_smi(out) == [NvidiaGpu("NVIDIA GeForce RTX 4090", (575, 57, 8), 24564),
-                                     NvidiaGpu("NVIDIA RTX A6000", (535, 104, 5), 49140)]
+    out = "NVIDIA GeForce RTX 4090, 575.57.08, 24564, 8.9\nNVIDIA RTX A6000, 535.104.05, 49140\n" \
+          "No devices were found\nNVIDIA H200, [N/A], 143771, 9.0\nA, card, 580.95.05, 8192, [N/A]\n"
+    assert parse_nvidia_smi(out) == [NvidiaGpu("NVIDIA GeForce RTX 4090", "575.57.08", 24564, (8, 9)),
+                                     NvidiaGpu("NVIDIA RTX A6000", "535.104.05", 49140),
+                                     NvidiaGpu("A, card", "580.95.05", 8192)]
+    assert parse_nvidia_smi(out)[0].driver == (575, 57, 8)
+
+
+@pytest.mark.parametrize("card, cap, driver, variant", [
+    ("NVIDIA GeForce GTX 1080 Ti", (6, 1), (580, 95, 5), "cu126"),     # Pascal: CUDA 13 has no sm_61
+    ("Tesla V100-SXM2-16GB", (7, 0), (580, 95, 5), "cu126"),           # Volta
+    ("NVIDIA GeForce RTX 2080 Ti", (7, 5), (580, 95, 5), "cu130"),     # Turing
+    ("NVIDIA GeForce RTX 3090", (8, 6), (575, 57, 8), "cu128"),        # Ampere
+    ("NVIDIA GeForce RTX 4090", (8, 9), (565, 57, 1), "cu126"),        # Ada, a 565 driver
+    ("NVIDIA GeForce RTX 5090", (12, 0), (575, 57, 8), "cu128"),       # Blackwell: not in CUDA 12.6's builds
+    ("NVIDIA GeForce RTX 5090", (12, 0), (580, 95, 5), "cu130"),
+    ("NVIDIA GeForce GTX 780", (3, 5), (580, 95, 5), "cpu")])          # Kepler: no build has it
+def test_the_build_fits_the_cards_architecture(card, cap, driver, variant):
+    choice = choose([gpu(driver, card, cap)], "linux")
+    assert choice.variant.name == variant
+    if variant == "cpu":
+        assert "(compute capability 3.5) is older than any GPU engine supports" in choice.message
+    else:
+        assert card in choice.message and choice.variant.label in choice.message
+
+
+def test_the_driver_shows_as_the_driver_reports_it():
+    (card,) = parse_nvidia_smi("NVIDIA GeForce GTX 1080 Ti, 580.95.05, 11264, 6.1")
+    assert "driver 580.95.05" in choose([card], "linux").message
+    old = choose(parse_nvidia_smi("NVIDIA GeForce RTX 5090, 560.35.03, 32607, 12.0"), "linux").message
+    assert "driver (560.35.03) is older than the 570.26" in old          # the oldest driver a Blackwell build runs on
 
 
 @pytest.mark.parametrize("platform, driver, variant", [
@@ -41,7 +68,7 @@ def test_the_cpu_build_says_why_and_what_it_means():
     assert none.variant is CPU and "No NVIDIA GPU was found" in none.message
     assert "few tokens per second" in none.message
     old = choose([gpu((535, 104, 5))], "win32").message
-    assert "driver (535.104.5) is older than the 560.76" in old and "Update the driver" in old
+    assert "driver (535.104.5) is older than the 560.76" in old and "Update the driver" in old     # gpu() joins ints
     assert "CUDA 12.8" in choose([gpu((575, 57, 8))], "linux").message
 
 

@@ -3,8 +3,11 @@ installer/firstrun/pins.py, where they come from (the PyTorch index for that bui
 and where they go.
 
 The GPU builds need a driver at least as new as their CUDA release (NVIDIA's CUDA toolkit release notes,
-"CUDA Toolkit and Corresponding Driver Versions"); an older driver, or no NVIDIA GPU, gets the CPU build and a
-message that says why and what that means. Which builds exist changes with each PyTorch release: check VARIANTS
+"CUDA Toolkit and Corresponding Driver Versions") and a card whose architecture the build was compiled for
+(PyTorch's release build matrix, TORCH_CUDA_ARCH_LIST per CUDA release: CUDA 13 dropped Maxwell, Pascal and Volta,
+PyTorch's CUDA 12.8 builds start at Turing too; `torch.cuda.get_arch_list()` tells on a machine with the build).
+A GTX 1080 Ti (sm_61) with driver 580 gets CUDA 12.6, not 13.0. An older driver, a card no build has, or no
+NVIDIA GPU gets the CPU build and a message that says why and what that means. Which builds exist changes with each PyTorch release: check VARIANTS
 against https://download.pytorch.org/whl/ when the torch pin moves.
 """
 
@@ -30,15 +33,22 @@ class Variant:
     label: str
     min_driver: dict                 # sys.platform -> the oldest driver the build runs on
     download_gb: float               # about how much pip downloads (CPU: measured on Linux; GPU: an estimate)
+    archs: tuple = ((0, 0), (0, 0))  # the oldest and newest compute capability compiled in
+
+    def has_arch(self, gpu: NvidiaGpu) -> bool:
+        """Compiled for this card: within the build's range (a newer minor of the newest major runs its code);
+        a card whose capability nvidia-smi cannot tell is taken to be covered."""
+        oldest, newest = self.archs
+        return gpu.compute_cap is None or oldest <= gpu.compute_cap and gpu.compute_cap[0] <= newest[0]
 
     def runs_on(self, gpu: NvidiaGpu, platform: str) -> bool:
-        return gpu.driver >= self.min_driver[platform]
+        return gpu.driver >= self.min_driver[platform] and self.has_arch(gpu)
 
 
 GPU_VARIANTS = (     # best first
-    Variant("cu130", "CUDA 13.0", {"linux": (580, 65, 6), "win32": (580, 88)}, 3.5),
-    Variant("cu128", "CUDA 12.8", {"linux": (570, 26), "win32": (570, 65)}, 3.5),
-    Variant("cu126", "CUDA 12.6", {"linux": (560, 28, 3), "win32": (560, 76)}, 3.5),
+    Variant("cu130", "CUDA 13.0", {"linux": (580, 65, 6), "win32": (580, 88)}, 3.5, ((7, 5), (12, 1))),
+    Variant("cu128", "CUDA 12.8", {"linux": (570, 26), "win32": (570, 65)}, 3.5, ((7, 5), (12, 0))),
+    Variant("cu126", "CUDA 12.6", {"linux": (560, 28, 3), "win32": (560, 76)}, 3.5, ((5, 0), (9, 0))),
 )
 CPU = Variant("cpu", "CPU", {}, 0.5)
 CPU_MEANS = ("Models then run on the processor: expect a few tokens per second at best, which is fine for the "
@@ -58,10 +68,15 @@ class Choice:
             return (f"Found {self.gpu.name} ({self.gpu.memory_mib / 1024:.0f} GB, driver {self.gpu.driver_text}). "
                     f"Qwen Desk installs its GPU engine (PyTorch for {self.variant.label}, {size} to download) "
                     f"once, into your user folder.")
+        builds = [v for v in GPU_VARIANTS if self.gpu is not None and v.has_arch(self.gpu)]
         if self.gpu is None:
             why = "No NVIDIA GPU was found, so Qwen Desk installs its CPU engine"
+        elif not builds:
+            cap = ".".join(map(str, self.gpu.compute_cap))
+            why = (f"Your {self.gpu.name} (compute capability {cap}) is older than any GPU engine supports, so "
+                   f"Qwen Desk installs its CPU engine")
         else:
-            oldest = min(v.min_driver[self.platform] for v in GPU_VARIANTS)
+            oldest = min(v.min_driver[self.platform] for v in builds)
             why = (f"Your NVIDIA driver ({self.gpu.driver_text}) is older than the "
                    f"{'.'.join(map(str, oldest))} that the GPU engine needs. Update the driver and start Qwen Desk "
                    f"again to get the GPU engine; until then it installs its CPU engine")
@@ -69,7 +84,8 @@ class Choice:
 
 
 def choose(gpus: list[NvidiaGpu], platform: str = sys.platform, forced: str = "") -> Choice:
-    """The best build the first GPU's driver runs; `forced` (QWENDESK_RUNTIME_VARIANT) names one outright."""
+    """The best build the first GPU runs (its driver and its architecture); `forced` (QWENDESK_RUNTIME_VARIANT) names
+    one outright."""
     gpu = gpus[0] if gpus else None
     if forced:
         variant = {v.name: v for v in (*GPU_VARIANTS, CPU)}.get(forced)
