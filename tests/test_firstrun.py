@@ -4,7 +4,13 @@ says, pip's progress lines, and a real offline install from a local wheel folder
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
+import os
+import shutil
+import time
+import urllib.parse
 import zipfile
 from pathlib import Path
 
@@ -43,15 +49,15 @@ def test_the_build_fits_the_cards_architecture(card, cap, driver, variant):
     choice = choose([gpu(driver, card, cap)], "linux")
     assert choice.variant.name == variant
     if variant == "cpu":
-        assert "(compute capability 3.5) is older than any GPU engine supports" in choice.message
+        assert "(compute capability 3.5) is older than any GPU engine supports" in choice.message()
     else:
-        assert card in choice.message and choice.variant.label in choice.message
+        assert card in choice.message() and choice.variant.label in choice.message()
 
 
 def test_the_driver_shows_as_the_driver_reports_it():
     (card,) = parse_nvidia_smi("NVIDIA GeForce GTX 1080 Ti, 580.95.05, 11264, 6.1")
-    assert "driver 580.95.05" in choose([card], "linux").message
-    old = choose(parse_nvidia_smi("NVIDIA GeForce RTX 5090, 560.35.03, 32607, 12.0"), "linux").message
+    assert "driver 580.95.05" in choose([card], "linux").message()
+    old = choose(parse_nvidia_smi("NVIDIA GeForce RTX 5090, 560.35.03, 32607, 12.0"), "linux").message()
     assert "driver (560.35.03) is older than the 570.26" in old          # the oldest driver a Blackwell build runs on
 
 
@@ -65,11 +71,11 @@ def test_the_newest_build_the_driver_runs_is_chosen(platform, driver, variant):
 
 def test_the_cpu_build_says_why_and_what_it_means():
     none = choose([], "linux")
-    assert none.variant is CPU and "No NVIDIA GPU was found" in none.message
-    assert "few tokens per second" in none.message
-    old = choose([gpu((535, 104, 5))], "win32").message
+    assert none.variant is CPU and "No NVIDIA GPU was found" in none.message()
+    assert "few tokens per second" in none.message()
+    old = choose([gpu((535, 104, 5))], "win32").message()
     assert "driver (535.104.5) is older than the 560.76" in old and "Update the driver" in old     # gpu() joins ints
-    assert "CUDA 12.8" in choose([gpu((575, 57, 8))], "linux").message
+    assert "CUDA 12.8" in choose([gpu((575, 57, 8))], "linux").message()
 
 
 def test_a_forced_build_must_exist():
@@ -109,28 +115,20 @@ def test_the_pins_agree_with_torchs_own_requirements():
         "not checked", "no reachable index, no captured metadata")
 
 
-def test_pip_output_becomes_progress():
-    progress = Progress("Downloading")
-    lines = ["Collecting torch==2.13.0+cu128",
-             "Downloading https://x/whl/cu128/torch-2.13.0%2Bcu128-cp311.whl (900.1 MB)",
-             "Progress 0 of 943820800", "Progress 471910400 of 943820800", "Saved ./torch.whl",
-             "File was already downloaded /r/wheels/sympy-1.14.0-py3-none-any.whl",
+def test_pip_install_output_becomes_progress():
+    progress = Progress("Installing")
+    lines = ["Looking in links: /r/wheels", "Processing /r/wheels/sympy-1.14.0-py3-none-any.whl",
              "Installing collected packages: a, b"]
-    shown = [read_progress(line, progress) for line in lines]
-    assert shown == [False, True, True, True, True, True, True]
-    assert progress.files == 2 and progress.step == "Installing"
-    progress = Progress("Downloading")
-    for line in lines[1:4]:
-        read_progress(line, progress)
-    assert progress.detail == "torch-2.13.0%2Bcu128-cp311.whl"
-    assert (progress.done, progress.total) == (471910400, 943820800)
+    assert [read_progress(line, progress) for line in lines] == [False, True, True]
+    assert progress.detail == "Installing collected packages: a, b"
 
 
-def write_wheel(folder: Path, name: str, version: str, module: str) -> Path:
-    """A minimal valid wheel of one module that records its own version."""
+def write_wheel(folder: Path, name: str, version: str, module: str, padding: int = 0) -> Path:
+    """A minimal valid wheel of one module that records its own version (and `padding` random bytes)."""
     dist = f"{name.replace('-', '_')}-{version}"
     path = folder / f"{dist}-py3-none-any.whl"
     files = {f"{module}/__init__.py": f"__version__ = {version!r}\n",
+             **({f"{module}/padding.bin": os.urandom(padding)} if padding else {}),
              f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
              f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
                                         "Tag: py3-none-any\n"}
@@ -186,3 +184,152 @@ def test_the_window_installs_and_closes_with_the_runtime(qtbot, tmp_path):
     with qtbot.waitSignal(window.done, timeout=120_000) as done:
         window.start()
     assert done.args == [plan.target] and is_complete(plan.target) and not window.isVisible()
+
+
+def wheel_metadata(wheel: Path) -> bytes:
+    with zipfile.ZipFile(wheel) as z:
+        return z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA")))
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class WheelIndex:
+    """A package index on the loopback (PEP 503 pages with SHA-256 fragments, PEP 658 metadata files, as the PyTorch
+    index and PyPI serve) whose files honour Range requests; `cut` makes the next download of a file stop after
+    that many bytes, as a dropped connection does; `ranges` holds where each wheel download started."""
+
+    def __init__(self, folder: Path):
+        import http.server
+        import threading
+
+        self.folder, self.cut, self.ranges = folder, {}, []
+        index = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_HEAD(self):
+                self.do_GET(body=False)
+
+            def do_GET(self, body=True):
+                parts = self.path.strip("/").split("/")
+                if parts[0] == "simple":
+                    name = parts[1] if len(parts) > 1 else ""
+                    links = "".join(f'<a href="/files/{w.name}#sha256={hashlib.sha256(w.read_bytes()).hexdigest()}" '
+                                    f'data-dist-info-metadata="sha256={sha(wheel_metadata(w))}">{w.name}</a>'
+                                    for w in sorted(index.folder.glob("*.whl"))
+                                    if w.name.split("-")[0].replace("_", "-") == name)
+                    return self.send(200, f"<html><body>{links}</body></html>".encode(), body)
+                name = urllib.parse.unquote(parts[-1])
+                if name.endswith(".metadata"):
+                    return self.send(200, wheel_metadata(index.folder / name.removesuffix(".metadata")), body)
+                data = (index.folder / name).read_bytes()
+                start = int(self.headers["Range"][6:-1]) if self.headers.get("Range") else 0
+                index.ranges.append(start)
+                payload = data[start:]
+                self.send_response(206 if start else 200)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                if body:
+                    self.wfile.write(payload[:index.cut.pop(name, len(payload))])
+
+            def send(self, code, payload, body):
+                self.send_response(code)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                if body:
+                    self.wfile.write(payload)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def wheel_index(tmp_path):
+    files = tmp_path / "index"
+    write_wheel(files, "torch", "2.13.0+cpu", "torch", padding=3 << 20)     # a few MiB: a cut mid-file
+    write_wheel(files, "triton", "3.7.1", "triton")
+    write_wheel(files, "fla-core", "0.6.0", "fla")
+    index = WheelIndex(files)
+    yield index
+    index.close()
+
+
+def test_a_download_cut_off_goes_on_where_it_stopped_and_is_checked(tmp_path, wheel_index):
+    plan = RuntimePlan(choose([], "linux"), tmp_path / "runtime", indexes=(wheel_index.url,))
+    torch_wheel = next(wheel_index.folder.glob("torch-*.whl"))
+    wheel_index.cut[torch_wheel.name] = 1 << 20
+    seen: list[Progress] = []
+    with pytest.raises(InstallError, match="downloading torch-2.13.0.*stopped"):
+        Installer(plan, lambda p: seen.append(dataclasses.replace(p))).run()
+    part = plan.download_dir / f"{torch_wheel.name}.part"
+    assert part.stat().st_size == 1 << 20 and not plan.target.exists()
+    downloading = [p for p in seen if p.step == "Downloading"]
+    assert downloading[-1].total == sum(f.stat().st_size for f in wheel_index.folder.glob("*.whl"))
+    wheel_index.ranges.clear()
+    target = Installer(plan, lambda p: seen.append(dataclasses.replace(p))).run()   # Try again (or a restart)
+    assert 1 << 20 in wheel_index.ranges                  # asked for the rest only
+    assert (target / "torch" / "__init__.py").is_file() and is_complete(target)
+    assert sorted(p.name for p in plan.root.iterdir()) == [plan.key]    # the downloads went with success
+    assert json.loads((target / MARKER).read_text())["source"] == wheel_index.url
+
+
+def test_a_file_that_does_not_match_its_checksum_is_not_kept(tmp_path, wheel_index):
+    from installer.firstrun.download import DownloadError, Wheel, fetch
+
+    good = next(wheel_index.folder.glob("triton-*.whl"))
+    url = wheel_index.url.replace("/simple", f"/files/{good.name}")
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    with pytest.raises(DownloadError, match="did not match its SHA-256"):
+        fetch(Wheel(url, "0" * 64), folder)
+    assert list(folder.iterdir()) == []
+    assert fetch(Wheel(url, sha(good.read_bytes())), folder).read_bytes() == good.read_bytes()
+    with pytest.raises(DownloadError, match="https only"):
+        fetch(Wheel("http://example.com/x.whl", "0" * 64), folder)
+
+
+def test_no_space_says_how_much_is_needed(tmp_path):
+    from installer.firstrun.install import check_space
+
+    free = shutil.disk_usage(tmp_path).free
+    with pytest.raises(InstallError, match=r"Not enough free disk space .* GB needed .* GB free"):
+        check_space(tmp_path, free, int(1e9))
+    check_space(tmp_path, 0, 0)
+
+
+def test_without_network_the_window_says_so_and_offers_a_folder(qtbot, tmp_path):
+    """The index cannot be reached (a closed port on the loopback): 'No network' within seconds, not pip's
+    resolver error, and a folder of wheels installs instead."""
+    from installer.firstrun.window import FirstRunWindow
+
+    wheels = tmp_path / "wheels"
+    for name, version, module in (("torch", "2.13.0+cpu", "torch"), ("triton", "3.7.1", "triton"),
+                                  ("fla-core", "0.6.0", "fla")):
+        write_wheel(wheels, name, version, module)
+    plan = RuntimePlan(choose([], "linux"), tmp_path / "runtime", indexes=("http://127.0.0.1:9/simple",))
+    window = FirstRunWindow(plan)
+    qtbot.addWidget(window)
+    assert "about 0.5 GB to download" in window.message.text()
+    window.show()
+    started = time.monotonic()
+    window.start()
+    qtbot.waitUntil(lambda: window.retry.isVisible(), timeout=10_000)
+    assert time.monotonic() - started < 10
+    assert window.detail.text().startswith("No network: 127.0.0.1 cannot be reached")
+    assert window.folder.isVisible() and window.folder.objectName() == "primary"
+    window.grab().save(str(tmp_path / "offline.png"))
+    with qtbot.waitSignal(window.done, timeout=120_000) as done:
+        window.use_wheels(wheels)
+    assert f"from the folder of wheels {wheels}" in window.message.text() and "GB to download" not in \
+        window.message.text()
+    assert done.args == [plan.target] and is_complete(plan.target)

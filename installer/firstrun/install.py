@@ -1,11 +1,13 @@
-"""Install a RuntimePlan with pip, reporting progress as it goes.
+"""Install a RuntimePlan, reporting progress as it goes.
 
-Two steps. Download: `pip download` of the pinned packages into the runtime's wheels/ folder (a wheel that
-finished downloading before a failure or a closed window is not fetched again; pip resumes a broken transfer
-within a run, --resume-retries). Install: `pip install --no-index` from that folder (or from the user's local
-wheel folder, the offline path, which skips the download) into <key>.partial, renamed to <key> once complete,
-so a half-done install is never used. pip is the app's own: in the frozen app the executable runs pip when
-its first argument is --pip (installer/launcher.py); elsewhere `python -m pip`.
+Three steps. Resolve: pip's resolver, dry-run, says which wheels the pinned packages need (URLs and SHA-256s;
+first the index is asked whether it answers at all: no network is said as such, at once). Download: the app
+fetches them itself into the runtime's wheels/ folder (firstrun/download.py: a file cut off by a failure, Try
+again or a restart goes on where it stopped; each checked against its SHA-256), after checking the free space.
+Install: `pip install --no-index --no-deps` of exactly those files (or, the offline path, of the pinned packages
+from the user's folder of wheels) into <key>.partial, renamed to <key> once complete (retried while an antivirus
+holds the new files), so a half-done install is never used. pip is the app's own: in the frozen app the
+executable runs pip when its first argument is --pip (installer/launcher.py); elsewhere `python -m pip`.
 """
 
 from __future__ import annotations
@@ -13,31 +15,37 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
+from installer.firstrun.download import DownloadError, fetch, reachable, wheels_of, with_size
 from installer.firstrun.plan import CPU, GPU_VARIANTS, RuntimePlan
 
 MARKER = "qwendesk-runtime.json"
-PROGRESS = re.compile(r"Progress (\d+) of (\d+)")
-DOWNLOADING = re.compile(r"Downloading (\S+?)(?: \((.+)\))?$")
+GB = 1e9
+RENAME_TRIES, RENAME_WAIT_S = 40, 0.25      # up to 10 s while another process (an antivirus scan) holds a file
 
 
 @dataclass
 class Progress:
-    step: str                 # Downloading | Installing | Done
-    detail: str = ""          # the file on its way, or pip's last line
-    done: int = 0             # bytes of the current file (0 / 0: no measure)
+    step: str                 # Resolving | Downloading | Installing | Done
+    detail: str = ""          # the file on its way, or what pip does
+    done: int = 0             # bytes so far of `total` (0 / 0: no measure)
     total: int = 0
     files: int = 0            # files downloaded (or found already downloaded) so far
+    count: int = 0            # files to download in all
 
 
 class InstallError(RuntimeError):
+    pass
+
+
+class NoNetwork(InstallError):
     pass
 
 
@@ -69,21 +77,32 @@ def kept_gpu_runtime(plan: RuntimePlan) -> Path | None:
     return None
 
 
+def check_space(folder: Path, download: int, installed: int) -> None:
+    free = shutil.disk_usage(folder).free
+    need = download + installed
+    if free < need:
+        raise InstallError(f"Not enough free disk space in {folder}: {need / GB:.1f} GB needed ({download / GB:.1f} "
+                           f"to download, about {installed / GB:.1f} installed), {free / GB:.1f} GB free. Free some "
+                           f"space and Try again.")
+
+
+def rename_with_retry(source: Path, target: Path) -> None:
+    """os.rename, tried again for a while: on Windows an antivirus scanning the new files makes it fail."""
+    for attempt in range(RENAME_TRIES):
+        try:
+            source.rename(target)
+            return
+        except PermissionError:
+            if attempt == RENAME_TRIES - 1:
+                raise
+            time.sleep(RENAME_WAIT_S)
+
+
 def read_progress(line: str, progress: Progress) -> bool:
-    """Fold one line of pip's output into `progress`; True when it changed what to show."""
+    """Fold one line of `pip install`'s output into `progress`; True when it changed what to show."""
     line = line.strip()
-    if m := PROGRESS.fullmatch(line):
-        progress.done, progress.total = int(m.group(1)), int(m.group(2))
-        return True
-    if m := DOWNLOADING.match(line):
-        progress.detail = m.group(1).rsplit("/", 1)[-1]
-        progress.done = progress.total = 0
-        return True
-    if line.startswith(("Saved ", "File was already downloaded")):
-        progress.files += 1
-        return True
-    if line.startswith("Installing collected packages"):
-        progress.step, progress.detail, progress.done, progress.total = "Installing", line, 0, 0
+    if line.startswith(("Processing ", "Installing collected packages")):
+        progress.detail = line.rsplit("/", 1)[-1] if line.startswith("Processing ") else line
         return True
     return False
 
@@ -98,23 +117,26 @@ class Installer:
         self._cancelled = False
 
     def run(self) -> Path:
-        """Install the plan; the runtime's folder, complete. InstallError says what went wrong."""
+        """Install the plan; the runtime's folder, complete. InstallError (NoNetwork: the index cannot be
+        reached) says what went wrong."""
         plan = self.plan
         if is_complete(plan.target):
             return plan.target
         plan.root.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        wheels = plan.wheels
-        if wheels is None:
-            plan.download_dir.mkdir(exist_ok=True)
-            self._pip(Progress("Downloading"), ["download", "--only-binary=:all:", "--dest", str(plan.download_dir),
-                                                "--find-links", str(plan.download_dir), *plan.index_args])
-            wheels = plan.download_dir
-        elif not wheels.is_dir():
-            raise InstallError(f"The wheel folder {wheels} does not exist.")
+        installed = int(plan.choice.variant.installed_gb * GB)
+        if plan.wheels is None:
+            files = [str(path) for path in self._download(installed)]
+            source = ["--no-deps", *files]
+        elif not plan.wheels.is_dir():
+            raise InstallError(f"The wheel folder {plan.wheels} does not exist.")
+        else:
+            check_space(plan.root, 0, installed)
+            source = ["--find-links", str(plan.wheels), *plan.requirements]
         shutil.rmtree(plan.staging, ignore_errors=True)
-        self._pip(Progress("Installing"), ["install", "--no-index", "--find-links", str(wheels), "--only-binary=:all:",
-                                           "--no-compile", "--target", str(plan.staging)])
+        self.on_progress(Progress("Installing"))
+        self._pip(Progress("Installing"), ["install", "--no-index", "--only-binary=:all:", "--no-compile", "--target",
+                                           str(plan.staging), "--progress-bar", "off", *source])
         self._finish(time.monotonic() - started)
         self.on_progress(Progress("Done", str(plan.target)))
         return plan.target
@@ -124,9 +146,44 @@ class Installer:
         if self._process is not None and self._process.poll() is None:
             self._process.terminate()
 
+    def _download(self, installed: int) -> list[Path]:
+        plan = self.plan
+        self.on_progress(Progress("Resolving", "asking the package index what to download"))
+        for index in plan.index_urls:
+            if not reachable(index):
+                host = urllib.parse.urlsplit(index).hostname
+                raise NoNetwork(f"No network: {host} cannot be reached, so the engine cannot be downloaded. "
+                                f"Connect to the internet and Try again, or install from a folder of wheels.")
+        report_path = plan.root / "resolved.json"
+        self._pip(Progress("Resolving"), ["install", "--dry-run", "--quiet", "--ignore-installed",
+                                          "--only-binary=:all:", "--target", str(plan.staging), "--report",
+                                          str(report_path), *plan.index_args, *plan.requirements])
+        try:
+            wheels = wheels_of(json.loads(report_path.read_text(encoding="utf-8")))
+            folder = plan.download_dir
+            folder.mkdir(exist_ok=True)
+            wheels = [w if (folder / w.name).is_file() else with_size(w) for w in wheels]
+            progress = Progress("Downloading", count=len(wheels), total=sum(w.size for w in wheels))
+            partial = sum((folder / f"{w.name}.part").stat().st_size for w in wheels
+                          if (folder / f"{w.name}.part").is_file())
+            check_space(plan.root, progress.total - partial, installed)
+            files = []
+            for wheel in wheels:
+                progress.detail = wheel.name
+
+                def moved(n: int) -> None:
+                    progress.done += n
+                    self.on_progress(progress)
+
+                files.append(fetch(wheel, folder, moved, lambda: self._cancelled))
+                progress.files += 1
+                self.on_progress(progress)
+            return files
+        except DownloadError as e:
+            raise InstallError(str(e)) from e
+
     def _pip(self, progress: Progress, args: list[str]) -> None:
-        command = [*pip_command(), args[0], "--progress-bar", "raw", "--resume-retries", "5", *args[1:],
-                   *self.plan.requirements]
+        command = [*pip_command(), *args]
         flags = getattr(subprocess, "CREATE_NO_WINDOW", 0) if sys.platform == "win32" else 0
         self.on_progress(progress)
         tail: list[str] = []
@@ -150,12 +207,12 @@ class Installer:
             write_cc_wrapper(plan.staging)
         (plan.staging / MARKER).write_text(json.dumps({
             "variant": plan.choice.variant.name, "requirements": plan.requirements, "seconds": round(seconds, 1),
-            "source": str(plan.wheels) if plan.wheels else plan.index_args[1]}, indent=1), encoding="utf-8")
+            "source": str(plan.wheels) if plan.wheels else plan.index_urls[0]}, indent=1), encoding="utf-8")
         shutil.rmtree(plan.target, ignore_errors=True)
-        plan.staging.rename(plan.target)
+        rename_with_retry(plan.staging, plan.target)
         for other in plan.root.iterdir():
-            if other != plan.target and other.is_dir():
-                shutil.rmtree(other, ignore_errors=True)
+            if other != plan.target:
+                shutil.rmtree(other, ignore_errors=True) if other.is_dir() else other.unlink(missing_ok=True)
 
 
 def cc_wrapper(runtime: Path) -> Path:

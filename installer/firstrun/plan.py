@@ -32,7 +32,8 @@ class Variant:
     name: str                        # the PyTorch index's name for the build: cu130, cu128, cu126, cpu
     label: str
     min_driver: dict                 # sys.platform -> the oldest driver the build runs on
-    download_gb: float               # about how much pip downloads (CPU: measured on Linux; GPU: an estimate)
+    download_gb: float               # about how much is downloaded (CPU: measured on Linux; GPU: an estimate)
+    installed_gb: float              # about how much it takes installed (the free-space check counts it)
     archs: tuple = ((0, 0), (0, 0))  # the oldest and newest compute capability compiled in
 
     def has_arch(self, gpu: NvidiaGpu) -> bool:
@@ -46,11 +47,11 @@ class Variant:
 
 
 GPU_VARIANTS = (     # best first
-    Variant("cu130", "CUDA 13.0", {"linux": (580, 65, 6), "win32": (580, 88)}, 3.5, ((7, 5), (12, 1))),
-    Variant("cu128", "CUDA 12.8", {"linux": (570, 26), "win32": (570, 65)}, 3.5, ((7, 5), (12, 0))),
-    Variant("cu126", "CUDA 12.6", {"linux": (560, 28, 3), "win32": (560, 76)}, 3.5, ((5, 0), (9, 0))),
+    Variant("cu130", "CUDA 13.0", {"linux": (580, 65, 6), "win32": (580, 88)}, 3.5, 4.7, ((7, 5), (12, 1))),
+    Variant("cu128", "CUDA 12.8", {"linux": (570, 26), "win32": (570, 65)}, 3.5, 4.7, ((7, 5), (12, 0))),
+    Variant("cu126", "CUDA 12.6", {"linux": (560, 28, 3), "win32": (560, 76)}, 3.5, 4.7, ((5, 0), (9, 0))),
 )
-CPU = Variant("cpu", "CPU", {}, 0.5)
+CPU = Variant("cpu", "CPU", {}, 0.5, 1.8)
 CPU_MEANS = ("Models then run on the processor: expect a few tokens per second at best, which is fine for the "
              "smallest models only.")
 
@@ -61,12 +62,12 @@ class Choice:
     gpu: NvidiaGpu | None
     platform: str
 
-    @property
-    def message(self) -> str:
-        size = f"about {self.variant.download_gb:.1f} GB"
+    def message(self, wheels: Path | None = None) -> str:
+        """What this machine gets and why; where it comes from: about how much to download, or `wheels`."""
+        size = f"from the folder of wheels {wheels}" if wheels else f"about {self.variant.download_gb:.1f} GB to download"
         if self.variant is not CPU:
             return (f"Found {self.gpu.name} ({self.gpu.memory_mib / 1024:.0f} GB, driver {self.gpu.driver_text}). "
-                    f"Qwen Desk installs its GPU engine (PyTorch for {self.variant.label}, {size} to download) "
+                    f"Qwen Desk installs its GPU engine (PyTorch for {self.variant.label}, {size}) "
                     f"once, into your user folder.")
         builds = [v for v in GPU_VARIANTS if self.gpu is not None and v.has_arch(self.gpu)]
         if self.gpu is None:
@@ -80,7 +81,7 @@ class Choice:
             why = (f"Your NVIDIA driver ({self.gpu.driver_text}) is older than the "
                    f"{'.'.join(map(str, oldest))} that the GPU engine needs. Update the driver and start Qwen Desk "
                    f"again to get the GPU engine; until then it installs its CPU engine")
-        return f"{why} ({size} to download). {CPU_MEANS}"
+        return f"{why} ({size}). {CPU_MEANS}"
 
 
 def choose(gpus: list[NvidiaGpu], platform: str = sys.platform, forced: str = "") -> Choice:
@@ -112,6 +113,7 @@ class RuntimePlan:
     wheels: Path | None = None       # a local wheel folder: install from it, offline
     with_compiler: bool = False
     python: str = f"{sys.version_info.major}.{sys.version_info.minor}"    # the interpreter the runtime serves
+    indexes: tuple[str, ...] = ()    # package indexes other than the defaults (the tests' local one)
 
     @property
     def key(self) -> str:
@@ -140,9 +142,19 @@ class RuntimePlan:
                 *(f"{name}=={version}" for name, version in packages.items())]
 
     @property
+    def index_urls(self) -> tuple[str, ...]:
+        """The build's PyTorch index, then PyPI (the packages that index lacks); `indexes` stands in for both."""
+        return self.indexes or (PYTORCH_INDEX.format(variant=self.choice.variant.name), PYPI_INDEX)
+
+    @property
+    def download_command(self) -> str:
+        """How to fill a folder of wheels for this plan on a machine with network (same system, same Python)."""
+        return " ".join(["pip download --only-binary=:all: -d qwendesk-wheels", *self.index_args, *self.requirements])
+
+    @property
     def index_args(self) -> list[str]:
-        return ["--index-url", PYTORCH_INDEX.format(variant=self.choice.variant.name),
-                "--extra-index-url", PYPI_INDEX]
+        first, *others = self.index_urls
+        return ["--index-url", first, *(arg for url in others for arg in ("--extra-index-url", url))]
 
 
 def runtime_root() -> Path:
