@@ -7,8 +7,8 @@ The GPU builds need a driver at least as new as their CUDA release (NVIDIA's CUD
 (PyTorch's release build matrix, TORCH_CUDA_ARCH_LIST per CUDA release: CUDA 13 dropped Maxwell, Pascal and Volta,
 PyTorch's CUDA 12.8 builds start at Turing too; `torch.cuda.get_arch_list()` tells on a machine with the build).
 A GTX 1080 Ti (sm_61) with driver 580 gets CUDA 12.6, not 13.0. An older driver, a card no build has, or no
-NVIDIA GPU gets the CPU build and a message that says why and what that means. Which builds exist changes with each PyTorch release: check VARIANTS
-against https://download.pytorch.org/whl/ when the torch pin moves.
+NVIDIA GPU gets the CPU build and a message that says why and what that means. Which builds exist changes with
+each PyTorch release: `make check-plans` checks them against https://download.pytorch.org/whl/ where it reaches it.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ class Choice:
 
     def message(self, wheels: Path | None = None) -> str:
         """What this machine gets and why; where it comes from: about how much to download, or `wheels`."""
-        size = f"from the folder of wheels {wheels}" if wheels else f"about {self.variant.download_gb:.1f} GB to download"
+        size = (f"from the folder of wheels {wheels}" if wheels else
+                f"about {self.variant.download_gb:.1f} GB to download")
         if self.variant is not CPU:
             return (f"Found {self.gpu.name} ({self.gpu.memory_mib / 1024:.0f} GB, driver {self.gpu.driver_text}). "
                     f"Qwen Desk installs its GPU engine (PyTorch for {self.variant.label}, {size}) "
