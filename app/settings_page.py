@@ -26,6 +26,7 @@ from app.endpoint import EndpointSettings, EndpointStatus
 from app.formatting import human_gib
 from app.profile_plans import plan_profiles, profile_descriptions
 from app.profile_table import ProfileTable
+from app.runtime_card import RuntimeCard, runtime_folder
 from app.settings import CONTEXT_POLICIES, RELOAD_FIELDS, AppSettings
 from app.server_log_view import LogView
 from app.switch import Switch
@@ -64,6 +65,10 @@ class SettingsPage(QWidget):
         column.addWidget(self._generation_card())
         column.addWidget(self._endpoint_card())
         column.addWidget(self._remote_card())
+        runtime = runtime_folder()                   # the packaged app's downloaded PyTorch, if any
+        self.runtime_card = RuntimeCard(runtime) if runtime else None
+        if self.runtime_card:
+            column.addWidget(self.runtime_card)
         column.addStretch(1)
 
     def _engine_card(self) -> Card:

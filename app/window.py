@@ -160,6 +160,8 @@ class MainWindow(QMainWindow):
         self.chat.open_models_requested.connect(lambda: self.show_page("models"))
         self.chat.load_requested.connect(self.load_model)
         self.settings_page.settings_changed.connect(self._settings_changed)
+        if self.settings_page.runtime_card:
+            self.settings_page.runtime_card.quit_requested.connect(self.quit)
         self.downloads.completed.connect(self._download_completed)
 
     # ---- navigation ----------------------------------------------------------------------------

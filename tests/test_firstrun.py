@@ -333,3 +333,46 @@ def test_without_network_the_window_says_so_and_offers_a_folder(qtbot, tmp_path)
     assert f"from the folder of wheels {wheels}" in window.message.text() and "GB to download" not in \
         window.message.text()
     assert done.args == [plan.target] and is_complete(plan.target)
+
+
+def test_removing_the_runtime_takes_only_what_the_first_launch_put_there(tmp_path):
+    from installer.firstrun.install import remove_runtimes
+
+    plan = RuntimePlan(choose([], "linux"), tmp_path / "runtime")
+    for folder in (plan.target, plan.staging, plan.download_dir):
+        folder.mkdir(parents=True)
+        (folder / "x.bin").write_bytes(b"x")
+    (plan.target / MARKER).write_text("{}")
+    remove_runtimes(plan.root)
+    assert not plan.root.exists()
+    shared = tmp_path / "shared"                    # QWENDESK_RUNTIME_DIR naming a folder with other files
+    other = RuntimePlan(choose([], "linux"), shared)
+    other.target.mkdir(parents=True)
+    (other.target / MARKER).write_text("{}")
+    (shared / "notes.txt").write_text("mine")
+    (shared / "photos").mkdir()
+    remove_runtimes(shared)
+    assert sorted(p.name for p in shared.iterdir()) == ["notes.txt", "photos"]
+
+
+def test_settings_remove_and_quit_asks_the_launcher_to_remove_the_runtime(qtbot, tmp_path, monkeypatch):
+    from app.runtime_card import REMOVE_ENV, RUNTIME_ENV, RuntimeCard, runtime_folder
+
+    from installer.launcher import remove_after_exit
+
+    runtime = tmp_path / "runtime" / "torch-2.13.0-cpu-py311"
+    runtime.mkdir(parents=True)
+    (runtime / "big.bin").write_bytes(b"\0" * 3_000_000)
+    (runtime / MARKER).write_text("{}")
+    monkeypatch.delenv(REMOVE_ENV, raising=False)
+    monkeypatch.setenv("QWENDESK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv(RUNTIME_ENV, str(runtime))
+    assert runtime_folder() == runtime
+    card = RuntimeCard(runtime)
+    qtbot.addWidget(card)
+    assert "3.0 MB" in card.summary.text() and str(runtime.parent) in card.summary.text()
+    with qtbot.waitSignal(card.quit_requested):
+        card.request_removal()
+    assert os.environ[REMOVE_ENV] == "1"
+    remove_after_exit(runtime)                      # what the launcher does once the app has quit (Linux)
+    assert not runtime.parent.exists()

@@ -77,6 +77,18 @@ def kept_gpu_runtime(plan: RuntimePlan) -> Path | None:
     return None
 
 
+def remove_runtimes(root: Path) -> None:
+    """What the first launch put in `root`: runtimes, a half-done one, the downloads; `root` too once empty. Nothing
+    else (QWENDESK_RUNTIME_DIR may name a folder that holds other files). OSError while a file is in use."""
+    if not root.is_dir():
+        return
+    for child in root.iterdir():
+        if is_complete(child) or child.name.endswith(".partial") or child.name in ("wheels", "resolved.json"):
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    if not any(root.iterdir()):
+        root.rmdir()
+
+
 def check_space(folder: Path, download: int, installed: int) -> None:
     free = shutil.disk_usage(folder).free
     need = download + installed
