@@ -4,6 +4,7 @@ go through pip's resolver in dry-run mode, for the target's platform, as the use
     python -m installer.check_plans                 # every plan; exit 1 if one does not resolve (make check-plans)
     python -m installer.check_plans --strict        # also exit 1 if one could not be checked (the release workflow)
     python -m installer.check_plans --capture [WHEEL ...]    # rewrite installer/firstrun/torch_metadata.json
+                                                    # (torch's Requires-Dist and its longest file names)
 
 Where a plan's torch comes from decides how it is checked, first that works:
 1. the PyTorch index of its build, when reachable: the plan itself, as the first launch installs it;
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import io
 import json
 import re
 import subprocess
@@ -189,6 +191,45 @@ def check(platform: str, variant: str, python: str, reachable: bool, metadata: d
         return "FAILS", str(e)
 
 
+class RemoteFile(io.RawIOBase):
+    """A file on a server read with Range requests: a wheel's file list (its zip directory, at the end) without
+    downloading the wheel."""
+
+    def __init__(self, url: str):
+        self.url, self.pos = url, 0
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=60) as response:
+            self.size = int(response.headers["Content-Length"])
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = {0: offset, 1: self.pos + offset, 2: self.size + offset}[whence]
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        end = self.size if n < 0 else min(self.size, self.pos + n)
+        if end <= self.pos:
+            return b""
+        request = urllib.request.Request(self.url, headers={"Range": f"bytes={self.pos}-{end - 1}"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            data = response.read()
+        self.pos += len(data)
+        return data
+
+
+def longest_paths(wheel, count: int = 3) -> list[str]:
+    """The longest file names in a wheel (a path or a RemoteFile): what the Windows path check measures."""
+    with zipfile.ZipFile(wheel) as z:
+        return sorted(z.namelist(), key=len, reverse=True)[:count]
+
+
 def add(builds: dict, key: str, build: dict) -> None:
     """One entry per build: its wheels for each Python carry the same requirements (markers tell Pythons apart)."""
     if key in builds and builds[key]["requires_dist"] != build["requires_dist"]:
@@ -205,8 +246,9 @@ def capture(wheels: list[Path]) -> dict:
             (item,) = report["install"]
             requires = item["metadata"].get("requires_dist", [])
             variant = build_of(item["metadata"]["version"], requires, marker_env(platform, python))
+            url = item["download_info"]["url"]
             add(builds, f"{platform}-{variant}", {
-                "from": PYPI_INDEX, "wheel": item["download_info"]["url"].rsplit("/", 1)[-1],
+                "from": PYPI_INDEX, "wheel": url.rsplit("/", 1)[-1], "longest_paths": longest_paths(RemoteFile(url)),
                 "sha256": item["download_info"]["archive_info"]["hashes"]["sha256"], "requires_dist": requires})
     for wheel in wheels:
         with zipfile.ZipFile(wheel) as z:
@@ -219,7 +261,8 @@ def capture(wheels: list[Path]) -> dict:
         python = f"{tags[0][2]}.{tags[0][3:]}"
         platform = "win32" if tags[2].startswith("win") else "linux"
         add(builds, f"{platform}-{build_of(version, requires, marker_env(platform, python))}",
-            {"from": "wheel file", "wheel": wheel.name, "requires_dist": requires})
+            {"from": "wheel file", "wheel": wheel.name, "longest_paths": longest_paths(wheel),
+             "requires_dist": requires})
     return {"torch": pins.TORCH, "captured": datetime.date.today().isoformat(), "builds": dict(sorted(builds.items()))}
 
 

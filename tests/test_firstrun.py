@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from installer.firstrun.gpu import NvidiaGpu, parse_nvidia_smi
-from installer.firstrun.install import (MARKER, Installer, InstallError, Progress, is_complete, kept_gpu_runtime,
-                                        read_progress)
+from installer.firstrun.install import MARKER, Installer, InstallError, Progress, is_complete, kept_gpu_runtime
 from installer.firstrun import pins
 from installer.firstrun.plan import CPU, RuntimePlan, choose
 
@@ -88,7 +87,7 @@ def test_requirements_pin_the_build_and_its_index(tmp_path):
     plan = RuntimePlan(choose([gpu((575, 57, 8))], "linux"), tmp_path, python="3.11")
     assert plan.requirements == ["torch==2.13.0+cu128", "triton==3.7.1", "fla-core==0.6.0"]
     assert plan.index_args[1] == "https://download.pytorch.org/whl/cu128"
-    assert plan.key == "torch-2.13.0-cu128-py311"
+    assert plan.key == "2.13.0-cu128-py311"
     windows = RuntimePlan(choose([], "win32"), tmp_path)
     assert windows.requirements == ["torch==2.13.0+cpu", "triton-windows==3.7.1.post27"]
     assert RuntimePlan(choose([], "linux"), tmp_path, with_compiler=True).requirements[-1] == "ziglang==0.17.1"
@@ -115,12 +114,25 @@ def test_the_pins_agree_with_torchs_own_requirements():
         "not checked", "no reachable index, no captured metadata")
 
 
-def test_pip_install_output_becomes_progress():
-    progress = Progress("Installing")
-    lines = ["Looking in links: /r/wheels", "Processing /r/wheels/sympy-1.14.0-py3-none-any.whl",
-             "Installing collected packages: a, b"]
-    assert [read_progress(line, progress) for line in lines] == [False, True, True]
-    assert progress.detail == "Installing collected packages: a, b"
+def test_the_longest_installed_path_on_windows_stays_under_260_for_a_32_character_user():
+    """From torch's own file list (captured from its Windows wheel; the PyTorch index's builds name their
+    dist-info with the local version: torch-2.13.0+cu130.dist-info). pip's --target would add its temporary
+    folder (%TEMP%\\pip-target-XXXXXXXX\\lib\\python\\, 31 more): the runtime is unpacked by the app instead."""
+    from pathlib import PureWindowsPath
+
+    from installer.check_plans import captured
+
+    data = PureWindowsPath("C:\\Users", "u" * 32, "AppData", "Local", "qwendesk")     # platformdirs' user data dir
+    longest = captured()["builds"]["win32-cpu"]["longest_paths"][0]
+    assert len(longest) == 167
+    paths = []
+    for variant in ("cu130", "cu128", "cu126", "cpu"):
+        plan = RuntimePlan(choose([], "win32", variant), Path(data, "r"), python="3.12")
+        inside = longest.replace(f"torch-{pins.TORCH}.dist-info", f"torch-{pins.TORCH}+{variant}.dist-info")
+        paths += [str(PureWindowsPath(str(folder).replace("/", "\\"), inside))
+                  for folder in (plan.target, plan.staging)]
+    worst = max(paths, key=len)
+    assert len(worst) < 260, worst                  # 259 for the CUDA builds: no room left (a longer torch version)
 
 
 def write_wheel(folder: Path, name: str, version: str, module: str, padding: int = 0) -> Path:
@@ -376,3 +388,31 @@ def test_settings_remove_and_quit_asks_the_launcher_to_remove_the_runtime(qtbot,
     assert os.environ[REMOVE_ENV] == "1"
     remove_after_exit(runtime)                      # what the launcher does once the app has quit (Linux)
     assert not runtime.parent.exists()
+
+
+def test_a_wheel_unpacks_with_its_data_and_modes_and_nothing_outside(tmp_path):
+    from installer.firstrun.unpack import BadWheel, unpack_all
+
+    wheel = tmp_path / "tool-1.0-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("tool/__init__.py", "")
+        binary = zipfile.ZipInfo("tool/bin/zig")
+        binary.external_attr = 0o755 << 16
+        z.writestr(binary, "#!/bin/sh\necho zig\n")
+        z.writestr("tool-1.0.data/platlib/tool_ext.so", "so")
+        z.writestr("tool-1.0.data/scripts/tool", "#!python")            # a console script: not needed, left out
+        z.writestr("tool-1.0.dist-info/METADATA", "Name: tool\nVersion: 1.0\n")
+    target = tmp_path / "target"
+    seen = []
+    unpack_all([wheel], target, lambda done, total: seen.append((done, total)))
+    files = sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file())
+    assert files == ["tool-1.0.dist-info/INSTALLER", "tool-1.0.dist-info/METADATA", "tool/__init__.py",
+                     "tool/bin/zig", "tool_ext.so"]
+    assert os.access(target / "tool" / "bin" / "zig", os.X_OK) and not os.access(target / "tool_ext.so", os.X_OK)
+    assert seen[-1][0] == seen[-1][1] - len("#!python")
+    evil = tmp_path / "evil-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(evil, "w") as z:
+        z.writestr("../../outside.txt", "x")
+    with pytest.raises(BadWheel, match="outside the wheel"):
+        unpack_all([evil], tmp_path / "t2")
+    assert not (tmp_path / "outside.txt").exists()

@@ -4,9 +4,10 @@ Three steps. Resolve: pip's resolver, dry-run, says which wheels the pinned pack
 first the index is asked whether it answers at all: no network is said as such, at once). Download: the app
 fetches them itself into the runtime's wheels/ folder (firstrun/download.py: a file cut off by a failure, Try
 again or a restart goes on where it stopped; each checked against its SHA-256), after checking the free space.
-Install: `pip install --no-index --no-deps` of exactly those files (or, the offline path, of the pinned packages
-from the user's folder of wheels) into <key>.partial, renamed to <key> once complete (retried while an antivirus
-holds the new files), so a half-done install is never used. pip is the app's own: in the frozen app the
+Install: exactly those files (or, the offline path, the wheels pip's resolver picks from the user's folder of
+wheels) unpacked into the staging folder (firstrun/unpack.py: pip's --target would pass Windows' path limit),
+renamed to <key> once complete (retried while an antivirus holds the new files), so a half-done install is never
+used. pip is the app's own: in the frozen app the
 executable runs pip when its first argument is --pip (installer/launcher.py); elsewhere `python -m pip`.
 """
 
@@ -20,11 +21,14 @@ import subprocess
 import sys
 import time
 import urllib.parse
+import urllib.request
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from installer.firstrun.download import DownloadError, fetch, reachable, wheels_of, with_size
 from installer.firstrun.plan import CPU, GPU_VARIANTS, RuntimePlan
+from installer.firstrun.unpack import BadWheel, unpack_all
 
 MARKER = "qwendesk-runtime.json"
 GB = 1e9
@@ -34,11 +38,11 @@ RENAME_TRIES, RENAME_WAIT_S = 40, 0.25      # up to 10 s while another process (
 @dataclass
 class Progress:
     step: str                 # Resolving | Downloading | Installing | Done
-    detail: str = ""          # the file on its way, or what pip does
-    done: int = 0             # bytes so far of `total` (0 / 0: no measure)
+    detail: str = ""          # the file on its way
+    done: int = 0             # bytes so far of `total`, downloaded or unpacked (0 / 0: no measure)
     total: int = 0
     files: int = 0            # files downloaded (or found already downloaded) so far
-    count: int = 0            # files to download in all
+    count: int = 0            # files to download or unpack in all
 
 
 class InstallError(RuntimeError):
@@ -83,7 +87,7 @@ def remove_runtimes(root: Path) -> None:
     if not root.is_dir():
         return
     for child in root.iterdir():
-        if is_complete(child) or child.name.endswith(".partial") or child.name in ("wheels", "resolved.json"):
+        if is_complete(child) or child.name in ("new", "wheels", "resolved.json"):
             shutil.rmtree(child) if child.is_dir() else child.unlink()
     if not any(root.iterdir()):
         root.rmdir()
@@ -110,15 +114,6 @@ def rename_with_retry(source: Path, target: Path) -> None:
             time.sleep(RENAME_WAIT_S)
 
 
-def read_progress(line: str, progress: Progress) -> bool:
-    """Fold one line of `pip install`'s output into `progress`; True when it changed what to show."""
-    line = line.strip()
-    if line.startswith(("Processing ", "Installing collected packages")):
-        progress.detail = line.rsplit("/", 1)[-1] if line.startswith("Processing ") else line
-        return True
-    return False
-
-
 class Installer:
     """Runs the plan's steps; `on_progress(Progress)` is called from the thread that calls run()."""
 
@@ -138,17 +133,26 @@ class Installer:
         started = time.monotonic()
         installed = int(plan.choice.variant.installed_gb * GB)
         if plan.wheels is None:
-            files = [str(path) for path in self._download(installed)]
-            source = ["--no-deps", *files]
+            files = self._download(installed)
         elif not plan.wheels.is_dir():
             raise InstallError(f"The wheel folder {plan.wheels} does not exist.")
         else:
             check_space(plan.root, 0, installed)
-            source = ["--find-links", str(plan.wheels), *plan.requirements]
-        shutil.rmtree(plan.staging, ignore_errors=True)
-        self.on_progress(Progress("Installing"))
-        self._pip(Progress("Installing"), ["install", "--no-index", "--only-binary=:all:", "--no-compile", "--target",
-                                           str(plan.staging), "--progress-bar", "off", *source])
+            report = self._resolve(["--no-index", "--find-links", str(plan.wheels)])
+            files = [Path(urllib.request.url2pathname(urllib.parse.urlsplit(item["download_info"]["url"]).path))
+                     for item in report["install"]]
+        progress = Progress("Installing", count=len(files))
+
+        def unpacked(done: int, total: int) -> None:
+            if self._cancelled:
+                raise InstallError("Cancelled.")
+            progress.done, progress.total = done, total
+            self.on_progress(progress)
+
+        try:
+            unpack_all(files, plan.staging, unpacked)
+        except (BadWheel, zipfile.BadZipFile) as e:
+            raise InstallError(f"a wheel could not be installed: {e}") from e
         self._finish(time.monotonic() - started)
         self.on_progress(Progress("Done", str(plan.target)))
         return plan.target
@@ -158,20 +162,24 @@ class Installer:
         if self._process is not None and self._process.poll() is None:
             self._process.terminate()
 
+    def _resolve(self, index_args: list[str]) -> dict:
+        """pip's dry-run report of the plan's packages: the wheels to install, with their URLs and SHA-256s."""
+        self.on_progress(Progress("Resolving"))
+        report = self.plan.root / "resolved.json"
+        self._pip(["install", "--dry-run", "--quiet", "--ignore-installed", "--only-binary=:all:", "--target",
+                   str(self.plan.staging), "--report", str(report), *index_args, *self.plan.requirements])
+        return json.loads(report.read_text(encoding="utf-8"))
+
     def _download(self, installed: int) -> list[Path]:
         plan = self.plan
-        self.on_progress(Progress("Resolving", "asking the package index what to download"))
+        self.on_progress(Progress("Resolving"))
         for index in plan.index_urls:
             if not reachable(index):
                 host = urllib.parse.urlsplit(index).hostname
                 raise NoNetwork(f"No network: {host} cannot be reached, so the engine cannot be downloaded. "
                                 f"Connect to the internet and Try again, or install from a folder of wheels.")
-        report_path = plan.root / "resolved.json"
-        self._pip(Progress("Resolving"), ["install", "--dry-run", "--quiet", "--ignore-installed",
-                                          "--only-binary=:all:", "--target", str(plan.staging), "--report",
-                                          str(report_path), *plan.index_args, *plan.requirements])
         try:
-            wheels = wheels_of(json.loads(report_path.read_text(encoding="utf-8")))
+            wheels = wheels_of(self._resolve(plan.index_args))
             folder = plan.download_dir
             folder.mkdir(exist_ok=True)
             wheels = [w if (folder / w.name).is_file() else with_size(w) for w in wheels]
@@ -194,23 +202,16 @@ class Installer:
         except DownloadError as e:
             raise InstallError(str(e)) from e
 
-    def _pip(self, progress: Progress, args: list[str]) -> None:
-        command = [*pip_command(), *args]
+    def _pip(self, args: list[str]) -> None:
         flags = getattr(subprocess, "CREATE_NO_WINDOW", 0) if sys.platform == "win32" else 0
-        self.on_progress(progress)
-        tail: list[str] = []
-        self._process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                         errors="replace", env=pip_env(), creationflags=flags)
-        for line in self._process.stdout:
-            tail = (tail + [line.rstrip()])[-20:]
-            if read_progress(line, progress):
-                self.on_progress(progress)
-        code = self._process.wait()
+        self._process = subprocess.Popen([*pip_command(), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         text=True, errors="replace", env=pip_env(), creationflags=flags)
+        tail = self._process.communicate()[0].splitlines()[-20:]
         if self._cancelled:
             raise InstallError("Cancelled.")
-        if code != 0:
+        if self._process.returncode != 0:
             errors = [t for t in tail if t.startswith("ERROR")] or tail[-3:]
-            raise InstallError(f"pip {args[0]} failed (exit code {code}): " + " ".join(errors))
+            raise InstallError(f"pip {args[0]} failed (exit code {self._process.returncode}): " + " ".join(errors))
 
     def _finish(self, seconds: float) -> None:
         """Mark the staged runtime complete, then make it the runtime; older runtimes and downloads go."""

@@ -118,7 +118,8 @@ class RuntimePlan:
 
     @property
     def key(self) -> str:
-        return f"torch-{pins.TORCH}-{self.choice.variant.name}-py{self.python.replace('.', '')}"
+        """'2.13.0-cu130-py312': short, as the Windows path limit wants (firstrun/unpack.py)."""
+        return f"{pins.TORCH}-{self.choice.variant.name}-py{self.python.replace('.', '')}"
 
     @property
     def target(self) -> Path:
@@ -127,7 +128,8 @@ class RuntimePlan:
 
     @property
     def staging(self) -> Path:
-        return self.root / f"{self.key}.partial"
+        """Where the runtime is unpacked before it is complete (shorter than any target)."""
+        return self.root / "new"
 
     @property
     def download_dir(self) -> Path:
@@ -159,11 +161,11 @@ class RuntimePlan:
 
 
 def runtime_root() -> Path:
-    """QWENDESK_RUNTIME_DIR, else runtime/ in the app's data folder."""
+    """QWENDESK_RUNTIME_DIR, else runtime/ in the app's data folder (r/ on Windows: its 260-character paths)."""
     from app.paths import data_dir
 
     override = os.environ.get("QWENDESK_RUNTIME_DIR")
-    return Path(override) if override else data_dir() / "runtime"
+    return Path(override) if override else data_dir() / ("r" if sys.platform == "win32" else "runtime")
 
 
 def make_plan(gpus: list[NvidiaGpu], platform: str = sys.platform) -> RuntimePlan:
