@@ -1,7 +1,8 @@
-"""Settings' card for the PyTorch engine the packaged app downloaded at its first start (installer/launcher.py
-names its folder in QWENDESK_RUNTIME): where it is, how much it takes, and "Remove and quit…". The files go once
-the app has quit (a running engine holds them; Windows will not delete them before): the launcher removes them,
-so that deleting the AppImage or uninstalling leaves nothing of that size behind."""
+"""Settings' card of the packaged app (installer/launcher.py names the runtime folder in QWENDESK_RUNTIME): the
+PyTorch engine it downloaded at its first start, where it is, how much it takes, and "Remove and quit…" (the files
+go once the app has quit: a running engine holds them and Windows will not delete them before; the launcher
+removes them, so that deleting the AppImage or uninstalling leaves nothing of that size behind); and the opt-in
+update check (app/update_check.py), with what it found."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from PySide6.QtWidgets import QHBoxLayout
 
 from app.dialogs import confirm
 from app.formatting import human_bytes
+from app.switch import Switch
+from app.update_check import Release
 from app.widgets import Card, label, text_button
 
 RUNTIME_ENV = "QWENDESK_RUNTIME"               # the runtime folder in use (set by the launcher)
@@ -35,9 +38,9 @@ class RuntimeCard(Card):
         super().__init__(spacing=12, parent=parent)
         self.folder = folder
         self.size = folder_bytes(folder)
-        self.body.addWidget(label("PyTorch engine", "cardTitle"))
-        self.summary = label(f"Downloaded at the first start: {human_bytes(self.size)} in {folder.parent}. "
-                             f"Removing it frees that space; the next start downloads it again.",
+        self.body.addWidget(label("Installed app", "cardTitle"))
+        self.summary = label(f"Its PyTorch engine: {human_bytes(self.size)} in {folder.parent}, downloaded at the "
+                             f"first start. Removing it frees that space; the next start downloads it again.",
                              "muted", wrap=True, selectable=True)
         self.body.addWidget(self.summary)
         row = QHBoxLayout()
@@ -46,6 +49,17 @@ class RuntimeCard(Card):
         self.remove.clicked.connect(self.ask)
         row.addWidget(self.remove)
         self.body.addLayout(row)
+        self.check_updates = Switch("Check for a new version at each start (asks github.com; nothing is installed)")
+        self.body.addWidget(self.check_updates)
+        self.update_note = label("", "body", wrap=True)
+        self.update_note.setOpenExternalLinks(True)
+        self.update_note.hide()
+        self.body.addWidget(self.update_note)
+
+    def show_release(self, release: Release) -> None:
+        self.update_note.setText(f'Qwen Desk {release.version} is available: <a href="{release.url}">its release '
+                                 f'page</a>.')
+        self.update_note.show()
 
     def ask(self) -> None:
         if confirm(self, "Remove the PyTorch engine?",

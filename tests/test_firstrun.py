@@ -416,3 +416,47 @@ def test_a_wheel_unpacks_with_its_data_and_modes_and_nothing_outside(tmp_path):
     with pytest.raises(BadWheel, match="outside the wheel"):
         unpack_all([evil], tmp_path / "t2")
     assert not (tmp_path / "outside.txt").exists()
+
+
+@pytest.mark.parametrize("body, release", [
+    (b'{"tag_name": "v0.2.0", "html_url": "https://github.com/qwendesk/qwendesk/releases/tag/v0.2.0"}',
+     ("0.2.0", "https://github.com/qwendesk/qwendesk/releases/tag/v0.2.0")),
+    (b'{"tag_name": "v0.1.0", "html_url": "https://github.com/qwendesk/qwendesk/releases/tag/v0.1.0"}', None),
+    (b'{"tag_name": "v0.0.9"}', None),
+    (b'{"tag_name": "v1.0.0", "prerelease": true}', None),
+    (b'{"tag_name": "v0.3.0", "html_url": "https://evil.example/qwendesk"}',          # a link elsewhere: the page
+     ("0.3.0", "https://github.com/qwendesk/qwendesk/releases")),
+    (b'{"tag_name": "v0.3.0<script>"}', None), (b"[1, 2]", None), (b"not json", None)])
+def test_the_update_check_reads_the_feed_as_untrusted(body, release):
+    from app.update_check import Release, newer_release
+
+    assert newer_release(body, "0.1.0") == (Release(*release) if release else None)
+
+
+def test_the_update_check_asks_the_feed_and_says_what_it_found(qtbot):
+    import http.server
+    import threading
+
+    from app.update_check import UpdateCheck
+
+    class Feed(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            body = b'{"tag_name": "v9.0.0", "html_url": "https://github.com/qwendesk/qwendesk/releases/tag/v9.0.0"}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Feed)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        check = UpdateCheck("0.1.0", f"http://127.0.0.1:{server.server_address[1]}/latest")
+        with qtbot.waitSignal(check.found, timeout=10_000) as found:
+            check.start()
+        assert found.args[0].version == "9.0.0"
+    finally:
+        server.shutdown()
+        server.server_close()
