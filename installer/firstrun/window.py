@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QEventLoop, Qt, QThread, Signal
+from PySide6.QtCore import QEventLoop, Qt, QThread, QTimer, Signal
 from PySide6.QtWidgets import QApplication, QFileDialog, QHBoxLayout, QProgressBar, QVBoxLayout, QWidget
 
 from installer.firstrun.install import Installer, InstallError, NoNetwork, Progress
@@ -21,6 +21,7 @@ from installer.firstrun.plan import RuntimePlan
 
 log = logging.getLogger("qwendesk.firstrun")
 GB = 1e9
+POLL_MS = 100
 
 
 def progress_text(progress: Progress) -> str:
@@ -35,13 +36,18 @@ def progress_text(progress: Progress) -> str:
 
 
 class InstallThread(QThread):
-    progress = Signal(object)           # Progress
+    """The install, off the GUI thread. Its progress is read by the window's timer (`latest`), not signalled: a
+    signal per downloaded or unpacked MiB crashed PySide6 (a refcount error under thousands of emissions)."""
     finished_ok = Signal(str)           # the runtime's folder
     failed = Signal(str, bool)          # what went wrong, whether it was the network
 
     def __init__(self, plan: RuntimePlan, parent=None):
         super().__init__(parent)
-        self.installer = Installer(plan, lambda p: self.progress.emit(dataclasses.replace(p)))
+        self.latest: Progress | None = None
+        self.installer = Installer(plan, self._report)
+
+    def _report(self, progress: Progress) -> None:
+        self.latest = dataclasses.replace(progress)       # a new object each time: the GUI reads a whole one
 
     def run(self) -> None:
         try:
@@ -88,6 +94,10 @@ class FirstRunWindow(QWidget):
         column.addLayout(buttons)
         self.thread: InstallThread | None = None
         self._result: Path | None = None
+        self._shown: Progress | None = None
+        self.poll = QTimer(self)
+        self.poll.setInterval(POLL_MS)
+        self.poll.timeout.connect(self._poll)
         self._fit()
 
     def _fit(self) -> None:
@@ -104,10 +114,16 @@ class FirstRunWindow(QWidget):
         self.detail.setText("Starting…")
         self.bar.setRange(0, 0)
         self.thread = InstallThread(self.plan, self)
-        self.thread.progress.connect(self._progress)
         self.thread.finished_ok.connect(self._finished)
         self.thread.failed.connect(self._failed)
         self.thread.start()
+        self.poll.start()
+
+    def _poll(self) -> None:
+        latest = self.thread.latest if self.thread else None
+        if latest is not None and latest is not self._shown:
+            self._shown = latest
+            self._progress(latest)
 
     def _progress(self, progress: Progress) -> None:
         self.detail.setText(progress_text(progress))
@@ -119,10 +135,12 @@ class FirstRunWindow(QWidget):
             self.bar.setRange(0, 0)
 
     def _finished(self, runtime: str) -> None:
+        self.poll.stop()
         self._result = Path(runtime)
         self.close()
 
     def _failed(self, message: str, offline: bool) -> None:
+        self.poll.stop()
         log.error("installing the runtime failed: %s", message)
         self.bar.setRange(0, 1)
         self.bar.setValue(0)
