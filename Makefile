@@ -64,8 +64,10 @@ build/wheels: $(VENV)/.package
 # The packaging tests (minutes): smoke runs of the venv, the frozen app, the AppDir and the AppImage's contents, the
 # offline first launch, the install folder left as installed, the bundle's glibc, the desktop files, the workflows.
 # desktop-file-validate, appstreamcli and unsquashfs come from Debian's desktop-file-utils, appstream, squashfs-tools.
+# Then the measured sizes go into installer/README.md (installer/measures.py).
 test-package: appimage build/wheels
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -m package
+	$(PY) -m installer.measures
 
 clean:
 	rm -rf $(VENV)

@@ -85,6 +85,7 @@ def test_the_frozen_app_installs_its_runtime_offline_then_runs(tmp_path, runtime
     marker = json.loads((installed[0] / "qwendesk-runtime.json").read_text())
     assert marker["variant"] == "cpu" and marker["source"] == str(WHEELS)
     record("frozen", {"onedir_mb": folder_mb(ONEDIR), "runtime_mb": folder_mb(installed[0]),
+                      "onedir_files": sum(1 for f in ONEDIR.rglob("*") if f.is_file()),
                       "runtime_install_s": marker["seconds"], "first_launch": first, "second_launch": second})
 
 
