@@ -153,42 +153,66 @@ def windows_pair(requirements: list[str], metadata: dict) -> list[str]:
     return []
 
 
-def missing_from_registry(error: str, ours: list[str]) -> str:
-    """'nvidia-nccl-cu13==2.29.7' when pip failed only because the registry lacks a version torch itself pins."""
-    match = re.search(r"No matching distribution found for (\S+) \(from torch\)", error)
-    named = {canonicalize_name(Requirement(r).name) for r in ours}
-    return match.group(1) if match and canonicalize_name(Requirement(match.group(1)).name) not in named else ""
+def missing_from_registry(error: str, ours: list[str], torch_needs: list[str]) -> tuple[str, str]:
+    """(what is missing, which of torch's requirements brought it) when pip failed only because the registry lacks
+    a version that torch's own requirements pin (nvidia-nccl-cu13==2.29.7 from torch; nvidia-cuda-cupti from
+    cuda-toolkit); ('', '') for any other failure, ours included."""
+    match = re.search(r"No matching distribution found for (\S+) \(from ([A-Za-z0-9_.-]+)", error)
+    if not match:
+        return "", ""
+    missing, parent = match.group(1), canonicalize_name(match.group(2))
+    if canonicalize_name(Requirement(missing).name) in {canonicalize_name(Requirement(r).name) for r in ours}:
+        return "", ""
+    direct = {canonicalize_name(Requirement(r).name) for r in torch_needs}
+    if parent == "torch":
+        return missing, canonicalize_name(Requirement(missing).name)
+    return (missing, parent) if parent in direct else ("", "")
 
 
 def check(platform: str, variant: str, python: str, reachable: bool, metadata: dict) -> tuple[str, str]:
-    """(state, detail): state is resolves, FAILS, 'registry lacks' (only a version torch itself pins is missing
-    from the registry reached: our pins agree with torch's) or 'not checked'."""
-    requirements = RuntimePlan(choose([], platform, variant), Path("."), python=python).requirements
+    """(state, detail): state is resolves, FAILS, 'registry lacks' (only versions torch itself pins are missing
+    from the registry reached: everything else resolved, our pins agree with torch's) or 'not checked'."""
+    plan = RuntimePlan(choose([], platform, variant), Path("."), python=python, with_compiler=platform == "linux")
+    requirements = plan.requirements
     build = metadata["builds"].get(f"{platform}-{variant}")
     pypi = ["--index-url", PYPI_INDEX]
-    try:
-        if reachable:
+    if reachable:
+        try:
             resolve(platform, python, requirements, ["--index-url", PYTORCH_INDEX.format(variant=variant),
                                                      "--extra-index-url", PYPI_INDEX])
             return "resolves", "via the PyTorch index"
-        if build is None:
-            return "not checked", "no reachable index, no captured metadata"
-        env = marker_env(platform, python)
-        torch_needs = [r for r in build["requires_dist"] if applies(Requirement(r), env)]
-        if found := conflicts(requirements, torch_needs) + windows_pair(requirements, metadata):
-            return "FAILS", "; ".join(found)
-        if build["from"] == PYPI_INDEX:
-            how = f"PyPI (its torch {pins.TORCH} is the {variant} build for {platform})"
-            resolve(platform, python, [f"torch=={pins.TORCH}", *other_pins(requirements)], pypi)
-        else:
-            how = f"torch's metadata captured {metadata['captured']} ({build['wheel']}) + PyPI"
-            resolve(platform, python, [*other_pins(requirements), *torch_needs], pypi)
+        except RuntimeError as e:
+            return "FAILS", str(e)
+    if build is None:
+        return "not checked", "no reachable index, no captured metadata"
+    env = marker_env(platform, python)
+    torch_needs = [r for r in build["requires_dist"] if applies(Requirement(r), env)]
+    if found := conflicts(requirements, torch_needs) + windows_pair(requirements, metadata):
+        return "FAILS", "; ".join(found)
+    if build["from"] == PYPI_INDEX:
+        how = f"PyPI (its torch {pins.TORCH} is the {variant} build for {platform})"
+        wanted = [f"torch=={pins.TORCH}", *other_pins(requirements)]
+    else:
+        how = f"torch's metadata captured {metadata['captured']} ({build['wheel']}) + PyPI"
+        wanted = [*other_pins(requirements), *torch_needs]
+    missing, dropped = [], set()
+    while True:
+        try:
+            resolve(platform, python, wanted, pypi)
+        except RuntimeError as e:
+            gap, via = missing_from_registry(str(e), requirements, torch_needs)
+            if not gap or len(missing) >= 8:
+                return "FAILS", str(e)
+            # again without the requirement of torch's that needs it: does everything else resolve?
+            missing.append(gap if via == canonicalize_name(Requirement(gap).name) else f"{gap} (for {via})")
+            dropped.add(via)
+            wanted = [*other_pins(requirements), *(r for r in torch_needs
+                                                   if canonicalize_name(Requirement(r).name) not in dropped)]
+            continue
+        if missing:
+            return "registry lacks", (f"{', '.join(missing)}: torch's own requirements, not on the registry reached; "
+                                      f"all else resolves via {how}")
         return "resolves", f"via {how}"
-    except RuntimeError as e:
-        if gap := missing_from_registry(str(e), requirements):
-            return "registry lacks", (f"{gap}, which torch itself pins, is not on the registry reached; our pins agree "
-                                      f"with torch's requirements")
-        return "FAILS", str(e)
 
 
 class RemoteFile(io.RawIOBase):

@@ -114,6 +114,20 @@ def test_the_pins_agree_with_torchs_own_requirements():
         "not checked", "no reachable index, no captured metadata")
 
 
+def test_a_registry_missing_what_torch_pins_is_told_apart_from_our_pins_failing():
+    from installer.check_plans import missing_from_registry
+
+    ours = ["torch==2.13.0", "triton==3.7.1", "fla-core==0.6.0"]
+    needs = ["cuda-toolkit[cupti]==13.0.3", "nvidia-nccl-cu13==2.29.7", "triton==3.7.1"]
+    nccl = "ERROR: No matching distribution found for nvidia-nccl-cu13==2.29.7 (from torch)"
+    cupti = "ERROR: No matching distribution found for nvidia-cuda-cupti==13.0.85.* (from cuda-toolkit[cupti])"
+    assert missing_from_registry(nccl, ours, needs) == ("nvidia-nccl-cu13==2.29.7", "nvidia-nccl-cu13")
+    assert missing_from_registry(cupti, ours, needs) == ("nvidia-cuda-cupti==13.0.85.*", "cuda-toolkit")
+    assert missing_from_registry("ERROR: No matching distribution found for triton==3.7.1", ours, needs) == ("", "")
+    assert missing_from_registry("ERROR: No matching distribution found for triton==3.7.1 (from torch)", ours,
+                                 needs) == ("", "")
+
+
 def test_the_longest_installed_path_on_windows_stays_under_260_for_a_32_character_user():
     """From torch's own file list (captured from its Windows wheel; the PyTorch index's builds name their
     dist-info with the local version: torch-2.13.0+cu130.dist-info). pip's --target would add its temporary
