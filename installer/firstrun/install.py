@@ -7,8 +7,8 @@ again or a restart goes on where it stopped; each checked against its SHA-256), 
 Install: exactly those files (or, the offline path, the wheels pip's resolver picks from the user's folder of
 wheels) unpacked into the staging folder (firstrun/unpack.py: pip's --target would pass Windows' path limit),
 renamed to <key> once complete (retried while an antivirus holds the new files), so a half-done install is never
-used. pip is the app's own: in the frozen app the
-executable runs pip when its first argument is --pip (installer/launcher.py); elsewhere `python -m pip`.
+used. pip is the app's own: in the frozen app the executable runs pip when its first argument is --pip
+(installer/launcher.py); elsewhere `python -m pip`.
 """
 
 from __future__ import annotations
@@ -172,7 +172,6 @@ class Installer:
 
     def _download(self, installed: int) -> list[Path]:
         plan = self.plan
-        self.on_progress(Progress("Resolving"))
         for index in plan.index_urls:
             if not reachable(index):
                 host = urllib.parse.urlsplit(index).hostname
