@@ -23,6 +23,7 @@ import time
 import urllib.parse
 import urllib.request
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,8 +173,10 @@ class Installer:
 
     def _download(self, installed: int) -> list[Path]:
         plan = self.plan
-        for index in plan.index_urls:
-            if not reachable(index):
+        with ThreadPoolExecutor() as pool:        # together: a dropped connection waits out its time-out once
+            answers = list(pool.map(reachable, plan.index_urls))
+        for index, answered in zip(plan.index_urls, answers):
+            if not answered:
                 host = urllib.parse.urlsplit(index).hostname
                 raise NoNetwork(f"No network: {host} cannot be reached, so the engine cannot be downloaded. "
                                 f"Connect to the internet and Try again, or install from a folder of wheels.")
