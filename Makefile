@@ -6,7 +6,7 @@ PY    := $(VENV)/bin/python
 # build. The venv remembers the TORCH it has (.venv/.torch): later runs keep it, a different TORCH replaces it.
 TORCH ?= $(or $(shell cat $(VENV)/.torch 2>/dev/null),torch==2.13.0)
 
-.PHONY: app test soak package test-package clean FORCE
+.PHONY: app test soak check-plans package appimage test-package clean FORCE
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -40,21 +40,34 @@ test: $(VENV)/.test
 soak: $(VENV)/.test
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -m soak tests/test_soak.py
 
-# The frozen app (dist/qwendesk/) and the Linux AppDir (dist/QwenDesk.AppDir/; packed into an AppImage where
-# appimagetool is on PATH). installer/README.md says what each step does.
+# Every first-launch plan (Linux and Windows x each PyTorch build x Python) through pip's resolver, against the package
+# indexes this machine reaches, else the torch metadata captured in the repo (installer/check_plans.py)
+check-plans: $(VENV)/.test
+	$(PY) -m installer.check_plans
+
+# The frozen app (dist/qwendesk/) and the Linux AppDir (dist/QwenDesk.AppDir/). installer/README.md says what each
+# step does.
 package: $(VENV)/.package
 	$(PY) -m PyInstaller --noconfirm --log-level WARN --distpath dist --workpath build/pyinstaller \
 		installer/qwendesk.spec
 	$(PY) -m installer.linux.build_appdir
 
+# The AppImage: the AppDir as a squashfs image (mksquashfs: Debian's squashfs-tools) behind the AppImage runtime
+# given as APPIMAGE_RUNTIME=PATH; without one, the squashfs image alone (dist/QwenDesk-x86_64.squashfs).
+appimage: package
+	$(PY) -m installer.linux.build_appdir --pack
+
 # A local wheel folder with the CPU runtime: the first launch's offline install in the packaging tests.
 build/wheels: $(VENV)/.package
 	$(PY) -m pip download -q --only-binary=:all: -d $@ $$($(PY) -m installer.firstrun.plan cpu)
 
-# The packaging tests (minutes): smoke runs of the venv, the frozen app and the AppDir, the desktop files,
-# the workflows. desktop-file-validate and appstreamcli come from Debian's desktop-file-utils and appstream.
-test-package: package build/wheels
+# The packaging tests (minutes): smoke runs of the venv, the frozen app, the AppDir and the AppImage's contents, the
+# offline first launch, the install folder left as installed, the bundle's glibc, the desktop files, the workflows.
+# desktop-file-validate, appstreamcli and unsquashfs come from Debian's desktop-file-utils, appstream, squashfs-tools.
+# Then the measured sizes go into installer/README.md (installer/measures.py).
+test-package: appimage build/wheels
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -m package
+	$(PY) -m installer.measures
 
 clean:
 	rm -rf $(VENV)

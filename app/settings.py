@@ -58,6 +58,8 @@ class AppSettings:
     last_model: str = ""                 # checkpoint directory loaded last
     model_folders: list[str] = field(default_factory=list)
     hf_token: str = field(default="", repr=False)
+    # the packaged app
+    check_updates: bool = False          # ask the releases feed for a newer version at start (opt-in)
 
     @classmethod
     def load(cls, store) -> AppSettings:

@@ -26,6 +26,7 @@ from app.endpoint import EndpointSettings, EndpointStatus
 from app.formatting import human_gib
 from app.profile_plans import plan_profiles, profile_descriptions
 from app.profile_table import ProfileTable
+from app.runtime_card import RuntimeCard, runtime_folder
 from app.settings import CONTEXT_POLICIES, RELOAD_FIELDS, AppSettings
 from app.server_log_view import LogView
 from app.switch import Switch
@@ -64,6 +65,11 @@ class SettingsPage(QWidget):
         column.addWidget(self._generation_card())
         column.addWidget(self._endpoint_card())
         column.addWidget(self._remote_card())
+        runtime = runtime_folder()                   # the packaged app's downloaded PyTorch, if any
+        self.runtime_card = RuntimeCard(runtime) if runtime else None
+        if self.runtime_card:
+            column.addWidget(self.runtime_card)
+            self.runtime_card.check_updates.toggled.connect(lambda *_: self._save_immediate())
         column.addStretch(1)
 
     def _engine_card(self) -> Card:
@@ -292,6 +298,8 @@ class SettingsPage(QWidget):
         self.remote_url.setText(s.remote_base_url)
         self.remote_key.setText(s.remote_api_key)
         self.remote_model.setEditText(s.remote_model)
+        if self.runtime_card:
+            self.runtime_card.check_updates.setChecked(s.check_updates)
         self._loading = False
         self._refresh_engine_section()
         self._refresh_endpoint_url()
@@ -313,7 +321,9 @@ class SettingsPage(QWidget):
             endpoint_enabled=self.endpoint_enabled.isChecked(), endpoint_host=self.endpoint_host.text().strip(),
             endpoint_port=self.endpoint_port.value(), endpoint_api_key=self.endpoint_key.text().strip(),
             remote_enabled=self.remote_enabled.isChecked(), remote_base_url=self.remote_url.text().strip(),
-            remote_api_key=self.remote_key.text().strip(), remote_model=self.remote_model.currentText().strip())
+            remote_api_key=self.remote_key.text().strip(), remote_model=self.remote_model.currentText().strip(),
+            check_updates=self.runtime_card.check_updates.isChecked() if self.runtime_card else
+            self.current().check_updates)
 
     def _pending_engine_changes(self) -> set[str]:
         return self.edited_settings().changed_fields(self.current()) & set(RELOAD_FIELDS)

@@ -160,7 +160,21 @@ class MainWindow(QMainWindow):
         self.chat.open_models_requested.connect(lambda: self.show_page("models"))
         self.chat.load_requested.connect(self.load_model)
         self.settings_page.settings_changed.connect(self._settings_changed)
+        if self.settings_page.runtime_card:
+            self.settings_page.runtime_card.quit_requested.connect(self.quit)
+            if self.context.settings.check_updates:
+                self._check_for_updates()
         self.downloads.completed.connect(self._download_completed)
+
+    def _check_for_updates(self) -> None:
+        from app.main import package_version
+        from app.update_check import UpdateCheck
+
+        self.update_check = UpdateCheck(package_version(), parent=self)
+        self.update_check.found.connect(self.settings_page.runtime_card.show_release)
+        self.update_check.found.connect(lambda release: self.chat.show_banner(
+            "info", f"Qwen Desk {release.version} is available: Settings has the link to its release page."))
+        self.update_check.start()
 
     # ---- navigation ----------------------------------------------------------------------------
     def show_page(self, name: str) -> None:

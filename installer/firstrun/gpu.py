@@ -8,36 +8,54 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-QUERY = ["--query-gpu=name,driver_version,memory.total", "--format=csv,noheader,nounits"]
+FIELDS = "name,driver_version,memory.total"
+# compute_cap: drivers from 510 on; an older nvidia-smi refuses the whole query with it, then it is asked without
+QUERIES = ([f"--query-gpu={FIELDS},compute_cap", "--format=csv,noheader,nounits"],
+           [f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits"])
 
 
 @dataclass(frozen=True)
 class NvidiaGpu:
     name: str
-    driver: tuple[int, ...]      # 575.57.8 -> (575, 57, 8)
+    driver_text: str                             # as the driver reports it: '580.95.05'
     memory_mib: int
+    compute_cap: tuple[int, int] | None = None   # (8, 6) for sm_86; None where nvidia-smi cannot say
 
     @property
-    def driver_text(self) -> str:
-        return ".".join(str(part) for part in self.driver)
+    def driver(self) -> tuple[int, ...]:
+        return parse_driver(self.driver_text)
 
 
 def parse_driver(text: str) -> tuple[int, ...]:
     """'575.57.08' -> (575, 57, 8); ValueError when it is not a dotted version."""
-    return tuple(int(part) for part in text.strip().split("."))
+    parts = tuple(int(part) for part in text.strip().split("."))
+    if len(parts) < 2:
+        raise ValueError(f"not a driver version: {text!r}")
+    return parts
+
+
+def parse_compute_cap(text: str) -> tuple[int, int] | None:
+    major, _, minor = text.strip().partition(".")
+    return (int(major), int(minor)) if major.isdigit() and minor.isdigit() else None
 
 
 def parse_nvidia_smi(output: str) -> list[NvidiaGpu]:
-    """One GPU per line: 'NVIDIA GeForce RTX 4090, 575.57.08, 24564'. Lines that do not parse are skipped."""
+    """One GPU per line: 'NVIDIA GeForce RTX 4090, 575.57.08, 24564[, 8.9]' (a name may hold commas). Lines that
+    do not parse are skipped."""
     gpus = []
     for line in output.splitlines():
-        parts = [part.strip() for part in line.rsplit(",", 2)]
-        if len(parts) != 3:
-            continue
-        try:
-            gpus.append(NvidiaGpu(parts[0], parse_driver(parts[1]), int(float(parts[2]))))
-        except ValueError:
-            continue
+        parts = [part.strip() for part in line.split(",")]
+        for fields in (4, 3):                 # with compute_cap first, else without
+            if len(parts) < fields:
+                continue
+            name, driver, memory = ", ".join(parts[:len(parts) - fields + 1]), *parts[len(parts) - fields + 1:][:2]
+            try:
+                parse_driver(driver)
+                gpus.append(NvidiaGpu(name, driver, int(float(memory)),
+                                      parse_compute_cap(parts[-1]) if fields == 4 else None))
+                break
+            except ValueError:
+                continue
     return gpus
 
 
@@ -48,8 +66,12 @@ def detect_gpus(timeout: float = 15.0) -> list[NvidiaGpu]:
         return []
     # no console window flashes up on Windows (the app is started without a terminal)
     flags = getattr(subprocess, "CREATE_NO_WINDOW", 0) if sys.platform == "win32" else 0
-    try:
-        done = subprocess.run([smi, *QUERY], capture_output=True, text=True, timeout=timeout, creationflags=flags)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return parse_nvidia_smi(done.stdout) if done.returncode == 0 else []
+    for query in QUERIES:
+        try:
+            done = subprocess.run([smi, *query], capture_output=True, text=True, timeout=timeout,
+                                  creationflags=flags)
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        if done.returncode == 0:
+            return parse_nvidia_smi(done.stdout)
+    return []

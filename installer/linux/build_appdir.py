@@ -1,9 +1,13 @@
-"""Build the AppDir from the frozen app, and pack it into an AppImage where appimagetool is on PATH:
+"""Build the AppDir from the frozen app, and pack it into an AppImage:
 
     python -m installer.linux.build_appdir [--onedir dist/qwendesk] [--out dist/QwenDesk.AppDir]
+    python -m installer.linux.build_appdir --pack [--runtime PATH]       # make appimage (APPIMAGE_RUNTIME=PATH)
 
-appimagetool (and the AppImage runtime it prepends) comes from no package registry that this project's
-machines reach; without it the AppDir is the result here and the release workflow packs the AppImage.
+An AppImage (type 2) is the AppImage runtime (a small ELF program that mounts or extracts what follows it and runs
+its AppRun) followed by the AppDir as a squashfs image. The squashfs is made here with mksquashfs (Debian's
+squashfs-tools), as appimagetool makes it (zstd, 1 MiB blocks, files owned by root); the runtime comes from no
+package registry these machines reach, so it is given by path (the release workflow downloads the official one,
+AppImage/type2-runtime). Without one, --pack stops at the squashfs image: dist/QwenDesk-x86_64.squashfs.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from installer.icons import LOGO, render_png
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 METAINFO = "io.github.qwendesk.QwenDesk.metainfo.xml"
+ELF_MAGIC = b"\x7fELF"
 
 
 def build_appdir(onedir: Path, out: Path) -> Path:
@@ -43,12 +48,30 @@ def build_appdir(onedir: Path, out: Path) -> Path:
     return out
 
 
-def pack(appdir: Path, image: Path) -> Path | None:
-    """The AppImage, or None when appimagetool is not on PATH."""
-    tool = shutil.which("appimagetool")
-    if tool is None:
-        return None
-    subprocess.run([tool, str(appdir), str(image)], check=True, env=dict(os.environ, ARCH="x86_64"))
+def squash(appdir: Path, image: Path) -> Path:
+    """The AppDir as a squashfs image, as appimagetool packs it."""
+    tool = shutil.which("mksquashfs") or "/usr/sbin/mksquashfs"
+    if not Path(tool).is_file():
+        raise SystemExit("mksquashfs not found: apt-get install squashfs-tools")
+    image.unlink(missing_ok=True)
+    subprocess.run([tool, str(appdir), str(image), "-root-owned", "-noappend", "-no-progress", "-quiet",
+                    "-comp", "zstd", "-b", "1M", "-mkfs-time", "0"], check=True, stdout=subprocess.DEVNULL)
+    return image
+
+
+def pack(appdir: Path, image: Path, runtime: Path | None) -> Path:
+    """The AppImage (runtime + squashfs), or the squashfs image alone when no runtime is given."""
+    squashfs = squash(appdir, image.with_suffix(".squashfs"))
+    if runtime is None:
+        return squashfs
+    head = runtime.read_bytes()
+    if not head.startswith(ELF_MAGIC):
+        raise SystemExit(f"{runtime} is not an AppImage runtime (not an ELF program)")
+    with image.open("wb") as out, squashfs.open("rb") as body:
+        out.write(head)
+        shutil.copyfileobj(body, out)
+    image.chmod(0o755)
+    squashfs.unlink()
     return image
 
 
@@ -56,13 +79,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--onedir", default=str(ROOT / "dist" / "qwendesk"))
     parser.add_argument("--out", default=str(ROOT / "dist" / "QwenDesk.AppDir"))
+    parser.add_argument("--pack", action="store_true", help="pack the AppDir built before (make appimage)")
     parser.add_argument("--image", default=str(ROOT / "dist" / "QwenDesk-x86_64.AppImage"))
+    parser.add_argument("--runtime", default=os.environ.get("APPIMAGE_RUNTIME") or None,
+                        help="the AppImage type-2 runtime (default: $APPIMAGE_RUNTIME)")
     args = parser.parse_args()
-    appdir = build_appdir(Path(args.onedir), Path(args.out))
-    print(f"AppDir: {appdir}")
-    image = pack(appdir, Path(args.image))
-    print(f"AppImage: {image}" if image else "appimagetool not on PATH: AppImage not packed (the release workflow "
-                                             "packs it)")
+    if not args.pack:
+        print(f"AppDir: {build_appdir(Path(args.onedir), Path(args.out))}")
+        return
+    made = pack(Path(args.out), Path(args.image), Path(args.runtime) if args.runtime else None)
+    print(f"AppImage: {made}" if made.suffix == ".AppImage" else
+          f"squashfs image: {made} (no AppImage runtime given: APPIMAGE_RUNTIME=PATH makes the AppImage)")
 
 
 if __name__ == "__main__":
