@@ -38,6 +38,12 @@ def package_version() -> str:
 def main(argv: list[str] | None = None) -> int:
     """argv: the command-line arguments after the program name (default: sys.argv[1:])."""
     parse_args(argv)
+    from app.qt_libraries import qt_library_problem
+
+    problem = qt_library_problem()        # Qt's own abort names at most one of the missing libraries
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
     from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
     from app.smoke import prepare, smoke_folder
