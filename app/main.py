@@ -18,7 +18,7 @@ def build_context():
 
     store = Store(database_path())
     return AppContext(store=store, settings=AppSettings.load(store), models_dir=models_dir(), device=probe(),
-                      catalog=load_catalog())
+                      catalog=load_catalog(), probe=probe)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (
 )
 
 from app import dialogs, icons
-from app.catalog import by_fit, fit_text, recommend, runs_as, too_large
+from app.catalog import by_fit, fit_text, gib, recommend, runs_as, too_large
 from app.context import AppContext
 from app.downloads import DownloadManager
 from app.formatting import human_bytes
@@ -24,7 +24,7 @@ from app.local_models import LocalModel, delete_model, scan_all
 from app.model_rows import CatalogCard, DownloadRow, LocalModelRow
 from app.banners import BannerStack
 from app.widgets import Card, label, page_header, scrolling_page, set_enabled, text_button
-from engine.api import MemoryPlan, ModelConfig, plan_for
+from engine.api import MemoryPlan, ModelConfig, plan_for, system_share
 
 TWO_COLUMNS_WIDTH = 900      # a narrower page lists the catalog in one column
 
@@ -121,22 +121,33 @@ class ModelsPage(QWidget):
         text = QVBoxLayout()
         text.setSpacing(4)
         device = self.context.device
-        text.addWidget(label(device.label if device.on_gpu else "No CUDA GPU found", "cardTitle"))
-        text.addWidget(label("Models run on this GPU." if device.on_gpu else
-                             "Models run on the CPU: slow, and only small models are practical.", "muted", wrap=True))
-        entry = self.recommended
-        runs = fit_text(self.catalog_plans[entry.id], device)
-        runs = runs[0].lower() + runs[1:]
-        self.recommendation = label(
-            f"Recommended for this machine: <b>{entry.title}</b>, a {entry.download_gb:g} GB download that {runs}. "
-            f"{entry.summary}", "body", wrap=True)
-        text.addWidget(self.recommendation)
+        self.machine_title = label("", "cardTitle")
+        self.machine_note = label("", "muted", wrap=True)
+        self.recommendation = label("", "body", wrap=True)
+        for widget in (self.machine_title, self.machine_note, self.recommendation):
+            text.addWidget(widget)
+        self._describe_machine()
         row.addLayout(text, 1)
         self.recommend_button = text_button("Download", "download", "primary")
         self.recommend_button.clicked.connect(self._recommended_clicked)
         row.addWidget(self.recommend_button, 0, Qt.AlignmentFlag.AlignVCenter)
         card.body.addLayout(row)
         return card
+
+    def _describe_machine(self) -> None:
+        device, budget = self.context.device, self.context.budget_bytes
+        self.machine_title.setText(device.label if device.on_gpu else "No CUDA GPU found")
+        memory = (f"{gib(budget)} of its memory free for models." if device.on_gpu else
+                  f"{gib(budget)} of memory for models: {gib(device.free_bytes)} available now, less "
+                  f"{gib(system_share(device))} kept for the rest of the system.")
+        self.machine_note.setText(("Models run on this GPU: " if device.on_gpu else
+                                   "Models run on the CPU: slow, and only small models are practical. ") + memory)
+        entry, plan = self.recommended, self.catalog_plans[self.recommended.id]
+        runs = runs_as(plan, device)
+        fit = (f"that {runs[0].lower()}{runs[1:]}" if plan.fits else
+               f"though {too_large(device).lower()} right now ({runs[0].lower()}{runs[1:]})")
+        self.recommendation.setText(f"Recommended for this machine: <b>{entry.title}</b>, a {entry.download_gb:g} GB "
+                                    f"download {fit}. {entry.summary}")
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
@@ -196,6 +207,7 @@ class ModelsPage(QWidget):
         self._place_cards()
         for row in self.local_rows:
             row.set_runs_as(fit_text(self.plan(row.model.path, row.model.architecture), self.context.device))
+        self._describe_machine()
 
     # ---- state ---------------------------------------------------------------------------------
     def set_engine_state(self, loaded_path: str, loading_path: str) -> None:

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 
 from app.paths import resources_dir
-from engine.api import PROFILES, EngineConfig, plan_for
+from engine.api import PROFILES, DeviceInfo, EngineConfig, plan_for
 
 
 @dataclass(frozen=True)
@@ -33,15 +33,16 @@ def profile_descriptions() -> dict[str, dict]:
     return {p["id"]: p for p in data["profiles"]}
 
 
-def plan_profiles(config: EngineConfig, loaded_plan=None) -> list[ProfilePlan]:
-    """Plans for every profile with `config`'s other settings. With a model loaded, the budget
-    is what was free before its weights (its plan's budget plus the weights), not what is free now."""
+def plan_profiles(config: EngineConfig, device: DeviceInfo | None, loaded_plan=None) -> list[ProfilePlan]:
+    """Plans for every profile with `config`'s other settings on `device` (the app's probe: the figure every page
+    shows; None: probe config.device now). With a model loaded, the budget is what was free before its weights
+    (its plan's budget plus the weights), not what is free now."""
     budget = loaded_plan.budget_bytes + loaded_plan.weights_bytes if loaded_plan is not None else None
     plans = []
     for profile in PROFILES:
         alt = EngineConfig(**{**config.__dict__, "profile": profile})
         try:
-            plan = plan_for(alt, budget_bytes=budget)
+            plan = plan_for(alt, device, budget_bytes=budget)
         except (OSError, ValueError) as e:
             plans.append(ProfilePlan(profile, config.weights, False, 0, 0, budget or 0, str(e)))
             continue

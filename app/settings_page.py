@@ -43,9 +43,12 @@ class SettingsPage(QWidget):
     settings_changed = Signal(object, set)       # AppSettings, changed field names
     remote_checked = Signal(str, bool, list)     # message, ok, model ids (from the test thread)
 
-    def __init__(self, current: Callable[[], AppSettings], parent=None):
-        """`current`: the app's settings now (other pages change some fields too)."""
+    def __init__(self, current: Callable[[], AppSettings], device: Callable[[], DeviceInfo | None] = lambda: None,
+                 parent=None):
+        """`current`: the app's settings now (other pages change some fields too); `device`: the device as the app
+        last probed it (the memory figure every page plans with)."""
         super().__init__(parent)
+        self.probed_device = device
         self._loading = True                     # values are being put in: edits are not the user's
         self.current = current
         self.model_path = ""                     # the checkpoint plans are made for
@@ -348,6 +351,10 @@ class SettingsPage(QWidget):
         self.engine_status_text = state_text
         self._refresh_engine_section()
 
+    def refresh_plans(self) -> None:
+        """The machine's memory changed: plan again."""
+        self._fill_plans(self.edited_settings())
+
     def _refresh_engine_section(self) -> None:
         edited = self.edited_settings()
         self.profile_summary.setText(self.descriptions[edited.profile]["summary"])
@@ -366,7 +373,8 @@ class SettingsPage(QWidget):
             self.plans.show_empty("Load a model to see what each profile means for it on this machine.")
             return
         same_device = "device" not in self._pending_engine_changes()   # then the loaded plan's budget holds
-        plans = plan_profiles(edited.engine_config(self.model_path), self.loaded_plan if same_device else None)
+        device = self.probed_device() if same_device else None      # another device: probed as it is asked for
+        plans = plan_profiles(edited.engine_config(self.model_path), device, self.loaded_plan if same_device else None)
         budget = max((p.budget_bytes for p in plans), default=0)
         self.plans.show_plans(plans, edited.profile,
                               f"Planned for {Path(self.model_path).name} with {human_gib(budget)} available, "

@@ -7,7 +7,7 @@ import logging
 from functools import partial
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QSize, Qt, Signal
+from PySide6.QtCore import QByteArray, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QApplication,
@@ -41,6 +41,7 @@ log = logging.getLogger("qwendesk.app")
 PAGES = ("chat", "models", "settings")
 GEOMETRY_KEY = "window_geometry"
 MIN_WIDTH, MIN_HEIGHT = 800, 560
+MEMORY_REFRESH_MS = 10_000      # how often the machine's memory is probed again while no model is loaded
 
 
 class MainWindow(QMainWindow):
@@ -72,11 +73,13 @@ class MainWindow(QMainWindow):
         self.chat = ChatPage(self.session, context.settings.thinking, lambda: [
             (m.name, m.path, m.path == self._loaded_path()) for m in self.models.local if not m.problem])
         self.models = ModelsPage(context, self.downloads)
-        self.settings_page = SettingsPage(lambda: self.context.settings)
+        self.settings_page = SettingsPage(lambda: self.context.settings, lambda: self.context.device)
         self.settings_page.log_view.set_log(self.engine.server_log)
         self.status = StatusBar()
         self._build()
         self._connect()
+        self._memory_timer = QTimer(self, interval=MEMORY_REFRESH_MS, timeout=self.refresh_memory)
+        self._memory_timer.start()
 
         if context.settings.endpoint_enabled:
             self.engine.set_endpoint(self._endpoint_settings())
@@ -166,6 +169,15 @@ class MainWindow(QMainWindow):
     def show_page(self, name: str) -> None:
         self.stack.setCurrentIndex(PAGES.index(name))
         self.nav_buttons[name].setChecked(True)
+        self.refresh_memory()
+
+    def refresh_memory(self) -> None:
+        """Probe the machine's memory again while no model holds any (a loaded model's pages plan with the memory
+        from before it loaded) and, when it changed, re-plan every page with the new figure. On each page switch
+        and every few seconds."""
+        if self.engine.model is None and not self.loading_path and self.context.refresh_device():
+            self.models.refresh_plans()
+            self.settings_page.refresh_plans()
 
     @property
     def current_page(self) -> str:
@@ -219,6 +231,7 @@ class MainWindow(QMainWindow):
         freeze_long_lived()                 # the model's objects were frozen at load: let them go
         self.models.set_engine_state("", self.loading_path)
         self.settings_page.set_model(self.context.settings.last_model)      # plans for it, on the whole device
+        self.refresh_memory()
         self._apply_backend()
 
     def _loaded_path(self) -> str:

@@ -8,7 +8,7 @@ from engine.chat.tools import ToolCallParser, call_arguments, tool_schemas
 from engine.config import ModelConfig, UnsupportedModelError, load_model_config, parse_model_config
 from engine.device import DeviceInfo, probe
 from engine.engine import NO_VISION, Engine, LoadCancelled, RequestHandle
-from engine.memory import MemoryPlan, plan_for
+from engine.memory import MemoryPlan, budget_for, plan_for, system_share
 from engine.params import (DTYPE_NAMES, KV_DTYPES, MAX_DRAFTS, PROFILES, VISION, WEIGHTS, CallArgs, CallStart,
                            Constraint, ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, Reasoning,
                            SamplingParams, SpeculationStats, StreamEvent, Text, Timings, TokenLogprob, ToolCall, Usage,
@@ -24,5 +24,5 @@ __all__ = ["DTYPE_NAMES", "KV_DTYPES", "MAX_DRAFTS", "PROFILES", "VISION", "WEIG
            "GenerateOutput", "ImageInputError", "LoadCancelled", "MemoryPlan", "ModelConfig", "NO_VISION",
            "QueueFullError", "Reasoning", "RequestHandle", "SamplingParams", "SpeculationStats", "StreamEvent", "Text",
            "Timings", "TokenLogprob", "ToolCall", "ToolCallParser", "UnsupportedModelError", "Usage", "add_calls",
-           "call_arguments", "check_checkpoint", "load_model_config", "parse_model_config", "plan_for", "probe",
-           "split_images", "starts_in_reasoning", "tool_schemas"]
+           "budget_for", "call_arguments", "check_checkpoint", "load_model_config", "parse_model_config", "plan_for",
+           "probe", "split_images", "starts_in_reasoning", "system_share", "tool_schemas"]

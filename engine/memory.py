@@ -270,12 +270,21 @@ def _alternatives(cfg, config, dtype, weights_bytes, budget_bytes, drafts, on_gp
     return out
 
 
+def system_share(device: DeviceInfo) -> int:
+    """What a plan on the CPU leaves of the available RAM to the rest of the machine (the desktop, a browser):
+    a tenth of the RAM, at least 1 GiB. A GPU's free memory already excludes what the desktop holds; its
+    plans keep a margin instead (plan_memory)."""
+    return 0 if device.on_gpu else max(GIB, device.total_bytes // 10)
+
+
 def budget_for(config: EngineConfig, device: DeviceInfo, held_bytes: int = 0) -> int:
-    """Bytes the engine may plan with: what the device offers, capped by config.gpu_memory_gb (less `held_bytes`,
-    what this process already holds, so that a simulated card counts the weights already loaded)."""
+    """Bytes the engine may plan with: what the device offers less the system's share, capped by
+    config.gpu_memory_gb (less `held_bytes`, what this process already holds, so that a simulated card counts the
+    weights already loaded). The one memory figure: the engine, and every page of the app, plan with it."""
+    offered = max(0, device.free_bytes - system_share(device))
     if config.gpu_memory_gb is None:
-        return device.free_bytes
-    return min(device.free_bytes, int(config.gpu_memory_gb * GIB) - held_bytes)
+        return offered
+    return min(offered, int(config.gpu_memory_gb * GIB) - held_bytes)
 
 
 def weight_bytes(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, weights: str, drafts: int) -> int:

@@ -133,7 +133,7 @@ def test_the_catalog_puts_what_fits_first_and_asks_before_a_too_large_download(a
     assert page.cards[0].entry is page.recommended and fits == sorted(fits, reverse=True) and fits.count(False) >= 6
     big = page.cards[-1]
     assert big.fit_badge.isVisible() and big.fit_badge.text() == "Too large for this computer"
-    assert big.facts.text().endswith("available") and "Needs" in big.facts.text() and "Too large" not in big.facts.text()
+    assert "available: the weights alone take" in big.facts.text() and "Needs" in big.facts.text() and "Too large" not in big.facts.text()
     assert "of weights" in page.cards[0].facts.text()
     asked = []
     monkeypatch.setattr("app.dialogs.confirm", lambda *args, **kw: asked.append(args[2]) or False)
