@@ -18,6 +18,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QThread, Signal
 
+from app.chat.attachments import image_problem
 from app.chat.blocks import ShownCall
 from app.endpoint import EndpointSettings, EndpointStatus, start_endpoint
 from app.server_log import ServerLog
@@ -46,12 +47,15 @@ class LoadedModel:
 def engine_messages(messages: list[dict]) -> list[dict]:
     """The chat history as Engine.submit takes it: tool-call arguments as dicts, and a message with
     stored images (paths under the attachments folder) as list content: an {"type": "image", "image":
-    <the encoded file's bytes>} part per image, then the text."""
+    <the encoded file's bytes>} part per image, then the text. An image that cannot be read (gone, or not one the
+    engine reads: `image_problem`) is left out, so that one bad file does not fail every later turn; the
+    transcript marks it."""
     out = []
     for m in messages:
         entry = {k: v for k, v in m.items() if k != "images"}
-        if m.get("images"):
-            entry["content"] = [*({"type": "image", "image": Path(path).read_bytes()} for path in m["images"]),
+        images = [path for path in m.get("images") or () if not image_problem(path)]
+        if images:
+            entry["content"] = [*({"type": "image", "image": Path(path).read_bytes()} for path in images),
                                 {"type": "text", "text": m.get("content") or ""}]
         if entry.get("tool_calls"):
             entry["tool_calls"] = [ShownCall.from_dict(c).as_dict() for c in entry["tool_calls"]]

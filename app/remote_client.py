@@ -16,6 +16,7 @@ from PySide6.QtCore import QObject, Signal
 
 from app.generation import ReplyResult
 from app.net import abort_connection, open_connection, request_target
+from app.chat.attachments import image_problem
 
 TIMEOUT_S = 120.0
 
@@ -180,7 +181,7 @@ class RemoteBackend(QObject):
 
 
 def _openai_message(message: dict) -> dict:
-    images = message.get("images") or []
+    images = [path for path in message.get("images") or () if not image_problem(path)]   # the transcript marks them
     if not images:
         return {"role": message["role"], "content": message["content"]}
     parts = [{"type": "text", "text": message["content"]}] if message["content"] else []

@@ -14,7 +14,7 @@ from engine.params import (DTYPE_NAMES, KV_DTYPES, MAX_DRAFTS, PROFILES, VISION,
                            SamplingParams, SpeculationStats, StreamEvent, Text, Timings, TokenLogprob, ToolCall, Usage,
                            add_calls)
 from engine.streaming import starts_in_reasoning
-from engine.vision.processor import ImageInputError
+from engine.vision.processor import ImageInputError, decode_image
 from engine.vision.prompt import split_images
 from engine.weights.checkpoint import CheckpointError, check_checkpoint
 
@@ -24,5 +24,5 @@ __all__ = ["DTYPE_NAMES", "KV_DTYPES", "MAX_DRAFTS", "PROFILES", "VISION", "WEIG
            "GenerateOutput", "ImageInputError", "LoadCancelled", "MemoryPlan", "ModelConfig", "NO_VISION",
            "QueueFullError", "Reasoning", "RequestHandle", "SamplingParams", "SpeculationStats", "StreamEvent", "Text",
            "Timings", "TokenLogprob", "ToolCall", "ToolCallParser", "UnsupportedModelError", "Usage", "add_calls",
-           "budget_for", "call_arguments", "check_checkpoint", "load_model_config", "parse_model_config", "plan_for",
-           "probe", "split_images", "starts_in_reasoning", "system_share", "tool_schemas"]
+           "budget_for", "call_arguments", "check_checkpoint", "decode_image", "load_model_config", "parse_model_config",
+           "plan_for", "probe", "split_images", "starts_in_reasoning", "system_share", "tool_schemas"]

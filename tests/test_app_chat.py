@@ -380,7 +380,8 @@ def test_a_dropped_image_reaches_the_engine_and_shows(vision_window, qtbot, tmp_
     composer.input.insertFromMimeData(drop)
     composer.attachments.row.itemAt(2).widget().findChild(QToolButton).click()     # a third one, removed
     assert len(composer.attachments.paths) == 2
-    assert Path(stored.pop()).name == hashlib.sha256(path.read_bytes()).hexdigest() + ".png"
+    kept = Path(stored.pop())                               # kept once per content, under the file's own name
+    assert kept.parent.name == hashlib.sha256(path.read_bytes()).hexdigest() and kept.name == "photo.png"
     send(qtbot, window, "What colour is this?")
     wait_reply(qtbot, window)
     assert engine.stats()["images_encoded"] == 2           # the engine read both pictures
@@ -403,6 +404,48 @@ def test_a_dropped_image_reaches_the_engine_and_shows(vision_window, qtbot, tmp_
     wait_reply(qtbot, window)
     (again,) = assistant_messages(window)
     assert again.status != "error" and again.metrics["prompt_tokens"] == reply.metrics["prompt_tokens"]
+
+
+def test_a_file_that_is_not_an_image_is_refused_when_attached_by_its_name(vision_window, tmp_path):
+    composer = vision_window.chat.composer
+    fake = tmp_path / "holiday.png"
+    fake.write_text("not a picture")
+    drop = QMimeData()
+    drop.setUrls([QUrl.fromLocalFile(str(fake))])
+    composer.input.insertFromMimeData(drop)
+    assert composer.attachments.paths == [] and composer.note.isVisible()
+    assert composer.note.text().startswith("holiday.png cannot be attached: the image cannot be read")
+    screenshot(vision_window, "chat_attachment_refused_by_name")
+
+
+def test_an_image_that_cannot_be_read_is_marked_and_left_out_not_fatal(vision_window, qtbot, tmp_path):
+    """A stored image that went bad (removed from disk, or attached by an older version that did not check it): its
+    message is marked and the conversation goes on without it (it failed every later turn)."""
+    window = vision_window
+    image = QImage(64, 48, QImage.Format.Format_RGB32)
+    image.fill(QColor("#4cc38a"))
+    good, bad = tmp_path / "green.png", tmp_path / "scan.png"
+    image.save(str(good))
+    image.save(str(bad))
+    drop = QMimeData()
+    drop.setUrls([QUrl.fromLocalFile(str(good)), QUrl.fromLocalFile(str(bad))])
+    window.chat.composer.input.insertFromMimeData(drop)
+    good_kept, bad_kept = window.chat.composer.attachments.paths
+    Path(bad_kept).write_bytes(b"\x89PNG\r\n\x1a\n broken")         # the stored copy goes bad before sending
+    send(qtbot, window, "Two pictures?")
+    wait_reply(qtbot, window)
+    send(qtbot, window, "And now?")
+    wait_reply(qtbot, window)
+    replies = assistant_messages(window)
+    assert len(replies) == 2 and all(r.status != "error" and r.content for r in replies)
+    assert window.engine._engine.stats()["images_encoded"] >= 1
+    window.session.open(window.session.current.id)
+    from app.chat.image_viewer import Thumbnail
+    thumbs = window.chat.transcript.views[0].findChildren(Thumbnail)
+    marked = [t for t in thumbs if t.problem]
+    assert len(thumbs) == 2 and len(marked) == 1 and marked[0].text().startswith("⚠ scan.png: ")
+    assert "Left out of the conversation" in marked[0].text()
+    screenshot(window, "chat_unreadable_image_marked")
 
 
 def test_a_model_without_vision_refuses_images_before_sending(chat_window, qtbot, tmp_path):

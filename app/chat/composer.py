@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
 
 from app import icons
 from app.chat.attachments import (
+    AttachmentError,
     AttachmentStrip,
     is_image_file,
     keep_image,
@@ -35,6 +36,7 @@ class ComposerEdit(QPlainTextEdit):
     edit_last = Signal()              # Up in an empty composer: edit the last message sent
     image_pasted = Signal(str)        # kept image path
     images_refused = Signal()         # an image dropped or pasted while the model takes none
+    attachment_refused = Signal(str)  # a file that is not an image the engine reads: why, with its name
     images_allowed = True
 
     def __init__(self, parent=None):
@@ -70,7 +72,10 @@ class ComposerEdit(QPlainTextEdit):
         images = [u.toLocalFile() for u in source.urls() if u.isLocalFile() and is_image_file(u.toLocalFile())]
         if images:
             for path in images:
-                self.image_pasted.emit(keep_image_file(path))
+                try:
+                    self.image_pasted.emit(keep_image_file(path))
+                except AttachmentError as e:
+                    self.attachment_refused.emit(str(e))
             return
         super().insertFromMimeData(source)
 
@@ -118,6 +123,7 @@ class Composer(QFrame):
         self.input.edit_last.connect(self.edit_last_requested)
         self.input.image_pasted.connect(self.attachments.add)
         self.input.images_refused.connect(lambda: self._show_note(NO_IMAGES))
+        self.input.attachment_refused.connect(self._show_note)
         tools = QHBoxLayout()
         tools.setSpacing(6)
         self.attach_button = icon_button("attach", "Attach images", size=17)
@@ -214,7 +220,10 @@ class Composer(QFrame):
         paths, _ = QFileDialog.getOpenFileNames(self, "Attach images", "",
                                                 "Images (*.png *.jpg *.jpeg *.webp *.gif *.bmp)")
         for path in paths:
-            self.attachments.add(keep_image_file(path))
+            try:
+                self.attachments.add(keep_image_file(path))
+            except AttachmentError as e:
+                self._show_note(str(e))
 
     def dragEnterEvent(self, event) -> None:       # accepted without vision too: the drop explains the refusal
         if event.mimeData().hasUrls() or event.mimeData().hasImage():
