@@ -43,7 +43,7 @@ def plan_profiles(config: EngineConfig, device: DeviceInfo | None, loaded_plan=N
         alt = EngineConfig(**{**config.__dict__, "profile": profile})
         try:
             plan = plan_for(alt, device, budget_bytes=budget)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, RuntimeError) as e:     # RuntimeError: a device this machine lacks
             plans.append(ProfilePlan(profile, config.weights, False, 0, 0, budget or 0, str(e)))
             continue
         plans.append(ProfilePlan(profile, plan.weights, plan.fits, plan.max_context, plan.total_bytes,

@@ -99,6 +99,11 @@ class SettingsPage(QWidget):
         self.device = QComboBox()
         for value, text in (("auto", "Automatic (GPU when there is one)"), ("cuda", "GPU (CUDA)"), ("cpu", "CPU")):
             self.device.addItem(text, value)
+        probed = self.probed_device()
+        if probed is not None and not probed.on_gpu:      # a load on "cuda" could only fail
+            gpu = self.device.model().item(self.device.findData("cuda"))
+            gpu.setText("GPU (CUDA): no CUDA GPU found")
+            gpu.setEnabled(False)
         self.weights = QComboBox()
         for value, text in WEIGHTS:
             self.weights.addItem(text, value)

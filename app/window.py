@@ -62,6 +62,8 @@ class MainWindow(QMainWindow):
         self._shut_down = False
         self._told_about_tray = False
         self.loading_path = ""
+        self.load_errors: list[str] = []        # the load failures shown in banners, until a load works
+        self.failed_path = ""                   # the checkpoint whose load failed last (applying settings retries it)
         self.load: LoadProgress | None = None
         self.endpoint_status = EndpointStatus(False)
         self.remote: RemoteBackend | None = None
@@ -249,6 +251,11 @@ class MainWindow(QMainWindow):
         freeze_long_lived()                 # the model's objects: out of the collector's way from now on
         self.context.save_settings(self.context.settings.copy(last_model=model.path))
         self.status.loaded(model)
+        for message in self.load_errors:     # a load that works makes the earlier failures history
+            self.models.banner.remove_text(message)
+            self.chat.banner.remove_text(message)
+        self.load_errors.clear()
+        self.failed_path = ""
         self.models.set_engine_state(model.path, "")
         self.settings_page.set_model(model.path, model.plan, f"{model.name} runs with profile {model.profile}.")
         self._apply_backend()
@@ -258,11 +265,16 @@ class MainWindow(QMainWindow):
     def _load_failed(self, message: str) -> None:
         if self._shut_down:
             return
-        self.loading_path = ""
+        failed, self.loading_path = self.loading_path, ""
         self.status.failed(message)
         self.models.set_engine_state("", "")
         self.models.banner.show_message("error", message)
         self.chat.show_banner("error", message, "Models")
+        self.load_errors.append(message)
+        self.failed_path = failed
+        if failed:
+            self.settings_page.set_model(failed, None, f"{Path(failed).name} could not be loaded with these settings: "
+                                                       f"change them and apply, or load it again.")
         self._apply_backend()
 
     def _download_completed(self, repo_id: str, path: str) -> None:
@@ -279,7 +291,7 @@ class MainWindow(QMainWindow):
         self.context.save_settings(settings)
         if changed & set(RELOAD_FIELDS):
             self.models.refresh_plans()
-            path = self.loading_path or (self.engine.model.path if self.engine.model else "")
+            path = self.loading_path or self._loaded_path() or self.failed_path   # a failed load: try it again
             if path:
                 self.load_model(path)
         if changed & set(ENDPOINT_FIELDS):
