@@ -36,6 +36,7 @@ from app.remote_client import RemoteBackend
 from app.settings import ENDPOINT_FIELDS, RELOAD_FIELDS, REMOTE_FIELDS, AppSettings
 from app.settings_page import SettingsPage
 from app.status_bar import StatusBar
+from app.wheel_guard import guard_wheel
 
 log = logging.getLogger("qwendesk.app")
 PAGES = ("chat", "models", "settings")
@@ -50,6 +51,7 @@ class MainWindow(QMainWindow):
     def __init__(self, context: AppContext, autoload: bool = True):
         super().__init__()
         self._gc_timer = collect_in_gui_thread(self)
+        guard_wheel(QApplication.instance())
         self.context = context
         self.setWindowTitle("Qwen Desk")
         self.setWindowIcon(icons.app_icon())
