@@ -112,6 +112,11 @@ class EngineThread(QThread):
         self._cancel_load.set()
         self._commands.put(("unload",))
 
+    def writer(self) -> dict:
+        """What writes the replies now, as a message records it: the model, its weights, its speculation."""
+        m = self.model
+        return {"name": m.name, "weights": m.plan.weights, "drafts": m.plan.drafts} if m else {}
+
     def generate(self, request_id: str, messages: list[dict], params, template_kwargs: dict) -> None:
         self._commands.put(("generate", request_id, messages, params, template_kwargs))
 

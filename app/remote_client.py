@@ -46,6 +46,10 @@ class RemoteBackend(QObject):
         return f"{self.model or 'remote'} @ {urlsplit(self.base_url).netloc}"
 
     # ---- API ---------------------------------------------------------------------------------
+    def writer(self) -> dict:
+        """What writes the replies, as a message records it."""
+        return {"name": self.label}
+
     def generate(self, request_id: str, messages: list[dict], params, template_kwargs: dict) -> None:
         threading.Thread(target=self._run, args=(request_id, messages, params, template_kwargs),
                          name=f"remote {request_id}", daemon=True).start()

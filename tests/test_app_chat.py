@@ -461,3 +461,25 @@ def test_a_model_without_vision_refuses_images_before_sending(chat_window, qtbot
     assert composer.attachments.paths == [] and composer.note.isVisible()
     assert "does not take images" in composer.note.text()
     screenshot(window, "chat_image_refused_no_vision")
+
+
+def test_each_reply_keeps_the_model_that_wrote_it(chat_window, qtbot, checkpoint):
+    """Past replies were relabelled with the model loaded now; each records its own (and its weights)."""
+    window = chat_window
+    send(qtbot, window, "First model?")
+    wait_reply(qtbot, window)
+    first = window.engine.model.name
+    other = checkpoint("gqa3_ratio3")
+    window.load_model(str(other))
+    wait_ready(qtbot, window)
+    assert window.engine.model.name != first
+    send(qtbot, window, "Second model?")
+    wait_reply(qtbot, window)
+    window.session.open(window.session.current.id)           # the transcript built again from the store
+    views = [v for v in window.chat.transcript.message_views() if v.message.role == "assistant"]
+    assert [v.speaker.text() for v in views] == [first, window.engine.model.name]
+    assert views[0].message.metrics["model"] == {"name": first, "weights": "bf16", "drafts": 0}
+    assert "16-bit weights" in views[0].speaker.toolTip()
+    window.session.regenerate(False)                       # the new version is the second model's; the first stays
+    wait_reply(qtbot, window)
+    screenshot(window, "chat_replies_keep_their_model")

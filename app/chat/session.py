@@ -58,6 +58,7 @@ class ActiveReply:
     tokens: int = 0                      # streamed so far
     first_token_at: float | None = None
     earlier: dict | None = None          # a continued reply: its metrics before
+    writer: dict = field(default_factory=dict)   # the model that writes it (metrics["model"]: name, weights, drafts)
 
     @property
     def tok_s(self) -> float | None:
@@ -307,12 +308,15 @@ class ChatSession(QObject):
         fit = self._fit(self._history(continuing, without=regenerating), kwargs)
         if fit is None:
             return
+        writer = self.backend.writer()
         if regenerating is not None:
             message = self.store.new_version(regenerating.id)
+            message.metrics = {"model": writer}
+            self.store.update_message(message.id, metrics=message.metrics)
             self.active = ActiveReply(message, f"m{message.id}v{message.version}")
             self.message_changed.emit(message)
         elif continuing is None:
-            message = self.store.add_message(self.current.id, "assistant", status="streaming")
+            message = self.store.add_message(self.current.id, "assistant", status="streaming", metrics={"model": writer})
             self.active = ActiveReply(message, f"m{message.id}")
             self.message_added.emit(message)
         else:
@@ -323,6 +327,7 @@ class ChatSession(QObject):
             self.store.update_message(message.id, status="streaming")
             self.reply_updated.emit(message.id, message.content, message.reasoning)
         self.active.prompt_tokens = fit.tokens
+        self.active.writer = writer
         self.busy_changed.emit(True)
         self._emit_context()
         self.backend.generate(self.active.request_id, fit.history, self.reply_settings().sampling_params(thinking),
@@ -408,7 +413,7 @@ class ChatSession(QObject):
         reasoning = reply.reasoning + result.reasoning
         if reply.thinking_s is None and reasoning and content:
             reply.thinking_s = time.monotonic() - reply.started
-        metrics = dict(result.metrics, finish=result.finish_reason)
+        metrics = dict(result.metrics, finish=result.finish_reason, model=reply.writer)
         if "prompt_tokens" in metrics:
             metrics["context_tokens"] = metrics["prompt_tokens"] + metrics.get("output_tokens", 0)
         if reply.earlier:                      # a continued reply: its numbers add up
