@@ -298,6 +298,8 @@ class EngineThread(QThread):
             self.endpoint_changed.emit(EndpointStatus(False, message="Starts when a model is loaded"))
         else:
             self._server, status = start_endpoint(self._engine, self._endpoint, self.model.name, self.server_log)
+            if status.failed:
+                self._endpoint = None           # not tried again at the next load: the window turns the switch off
             self.endpoint_changed.emit(status)
 
     def _stop_endpoint(self) -> None:

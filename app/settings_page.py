@@ -390,12 +390,18 @@ class SettingsPage(QWidget):
         settings = EndpointSettings(self.endpoint_host.text().strip() or "127.0.0.1", self.endpoint_port.value())
         self.base_url.setText(settings.base_url)
 
+    def show_endpoint_off(self) -> None:
+        """The endpoint could not start: its switch goes off (the settings already say so)."""
+        self.endpoint_enabled.blockSignals(True)
+        self.endpoint_enabled.setChecked(False)
+        self.endpoint_enabled.blockSignals(False)
+
     def set_endpoint_status(self, status: EndpointStatus) -> None:
         if status.running:
             text, state = f"Running at {status.base_url}", "ok"
             self.base_url.setText(status.base_url)
         elif status.message:
-            text, state = status.message, "warning" if self.endpoint_enabled.isChecked() else ""
+            text, state = status.message, "warning" if self.endpoint_enabled.isChecked() or status.failed else ""
         else:
             text, state = "Off", ""
         self.endpoint_status.setText(text)

@@ -305,6 +305,9 @@ class MainWindow(QMainWindow):
 
     def _endpoint_changed(self, status: EndpointStatus) -> None:
         self.endpoint_status = status
+        if status.failed and self.context.settings.endpoint_enabled:
+            self.context.save_settings(self.context.settings.copy(endpoint_enabled=False))
+            self.settings_page.show_endpoint_off()
         self.settings_page.set_endpoint_status(status)
         self.status.set_endpoint(status, self.remote.label if self.remote else "")
 

@@ -8,6 +8,7 @@ from engine.chat.tools import ToolCallParser, call_arguments, tool_schemas
 from engine.config import ModelConfig, UnsupportedModelError, load_model_config, parse_model_config
 from engine.device import DeviceInfo, probe
 from engine.engine import NO_VISION, Engine, LoadCancelled, RequestHandle
+from engine.listen import DEFAULT_PORT, PortInUseError, listen_socket
 from engine.memory import MemoryPlan, budget_for, plan_for, system_share
 from engine.params import (DTYPE_NAMES, KV_DTYPES, MAX_DRAFTS, PROFILES, VISION, WEIGHTS, CallArgs, CallStart,
                            Constraint, ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, Reasoning,
@@ -19,10 +20,11 @@ from engine.vision.prompt import split_images
 from engine.weights.checkpoint import CheckpointError, check_checkpoint
 
 
-__all__ = ["DTYPE_NAMES", "KV_DTYPES", "MAX_DRAFTS", "PROFILES", "VISION", "WEIGHTS", "CallArgs", "CallStart",
-           "CheckpointError", "Constraint", "ContextLengthError", "DeviceInfo", "Engine", "EngineConfig",
-           "GenerateOutput", "ImageInputError", "LoadCancelled", "MemoryPlan", "ModelConfig", "NO_VISION",
-           "QueueFullError", "Reasoning", "RequestHandle", "SamplingParams", "SpeculationStats", "StreamEvent", "Text",
-           "Timings", "TokenLogprob", "ToolCall", "ToolCallParser", "UnsupportedModelError", "Usage", "add_calls",
-           "budget_for", "call_arguments", "check_checkpoint", "decode_image", "load_model_config", "parse_model_config",
-           "plan_for", "probe", "split_images", "starts_in_reasoning", "system_share", "tool_schemas"]
+__all__ = ["DEFAULT_PORT", "DTYPE_NAMES", "KV_DTYPES", "MAX_DRAFTS", "NO_VISION", "PROFILES", "VISION", "WEIGHTS",
+           "CallArgs", "CallStart", "CheckpointError", "Constraint", "ContextLengthError", "DeviceInfo", "Engine",
+           "EngineConfig", "GenerateOutput", "ImageInputError", "LoadCancelled", "MemoryPlan", "ModelConfig",
+           "PortInUseError", "QueueFullError", "Reasoning", "RequestHandle", "SamplingParams", "SpeculationStats",
+           "StreamEvent", "Text", "Timings", "TokenLogprob", "ToolCall", "ToolCallParser", "UnsupportedModelError",
+           "Usage", "add_calls", "budget_for", "call_arguments", "check_checkpoint", "decode_image", "listen_socket",
+           "load_model_config", "parse_model_config", "plan_for", "probe", "split_images", "starts_in_reasoning",
+           "system_share", "tool_schemas"]
