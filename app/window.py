@@ -35,6 +35,7 @@ from app.models_page import ModelsPage
 from app.remote_client import RemoteBackend
 from app.settings import ENDPOINT_FIELDS, RELOAD_FIELDS, REMOTE_FIELDS, AppSettings
 from app.settings_page import SettingsPage
+from app.shortcuts import HELP_KEYS, ShortcutSheet, keys
 from app.status_bar import StatusBar
 from app.wheel_guard import guard_wheel
 
@@ -82,6 +83,8 @@ class MainWindow(QMainWindow):
         self.status = StatusBar()
         self._build()
         self._connect()
+        for combo in HELP_KEYS:
+            QShortcut(QKeySequence(combo), self, self.show_shortcuts)
         self._memory_timer = QTimer(self, interval=MEMORY_REFRESH_MS, timeout=self.refresh_memory)
         self._memory_timer.start()
 
@@ -125,8 +128,9 @@ class MainWindow(QMainWindow):
             button.setCheckable(True)
             button.setCursor(Qt.CursorShape.PointingHandCursor)
             button.clicked.connect(lambda _=False, n=name: self.show_page(n))
-            button.setToolTip(f"{name.capitalize()} (Ctrl+{number})")
-            QShortcut(QKeySequence(f"Ctrl+{number}"), self, partial(self.show_page, name))
+            button.setToolTip(f"{name.capitalize()} ({keys(name)})")
+            button.setAccessibleName(name.capitalize())
+            QShortcut(QKeySequence(keys(name)), self, partial(self.show_page, name, True))
             self.nav.addButton(button)
             self.nav_buttons[name] = button
             column.addWidget(button)
@@ -170,10 +174,19 @@ class MainWindow(QMainWindow):
         self.downloads.completed.connect(self._download_completed)
 
     # ---- navigation ----------------------------------------------------------------------------
-    def show_page(self, name: str) -> None:
+    def show_page(self, name: str, from_keyboard: bool = False) -> None:
+        """from_keyboard: the page's shortcut: the chat then puts the cursor in the message box (typing goes there)."""
         self.stack.setCurrentIndex(PAGES.index(name))
         self.nav_buttons[name].setChecked(True)
+        if from_keyboard and name == "chat":
+            self.chat.composer.input.setFocus()
         self.refresh_memory()
+
+    def show_shortcuts(self) -> ShortcutSheet:
+        sheet = ShortcutSheet(self)
+        sheet.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        sheet.show()
+        return sheet
 
     def refresh_memory(self) -> None:
         """Probe the machine's memory again while no model holds any (a loaded model's pages plan with the memory

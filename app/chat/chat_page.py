@@ -23,6 +23,7 @@ from app.chat.conversation_list import ConversationList
 from app.chat.session import ChatSession
 from app.chat.transcript import Transcript
 from app.formatting import human_tokens
+from app.shortcuts import keys
 from app.store import Message
 from app.widgets import ElidedLabel, icon_button, label, text_button
 
@@ -111,7 +112,7 @@ class ChatPage(QWidget):
 
     def _connect(self) -> None:
         s = self.session
-        self.conversations.new_requested.connect(s.new_conversation)
+        self.conversations.new_requested.connect(self.new_chat)
         self.conversations.selected.connect(s.open)
         self.conversations.selected.connect(self._fold_if_narrow)
         self.conversations.renamed.connect(s.rename)
@@ -140,11 +141,14 @@ class ChatPage(QWidget):
             signal.connect(self._draft_timer.start)
 
     def _shortcuts(self) -> None:
-        for keys, action in (("Ctrl+N", self.session.new_conversation),
-                             ("Ctrl+K", self._search),
-                             ("Ctrl+B", self.toggle_sidebar),
-                             ("Escape", self._escape)):
-            QShortcut(QKeySequence(keys), self, action)
+        for action, run in (("new_chat", self.new_chat), ("search", self._search), ("sidebar", self.toggle_sidebar),
+                            ("escape", self._escape)):
+            QShortcut(QKeySequence(keys(action)), self, run)
+
+    def new_chat(self) -> None:
+        """An empty chat with the cursor in the message box (typed text went nowhere)."""
+        self.session.new_conversation()
+        self.composer.input.setFocus()
 
     def _fold_if_narrow(self) -> None:
         if self._narrow:

@@ -58,6 +58,24 @@ class ComposerEdit(QPlainTextEdit):
             return
         super().keyPressEvent(event)
 
+    def focusInEvent(self, event) -> None:
+        super().focusInEvent(event)
+        self._mark_frame(True)
+
+    def focusOutEvent(self, event) -> None:
+        super().focusOutEvent(event)
+        self._mark_frame(False)
+
+    def _mark_frame(self, focused: bool) -> None:
+        """The composer's frame shows the focus (a style sheet cannot ask whether a child has it)."""
+        frame = self.parentWidget()
+        while frame is not None and frame.objectName() != "composer":
+            frame = frame.parentWidget()
+        if frame is not None:
+            frame.setProperty("focused", focused)
+            frame.style().unpolish(frame)
+            frame.style().polish(frame)
+
     def canInsertFromMimeData(self, source) -> bool:
         return source.hasImage() or source.hasUrls() or super().canInsertFromMimeData(source)
 
@@ -214,6 +232,7 @@ class Composer(QFrame):
         self.status.setText(self._blocked_reason if not self.streaming else "")
         set_enabled(self.send_button, self.streaming or not self._blocked_reason, self._blocked_reason,
                     "Stop" if self.streaming else "Send (Enter)")
+        self.send_button.setAccessibleName("Stop the reply" if self.streaming else "Send")
 
     # ---- input ---------------------------------------------------------------------------------
     def pick_images(self) -> None:
