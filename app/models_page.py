@@ -3,6 +3,8 @@ catalog, and the Hugging Face token."""
 
 from __future__ import annotations
 
+import threading
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -16,9 +18,11 @@ from PySide6.QtWidgets import (
 )
 
 from app import dialogs, icons
-from app.catalog import by_fit, fit_text, gib, recommend, runs_as, too_large
+from app.catalog import CatalogEntry, by_fit, fit_text, gib, recommend, runs_as, too_large
 from app.context import AppContext
 from app.downloads import DownloadManager
+from app.downloads.hub import HubError
+from app.downloads.hub_search import DEFAULT_QUERY, search_hub
 from app.formatting import human_bytes
 from app.local_models import LocalModel, delete_model, scan_all
 from app.model_rows import CatalogCard, DownloadRow, LocalModelRow
@@ -33,6 +37,7 @@ class ModelsPage(QWidget):
     load_requested = Signal(str)              # checkpoint directory
     eject_requested = Signal()
     cancel_load_requested = Signal()
+    search_finished = Signal(int, object)     # search number, SearchResult or the error's message (search thread)
 
     def __init__(self, context: AppContext, downloads: DownloadManager, parent=None):
         super().__init__(parent)
@@ -42,6 +47,9 @@ class ModelsPage(QWidget):
         self.loaded_path = ""
         self.loading_path = ""
         self.catalog_plans = {e.id: self.plan(e.id, e.architecture) for e in context.catalog}
+        self.search_cards: list[CatalogCard] = []
+        self.search_plans: dict[str, MemoryPlan] = {}
+        self.searches = 0                         # the latest search's number: an older one's answer is dropped
         self.recommended = recommend(context.catalog, self.catalog_plans, context.device)
         self.download_rows: dict[str, DownloadRow] = {}
         self.local_rows: list[LocalModelRow] = []
@@ -109,6 +117,7 @@ class ModelsPage(QWidget):
         column.addLayout(self.grid)
         column.addWidget(self.hidden_note)
         self._place_cards()
+        column.addWidget(self._search_card())
         column.addWidget(self._token_card())
         column.addStretch(1)
 
@@ -172,6 +181,82 @@ class ModelsPage(QWidget):
                                  f"{too_large(self.context.device).lower()}." if hidden else "")
         self.hidden_note.setVisible(bool(hidden))
 
+    def _search_card(self) -> Card:
+        card = Card()
+        card.body.addWidget(label("Search Hugging Face", "cardTitle"))
+        card.body.addWidget(label("Qwen3.5-family checkpoints beyond the catalog: fine-tunes and quantized builds "
+                                  "(FP8, GPTQ or AWQ int4). Each result's config.json and file sizes are read "
+                                  "before anything downloads, and it shows what it would run as here.", "muted",
+                                  wrap=True))
+        row = QHBoxLayout()
+        self.search_field = QLineEdit()
+        self.search_field.setPlaceholderText(f"A name, e.g. {DEFAULT_QUERY}-9B GPTQ (empty: {DEFAULT_QUERY})")
+        self.search_field.setAccessibleName("Search Hugging Face")
+        self.search_field.returnPressed.connect(self.search)
+        self.search_button = text_button("Search", "search")
+        self.search_button.clicked.connect(self.search)
+        row.addWidget(self.search_field, 1)
+        row.addWidget(self.search_button)
+        card.body.addLayout(row)
+        self.search_status = label("", "muted", wrap=True)
+        self.search_status.hide()
+        card.body.addWidget(self.search_status)
+        self.search_box = QVBoxLayout()
+        self.search_box.setSpacing(8)
+        card.body.addLayout(self.search_box)
+        self.search_finished.connect(self._show_search)
+        return card
+
+    def search(self) -> None:
+        """Ask the hub on a thread; the answer comes back through search_finished."""
+        self.searches += 1
+        number, query = self.searches, self.search_field.text()
+        token, endpoint = self.context.settings.hf_token, self.context.hub_endpoint
+        self.search_status.setText(f"Searching for {query.strip() or DEFAULT_QUERY}…")
+        self.search_status.show()
+        set_enabled(self.search_button, False, "Searching now")
+
+        def run():
+            try:
+                self.search_finished.emit(number, search_hub(query, token, endpoint))
+            except HubError as e:
+                self.search_finished.emit(number, str(e))
+
+        threading.Thread(target=run, name="qwendesk-hub-search", daemon=True).start()
+
+    def _show_search(self, number: int, result) -> None:
+        if number != self.searches:
+            return
+        set_enabled(self.search_button, True, "")
+        for card in self.search_cards:
+            self.search_box.removeWidget(card)
+            card.deleteLater()
+        self.search_cards.clear()
+        if isinstance(result, str):
+            self.search_status.setText(f"The search failed: {result}.")
+            return
+        for found in result.candidates:
+            entry = CatalogEntry(id=found.repo_id, name=found.repo_id.split("/")[-1], variant=found.source_format,
+                                 params="", download_gb=float(f"{found.download_bytes / 1e9:.2g}"),
+                                 summary=f"{found.downloads:,} downloads · {found.likes:,} likes on Hugging Face",
+                                 recommend=False, source="Hugging Face search", architecture=found.architecture)
+            plan = self.search_plans[entry.id] = self.plan(entry.id, entry.architecture)
+            card = CatalogCard(entry, False, runs_as(plan, self.context.device),
+                               "" if plan.fits else too_large(self.context.device))
+            card.download_requested.connect(self.download_checked)
+            card.load_requested.connect(self.load_requested)
+            card.eject_requested.connect(self.eject_requested)
+            card.cancel_load_requested.connect(self.cancel_load_requested)
+            self.search_cards.append(card)
+            self.search_box.addWidget(card)
+        skipped = len(result.left_out)
+        self.search_status.setText(
+            f"{len(result.candidates)} checkpoint{'s' if len(result.candidates) != 1 else ''} for “{result.query}” "
+            f"that this app runs" + (f"; {skipped} other result{'s' if skipped != 1 else ''} left out (another "
+                                     f"architecture or weight format: hover for why)." if skipped else "."))
+        self.search_status.setToolTip("\n".join(f"{repo}: {why}" for repo, why in result.left_out.items()))
+        self._refresh_cards()
+
     def _token_card(self) -> Card:
         card = Card()
         card.body.addWidget(label("Hugging Face token", "cardTitle"))
@@ -207,6 +292,9 @@ class ModelsPage(QWidget):
         self._place_cards()
         for row in self.local_rows:
             row.set_runs_as(fit_text(self.plan(row.model.path, row.model.architecture), self.context.device))
+        for card in self.search_cards:
+            plan = self.search_plans[card.entry.id] = self.plan(card.entry.id, card.entry.architecture)
+            card.set_runs_as(runs_as(plan, self.context.device), "" if plan.fits else too_large(self.context.device))
         self._describe_machine()
 
     # ---- state ---------------------------------------------------------------------------------
@@ -243,7 +331,7 @@ class ModelsPage(QWidget):
         return ""
 
     def _refresh_cards(self) -> None:
-        for card in self.cards:
+        for card in self.cards + self.search_cards:
             path = self.local_path_for(card.entry.id)
             card.set_state(path, self.downloads.status(card.entry.id),
                            "loaded" if path and path == self.loaded_path else
@@ -290,7 +378,7 @@ class ModelsPage(QWidget):
 
     def download_checked(self, repo_id: str) -> None:
         """Download, after a question when the engine's plan says the model will not run here."""
-        plan = self.catalog_plans[repo_id]
+        plan = self.catalog_plans.get(repo_id) or self.search_plans[repo_id]
         if not plan.fits and not dialogs.confirm(
                 self, "Too large", f"{repo_id} will not run here: {plan.message}\n\nDownload it anyway (to use "
                 "elsewhere or after a hardware change)?", "Download anyway"):
