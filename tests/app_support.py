@@ -324,6 +324,9 @@ class ScriptedBackend:
         self.delta, self.reply_finished = self._signals.delta, self._signals.reply_finished
         self.script, self.metrics, self.tool_calls = script, metrics or {}, tool_calls or []
 
+    def writer(self) -> dict:
+        return {"name": "scripted"}
+
     def generate(self, request_id, messages, params, template_kwargs):
         from PySide6.QtCore import QTimer
 
