@@ -28,9 +28,6 @@ from engine.api import (ContextLengthError, Engine, EngineConfig, LoadCancelled,
 
 log = logging.getLogger("qwendesk.app")
 
-CPU_WARNING = ("No CUDA GPU found: the model runs on the CPU. Expect a few tokens per second at best; "
-               "fine for the smallest models.")
-
 
 @dataclass(frozen=True)
 class LoadedModel:
@@ -231,8 +228,6 @@ class EngineThread(QThread):
                                  vision=engine.accepts_images)
         self._set_state("ready", name)
         self.loaded.emit(self.model)
-        if config.device == "auto" and engine.device.type == "cpu":
-            self.warning.emit(CPU_WARNING)
         self._restart_endpoint()
 
     def _load_cancelled(self, path: str) -> None:

@@ -43,6 +43,7 @@ log = logging.getLogger("qwendesk.app")
 PAGES = ("chat", "models", "settings")
 GEOMETRY_KEY = "window_geometry"
 MIN_WIDTH, MIN_HEIGHT = 800, 560
+CPU_WARNING = "No CUDA GPU found: models run on the CPU, a few tokens per second at best."   # the only place it is said
 MEMORY_REFRESH_MS = 10_000      # how often the machine's memory is probed again while no model is loaded
 
 
@@ -92,8 +93,7 @@ class MainWindow(QMainWindow):
             self.engine.set_endpoint(self._endpoint_settings())
         self._apply_backend()
         if not context.device.on_gpu:
-            self.chat.show_banner("warning", "No CUDA GPU found: models run on the CPU. Expect a few tokens per "
-                                             "second at best; fine for the smallest models.")
+            self.chat.show_banner("warning", CPU_WARNING)
         last = context.settings.last_model
         if autoload and last and Path(last, "config.json").is_file():
             self.load_model(last)
