@@ -483,3 +483,29 @@ def test_each_reply_keeps_the_model_that_wrote_it(chat_window, qtbot, checkpoint
     window.session.regenerate(False)                       # the new version is the second model's; the first stays
     wait_reply(qtbot, window)
     screenshot(window, "chat_replies_keep_their_model")
+
+
+def test_an_image_dropped_anywhere_on_the_chat_is_attached_and_the_box_lights_up_meanwhile(vision_window, qtbot,
+                                                                                           tmp_path):
+    """The empty chat says "drop them here", but only the message box took a drop, and nothing showed a drag."""
+    from PySide6.QtCore import QPointF
+    from PySide6.QtGui import QDragEnterEvent, QDropEvent
+
+    window = vision_window
+    image = QImage(40, 30, QImage.Format.Format_RGB32)
+    image.fill(QColor("#e5b454"))
+    path = tmp_path / "dropped.png"
+    image.save(str(path))
+    data = QMimeData()
+    data.setUrls([QUrl.fromLocalFile(str(path))])
+    target = window.chat.transcript                 # the middle of the page, far from the message box
+    centre = QPointF(target.rect().center())
+    actions = Qt.DropAction.CopyAction
+    enter = QDragEnterEvent(centre.toPoint(), actions, data, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+    QApplication.sendEvent(window.chat, enter)
+    assert enter.isAccepted() and window.chat.composer.property("dropping") is True
+    screenshot(window, "chat_drag_over_the_page")
+    QApplication.sendEvent(window.chat, QDropEvent(centre, actions, data, Qt.MouseButton.LeftButton,
+                                                   Qt.KeyboardModifier.NoModifier))
+    assert [Path(p).name for p in window.chat.composer.attachments.paths] == ["dropped.png"]
+    assert window.chat.composer.property("dropping") is False

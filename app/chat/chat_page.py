@@ -16,7 +16,7 @@ from app.banners import BannerStack
 from app.chat import export
 from app.chat.attachments import keep_bytes
 from app.chat.chat_options import ChatOptionsDialog
-from app.chat.composer import Composer
+from app.chat.composer import Composer, takes_drop
 from app.chat.context_fit import prompt_budget
 from app.chat.context_gauge import ContextGauge
 from app.chat.conversation_list import ConversationList
@@ -42,6 +42,7 @@ class ChatPage(QWidget):
                  local_models: Callable[[], list[tuple[str, str, bool]]], parent=None):
         """`local_models`: the checkpoints on disk for the model menu, as (name, path, loaded)."""
         super().__init__(parent)
+        self.setAcceptDrops(True)            # the empty chat says "drop them here": the whole page takes them
         self.session = session
         self.local_models = local_models
         self.model_name = ""
@@ -139,6 +140,19 @@ class ChatPage(QWidget):
         s.cache_warmed.connect(self.gauge.set_cached)
         for signal in (s.opened, s.reply_finished, s.message_removed):
             signal.connect(self._draft_timer.start)
+
+    # ---- drops anywhere on the page go to the message box ---------------------------------------
+    def dragEnterEvent(self, event) -> None:
+        if takes_drop(event.mimeData()):
+            event.acceptProposedAction()
+            self.composer.set_drop_highlight(True)
+
+    def dragLeaveEvent(self, event) -> None:
+        self.composer.set_drop_highlight(False)
+
+    def dropEvent(self, event) -> None:
+        self.composer.drop(event.mimeData())
+        event.acceptProposedAction()
 
     def _shortcuts(self) -> None:
         for action, run in (("new_chat", self.new_chat), ("search", self._search), ("sidebar", self.toggle_sidebar),

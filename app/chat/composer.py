@@ -31,6 +31,10 @@ KEYS_HINT = "  (Enter to send, Shift+Enter for a new line)"
 NO_IMAGES = "The model in use does not take images, so images cannot be attached."
 
 
+def takes_drop(data) -> bool:
+    return data.hasUrls() or data.hasImage()
+
+
 class ComposerEdit(QPlainTextEdit):
     submit = Signal()
     edit_last = Signal()              # Up in an empty composer: edit the last message sent
@@ -245,12 +249,27 @@ class Composer(QFrame):
                 self._show_note(str(e))
 
     def dragEnterEvent(self, event) -> None:       # accepted without vision too: the drop explains the refusal
-        if event.mimeData().hasUrls() or event.mimeData().hasImage():
+        if takes_drop(event.mimeData()):
             event.acceptProposedAction()
+            self.set_drop_highlight(True)
+
+    def dragLeaveEvent(self, event) -> None:
+        self.set_drop_highlight(False)
 
     def dropEvent(self, event) -> None:
-        self.input.insertFromMimeData(event.mimeData())
+        self.drop(event.mimeData())
         event.acceptProposedAction()
+
+    def drop(self, data) -> None:
+        """Files or an image dropped here or anywhere on the chat page."""
+        self.set_drop_highlight(False)
+        self.input.insertFromMimeData(data)
+
+    def set_drop_highlight(self, on: bool) -> None:
+        """While something droppable is dragged over the chat: the message box says where it goes."""
+        self.setProperty("dropping", on)
+        self.style().unpolish(self)
+        self.style().polish(self)
 
     def _on_send_button(self) -> None:
         if self.streaming:
