@@ -11,7 +11,8 @@ from app.profile_plans import ProfilePlan
 from app.widgets import label
 
 WEIGHTS_TEXT = {"bf16": "16-bit", "int4": "int4"}
-HEADERS = ("Profile", "Together", "Weights", "Context per request", "KV cache", "State", "Workspace", "")
+# narrow enough for the smallest window (800 px): the profile's name says how many requests run together
+HEADERS = ("Profile", "Weights", "Context each", "KV cache", "State", "Workspace", "")
 
 
 class ProfileTable(QWidget):
@@ -22,7 +23,7 @@ class ProfileTable(QWidget):
         column.setContentsMargins(0, 0, 0, 0)
         column.setSpacing(8)
         self.grid = QGridLayout()
-        self.grid.setHorizontalSpacing(24)
+        self.grid.setHorizontalSpacing(16)
         self.grid.setVerticalSpacing(6)
         self.note = label("", "muted", wrap=True)
         column.addLayout(self.grid)
@@ -50,9 +51,7 @@ class ProfileTable(QWidget):
             cell.deleteLater()
 
     def _row(self, row: int, plan: ProfilePlan, selected: bool) -> None:
-        count = int(plan.profile[1:])
         cells = (f"{plan.profile}  {self.descriptions[plan.profile]['title']}",
-                 f"{count} request{'s' if count > 1 else ''}",
                  f"{WEIGHTS_TEXT.get(plan.weights, plan.weights)}, {human_memory(plan.weights_bytes)}"
                  if plan.weights_bytes else WEIGHTS_TEXT.get(plan.weights, plan.weights),
                  f"{human_tokens(plan.max_context)} tokens" if plan.fits else "does not fit",

@@ -30,8 +30,8 @@ def test_profile_change_reloads_the_engine(window, qtbot):
     page = window.settings_page
     window.show_page("settings")
     assert not page.apply_engine.isEnabled()
-    plans = [page.plans.cell_text(row, 3) for row in range(1, 5)]
-    weights = {page.plans.cell_text(row, 2) for row in range(1, 5)}
+    plans = [page.plans.cell_text(row, 2) for row in range(1, 5)]
+    weights = {page.plans.cell_text(row, 1) for row in range(1, 5)}
     assert len(weights) == 1 and weights.pop().startswith("16-bit, ")         # the CPU keeps 16-bit weights
     assert all(text.endswith("tokens") for text in plans)             # every profile fits the tiny model
     screenshot(window, "settings")
@@ -184,8 +184,8 @@ def test_settings_without_a_model_show_each_profiles_memory_and_no_reload_warnin
     w.show_page("settings")
     headers = [page.plans.cell_text(0, col) for col in range(8)]
     assert headers[2:7] == ["Weights", "Context per request", "KV cache", "State", "Workspace"]
-    kv = [page.plans.cell_text(row, 4) for row in range(1, 5)]
-    state = [page.plans.cell_text(row, 5) for row in range(1, 5)]
+    kv = [page.plans.cell_text(row, 3) for row in range(1, 5)]
+    state = [page.plans.cell_text(row, 4) for row in range(1, 5)]
     assert all(text.endswith("iB") for text in kv + state)
     assert len(set(state)) > 1                           # more requests together: more recurrent state each
     page.profile_buttons["C2"].click()
