@@ -182,8 +182,8 @@ def test_settings_without_a_model_show_each_profiles_memory_and_no_reload_warnin
     w = open_window(qtbot, context, autoload=False)
     page = w.settings_page
     w.show_page("settings")
-    headers = [page.plans.cell_text(0, col) for col in range(8)]
-    assert headers[2:7] == ["Weights", "Context per request", "KV cache", "State", "Workspace"]
+    headers = [page.plans.cell_text(0, col) for col in range(7)]
+    assert headers[1:6] == ["Weights", "Context each", "KV cache", "State", "Workspace"]
     kv = [page.plans.cell_text(row, 3) for row in range(1, 5)]
     state = [page.plans.cell_text(row, 4) for row in range(1, 5)]
     assert all(text.endswith("iB") for text in kv + state)
