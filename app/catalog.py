@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from app.formatting import human_memory, weights_words
 from app.paths import resources_dir
 from engine.api import DeviceInfo, MemoryPlan, ModelConfig, parse_model_config
 
@@ -62,9 +63,9 @@ def runs_as(plan: MemoryPlan, device: DeviceInfo) -> str:
     """What a plan means, in a few words for a card."""
     if not plan.fits:
         return f"Needs {gib(plan.total_bytes)} of {gib(plan.budget_bytes)} available: {what_limits(plan)}"
-    weights = "int4" if plan.weights == "int4" else "16-bit"
     where = "" if device.on_gpu else " on the CPU"
-    return (f"Runs as {weights}{where} ({gib(plan.weights_bytes)} of weights) with up to "
+    return (f"Runs as {weights_words(plan.weights, plan.weight_bits)}{where} ({human_memory(plan.weights_bytes)} of "
+            f"weights) with up to "
             f"{plan.max_context // 1024}K tokens of context")
 
 

@@ -22,6 +22,7 @@ from app.chat.attachments import image_problem
 from app.chat.blocks import ShownCall
 from app.endpoint import EndpointSettings, EndpointStatus, start_endpoint
 from app.server_log import ServerLog
+from app.formatting import weights_words
 from app.generation import ReplyResult, metrics_from_engine
 from engine.api import (ContextLengthError, Engine, EngineConfig, LoadCancelled, MemoryPlan, QueueFullError, add_calls,
                         plan_for)
@@ -62,7 +63,7 @@ def engine_messages(messages: list[dict]) -> list[dict]:
 
 def weights_text(plan: MemoryPlan) -> str:
     """How the planned weights load, in words: "int4 weights (14.6 GiB)"."""
-    kind = "int4" if plan.weights == "int4" else "16-bit"
+    kind = weights_words(plan.weights, plan.weight_bits)
     return f"{kind} weights ({plan.weights_bytes / (1 << 30):.1f} GiB)"
 
 
@@ -112,7 +113,8 @@ class EngineThread(QThread):
     def writer(self) -> dict:
         """What writes the replies now, as a message records it: the model, its weights, its speculation."""
         m = self.model
-        return {"name": m.name, "weights": m.plan.weights, "drafts": m.plan.drafts} if m else {}
+        return {"name": m.name, "weights": weights_words(m.plan.weights, m.plan.weight_bits),
+                "drafts": m.plan.drafts} if m else {}
 
     def generate(self, request_id: str, messages: list[dict], params, template_kwargs: dict) -> None:
         self._commands.put(("generate", request_id, messages, params, template_kwargs))

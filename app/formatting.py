@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def weights_words(weights: str, bits: int = 16) -> str:
+    """How a plan's weights load, in words: "int4", or "16-bit" / "32-bit" for unquantized weights (MemoryPlan's
+    weights and weight_bits: the CPU runs them in fp32)."""
+    return "int4" if weights == "int4" else f"{bits}-bit"
+
+
 def human_bytes(n: float) -> str:
     """Decimal units, as the hub and file managers show sizes."""
     for unit in ("B", "KB", "MB"):

@@ -26,6 +26,7 @@ class ProfilePlan:
     workspace_bytes: int = 0   # activations, logits, graph pools (and the allocator's margin)
     vision: str = "off"     # the vision tower: off | resident | on_demand (engine.api MemoryPlan.vision)
     vision_bytes: int = 0   # what encoding the largest image holds on the GPU
+    weight_bits: int = 16   # unquantized weights' bits (MemoryPlan.weight_bits: 32 on the CPU)
 
 
 def profile_descriptions() -> dict[str, dict]:
@@ -48,5 +49,6 @@ def plan_profiles(config: EngineConfig, device: DeviceInfo | None, loaded_plan=N
             continue
         plans.append(ProfilePlan(profile, plan.weights, plan.fits, plan.max_context, plan.total_bytes,
                                  plan.budget_bytes, plan.message, plan.weights_bytes, plan.kv_bytes, plan.state_bytes,
-                                 plan.workspace_bytes + plan.margin_bytes, plan.vision, plan.vision_bytes))
+                                 plan.workspace_bytes + plan.margin_bytes, plan.vision, plan.vision_bytes,
+                                 plan.weight_bits))
     return plans

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QGridLayout, QVBoxLayout, QWidget
 
-from app.formatting import human_gib, human_memory, human_tokens
+from app.formatting import human_gib, human_memory, human_tokens, weights_words
 from app.profile_plans import ProfilePlan
 from app.widgets import label
 
-WEIGHTS_TEXT = {"bf16": "16-bit", "int4": "int4"}
 # narrow enough for the smallest window (800 px): the profile's name says how many requests run together
 HEADERS = ("Profile", "Weights", "Context each", "KV cache", "State", "Workspace", "")
 
@@ -52,8 +51,8 @@ class ProfileTable(QWidget):
 
     def _row(self, row: int, plan: ProfilePlan, selected: bool) -> None:
         cells = (f"{plan.profile}  {self.descriptions[plan.profile]['title']}",
-                 f"{WEIGHTS_TEXT.get(plan.weights, plan.weights)}, {human_memory(plan.weights_bytes)}"
-                 if plan.weights_bytes else WEIGHTS_TEXT.get(plan.weights, plan.weights),
+                 f"{weights_words(plan.weights, plan.weight_bits)}, {human_memory(plan.weights_bytes)}"
+                 if plan.weights_bytes else weights_words(plan.weights, plan.weight_bits),
                  f"{human_tokens(plan.max_context)} tokens" if plan.fits else "does not fit",
                  *((human_memory(n) if plan.fits else "–") for n in (plan.kv_bytes, plan.state_bytes,
                                                                  plan.workspace_bytes)),

@@ -44,6 +44,7 @@ class MemoryPlan:
     kv_bytes_per_token: int
     state_bytes_per_slot: int
     weights: str = "bf16"       # bf16 (16-bit) | int4: what the weights are loaded as
+    weight_bits: int = 16        # bits of each weight left unquantized: the activation dtype's (32 on the CPU)
     drafts: int = 0              # MTP drafts per speculative round (0: none, no MTP module)
     speculation_bytes: int = 0   # of the workspace: each running sequence's verify rows and round logits
     vision: str = "off"          # the vision tower: off | resident (its weights in weights_bytes) | on_demand (on the
@@ -232,7 +233,7 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
                           state_bytes=(C + snapshots + 1) * per_slot, workspace_bytes=work, margin_bytes=margin,
                           max_context=ctx, num_pages=pages, num_slots=C + snapshots + 1, snapshots=snapshots,
                           kv_bytes_per_token=per_tok, state_bytes_per_slot=per_slot, drafts=drafts,
-                          speculation_bytes=spec, vision=vision.placement,
+                          speculation_bytes=spec, vision=vision.placement, weight_bits=dtype.itemsize * 8,
                           vision_bytes=vision.weights_bytes + vision.encode_bytes if vision.placement != "off" else 0,
                           host_cache_bytes=host_cache_bytes(config),
                           disk_staging_bytes=MAX_PENDING_BYTES if config.disk_cache else 0)

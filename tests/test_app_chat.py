@@ -478,8 +478,8 @@ def test_each_reply_keeps_the_model_that_wrote_it(chat_window, qtbot, checkpoint
     window.session.open(window.session.current.id)           # the transcript built again from the store
     views = [v for v in window.chat.transcript.message_views() if v.message.role == "assistant"]
     assert [v.speaker.text() for v in views] == [first, window.engine.model.name]
-    assert views[0].message.metrics["model"] == {"name": first, "weights": "bf16", "drafts": 0}
-    assert "16-bit weights" in views[0].speaker.toolTip()
+    assert views[0].message.metrics["model"] == {"name": first, "weights": "32-bit", "drafts": 0}   # fp32 on the CPU
+    assert "32-bit weights" in views[0].speaker.toolTip()
     window.session.regenerate(False)                       # the new version is the second model's; the first stays
     wait_reply(qtbot, window)
     screenshot(window, "chat_replies_keep_their_model")

@@ -2,6 +2,9 @@
 (not half of the free pages), refreshed when it changes; a card that does not fit says what does not."""
 
 import os
+from pathlib import Path
+
+from PySide6.QtWidgets import QLabel
 
 from app.catalog import what_limits
 from engine.api import DeviceInfo, EngineConfig, plan_for, probe
@@ -61,3 +64,19 @@ def test_a_model_too_large_says_what_does_not_fit():
 
     assert limit(2) == "the weights alone take 2.8 GiB"                     # a budget of 1 GiB
     assert limit(4).startswith("weights 2.8 GiB and working memory")        # 3 GiB
+
+
+def test_sizes_say_what_runs(app_env, qtbot, checkpoint):
+    """Item 12: "Runs as 16-bit on the CPU" ran in fp32; small models showed "0.0 GiB of weights"."""
+    path = str(checkpoint())
+    window = open_window(qtbot, make_context(app_env, device=REVIEW_PC, model_folders=[str(Path(path).parent)]),
+                         autoload=False)
+    small = next(c for c in window.models.cards if c.entry.id == "Qwen/Qwen3.5-0.8B")
+    assert "Runs as 32-bit on the CPU (2.8 GiB of weights)" in small.facts.text()
+    (row,) = [r for r in window.models.local_rows if r.model.path == path]
+    assert "Runs as 32-bit on the CPU (895 KiB of weights)" in row_text(row)
+    page_screenshot(window.models, "models_sizes_on_the_cpu")
+
+
+def row_text(row) -> str:
+    return " ".join(label.text() for label in row.findChildren(QLabel))

@@ -32,7 +32,7 @@ def test_profile_change_reloads_the_engine(window, qtbot):
     assert not page.apply_engine.isEnabled()
     plans = [page.plans.cell_text(row, 2) for row in range(1, 5)]
     weights = {page.plans.cell_text(row, 1) for row in range(1, 5)}
-    assert len(weights) == 1 and weights.pop().startswith("16-bit, ")         # the CPU keeps 16-bit weights
+    assert len(weights) == 1 and weights.pop().startswith("32-bit, ")         # the CPU runs unquantized fp32
     assert all(text.endswith("tokens") for text in plans)             # every profile fits the tiny model
     screenshot(window, "settings")
     page.profile_buttons["C2"].click()

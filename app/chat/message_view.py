@@ -156,7 +156,7 @@ class MessageView(QFrame):
     def _show_writer(self, writer: dict) -> None:
         """The model that wrote this version of the reply, as it ran then."""
         self.speaker.setText(writer.get("name") or self.fallback_name)
-        details = [f"{'int4' if writer['weights'] == 'int4' else '16-bit'} weights" if writer.get("weights") else "",
+        details = [f"{writer['weights']} weights" if writer.get("weights") else "",
                    f"speculation: {writer['drafts']} drafts" if writer.get("drafts") else ""]
         self.speaker.setToolTip(" · ".join(d for d in details if d))
 
