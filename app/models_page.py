@@ -87,6 +87,9 @@ class ModelsPage(QWidget):
         local_header.addWidget(refresh)
         local_header.addWidget(add_folder)
         column.addLayout(local_header)
+        self.folders_box = QVBoxLayout()              # the folders the user added, each with Remove
+        self.folders_box.setSpacing(4)
+        column.addLayout(self.folders_box)
         self.local_box = QVBoxLayout()
         self.local_box.setSpacing(8)
         self.local_empty = label("No checkpoints found yet: downloads, the Hugging Face cache and folders you add "
@@ -306,6 +309,7 @@ class ModelsPage(QWidget):
 
     def refresh_local(self) -> None:
         self.local = scan_all(self.context.models_dir, self.context.settings.model_folders, self.context.hf_cache_dir)
+        self._show_folders()
         for row in self.local_rows:
             self.local_box.removeWidget(row)
             row.deleteLater()
@@ -402,6 +406,29 @@ class ModelsPage(QWidget):
         if folder not in folders:
             self.context.save_settings(self.context.settings.copy(model_folders=[*folders, folder]))
         self.refresh_local()
+
+    def remove_model_folder(self, folder: str) -> None:
+        """Stop searching a folder the user added (its files stay where they are)."""
+        folders = [f for f in self.context.settings.model_folders if f != folder]
+        self.context.save_settings(self.context.settings.copy(model_folders=folders))
+        self.refresh_local()
+
+    def _show_folders(self) -> None:
+        while self.folders_box.count():
+            row = self.folders_box.takeAt(0).widget()
+            row.hide()
+            row.deleteLater()
+        for folder in self.context.settings.model_folders:
+            row = QWidget()
+            line = QHBoxLayout(row)
+            line.setContentsMargins(4, 0, 0, 0)
+            line.addWidget(label(f"Also searched: {folder}", "path"), 1)
+            remove = text_button("Remove")
+            remove.setToolTip(f"Stop searching {folder} (nothing is deleted)")
+            remove.setAccessibleName(f"Stop searching {folder}")
+            remove.clicked.connect(lambda _=False, f=folder: self.remove_model_folder(f))
+            line.addWidget(remove)
+            self.folders_box.addWidget(row)
 
     def save_token(self) -> None:
         self.context.save_settings(self.context.settings.copy(hf_token=self.token.text().strip()))
