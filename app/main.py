@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     instance = SingleInstance(instance_key(str(data_dir())))
     if instance.notify_running():
+        print("Qwen Desk is already running: its window was brought to the front.")
         return 0
     instance.listen()
 

@@ -132,7 +132,6 @@ class ModelsPage(QWidget):
         row.addWidget(glyph, 0, Qt.AlignmentFlag.AlignTop)
         text = QVBoxLayout()
         text.setSpacing(4)
-        device = self.context.device
         self.machine_title = label("", "cardTitle")
         self.machine_note = label("", "muted", wrap=True)
         self.recommendation = label("", "body", wrap=True)

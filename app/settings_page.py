@@ -30,7 +30,7 @@ from app.settings import CONTEXT_POLICIES, RELOAD_FIELDS, AppSettings
 from app.server_log_view import LogView
 from app.switch import Switch
 from app.widgets import Card, Form, label, page_header, sampling_boxes, scrolling_page, set_enabled, text_button
-from engine.api import MAX_DRAFTS, PROFILES
+from engine.api import MAX_DRAFTS, PROFILES, DeviceInfo
 
 WIDE, NARROW, BUTTON, GAP = 360, 130, 104, 8
 WEIGHTS = (("auto", "Automatic: 16-bit when it fits, else int4"), ("bf16", "16-bit: exact, twice the memory"),

@@ -35,7 +35,8 @@ def hub(checkpoint, tmp_path_factory):
             "quant_method": "gptq", "bits": 4, "group_size": 128, "checkpoint_format": "gptq"}),
         "tester/Qwen3.5-Tiny-bnb": variant(base, root / "bnb", quantization_config={
             "quant_method": "bitsandbytes", "load_in_4bit": True}),
-        "other/Qwen3.5-style-llama": variant(base, root / "llama", model_type="llama", architectures=["LlamaForCausalLM"]),
+        "other/Qwen3.5-style-llama": variant(base, root / "llama", model_type="llama",
+                                             architectures=["LlamaForCausalLM"]),
         "other/unrelated": base,
     }
     downloads = {"tester/Qwen3.5-Tiny-MoE": 900, "tester/Qwen3.5-Tiny-Instruct": 500, "tester/Qwen3.5-Tiny-GPTQ": 300,

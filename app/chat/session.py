@@ -319,7 +319,12 @@ class ChatSession(QObject):
         """An edited message keeps what it replaced: its reply's versions stay, each with the text it answered
         (`metrics["prompt"]`), and the answer to the new text is one more version of the same reply."""
         old = {"content": edited.content, "attachments": edited.attachments}
-        stamped = lambda v: v if v["metrics"].get("prompt") else {**v, "metrics": {**v["metrics"], "prompt": old}}  # noqa: E731
+
+        def stamped(version: dict) -> dict:
+            if version["metrics"].get("prompt"):
+                return version
+            return {**version, "metrics": {**version["metrics"], "prompt": old}}
+
         own = stamped({k: getattr(reply, k) for k in VERSION_FIELDS})
         self.store.update_message(reply.id, versions=[stamped(v) for v in reply.versions], metrics=own["metrics"])
         for m in self.store.messages(edited.conversation_id):

@@ -17,14 +17,14 @@ from typing import NoReturn
 
 import uvicorn
 
-from engine.cli_args import checked, model_arg, model_name, port_arg, resolve_model
+from engine.cli_args import Parser, checked, model_arg, model_name, port_arg, resolve_model
 from engine.api import DEFAULT_PORT, DTYPE_NAMES, KV_DTYPES, PROFILES, VISION, EngineConfig, listen_socket
 
 log = logging.getLogger("qwendesk.serve")
 
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, EngineConfig]:
-    ap = argparse.ArgumentParser(prog="qwendesk-serve", description="Serve a Qwen3.5-family checkpoint over "
+    ap = Parser(prog="qwendesk-serve", description="Serve a Qwen3.5-family checkpoint over "
                                                                     "OpenAI- and Anthropic-compatible HTTP.")
     ap.add_argument("--model", required=True, type=model_arg,
                     help="checkpoint directory, or a Hugging Face repo id to download")
