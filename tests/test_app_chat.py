@@ -509,3 +509,20 @@ def test_an_image_dropped_anywhere_on_the_chat_is_attached_and_the_box_lights_up
                                                    Qt.KeyboardModifier.NoModifier))
     assert [Path(p).name for p in window.chat.composer.attachments.paths] == ["dropped.png"]
     assert window.chat.composer.property("dropping") is False
+
+
+def test_a_long_unbroken_word_wraps_instead_of_being_clipped(app_env, qtbot):
+    from app.chat.content_view import MarkdownLabel
+    from app.chat.long_text import LongText
+    from app.formatting import breakable
+
+    word = "https://example.com/" + "a" * 150 + "/index.html"
+    assert breakable(word).replace("\u200b", "") == word and "\u200b" in breakable(word)
+    for widget, shown in ((LongText(word), lambda w: w.text), (MarkdownLabel(f"See {word} here"), lambda w: w)):
+        label = shown(widget)
+        assert label.minimumSizeHint().width() < 300     # the whole word was its minimum width: the bubble clipped it
+        widget.setFixedWidth(300)
+        qtbot.addWidget(widget)
+        widget.show()
+        assert label.heightForWidth(300) // label.fontMetrics().lineSpacing() >= 3
+    screenshot(widget, "chat_long_word_wraps")
