@@ -428,6 +428,10 @@ class SettingsPage(QWidget):
 
         threading.Thread(target=run, daemon=True).start()
 
+    def show_remote_problem(self, error: str) -> None:
+        """A request to the remote server failed after it was tested: "Connected." would not be true any more."""
+        self._show_remote_check(f"The last request failed: {error}", False, [])
+
     def _show_remote_check(self, message: str, ok: bool, models: list) -> None:
         self.remote_status.setText(message)
         self.remote_status.setProperty("state", "ok" if ok else "warning")

@@ -324,6 +324,11 @@ class MainWindow(QMainWindow):
         self.settings_page.set_endpoint_status(status)
         self.status.set_endpoint(status, self.remote.label if self.remote else "")
 
+    def _remote_reply_finished(self, request_id: str, result) -> None:
+        """A reply from the remote server that failed: Settings no longer says it is connected."""
+        if result.finish_reason == "error":
+            self.settings_page.show_remote_problem(result.error)
+
     def _apply_backend(self) -> None:
         """The chat talks to the remote server when one is set, else to the loaded model."""
         s = self.context.settings
@@ -331,6 +336,7 @@ class MainWindow(QMainWindow):
             if self.remote is None or (self.remote.base_url, self.remote.api_key, self.remote.model) != \
                     (s.remote_base_url.rstrip("/"), s.remote_api_key, s.remote_model):
                 self.remote = RemoteBackend(s.remote_base_url, s.remote_api_key, s.remote_model, self)
+                self.remote.reply_finished.connect(self._remote_reply_finished)
             self.session.set_backend(self.remote)
             self.chat.set_model(self.remote.label)
         else:

@@ -144,6 +144,11 @@ def test_remote_server_replaces_the_local_engine(app_env, qtbot):
         assert reply.content == " ".join(f"word{i}" for i in range(5)) and reply.reasoning == "Let me think. "
         assert reply.metrics["prompt_tokens"] == 12 and reply.metrics["cached_tokens"] == 4
         screenshot(window, "chat_remote")
+        server.stop()                                   # the server dies: "Connected." must not stay
+        send(qtbot, window, "Still there?")
+        wait_reply(qtbot, window)
+        assert page.remote_status.text().startswith("The last request failed:")
+        assert page.remote_status.property("state") == "warning"
     finally:
         server.stop()
 
