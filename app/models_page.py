@@ -27,7 +27,7 @@ from app.formatting import human_bytes
 from app.local_models import LocalModel, delete_model, scan_all
 from app.model_rows import CatalogCard, DownloadRow, LocalModelRow
 from app.banners import BannerStack
-from app.widgets import Card, label, page_header, scrolling_page, set_enabled, text_button
+from app.widgets import Card, ElidedLabel, label, page_header, scrolling_page, set_enabled, text_button
 from engine.api import MemoryPlan, ModelConfig, plan_for, system_share
 
 TWO_COLUMNS_WIDTH = 900      # a narrower page lists the catalog in one column
@@ -421,7 +421,9 @@ class ModelsPage(QWidget):
             row = QWidget()
             line = QHBoxLayout(row)
             line.setContentsMargins(4, 0, 0, 0)
-            line.addWidget(label(f"Also searched: {folder}", "path"), 1)
+            shown = ElidedLabel(f"Also searched: {folder}", "path", Qt.TextElideMode.ElideMiddle)
+            shown.setToolTip(folder)
+            line.addWidget(shown, 1)
             remove = text_button("Remove")
             remove.setToolTip(f"Stop searching {folder} (nothing is deleted)")
             remove.setAccessibleName(f"Stop searching {folder}")
