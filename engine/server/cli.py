@@ -1,8 +1,8 @@
 """qwendesk-serve: the local OpenAI- and Anthropic-compatible API, headless.
 
 The HTTP server starts at once and the model loads behind it (GET /health answers 503 until it is
-ready), so a supervisor sees the process up and can wait for the model. Bad arguments are refused
-before either starts.
+ready), so a supervisor sees the process up and can wait for the model. Bad arguments, and a port another
+program holds, are refused before either starts.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ log = logging.getLogger("qwendesk.serve")
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, EngineConfig]:
     ap = Parser(prog="qwendesk-serve", description="Serve a Qwen3.5-family checkpoint over "
-                                                                    "OpenAI- and Anthropic-compatible HTTP.")
+                                                   "OpenAI- and Anthropic-compatible HTTP.")
     ap.add_argument("--model", required=True, type=model_arg,
                     help="checkpoint directory, or a Hugging Face repo id to download")
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
