@@ -38,6 +38,7 @@ def hub(checkpoint, tmp_path_factory):
         "other/Qwen3.5-style-llama": variant(base, root / "llama", model_type="llama",
                                              architectures=["LlamaForCausalLM"]),
         "other/unrelated": base,
+        "tester/Qwen3.5<img src=x>": base,              # not a repo id the hub allows: never shown nor fetched
     }
     downloads = {"tester/Qwen3.5-Tiny-MoE": 900, "tester/Qwen3.5-Tiny-Instruct": 500, "tester/Qwen3.5-Tiny-GPTQ": 300,
                  "tester/Qwen3.5-Tiny-bnb": 200, "other/Qwen3.5-style-llama": 100}
@@ -56,6 +57,7 @@ def test_search_reads_each_result_before_download_and_leaves_out_what_cannot_run
     assert dense.download_bytes == sum(len(d) for d in hub.repos["tester/Qwen3.5-Tiny-Instruct"].values())
     assert dense.downloads == 500
     assert set(result.left_out) == {"tester/Qwen3.5-Tiny-bnb", "other/Qwen3.5-style-llama"}
+    assert not any("img" in p for _, p, _ in hub.requests)
     assert "bitsandbytes" in result.left_out["tester/Qwen3.5-Tiny-bnb"]
     assert "unsupported model_type 'llama'" in result.left_out["other/Qwen3.5-style-llama"]
     gets = [p for m, p, _ in hub.requests if m == "GET"]

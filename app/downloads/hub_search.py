@@ -7,6 +7,7 @@ download goes through the same resumable, verified path as the catalog's (`hub.l
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ DEFAULT_QUERY = "Qwen3.5"       # what an empty search box searches for
 RESULTS = 30                    # hub results looked at per search (each costs two requests)
 MAX_CONFIG_BYTES = 1 << 20      # a config.json larger than this is not one
 TIMEOUT_S = 20.0
+REPO_ID = re.compile(r"[\w.-]{1,96}/[\w.-]{1,96}")     # the hub's own rule; anything else is not shown or fetched
 FORMAT_NAMES = {"bf16": "BF16", "fp16": "FP16", "fp32": "FP32", "fp8_block": "FP8", "gptq": "GPTQ int4",
                 "awq": "AWQ int4"}
 
@@ -50,6 +52,7 @@ def search_hub(query: str, token: str | None, endpoint: str | None, limit: int =
         found = list(api.list_models(search=query, sort="downloads", limit=limit))
     except Exception as e:  # noqa: BLE001 (unreachable hub, an error status: the HTTP library's own types)
         raise HubError(f"cannot search the hub ({type(e).__name__})", retryable=True) from None
+    found = [info for info in found if REPO_ID.fullmatch(info.id or "")]
     with ThreadPoolExecutor(max_workers=8) as pool:
         checked = list(pool.map(lambda info: _check(info, token, endpoint), found))
     return SearchResult(query, [c for c in checked if isinstance(c, Candidate)],
