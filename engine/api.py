@@ -18,7 +18,7 @@ from engine.streaming import starts_in_reasoning
 from engine.vision.processor import ImageInputError, decode_image
 from engine.vision.prompt import split_images
 from engine.weights.checkpoint import CheckpointError, check_checkpoint
-from engine.weights.formats import detect_format
+from engine.weights.formats import detect_format, with_side_quant_config
 
 
 __all__ = ["DEFAULT_PORT", "DTYPE_NAMES", "KV_DTYPES", "MAX_DRAFTS", "NO_VISION", "PROFILES", "VISION", "WEIGHTS",
@@ -28,4 +28,4 @@ __all__ = ["DEFAULT_PORT", "DTYPE_NAMES", "KV_DTYPES", "MAX_DRAFTS", "NO_VISION"
            "StreamEvent", "Text", "Timings", "TokenLogprob", "ToolCall", "ToolCallParser", "UnsupportedModelError",
            "Usage", "add_calls", "budget_for", "call_arguments", "check_checkpoint", "decode_image", "detect_format",
            "listen_socket", "load_model_config", "parse_model_config", "plan_for", "probe", "split_images",
-           "starts_in_reasoning", "system_share", "tool_schemas"]
+           "starts_in_reasoning", "system_share", "tool_schemas", "with_side_quant_config"]

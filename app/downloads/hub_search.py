@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from huggingface_hub import HfApi
 
 from app.downloads.hub import HubError, RangeReader, auth_headers, file_url, list_repo
-from engine.api import CheckpointError, ModelConfig, detect_format, parse_model_config
+from engine.api import CheckpointError, ModelConfig, detect_format, parse_model_config, with_side_quant_config
 
 DEFAULT_QUERY = "Qwen3.5"       # what an empty search box searches for
 RESULTS = 30                    # hub results looked at per search (each costs two requests)
@@ -62,33 +62,37 @@ def search_hub(query: str, token: str | None, endpoint: str | None, limit: int =
 def _check(info, token: str | None, endpoint: str | None) -> Candidate | str:
     """The candidate, or why it is left out."""
     try:
-        raw = read_config(info.id, token, endpoint)
-        architecture = parse_model_config(raw)
-        source = detect_format(raw, ())
         listing = list_repo(info.id, "main", token, endpoint)
+        raw = read_json(info.id, "config.json", token, endpoint)
+        architecture = parse_model_config(raw)
+        present = {f.path for f in listing.files}
+        raw = with_side_quant_config(raw, lambda name: read_json(info.id, name, token, endpoint)
+                                     if name in present else None)
+        source = detect_format(raw, ())
     except (HubError, CheckpointError, ValueError) as e:   # UnsupportedModelError and a bad config are ValueErrors
         return str(e)
     return Candidate(info.id, architecture, FORMAT_NAMES[source], listing.total_bytes, info.downloads or 0,
                      info.likes or 0)
 
 
-def read_config(repo_id: str, token: str | None, endpoint: str | None) -> dict:
-    """The repository's config.json (at most MAX_CONFIG_BYTES), through the downloader's HTTP reader."""
-    reader = RangeReader(file_url(repo_id, "config.json", "main", endpoint), 0, auth_headers(token), TIMEOUT_S)
+def read_json(repo_id: str, name: str, token: str | None, endpoint: str | None) -> dict:
+    """A JSON object file of the repository (config.json, a quantization side file: at most MAX_CONFIG_BYTES),
+    through the downloader's HTTP reader."""
+    reader = RangeReader(file_url(repo_id, name, "main", endpoint), 0, auth_headers(token), TIMEOUT_S)
     try:
         if reader.status != 200:
-            raise HubError(f"{repo_id} has no config.json (the hub answered {reader.status})", retryable=False)
+            raise HubError(f"{repo_id} has no {name} (the hub answered {reader.status})", retryable=False)
         data = b""
         while len(data) <= MAX_CONFIG_BYTES and (piece := reader.read(65536)):
             data += piece
     finally:
         reader.close()
     if len(data) > MAX_CONFIG_BYTES:
-        raise HubError(f"{repo_id}'s config.json is larger than {MAX_CONFIG_BYTES >> 20} MiB", retryable=False)
+        raise HubError(f"{repo_id}'s {name} is larger than {MAX_CONFIG_BYTES >> 20} MiB", retryable=False)
     try:
         raw = json.loads(data)
     except ValueError:
-        raise HubError(f"{repo_id}'s config.json is not JSON", retryable=False) from None
+        raise HubError(f"{repo_id}'s {name} is not JSON", retryable=False) from None
     if not isinstance(raw, dict):
-        raise HubError(f"{repo_id}'s config.json is not an object", retryable=False)
+        raise HubError(f"{repo_id}'s {name} is not an object", retryable=False)
     return raw
