@@ -52,7 +52,7 @@ class ProfileTable(QWidget):
     def _row(self, row: int, plan: ProfilePlan, selected: bool) -> None:
         cells = (f"{plan.profile}  {self.descriptions[plan.profile]['title']}",
                  f"{weights_words(plan.weights, plan.weight_bits)}, {human_memory(plan.weights_bytes)}"
-                 if plan.weights_bytes else weights_words(plan.weights, plan.weight_bits),
+                 if plan.weights_bytes else "–",        # no plan at all (a device this machine lacks)
                  f"{human_tokens(plan.max_context)} tokens" if plan.fits else "does not fit",
                  *((human_memory(n) if plan.fits else "–") for n in (plan.kv_bytes, plan.state_bytes,
                                                                  plan.workspace_bytes)),

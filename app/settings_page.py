@@ -378,10 +378,14 @@ class SettingsPage(QWidget):
             self.plans.show_empty("Load a model to see what each profile means for it on this machine.")
             return
         same_device = "device" not in self._pending_engine_changes()   # then the loaded plan's budget holds
-        device = self.probed_device() if same_device else None      # another device: probed as it is asked for
+        probed = self.probed_device()
+        # the app's probe is the device asked for ("auto", or what auto found); another one is probed as it is asked
+        # for (a GPU this machine lacks: each plan says so)
+        device = probed if probed is not None and edited.device in ("auto", probed.kind) else None
         plans = plan_profiles(edited.engine_config(self.model_path), device, self.loaded_plan if same_device else None)
         budget = max((p.budget_bytes for p in plans), default=0)
-        self.plans.show_plans(plans, edited.profile,
+        failed = next((p.message for p in plans if not p.total_bytes and p.message), "")
+        self.plans.show_plans(plans, edited.profile, f"No plan: {failed}." if failed else
                               f"Planned for {Path(self.model_path).name} with {human_gib(budget)} available, "
                               f"{edited.kv_dtype} KV cache.")
 

@@ -35,6 +35,7 @@ def test_a_failed_reload_can_be_taken_back_and_leaves_no_stale_message(window, q
     qtbot.waitUntil(lambda: states[-1:] == ["error"], timeout=30_000)
     assert window.engine.model is None
     assert "runs with profile" not in page.engine_status.text() and "could not be loaded" in page.engine_status.text()
+    assert page.plans.note.text() == "No plan: device 'cuda' was asked for but no CUDA GPU is available."
     page_screenshot(page, "settings_after_a_failed_device_change")
     page.device.setCurrentIndex(page.device.findData("auto"))
     assert page.apply_engine.isEnabled()
