@@ -52,10 +52,11 @@ def what_limits(plan: MemoryPlan) -> str:
     the vision tower while it encodes), or what is left for the KV cache."""
     fixed = plan.weights_bytes + plan.workspace_bytes + plan.margin_bytes + plan.state_bytes
     if plan.weights_bytes > plan.budget_bytes:
-        return f"the weights alone take {gib(plan.weights_bytes)}"
+        return f"the weights alone take {human_memory(plan.weights_bytes)}"
     if fixed > plan.budget_bytes:
         tower = " with the vision tower" if plan.vision != "off" else ""
-        return f"weights {gib(plan.weights_bytes)} and working memory{tower} {gib(plan.workspace_bytes)}"
+        return (f"weights {human_memory(plan.weights_bytes)} and working memory{tower} "
+                f"{human_memory(plan.workspace_bytes)}")
     return f"the KV cache for {plan.max_context // 1024}K tokens of context does not fit beside the weights"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from app.catalog import what_limits
 from app.paths import resources_dir
 from engine.api import PROFILES, DeviceInfo, EngineConfig, plan_for
 
@@ -27,6 +28,7 @@ class ProfilePlan:
     vision: str = "off"     # the vision tower: off | resident | on_demand (engine.api MemoryPlan.vision)
     vision_bytes: int = 0   # what encoding the largest image holds on the GPU
     weight_bits: int = 16   # unquantized weights' bits (MemoryPlan.weight_bits: 32 on the CPU)
+    limit: str = ""         # what does not fit, when it does not (catalog.what_limits)
 
 
 def profile_descriptions() -> dict[str, dict]:
@@ -50,5 +52,5 @@ def plan_profiles(config: EngineConfig, device: DeviceInfo | None, loaded_plan=N
         plans.append(ProfilePlan(profile, plan.weights, plan.fits, plan.max_context, plan.total_bytes,
                                  plan.budget_bytes, plan.message, plan.weights_bytes, plan.kv_bytes, plan.state_bytes,
                                  plan.workspace_bytes + plan.margin_bytes, plan.vision, plan.vision_bytes,
-                                 plan.weight_bits))
+                                 plan.weight_bits, "" if plan.fits else what_limits(plan)))
     return plans

@@ -62,7 +62,7 @@ class ProfileTable(QWidget):
             if col == len(cells) - 1:
                 cell.setProperty("fits", plan.fits)
             if not plan.fits and plan.message:
-                cell.setToolTip(plan.message)
+                cell.setToolTip(f"Does not fit: {plan.limit}. {plan.message}" if plan.limit else plan.message)
             elif plan.vision != "off" and col == (len(cells) - 2 if plan.vision == "on_demand" else 2):
                 where = "on the GPU only while encoding" if plan.vision == "on_demand" else "kept on the GPU"
                 cell.setToolTip(f"Includes the vision tower ({where}): {human_gib(plan.vision_bytes)} to encode the "

@@ -80,3 +80,16 @@ def test_sizes_say_what_runs(app_env, qtbot, checkpoint):
 
 def row_text(row) -> str:
     return " ".join(label.text() for label in row.findChildren(QLabel))
+
+
+def test_settings_say_what_does_not_fit(app_env, qtbot, checkpoint):
+    """Each row that does not fit says which part (here the working memory beside the weights: 0.5 GiB to plan
+    with)."""
+    path = str(checkpoint())
+    window = open_window(qtbot, make_context(app_env, device=DeviceInfo("cpu", "CPU", 4 * GIB, int(1.5 * GIB)),
+                                             last_model=path), autoload=False)
+    window.show_page("settings")
+    table = window.settings_page.plans
+    rows = [table.grid.itemAtPosition(r, 2).widget() for r in range(1, 5)]
+    assert rows[-1].text() == "does not fit"
+    assert rows[-1].toolTip().startswith("Does not fit: weights 895 KiB and working memory 518.1 MiB.")
