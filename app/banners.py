@@ -44,6 +44,10 @@ class BannerStack(QWidget):
     def latest(self) -> Banner | None:
         return self.banners[0] if self.banners else None
 
+    def remove_text(self, text: str) -> None:
+        for banner in [b for b in self.banners if b.text.text() == text]:
+            self._remove(banner)
+
     def clear(self) -> None:
         for banner in list(self.banners):
             self._remove(banner)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from app.formatting import human_memory, weights_words
 from app.paths import resources_dir
 from engine.api import DeviceInfo, MemoryPlan, ModelConfig, parse_model_config
 
@@ -42,20 +43,36 @@ def too_large(device: DeviceInfo) -> str:
     return "Too large for this GPU" if device.on_gpu else "Too large for this computer"
 
 
+def gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+def what_limits(plan: MemoryPlan) -> str:
+    """Why a plan does not fit, by the part that does not: the weights, the working memory beside them (activations,
+    the vision tower while it encodes), or what is left for the KV cache."""
+    fixed = plan.weights_bytes + plan.workspace_bytes + plan.margin_bytes + plan.state_bytes
+    if plan.weights_bytes > plan.budget_bytes:
+        return f"the weights alone take {human_memory(plan.weights_bytes)}"
+    if fixed > plan.budget_bytes:
+        tower = " with the vision tower" if plan.vision != "off" else ""
+        return (f"weights {human_memory(plan.weights_bytes)} and working memory{tower} "
+                f"{human_memory(plan.workspace_bytes)}")
+    return f"the KV cache for {plan.max_context // 1024}K tokens of context does not fit beside the weights"
+
+
 def runs_as(plan: MemoryPlan, device: DeviceInfo) -> str:
     """What a plan means, in a few words for a card."""
-    gib = lambda n: f"{n / (1 << 30):.1f} GiB"  # noqa: E731
     if not plan.fits:
-        return f"Needs {gib(plan.total_bytes)}, {gib(plan.budget_bytes)} available"
-    weights = "int4" if plan.weights == "int4" else "16-bit"
+        return f"Needs {gib(plan.total_bytes)} of {gib(plan.budget_bytes)} available: {what_limits(plan)}"
     where = "" if device.on_gpu else " on the CPU"
-    return (f"Runs as {weights}{where} ({gib(plan.weights_bytes)} of weights) with up to "
+    return (f"Runs as {weights_words(plan.weights, plan.weight_bits)}{where} ({human_memory(plan.weights_bytes)} of "
+            f"weights) with up to "
             f"{plan.max_context // 1024}K tokens of context")
 
 
 def fit_text(plan: MemoryPlan, device: DeviceInfo) -> str:
     """runs_as, saying first when the model is too large (where no badge says it)."""
-    return runs_as(plan, device) if plan.fits else f"{too_large(device)}: {runs_as(plan, device).lower()}"
+    return runs_as(plan, device) if plan.fits else f"{too_large(device)}. {runs_as(plan, device)}"
 
 
 def by_fit(catalog: list[CatalogEntry], plans: dict[str, MemoryPlan], recommended: CatalogEntry) -> list[CatalogEntry]:

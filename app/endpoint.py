@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.api import listen_socket
+
 UNAVAILABLE = "Endpoint unavailable in this build"
 
 
@@ -24,6 +26,7 @@ class EndpointStatus:
     running: bool
     base_url: str = ""
     message: str = ""       # why it is not running, when it is not
+    failed: bool = False    # it was asked for and could not start (the switch goes off)
 
 
 def start_endpoint(engine, settings: EndpointSettings, model_id: str, log=None):
@@ -34,12 +37,14 @@ def start_endpoint(engine, settings: EndpointSettings, model_id: str, log=None):
     except ImportError:
         return None, EndpointStatus(False, message=UNAVAILABLE)
     try:
+        listen_socket(settings.host, settings.port).close()   # a port in use, said as such (uvicorn only exits)
         server = serve(engine, model_id, settings.host, settings.port, settings.api_key or None,
                        log_level="info" if log is not None else "warning")
-    except (OSError, RuntimeError) as e:
-        status = EndpointStatus(False, message=f"The endpoint could not listen on {settings.host}:{settings.port}: {e}")
+    except OSError as e:
+        status = EndpointStatus(False, message=f"The endpoint is off: {e.strerror or e}. Pick another port and "
+                                               f"switch it on again.", failed=True)
     except Exception as e:  # noqa: BLE001 (the server's own start-up errors become a message)
-        status = EndpointStatus(False, message=f"The endpoint did not start: {type(e).__name__}: {e}")
+        status = EndpointStatus(False, message=f"The endpoint did not start: {type(e).__name__}: {e}", failed=True)
     else:
         status = EndpointStatus(True, base_url=EndpointSettings(settings.host, server.port, settings.api_key).base_url)
     if log is not None:

@@ -18,17 +18,16 @@ from pathlib import Path
 
 from PySide6.QtCore import QThread, Signal
 
+from app.chat.attachments import image_problem
 from app.chat.blocks import ShownCall
 from app.endpoint import EndpointSettings, EndpointStatus, start_endpoint
 from app.server_log import ServerLog
+from app.formatting import weights_words
 from app.generation import ReplyResult, metrics_from_engine
 from engine.api import (ContextLengthError, Engine, EngineConfig, LoadCancelled, MemoryPlan, QueueFullError, add_calls,
                         plan_for)
 
 log = logging.getLogger("qwendesk.app")
-
-CPU_WARNING = ("No CUDA GPU found: the model runs on the CPU. Expect a few tokens per second at best; "
-               "fine for the smallest models.")
 
 
 @dataclass(frozen=True)
@@ -46,12 +45,15 @@ class LoadedModel:
 def engine_messages(messages: list[dict]) -> list[dict]:
     """The chat history as Engine.submit takes it: tool-call arguments as dicts, and a message with
     stored images (paths under the attachments folder) as list content: an {"type": "image", "image":
-    <the encoded file's bytes>} part per image, then the text."""
+    <the encoded file's bytes>} part per image, then the text. An image that cannot be read (gone, or not one the
+    engine reads: `image_problem`) is left out, so that one bad file does not fail every later turn; the
+    transcript marks it."""
     out = []
     for m in messages:
         entry = {k: v for k, v in m.items() if k != "images"}
-        if m.get("images"):
-            entry["content"] = [*({"type": "image", "image": Path(path).read_bytes()} for path in m["images"]),
+        images = [path for path in m.get("images") or () if not image_problem(path)]
+        if images:
+            entry["content"] = [*({"type": "image", "image": Path(path).read_bytes()} for path in images),
                                 {"type": "text", "text": m.get("content") or ""}]
         if entry.get("tool_calls"):
             entry["tool_calls"] = [ShownCall.from_dict(c).as_dict() for c in entry["tool_calls"]]
@@ -61,7 +63,7 @@ def engine_messages(messages: list[dict]) -> list[dict]:
 
 def weights_text(plan: MemoryPlan) -> str:
     """How the planned weights load, in words: "int4 weights (14.6 GiB)"."""
-    kind = "int4" if plan.weights == "int4" else "16-bit"
+    kind = weights_words(plan.weights, plan.weight_bits)
     return f"{kind} weights ({plan.weights_bytes / (1 << 30):.1f} GiB)"
 
 
@@ -107,6 +109,12 @@ class EngineThread(QThread):
     def unload(self) -> None:
         self._cancel_load.set()
         self._commands.put(("unload",))
+
+    def writer(self) -> dict:
+        """What writes the replies now, as a message records it: the model, its weights, its speculation."""
+        m = self.model
+        return {"name": m.name, "weights": weights_words(m.plan.weights, m.plan.weight_bits),
+                "drafts": m.plan.drafts} if m else {}
 
     def generate(self, request_id: str, messages: list[dict], params, template_kwargs: dict) -> None:
         self._commands.put(("generate", request_id, messages, params, template_kwargs))
@@ -222,8 +230,6 @@ class EngineThread(QThread):
                                  vision=engine.accepts_images)
         self._set_state("ready", name)
         self.loaded.emit(self.model)
-        if config.device == "auto" and engine.device.type == "cpu":
-            self.warning.emit(CPU_WARNING)
         self._restart_endpoint()
 
     def _load_cancelled(self, path: str) -> None:
@@ -289,6 +295,8 @@ class EngineThread(QThread):
             self.endpoint_changed.emit(EndpointStatus(False, message="Starts when a model is loaded"))
         else:
             self._server, status = start_endpoint(self._engine, self._endpoint, self.model.name, self.server_log)
+            if status.failed:
+                self._endpoint = None           # not tried again at the next load: the window turns the switch off
             self.endpoint_changed.emit(status)
 
     def _stop_endpoint(self) -> None:

@@ -2,6 +2,33 @@
 
 from __future__ import annotations
 
+import re
+
+
+BREAK_EVERY = 24           # a word longer than this gets break opportunities every BREAK_EVERY characters
+_LONG_WORD = re.compile(rf"[^\s<>&]{{{BREAK_EVERY + 1},}}")
+_TEXT_NODE = re.compile(r">([^<]+)<")
+
+
+def breakable(text: str) -> str:
+    """Plain text with a zero-width space every BREAK_EVERY characters of a long unbroken word (a URL, a hash), so
+    that a wrapping label breaks it instead of clipping it."""
+    return _LONG_WORD.sub(lambda m: "\u200b".join(m[0][i:i + BREAK_EVERY]
+                                                  for i in range(0, len(m[0]), BREAK_EVERY)), text)
+
+
+def breakable_html(html: str) -> str:
+    """breakable() on the body's text between tags (the head's style sheet, entities and tags untouched)."""
+    body = html.find("<body")
+    head, body = (html[:body], html[body:]) if body >= 0 else ("", html)
+    return head + _TEXT_NODE.sub(lambda m: f">{breakable(m[1])}<", body)
+
+
+def weights_words(weights: str, bits: int = 16) -> str:
+    """How a plan's weights load, in words: "int4", or "16-bit" / "32-bit" for unquantized weights (MemoryPlan's
+    weights and weight_bits: the CPU runs them in fp32)."""
+    return "int4" if weights == "int4" else f"{bits}-bit"
+
 
 def human_bytes(n: float) -> str:
     """Decimal units, as the hub and file managers show sizes."""

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 from app.formatting import human_duration
 
+COUNTED = 1000      # a stage's total up to this is a count worth showing ("12 of 40"); above it, weights' sizes: a %
+
 
 @dataclass
 class LoadProgress:
@@ -39,7 +41,9 @@ class LoadProgress:
     def text(self, now: float | None = None) -> str:
         now = time.monotonic() if now is None else now
         parts = [f"Loading {self.name}", self.stage]
-        if self.total > 1:
+        if self.total > COUNTED:
+            parts.append(f"{self.done / self.total:.0%}")
+        elif self.total > 1:
             parts.append(f"{self.done} of {self.total}")
         eta = self.eta_s(now)
         if eta is not None:

@@ -18,7 +18,7 @@ def build_context():
 
     store = Store(database_path())
     return AppContext(store=store, settings=AppSettings.load(store), models_dir=models_dir(), device=probe(),
-                      catalog=load_catalog())
+                      catalog=load_catalog(), probe=probe)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,6 +38,12 @@ def package_version() -> str:
 def main(argv: list[str] | None = None) -> int:
     """argv: the command-line arguments after the program name (default: sys.argv[1:])."""
     parse_args(argv)
+    from app.qt_libraries import qt_library_problem
+
+    problem = qt_library_problem()        # Qt's own abort names at most one of the missing libraries
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
     from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
     from app.smoke import prepare, smoke_folder
@@ -54,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     instance = SingleInstance(instance_key(str(data_dir())))
     if instance.notify_running():
+        print("Qwen Desk is already running: its window was brought to the front.")
         return 0
     instance.listen()
 

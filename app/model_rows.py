@@ -221,7 +221,7 @@ class LocalModelRow(QFrame):
         if arch.vision is not None:
             details += "   ·   vision weights"
         text.addWidget(label(details, "muted"))
-        self.runs_as = label(runs_as, "facts")
+        self.runs_as = label(runs_as, "facts", wrap=True)
         text.addWidget(self.runs_as)
         self.problem = label(f"Cannot load: {model.problem}", "rowProblem", wrap=True, selectable=True)
         self.problem.setVisible(bool(model.problem))

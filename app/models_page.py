@@ -3,6 +3,8 @@ catalog, and the Hugging Face token."""
 
 from __future__ import annotations
 
+import threading
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -16,15 +18,17 @@ from PySide6.QtWidgets import (
 )
 
 from app import dialogs, icons
-from app.catalog import by_fit, fit_text, recommend, runs_as, too_large
+from app.catalog import CatalogEntry, by_fit, fit_text, gib, recommend, runs_as, too_large
 from app.context import AppContext
 from app.downloads import DownloadManager
+from app.downloads.hub import HubError
+from app.downloads.hub_search import DEFAULT_QUERY, search_hub
 from app.formatting import human_bytes
 from app.local_models import LocalModel, delete_model, scan_all
 from app.model_rows import CatalogCard, DownloadRow, LocalModelRow
 from app.banners import BannerStack
-from app.widgets import Card, label, page_header, scrolling_page, set_enabled, text_button
-from engine.api import MemoryPlan, ModelConfig, plan_for
+from app.widgets import Card, ElidedLabel, label, page_header, scrolling_page, set_enabled, text_button
+from engine.api import MemoryPlan, ModelConfig, plan_for, system_share
 
 TWO_COLUMNS_WIDTH = 900      # a narrower page lists the catalog in one column
 
@@ -33,6 +37,7 @@ class ModelsPage(QWidget):
     load_requested = Signal(str)              # checkpoint directory
     eject_requested = Signal()
     cancel_load_requested = Signal()
+    search_finished = Signal(int, object)     # search number, SearchResult or the error's message (search thread)
 
     def __init__(self, context: AppContext, downloads: DownloadManager, parent=None):
         super().__init__(parent)
@@ -42,6 +47,9 @@ class ModelsPage(QWidget):
         self.loaded_path = ""
         self.loading_path = ""
         self.catalog_plans = {e.id: self.plan(e.id, e.architecture) for e in context.catalog}
+        self.search_cards: list[CatalogCard] = []
+        self.search_plans: dict[str, MemoryPlan] = {}
+        self.searches = 0                         # the latest search's number: an older one's answer is dropped
         self.recommended = recommend(context.catalog, self.catalog_plans, context.device)
         self.download_rows: dict[str, DownloadRow] = {}
         self.local_rows: list[LocalModelRow] = []
@@ -79,6 +87,9 @@ class ModelsPage(QWidget):
         local_header.addWidget(refresh)
         local_header.addWidget(add_folder)
         column.addLayout(local_header)
+        self.folders_box = QVBoxLayout()              # the folders the user added, each with Remove
+        self.folders_box.setSpacing(4)
+        column.addLayout(self.folders_box)
         self.local_box = QVBoxLayout()
         self.local_box.setSpacing(8)
         self.local_empty = label("No checkpoints found yet: downloads, the Hugging Face cache and folders you add "
@@ -109,6 +120,7 @@ class ModelsPage(QWidget):
         column.addLayout(self.grid)
         column.addWidget(self.hidden_note)
         self._place_cards()
+        column.addWidget(self._search_card())
         column.addWidget(self._token_card())
         column.addStretch(1)
 
@@ -120,23 +132,33 @@ class ModelsPage(QWidget):
         row.addWidget(glyph, 0, Qt.AlignmentFlag.AlignTop)
         text = QVBoxLayout()
         text.setSpacing(4)
-        device = self.context.device
-        text.addWidget(label(device.label if device.on_gpu else "No CUDA GPU found", "cardTitle"))
-        text.addWidget(label("Models run on this GPU." if device.on_gpu else
-                             "Models run on the CPU: slow, and only small models are practical.", "muted", wrap=True))
-        entry = self.recommended
-        runs = fit_text(self.catalog_plans[entry.id], device)
-        runs = runs[0].lower() + runs[1:]
-        self.recommendation = label(
-            f"Recommended for this machine: <b>{entry.title}</b>, a {entry.download_gb:g} GB download that {runs}. "
-            f"{entry.summary}", "body", wrap=True)
-        text.addWidget(self.recommendation)
+        self.machine_title = label("", "cardTitle")
+        self.machine_note = label("", "muted", wrap=True)
+        self.recommendation = label("", "body", wrap=True)
+        for widget in (self.machine_title, self.machine_note, self.recommendation):
+            text.addWidget(widget)
+        self._describe_machine()
         row.addLayout(text, 1)
         self.recommend_button = text_button("Download", "download", "primary")
         self.recommend_button.clicked.connect(self._recommended_clicked)
         row.addWidget(self.recommend_button, 0, Qt.AlignmentFlag.AlignVCenter)
         card.body.addLayout(row)
         return card
+
+    def _describe_machine(self) -> None:
+        device, budget = self.context.device, self.context.budget_bytes
+        self.machine_title.setText(device.label if device.on_gpu else "No CUDA GPU found")
+        memory = (f"{gib(budget)} of its memory free for models." if device.on_gpu else
+                  f"{gib(budget)} of memory for models: {gib(device.free_bytes)} available now, less "
+                  f"{gib(system_share(device))} kept for the rest of the system.")
+        self.machine_note.setText(("Models run on this GPU: " if device.on_gpu else
+                                   "Models run on the CPU: slow, and only small models are practical. ") + memory)
+        entry, plan = self.recommended, self.catalog_plans[self.recommended.id]
+        runs = runs_as(plan, device)
+        fit = (f"that {runs[0].lower()}{runs[1:]}" if plan.fits else
+               f"though {too_large(device).lower()} right now ({runs[0].lower()}{runs[1:]})")
+        self.recommendation.setText(f"Recommended for this machine: <b>{entry.title}</b>, a {entry.download_gb:g} GB "
+                                    f"download {fit}. {entry.summary}")
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
@@ -160,6 +182,82 @@ class ModelsPage(QWidget):
         self.hidden_note.setText(f"{hidden} larger model{'s' if hidden != 1 else ''} hidden: "
                                  f"{too_large(self.context.device).lower()}." if hidden else "")
         self.hidden_note.setVisible(bool(hidden))
+
+    def _search_card(self) -> Card:
+        card = Card()
+        card.body.addWidget(label("Search Hugging Face", "cardTitle"))
+        card.body.addWidget(label("Qwen3.5-family checkpoints beyond the catalog: fine-tunes and quantized builds "
+                                  "(FP8, GPTQ or AWQ int4). Each result's config.json and file sizes are read "
+                                  "before anything downloads, and it shows what it would run as here.", "muted",
+                                  wrap=True))
+        row = QHBoxLayout()
+        self.search_field = QLineEdit()
+        self.search_field.setPlaceholderText(f"A name, e.g. {DEFAULT_QUERY}-9B GPTQ (empty: {DEFAULT_QUERY})")
+        self.search_field.setAccessibleName("Search Hugging Face")
+        self.search_field.returnPressed.connect(self.search)
+        self.search_button = text_button("Search", "search")
+        self.search_button.clicked.connect(self.search)
+        row.addWidget(self.search_field, 1)
+        row.addWidget(self.search_button)
+        card.body.addLayout(row)
+        self.search_status = label("", "muted", wrap=True)
+        self.search_status.hide()
+        card.body.addWidget(self.search_status)
+        self.search_box = QVBoxLayout()
+        self.search_box.setSpacing(8)
+        card.body.addLayout(self.search_box)
+        self.search_finished.connect(self._show_search)
+        return card
+
+    def search(self) -> None:
+        """Ask the hub on a thread; the answer comes back through search_finished."""
+        self.searches += 1
+        number, query = self.searches, self.search_field.text()
+        token, endpoint = self.context.settings.hf_token, self.context.hub_endpoint
+        self.search_status.setText(f"Searching for {query.strip() or DEFAULT_QUERY}…")
+        self.search_status.show()
+        set_enabled(self.search_button, False, "Searching now")
+
+        def run():
+            try:
+                self.search_finished.emit(number, search_hub(query, token, endpoint))
+            except HubError as e:
+                self.search_finished.emit(number, str(e))
+
+        threading.Thread(target=run, name="qwendesk-hub-search", daemon=True).start()
+
+    def _show_search(self, number: int, result) -> None:
+        if number != self.searches:
+            return
+        set_enabled(self.search_button, True, "")
+        for card in self.search_cards:
+            self.search_box.removeWidget(card)
+            card.deleteLater()
+        self.search_cards.clear()
+        if isinstance(result, str):
+            self.search_status.setText(f"The search failed: {result}.")
+            return
+        for found in result.candidates:
+            entry = CatalogEntry(id=found.repo_id, name=found.repo_id.split("/")[-1], variant=found.source_format,
+                                 params="", download_gb=float(f"{found.download_bytes / 1e9:.2g}"),
+                                 summary=f"{found.downloads:,} downloads · {found.likes:,} likes on Hugging Face",
+                                 recommend=False, source="Hugging Face search", architecture=found.architecture)
+            plan = self.search_plans[entry.id] = self.plan(entry.id, entry.architecture)
+            card = CatalogCard(entry, False, runs_as(plan, self.context.device),
+                               "" if plan.fits else too_large(self.context.device))
+            card.download_requested.connect(self.download_checked)
+            card.load_requested.connect(self.load_requested)
+            card.eject_requested.connect(self.eject_requested)
+            card.cancel_load_requested.connect(self.cancel_load_requested)
+            self.search_cards.append(card)
+            self.search_box.addWidget(card)
+        skipped = len(result.left_out)
+        self.search_status.setText(
+            f"{len(result.candidates)} checkpoint{'s' if len(result.candidates) != 1 else ''} for “{result.query}” "
+            f"that this app runs" + (f"; {skipped} other result{'s' if skipped != 1 else ''} left out (another "
+                                     f"architecture or weight format: hover for why)." if skipped else "."))
+        self.search_status.setToolTip("\n".join(f"{repo}: {why}" for repo, why in result.left_out.items()))
+        self._refresh_cards()
 
     def _token_card(self) -> Card:
         card = Card()
@@ -196,6 +294,10 @@ class ModelsPage(QWidget):
         self._place_cards()
         for row in self.local_rows:
             row.set_runs_as(fit_text(self.plan(row.model.path, row.model.architecture), self.context.device))
+        for card in self.search_cards:
+            plan = self.search_plans[card.entry.id] = self.plan(card.entry.id, card.entry.architecture)
+            card.set_runs_as(runs_as(plan, self.context.device), "" if plan.fits else too_large(self.context.device))
+        self._describe_machine()
 
     # ---- state ---------------------------------------------------------------------------------
     def set_engine_state(self, loaded_path: str, loading_path: str) -> None:
@@ -206,6 +308,7 @@ class ModelsPage(QWidget):
 
     def refresh_local(self) -> None:
         self.local = scan_all(self.context.models_dir, self.context.settings.model_folders, self.context.hf_cache_dir)
+        self._show_folders()
         for row in self.local_rows:
             self.local_box.removeWidget(row)
             row.deleteLater()
@@ -231,7 +334,7 @@ class ModelsPage(QWidget):
         return ""
 
     def _refresh_cards(self) -> None:
-        for card in self.cards:
+        for card in self.cards + self.search_cards:
             path = self.local_path_for(card.entry.id)
             card.set_state(path, self.downloads.status(card.entry.id),
                            "loaded" if path and path == self.loaded_path else
@@ -278,7 +381,7 @@ class ModelsPage(QWidget):
 
     def download_checked(self, repo_id: str) -> None:
         """Download, after a question when the engine's plan says the model will not run here."""
-        plan = self.catalog_plans[repo_id]
+        plan = self.catalog_plans.get(repo_id) or self.search_plans[repo_id]
         if not plan.fits and not dialogs.confirm(
                 self, "Too large", f"{repo_id} will not run here: {plan.message}\n\nDownload it anyway (to use "
                 "elsewhere or after a hardware change)?", "Download anyway"):
@@ -302,6 +405,31 @@ class ModelsPage(QWidget):
         if folder not in folders:
             self.context.save_settings(self.context.settings.copy(model_folders=[*folders, folder]))
         self.refresh_local()
+
+    def remove_model_folder(self, folder: str) -> None:
+        """Stop searching a folder the user added (its files stay where they are)."""
+        folders = [f for f in self.context.settings.model_folders if f != folder]
+        self.context.save_settings(self.context.settings.copy(model_folders=folders))
+        self.refresh_local()
+
+    def _show_folders(self) -> None:
+        while self.folders_box.count():
+            row = self.folders_box.takeAt(0).widget()
+            row.hide()
+            row.deleteLater()
+        for folder in self.context.settings.model_folders:
+            row = QWidget()
+            line = QHBoxLayout(row)
+            line.setContentsMargins(4, 0, 0, 0)
+            shown = ElidedLabel(f"Also searched: {folder}", "path", Qt.TextElideMode.ElideMiddle)
+            shown.setToolTip(folder)
+            line.addWidget(shown, 1)
+            remove = text_button("Remove")
+            remove.setToolTip(f"Stop searching {folder} (nothing is deleted)")
+            remove.setAccessibleName(f"Stop searching {folder}")
+            remove.clicked.connect(lambda _=False, f=folder: self.remove_model_folder(f))
+            line.addWidget(remove)
+            self.folders_box.addWidget(row)
 
     def save_token(self) -> None:
         self.context.save_settings(self.context.settings.copy(hf_token=self.token.text().strip()))

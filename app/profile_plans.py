@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from app.catalog import what_limits
 from app.paths import resources_dir
-from engine.api import PROFILES, EngineConfig, plan_for
+from engine.api import PROFILES, DeviceInfo, EngineConfig, plan_for
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ class ProfilePlan:
     workspace_bytes: int = 0   # activations, logits, graph pools (and the allocator's margin)
     vision: str = "off"     # the vision tower: off | resident | on_demand (engine.api MemoryPlan.vision)
     vision_bytes: int = 0   # what encoding the largest image holds on the GPU
+    weight_bits: int = 16   # unquantized weights' bits (MemoryPlan.weight_bits: 32 on the CPU)
+    limit: str = ""         # what does not fit, when it does not (catalog.what_limits)
 
 
 def profile_descriptions() -> dict[str, dict]:
@@ -33,19 +36,21 @@ def profile_descriptions() -> dict[str, dict]:
     return {p["id"]: p for p in data["profiles"]}
 
 
-def plan_profiles(config: EngineConfig, loaded_plan=None) -> list[ProfilePlan]:
-    """Plans for every profile with `config`'s other settings. With a model loaded, the budget
-    is what was free before its weights (its plan's budget plus the weights), not what is free now."""
+def plan_profiles(config: EngineConfig, device: DeviceInfo | None, loaded_plan=None) -> list[ProfilePlan]:
+    """Plans for every profile with `config`'s other settings on `device` (the app's probe: the figure every page
+    shows; None: probe config.device now). With a model loaded, the budget is what was free before its weights
+    (its plan's budget plus the weights), not what is free now."""
     budget = loaded_plan.budget_bytes + loaded_plan.weights_bytes if loaded_plan is not None else None
     plans = []
     for profile in PROFILES:
         alt = EngineConfig(**{**config.__dict__, "profile": profile})
         try:
-            plan = plan_for(alt, budget_bytes=budget)
-        except (OSError, ValueError) as e:
+            plan = plan_for(alt, device, budget_bytes=budget)
+        except (OSError, ValueError, RuntimeError) as e:     # RuntimeError: a device this machine lacks
             plans.append(ProfilePlan(profile, config.weights, False, 0, 0, budget or 0, str(e)))
             continue
         plans.append(ProfilePlan(profile, plan.weights, plan.fits, plan.max_context, plan.total_bytes,
                                  plan.budget_bytes, plan.message, plan.weights_bytes, plan.kv_bytes, plan.state_bytes,
-                                 plan.workspace_bytes + plan.margin_bytes, plan.vision, plan.vision_bytes))
+                                 plan.workspace_bytes + plan.margin_bytes, plan.vision, plan.vision_bytes,
+                                 plan.weight_bits, "" if plan.fits else what_limits(plan)))
     return plans

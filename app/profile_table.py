@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QGridLayout, QVBoxLayout, QWidget
 
-from app.formatting import human_gib, human_memory, human_tokens
+from app.formatting import human_gib, human_memory, human_tokens, weights_words
 from app.profile_plans import ProfilePlan
 from app.widgets import label
 
-WEIGHTS_TEXT = {"bf16": "16-bit", "int4": "int4"}
-HEADERS = ("Profile", "Together", "Weights", "Context per request", "KV cache", "State", "Workspace", "")
+# narrow enough for the smallest window (800 px): the profile's name says how many requests run together
+HEADERS = ("Profile", "Weights", "Context each", "KV cache", "State", "Workspace", "")
 
 
 class ProfileTable(QWidget):
@@ -22,7 +22,7 @@ class ProfileTable(QWidget):
         column.setContentsMargins(0, 0, 0, 0)
         column.setSpacing(8)
         self.grid = QGridLayout()
-        self.grid.setHorizontalSpacing(24)
+        self.grid.setHorizontalSpacing(16)
         self.grid.setVerticalSpacing(6)
         self.note = label("", "muted", wrap=True)
         column.addLayout(self.grid)
@@ -50,11 +50,9 @@ class ProfileTable(QWidget):
             cell.deleteLater()
 
     def _row(self, row: int, plan: ProfilePlan, selected: bool) -> None:
-        count = int(plan.profile[1:])
         cells = (f"{plan.profile}  {self.descriptions[plan.profile]['title']}",
-                 f"{count} request{'s' if count > 1 else ''}",
-                 f"{WEIGHTS_TEXT.get(plan.weights, plan.weights)}, {human_memory(plan.weights_bytes)}"
-                 if plan.weights_bytes else WEIGHTS_TEXT.get(plan.weights, plan.weights),
+                 f"{weights_words(plan.weights, plan.weight_bits)}, {human_memory(plan.weights_bytes)}"
+                 if plan.weights_bytes else "–",        # no plan at all (a device this machine lacks)
                  f"{human_tokens(plan.max_context)} tokens" if plan.fits else "does not fit",
                  *((human_memory(n) if plan.fits else "–") for n in (plan.kv_bytes, plan.state_bytes,
                                                                  plan.workspace_bytes)),
@@ -64,7 +62,7 @@ class ProfileTable(QWidget):
             if col == len(cells) - 1:
                 cell.setProperty("fits", plan.fits)
             if not plan.fits and plan.message:
-                cell.setToolTip(plan.message)
+                cell.setToolTip(f"Does not fit: {plan.limit}. {plan.message}" if plan.limit else plan.message)
             elif plan.vision != "off" and col == (len(cells) - 2 if plan.vision == "on_demand" else 2):
                 where = "on the GPU only while encoding" if plan.vision == "on_demand" else "kept on the GPU"
                 cell.setToolTip(f"Includes the vision tower ({where}): {human_gib(plan.vision_bytes)} to encode the "

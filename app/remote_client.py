@@ -16,6 +16,7 @@ from PySide6.QtCore import QObject, Signal
 
 from app.generation import ReplyResult
 from app.net import abort_connection, open_connection, request_target
+from app.chat.attachments import image_problem
 
 TIMEOUT_S = 120.0
 
@@ -45,6 +46,10 @@ class RemoteBackend(QObject):
         return f"{self.model or 'remote'} @ {urlsplit(self.base_url).netloc}"
 
     # ---- API ---------------------------------------------------------------------------------
+    def writer(self) -> dict:
+        """What writes the replies, as a message records it."""
+        return {"name": self.label}
+
     def generate(self, request_id: str, messages: list[dict], params, template_kwargs: dict) -> None:
         threading.Thread(target=self._run, args=(request_id, messages, params, template_kwargs),
                          name=f"remote {request_id}", daemon=True).start()
@@ -180,7 +185,7 @@ class RemoteBackend(QObject):
 
 
 def _openai_message(message: dict) -> dict:
-    images = message.get("images") or []
+    images = [path for path in message.get("images") or () if not image_problem(path)]   # the transcript marks them
     if not images:
         return {"role": message["role"], "content": message["content"]}
     parts = [{"type": "text", "text": message["content"]}] if message["content"] else []

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from engine.api import EngineConfig, SamplingParams
+from engine.api import DEFAULT_PORT, EngineConfig, SamplingParams
 
 SETTINGS_KEY = "app_settings"
 
@@ -47,7 +47,7 @@ class AppSettings:
     # the local endpoint
     endpoint_enabled: bool = False
     endpoint_host: str = "127.0.0.1"
-    endpoint_port: int = 8000
+    endpoint_port: int = DEFAULT_PORT
     endpoint_api_key: str = field(default="", repr=False)
     # a remote OpenAI-compatible server instead of the local engine
     remote_enabled: bool = False

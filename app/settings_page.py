@@ -31,7 +31,7 @@ from app.settings import CONTEXT_POLICIES, RELOAD_FIELDS, AppSettings
 from app.server_log_view import LogView
 from app.switch import Switch
 from app.widgets import Card, Form, label, page_header, sampling_boxes, scrolling_page, set_enabled, text_button
-from engine.api import MAX_DRAFTS, PROFILES
+from engine.api import MAX_DRAFTS, PROFILES, DeviceInfo
 
 WIDE, NARROW, BUTTON, GAP = 360, 130, 104, 8
 WEIGHTS = (("auto", "Automatic: 16-bit when it fits, else int4"), ("bf16", "16-bit: exact, twice the memory"),
@@ -44,9 +44,12 @@ class SettingsPage(QWidget):
     settings_changed = Signal(object, set)       # AppSettings, changed field names
     remote_checked = Signal(str, bool, list)     # message, ok, model ids (from the test thread)
 
-    def __init__(self, current: Callable[[], AppSettings], parent=None):
-        """`current`: the app's settings now (other pages change some fields too)."""
+    def __init__(self, current: Callable[[], AppSettings], device: Callable[[], DeviceInfo | None] = lambda: None,
+                 parent=None):
+        """`current`: the app's settings now (other pages change some fields too); `device`: the device as the app
+        last probed it (the memory figure every page plans with)."""
         super().__init__(parent)
+        self.probed_device = device
         self._loading = True                     # values are being put in: edits are not the user's
         self.current = current
         self.model_path = ""                     # the checkpoint plans are made for
@@ -102,6 +105,11 @@ class SettingsPage(QWidget):
         self.device = QComboBox()
         for value, text in (("auto", "Automatic (GPU when there is one)"), ("cuda", "GPU (CUDA)"), ("cpu", "CPU")):
             self.device.addItem(text, value)
+        probed = self.probed_device()
+        if probed is not None and not probed.on_gpu:      # a load on "cuda" could only fail
+            gpu = self.device.model().item(self.device.findData("cuda"))
+            gpu.setText("GPU (CUDA): no CUDA GPU found")
+            gpu.setEnabled(False)
         self.weights = QComboBox()
         for value, text in WEIGHTS:
             self.weights.addItem(text, value)
@@ -358,6 +366,10 @@ class SettingsPage(QWidget):
         self.engine_status_text = state_text
         self._refresh_engine_section()
 
+    def refresh_plans(self) -> None:
+        """The machine's memory changed: plan again."""
+        self._fill_plans(self.edited_settings())
+
     def _refresh_engine_section(self) -> None:
         edited = self.edited_settings()
         self.profile_summary.setText(self.descriptions[edited.profile]["summary"])
@@ -376,9 +388,14 @@ class SettingsPage(QWidget):
             self.plans.show_empty("Load a model to see what each profile means for it on this machine.")
             return
         same_device = "device" not in self._pending_engine_changes()   # then the loaded plan's budget holds
-        plans = plan_profiles(edited.engine_config(self.model_path), self.loaded_plan if same_device else None)
+        probed = self.probed_device()
+        # the app's probe is the device asked for ("auto", or what auto found); another one is probed as it is asked
+        # for (a GPU this machine lacks: each plan says so)
+        device = probed if probed is not None and edited.device in ("auto", probed.kind) else None
+        plans = plan_profiles(edited.engine_config(self.model_path), device, self.loaded_plan if same_device else None)
         budget = max((p.budget_bytes for p in plans), default=0)
-        self.plans.show_plans(plans, edited.profile,
+        failed = next((p.message for p in plans if not p.total_bytes and p.message), "")
+        self.plans.show_plans(plans, edited.profile, f"No plan: {failed}." if failed else
                               f"Planned for {Path(self.model_path).name} with {human_gib(budget)} available, "
                               f"{edited.kv_dtype} KV cache.")
 
@@ -387,12 +404,18 @@ class SettingsPage(QWidget):
         settings = EndpointSettings(self.endpoint_host.text().strip() or "127.0.0.1", self.endpoint_port.value())
         self.base_url.setText(settings.base_url)
 
+    def show_endpoint_off(self) -> None:
+        """The endpoint could not start: its switch goes off (the settings already say so)."""
+        self.endpoint_enabled.blockSignals(True)
+        self.endpoint_enabled.setChecked(False)
+        self.endpoint_enabled.blockSignals(False)
+
     def set_endpoint_status(self, status: EndpointStatus) -> None:
         if status.running:
             text, state = f"Running at {status.base_url}", "ok"
             self.base_url.setText(status.base_url)
         elif status.message:
-            text, state = status.message, "warning" if self.endpoint_enabled.isChecked() else ""
+            text, state = status.message, "warning" if self.endpoint_enabled.isChecked() or status.failed else ""
         else:
             text, state = "Off", ""
         self.endpoint_status.setText(text)
@@ -418,6 +441,10 @@ class SettingsPage(QWidget):
                 self.remote_checked.emit(f"Could not connect: {e}", False, [])
 
         threading.Thread(target=run, daemon=True).start()
+
+    def show_remote_problem(self, error: str) -> None:
+        """A request to the remote server failed after it was tested: "Connected." would not be true any more."""
+        self._show_remote_check(f"The last request failed: {error}", False, [])
 
     def _show_remote_check(self, message: str, ok: bool, models: list) -> None:
         self.remote_status.setText(message)

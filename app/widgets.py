@@ -46,6 +46,7 @@ def icon_button(icon_name: str, tooltip: str, color: str = icons.MUTED, size: in
 def text_button(text: str, icon_name: str = "", kind: str = "", color: str = icons.TEXT) -> QPushButton:
     """kind: "" (secondary), "primary" or "danger"; the style sheet draws each."""
     button = QPushButton(text)
+    button.setFocusPolicy(Qt.FocusPolicy.TabFocus)      # a click does not leave a focus ring; Tab does
     if kind:
         button.setObjectName(kind)
     if icon_name:

@@ -7,7 +7,7 @@ import logging
 from functools import partial
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QSize, Qt, Signal
+from PySide6.QtCore import QByteArray, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QApplication,
@@ -35,12 +35,16 @@ from app.models_page import ModelsPage
 from app.remote_client import RemoteBackend
 from app.settings import ENDPOINT_FIELDS, RELOAD_FIELDS, REMOTE_FIELDS, AppSettings
 from app.settings_page import SettingsPage
+from app.shortcuts import HELP_KEYS, ShortcutSheet, keys
 from app.status_bar import StatusBar
+from app.wheel_guard import guard_wheel
 
 log = logging.getLogger("qwendesk.app")
 PAGES = ("chat", "models", "settings")
 GEOMETRY_KEY = "window_geometry"
 MIN_WIDTH, MIN_HEIGHT = 800, 560
+CPU_WARNING = "No CUDA GPU found: models run on the CPU, a few tokens per second at best."   # the only place it is said
+MEMORY_REFRESH_MS = 10_000      # how often the machine's memory is probed again while no model is loaded
 
 
 class MainWindow(QMainWindow):
@@ -49,6 +53,7 @@ class MainWindow(QMainWindow):
     def __init__(self, context: AppContext, autoload: bool = True):
         super().__init__()
         self._gc_timer = collect_in_gui_thread(self)
+        guard_wheel(QApplication.instance())
         self.context = context
         self.setWindowTitle("Qwen Desk")
         self.setWindowIcon(icons.app_icon())
@@ -61,6 +66,8 @@ class MainWindow(QMainWindow):
         self._shut_down = False
         self._told_about_tray = False
         self.loading_path = ""
+        self.load_errors: list[str] = []        # the load failures shown in banners, until a load works
+        self.failed_path = ""                   # the checkpoint whose load failed last (applying settings retries it)
         self.load: LoadProgress | None = None
         self.endpoint_status = EndpointStatus(False)
         self.remote: RemoteBackend | None = None
@@ -72,18 +79,21 @@ class MainWindow(QMainWindow):
         self.chat = ChatPage(self.session, context.settings.thinking, lambda: [
             (m.name, m.path, m.path == self._loaded_path()) for m in self.models.local if not m.problem])
         self.models = ModelsPage(context, self.downloads)
-        self.settings_page = SettingsPage(lambda: self.context.settings)
+        self.settings_page = SettingsPage(lambda: self.context.settings, lambda: self.context.device)
         self.settings_page.log_view.set_log(self.engine.server_log)
         self.status = StatusBar()
         self._build()
         self._connect()
+        for combo in HELP_KEYS:
+            QShortcut(QKeySequence(combo), self, self.show_shortcuts)
+        self._memory_timer = QTimer(self, interval=MEMORY_REFRESH_MS, timeout=self.refresh_memory)
+        self._memory_timer.start()
 
         if context.settings.endpoint_enabled:
             self.engine.set_endpoint(self._endpoint_settings())
         self._apply_backend()
         if not context.device.on_gpu:
-            self.chat.show_banner("warning", "No CUDA GPU found: models run on the CPU. Expect a few tokens per "
-                                             "second at best; fine for the smallest models.")
+            self.chat.show_banner("warning", CPU_WARNING)
         last = context.settings.last_model
         if autoload and last and Path(last, "config.json").is_file():
             self.load_model(last)
@@ -118,8 +128,9 @@ class MainWindow(QMainWindow):
             button.setCheckable(True)
             button.setCursor(Qt.CursorShape.PointingHandCursor)
             button.clicked.connect(lambda _=False, n=name: self.show_page(n))
-            button.setToolTip(f"{name.capitalize()} (Ctrl+{number})")
-            QShortcut(QKeySequence(f"Ctrl+{number}"), self, partial(self.show_page, name))
+            button.setToolTip(f"{name.capitalize()} ({keys(name)})")
+            button.setAccessibleName(name.capitalize())
+            QShortcut(QKeySequence(keys(name)), self, partial(self.show_page, name, True))
             self.nav.addButton(button)
             self.nav_buttons[name] = button
             column.addWidget(button)
@@ -177,9 +188,27 @@ class MainWindow(QMainWindow):
         self.update_check.start()
 
     # ---- navigation ----------------------------------------------------------------------------
-    def show_page(self, name: str) -> None:
+    def show_page(self, name: str, from_keyboard: bool = False) -> None:
+        """from_keyboard: the page's shortcut: the chat then puts the cursor in the message box (typing goes there)."""
         self.stack.setCurrentIndex(PAGES.index(name))
         self.nav_buttons[name].setChecked(True)
+        if from_keyboard and name == "chat":
+            self.chat.composer.input.setFocus()
+        self.refresh_memory()
+
+    def show_shortcuts(self) -> ShortcutSheet:
+        sheet = ShortcutSheet(self)
+        sheet.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        sheet.show()
+        return sheet
+
+    def refresh_memory(self) -> None:
+        """Probe the machine's memory again while no model holds any (a loaded model's pages plan with the memory
+        from before it loaded) and, when it changed, re-plan every page with the new figure. On each page switch
+        and every few seconds."""
+        if self.engine.model is None and not self.loading_path and self.context.refresh_device():
+            self.models.refresh_plans()
+            self.settings_page.refresh_plans()
 
     @property
     def current_page(self) -> str:
@@ -233,6 +262,7 @@ class MainWindow(QMainWindow):
         freeze_long_lived()                 # the model's objects were frozen at load: let them go
         self.models.set_engine_state("", self.loading_path)
         self.settings_page.set_model(self.context.settings.last_model)      # plans for it, on the whole device
+        self.refresh_memory()
         self._apply_backend()
 
     def _loaded_path(self) -> str:
@@ -250,6 +280,11 @@ class MainWindow(QMainWindow):
         freeze_long_lived()                 # the model's objects: out of the collector's way from now on
         self.context.save_settings(self.context.settings.copy(last_model=model.path))
         self.status.loaded(model)
+        for message in self.load_errors:     # a load that works makes the earlier failures history
+            self.models.banner.remove_text(message)
+            self.chat.banner.remove_text(message)
+        self.load_errors.clear()
+        self.failed_path = ""
         self.models.set_engine_state(model.path, "")
         self.settings_page.set_model(model.path, model.plan, f"{model.name} runs with profile {model.profile}.")
         self._apply_backend()
@@ -259,11 +294,16 @@ class MainWindow(QMainWindow):
     def _load_failed(self, message: str) -> None:
         if self._shut_down:
             return
-        self.loading_path = ""
+        failed, self.loading_path = self.loading_path, ""
         self.status.failed(message)
         self.models.set_engine_state("", "")
         self.models.banner.show_message("error", message)
         self.chat.show_banner("error", message, "Models")
+        self.load_errors.append(message)
+        self.failed_path = failed
+        if failed:
+            self.settings_page.set_model(failed, None, f"{Path(failed).name} could not be loaded with these settings: "
+                                                       f"change them and apply, or load it again.")
         self._apply_backend()
 
     def _download_completed(self, repo_id: str, path: str) -> None:
@@ -280,7 +320,7 @@ class MainWindow(QMainWindow):
         self.context.save_settings(settings)
         if changed & set(RELOAD_FIELDS):
             self.models.refresh_plans()
-            path = self.loading_path or (self.engine.model.path if self.engine.model else "")
+            path = self.loading_path or self._loaded_path() or self.failed_path   # a failed load: try it again
             if path:
                 self.load_model(path)
         if changed & set(ENDPOINT_FIELDS):
@@ -292,8 +332,16 @@ class MainWindow(QMainWindow):
 
     def _endpoint_changed(self, status: EndpointStatus) -> None:
         self.endpoint_status = status
+        if status.failed and self.context.settings.endpoint_enabled:
+            self.context.save_settings(self.context.settings.copy(endpoint_enabled=False))
+            self.settings_page.show_endpoint_off()
         self.settings_page.set_endpoint_status(status)
         self.status.set_endpoint(status, self.remote.label if self.remote else "")
+
+    def _remote_reply_finished(self, request_id: str, result) -> None:
+        """A reply from the remote server that failed: Settings no longer says it is connected."""
+        if result.finish_reason == "error":
+            self.settings_page.show_remote_problem(result.error)
 
     def _apply_backend(self) -> None:
         """The chat talks to the remote server when one is set, else to the loaded model."""
@@ -302,6 +350,7 @@ class MainWindow(QMainWindow):
             if self.remote is None or (self.remote.base_url, self.remote.api_key, self.remote.model) != \
                     (s.remote_base_url.rstrip("/"), s.remote_api_key, s.remote_model):
                 self.remote = RemoteBackend(s.remote_base_url, s.remote_api_key, s.remote_model, self)
+                self.remote.reply_finished.connect(self._remote_reply_finished)
             self.session.set_backend(self.remote)
             self.chat.set_model(self.remote.label)
         else:

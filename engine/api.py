@@ -8,21 +8,24 @@ from engine.chat.tools import ToolCallParser, call_arguments, tool_schemas
 from engine.config import ModelConfig, UnsupportedModelError, load_model_config, parse_model_config
 from engine.device import DeviceInfo, probe
 from engine.engine import NO_VISION, Engine, LoadCancelled, RequestHandle
-from engine.memory import MemoryPlan, plan_for
+from engine.listen import DEFAULT_PORT, PortInUseError, listen_socket
+from engine.memory import MemoryPlan, budget_for, plan_for, system_share
 from engine.params import (DTYPE_NAMES, KV_DTYPES, MAX_DRAFTS, PROFILES, VISION, WEIGHTS, CallArgs, CallStart,
                            Constraint, ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, Reasoning,
                            SamplingParams, SpeculationStats, StreamEvent, Text, Timings, TokenLogprob, ToolCall, Usage,
                            add_calls)
 from engine.streaming import starts_in_reasoning
-from engine.vision.processor import ImageInputError
+from engine.vision.processor import ImageInputError, decode_image
 from engine.vision.prompt import split_images
 from engine.weights.checkpoint import CheckpointError, check_checkpoint
+from engine.weights.formats import detect_format, with_side_quant_config
 
 
-__all__ = ["DTYPE_NAMES", "KV_DTYPES", "MAX_DRAFTS", "PROFILES", "VISION", "WEIGHTS", "CallArgs", "CallStart",
-           "CheckpointError", "Constraint", "ContextLengthError", "DeviceInfo", "Engine", "EngineConfig",
-           "GenerateOutput", "ImageInputError", "LoadCancelled", "MemoryPlan", "ModelConfig", "NO_VISION",
-           "QueueFullError", "Reasoning", "RequestHandle", "SamplingParams", "SpeculationStats", "StreamEvent", "Text",
-           "Timings", "TokenLogprob", "ToolCall", "ToolCallParser", "UnsupportedModelError", "Usage", "add_calls",
-           "call_arguments", "check_checkpoint", "load_model_config", "parse_model_config", "plan_for", "probe",
-           "split_images", "starts_in_reasoning", "tool_schemas"]
+__all__ = ["DEFAULT_PORT", "DTYPE_NAMES", "KV_DTYPES", "MAX_DRAFTS", "NO_VISION", "PROFILES", "VISION", "WEIGHTS",
+           "CallArgs", "CallStart", "CheckpointError", "Constraint", "ContextLengthError", "DeviceInfo", "Engine",
+           "EngineConfig", "GenerateOutput", "ImageInputError", "LoadCancelled", "MemoryPlan", "ModelConfig",
+           "PortInUseError", "QueueFullError", "Reasoning", "RequestHandle", "SamplingParams", "SpeculationStats",
+           "StreamEvent", "Text", "Timings", "TokenLogprob", "ToolCall", "ToolCallParser", "UnsupportedModelError",
+           "Usage", "add_calls", "budget_for", "call_arguments", "check_checkpoint", "decode_image", "detect_format",
+           "listen_socket", "load_model_config", "parse_model_config", "plan_for", "probe", "split_images",
+           "starts_in_reasoning", "system_share", "tool_schemas", "with_side_quant_config"]

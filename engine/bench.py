@@ -23,7 +23,7 @@ import torch
 
 from engine.bench_figures import (bench_engine, copy_bandwidth, decode_figures, prefill_figures, profile_decode, run,
                                   weight_bytes)
-from engine.cli_args import positive_int
+from engine.cli_args import Parser, positive_int
 from engine.params import PROFILES
 from engine.random_model import SHAPES, bench_tokenizer, build_random_model, rand_ids, text_config
 
@@ -176,7 +176,7 @@ def write_json(results: dict, path: str | None) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="qwendesk-bench")
+    ap = Parser(prog="qwendesk-bench")
     ap.add_argument("--shape", default="27b", choices=sorted(SHAPES))
     ap.add_argument("--contexts", default="512,8192,32768", type=token_counts, help="prefill lengths, comma-separated")
     ap.add_argument("--profiles", default="C1,C2,C4,C8", type=profile_names, help="decode profiles, comma-separated")

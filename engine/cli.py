@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from engine.cli_args import checked, model_arg, resolve_model
+from engine.cli_args import Parser, checked, model_arg, resolve_model
 from engine.params import DTYPE_NAMES, EngineConfig, SamplingParams
 
 DIM, RESET = ("\033[2m", "\033[0m") if sys.stdout.isatty() else ("", "")
 
 
 def chat_main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="qwendesk-chat", description="Chat with a Qwen3.5-family checkpoint.")
+    ap = Parser(prog="qwendesk-chat", description="Chat with a Qwen3.5-family checkpoint.")
     ap.add_argument("--model", required=True, type=model_arg,
                     help="checkpoint directory, or a Hugging Face repo id to download")
     ap.add_argument("--device", default="auto", help="auto | cuda | cuda:N | cpu")

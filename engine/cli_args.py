@@ -16,6 +16,14 @@ log = logging.getLogger(__name__)
 REPO_ID = re.compile(r"^\w[\w.-]*/\w[\w.-]*$")     # "Qwen/Qwen3.5-9B"; "./x" or "../x" is a path
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose refusal is the error line and where the options are: argparse's usage of a command
+    with many options ran to a dozen lines above the one that mattered."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\nRun {self.prog} --help for the options.\n")
+
+
 def model_arg(value: str) -> str:
     """argparse type of --model: a checkpoint directory (it must exist and hold a config.json the engine
     supports) or, when no such path exists, a Hugging Face repo id (resolve_model downloads it)."""

@@ -22,7 +22,9 @@ class DeviceInfo:
     kind: str               # cuda | cpu
     name: str
     total_bytes: int
-    free_bytes: int         # what it offers now (on the CPU: half the available RAM)
+    free_bytes: int         # what it offers now: free GPU memory, or on the CPU the RAM the kernel says is available
+    #                         (free + reclaimable cache: /proc/meminfo's MemAvailable); the planner keeps the
+    #                         system's share of it (memory.budget_for)
 
     @property
     def on_gpu(self) -> bool:
@@ -60,18 +62,29 @@ def host_ram_bytes() -> int:
         return 16 * GIB
 
 
+def available_host_bytes() -> int:
+    """RAM that programs can take now without swapping: MemAvailable on Linux (free pages plus the page cache
+    and other memory the kernel reclaims), else the free pages."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return host_ram_bytes() // 2
+
+
 def probe(name: str = "auto") -> DeviceInfo:
     """The device `name` resolves to, with its memory now."""
     device = resolve_device(name)
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return DeviceInfo("cuda", torch.cuda.get_device_name(device), total, free)
-    try:
-        page = os.sysconf("SC_PAGE_SIZE")
-        total, free = os.sysconf("SC_PHYS_PAGES") * page, os.sysconf("SC_AVPHYS_PAGES") * page // 2
-    except (ValueError, OSError, AttributeError):
-        total, free = 16 * GIB, 8 * GIB
-    return DeviceInfo("cpu", "CPU", total, free)
+    return DeviceInfo("cpu", "CPU", host_ram_bytes(), available_host_bytes())
 
 
 def graphs_on(device: torch.device) -> bool:

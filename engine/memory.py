@@ -44,6 +44,7 @@ class MemoryPlan:
     kv_bytes_per_token: int
     state_bytes_per_slot: int
     weights: str = "bf16"       # bf16 (16-bit) | int4: what the weights are loaded as
+    weight_bits: int = 16        # bits of each weight left unquantized: the activation dtype's (32 on the CPU)
     drafts: int = 0              # MTP drafts per speculative round (0: none, no MTP module)
     speculation_bytes: int = 0   # of the workspace: each running sequence's verify rows and round logits
     vision: str = "off"          # the vision tower: off | resident (its weights in weights_bytes) | on_demand (on the
@@ -232,7 +233,7 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
                           state_bytes=(C + snapshots + 1) * per_slot, workspace_bytes=work, margin_bytes=margin,
                           max_context=ctx, num_pages=pages, num_slots=C + snapshots + 1, snapshots=snapshots,
                           kv_bytes_per_token=per_tok, state_bytes_per_slot=per_slot, drafts=drafts,
-                          speculation_bytes=spec, vision=vision.placement,
+                          speculation_bytes=spec, vision=vision.placement, weight_bits=dtype.itemsize * 8,
                           vision_bytes=vision.weights_bytes + vision.encode_bytes if vision.placement != "off" else 0,
                           host_cache_bytes=host_cache_bytes(config),
                           disk_staging_bytes=MAX_PENDING_BYTES if config.disk_cache else 0)
@@ -270,12 +271,21 @@ def _alternatives(cfg, config, dtype, weights_bytes, budget_bytes, drafts, on_gp
     return out
 
 
+def system_share(device: DeviceInfo) -> int:
+    """What a plan on the CPU leaves of the available RAM to the rest of the machine (the desktop, a browser):
+    a tenth of the RAM, at least 1 GiB. A GPU's free memory already excludes what the desktop holds; its
+    plans keep a margin instead (plan_memory)."""
+    return 0 if device.on_gpu else max(GIB, device.total_bytes // 10)
+
+
 def budget_for(config: EngineConfig, device: DeviceInfo, held_bytes: int = 0) -> int:
-    """Bytes the engine may plan with: what the device offers, capped by config.gpu_memory_gb (less `held_bytes`,
-    what this process already holds, so that a simulated card counts the weights already loaded)."""
+    """Bytes the engine may plan with: what the device offers less the system's share, capped by
+    config.gpu_memory_gb (less `held_bytes`, what this process already holds, so that a simulated card counts the
+    weights already loaded). The one memory figure: the engine, and every page of the app, plan with it."""
+    offered = max(0, device.free_bytes - system_share(device))
     if config.gpu_memory_gb is None:
-        return device.free_bytes
-    return min(device.free_bytes, int(config.gpu_memory_gb * GIB) - held_bytes)
+        return offered
+    return min(offered, int(config.gpu_memory_gb * GIB) - held_bytes)
 
 
 def weight_bytes(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, weights: str, drafts: int) -> int:

@@ -10,6 +10,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
@@ -101,13 +102,16 @@ class _Server:
 class FakeHub(_Server):
     """Answers the routes the app's downloader uses:
     GET /api/models/{repo}[/revision/{rev}]  model info with per-file size, blob id and LFS sha256
-    GET|HEAD /{repo}/resolve/{rev}/{path}     file bytes with Range support, ETag and size headers.
+    GET|HEAD /{repo}/resolve/{rev}/{path}     file bytes with Range support, ETag and size headers
+    GET /api/models?search=&sort=downloads&limit=  the model search: the repos whose id holds `search`
+                                              (case-insensitive), most downloaded first, in the hub's JSON shape.
     Knobs: `corrupt_once` (paths served with a flipped byte the first time), `cut_after`
     (path -> bytes sent before the connection drops, once), `delay` (seconds per 4 KiB sent)."""
 
-    def __init__(self, repos: dict[str, Path]):
+    def __init__(self, repos: dict[str, Path], downloads: dict[str, int] | None = None):
         self.repos = {repo: {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
                       for repo, d in repos.items()}
+        self.downloads = downloads or {}         # repo -> its download count (the search's order)
         self.corrupt_once: set[str] = set()
         self.cut_after: dict[str, int] = {}
         self.delay = 0.0
@@ -127,6 +131,14 @@ class FakeHub(_Server):
             siblings.append(entry)
         return {"id": repo, "modelId": repo, "sha": COMMIT, "private": False, "siblings": siblings}
 
+    def search(self, query: str, limit: int) -> list[dict]:
+        """/api/models' answer: one entry per repository, the fields the hub sends without `full`."""
+        found = sorted((r for r in self.repos if query.lower() in r.lower()), key=lambda r: -self.downloads.get(r, 0))
+        return [{"_id": hashlib.sha1(r.encode()).hexdigest()[:24], "id": r, "modelId": r, "likes": 0,
+                 "downloads": self.downloads.get(r, 0), "private": False, "tags": ["safetensors"],
+                 "pipeline_tag": "text-generation", "library_name": "transformers",
+                 "createdAt": "2026-11-01T00:00:00.000Z"} for r in found[:limit]]
+
 
 class _HubHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -144,6 +156,10 @@ class _HubHandler(BaseHTTPRequestHandler):
         hub: FakeHub = self.server.owner
         path = self.path.split("?")[0]
         hub.requests.append((self.command, path, self.headers.get("Range")))
+        if path == "/api/models":
+            query = parse_qs(urlsplit(self.path).query)
+            found = hub.search(query.get("search", [""])[0], int(query.get("limit", ["1000"])[0]))
+            return self._send(200, json.dumps(found).encode(), {"Content-Type": "application/json"})
         m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/[^/]+)?", path)
         if m and m.group(1) in hub.repos:
             return self._send(200, json.dumps(hub.info(m.group(1))).encode(), {"Content-Type": "application/json"})
@@ -307,6 +323,9 @@ class ScriptedBackend:
         self._signals = Signals()
         self.delta, self.reply_finished = self._signals.delta, self._signals.reply_finished
         self.script, self.metrics, self.tool_calls = script, metrics or {}, tool_calls or []
+
+    def writer(self) -> dict:
+        return {"name": "scripted"}
 
     def generate(self, request_id, messages, params, template_kwargs):
         from PySide6.QtCore import QTimer

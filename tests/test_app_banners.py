@@ -30,3 +30,20 @@ def test_banners_stack_newest_first(app_env, qtbot):
     assert stack.texts() == ["Message 4", "Message 3", "Message 2"]
     stack.clear()
     assert stack.isHidden()
+
+
+def test_the_cpu_warning_is_said_once_and_leaves_room_at_the_smallest_size(app_env, qtbot, checkpoint):
+    """It came twice, worded differently, from the window and the engine thread; with an error they took ~30% of
+    the window at 800x560."""
+    from tests.app_support import wait_ready
+
+    window = open_window(qtbot, make_context(app_env, last_model=str(checkpoint("base"))))
+    wait_ready(qtbot, window)
+    window.resize(800, 560)
+    window.show_page("chat")
+    window.chat.show_banner("error", "base could not be loaded: something went wrong while reading its weights.")
+    texts = window.chat.banner.texts()
+    assert len(texts) == 2 and sum("CPU" in t for t in texts) == 1
+    qtbot.waitUntil(lambda: window.height() == 560)
+    screenshot(window, "chat_cpu_warning_and_an_error_800x560")
+    assert window.chat.banner.height() < 0.2 * window.height()

@@ -380,7 +380,8 @@ def test_a_dropped_image_reaches_the_engine_and_shows(vision_window, qtbot, tmp_
     composer.input.insertFromMimeData(drop)
     composer.attachments.row.itemAt(2).widget().findChild(QToolButton).click()     # a third one, removed
     assert len(composer.attachments.paths) == 2
-    assert Path(stored.pop()).name == hashlib.sha256(path.read_bytes()).hexdigest() + ".png"
+    kept = Path(stored.pop())                               # kept once per content, under the file's own name
+    assert kept.parent.name == hashlib.sha256(path.read_bytes()).hexdigest() and kept.name == "photo.png"
     send(qtbot, window, "What colour is this?")
     wait_reply(qtbot, window)
     assert engine.stats()["images_encoded"] == 2           # the engine read both pictures
@@ -405,6 +406,48 @@ def test_a_dropped_image_reaches_the_engine_and_shows(vision_window, qtbot, tmp_
     assert again.status != "error" and again.metrics["prompt_tokens"] == reply.metrics["prompt_tokens"]
 
 
+def test_a_file_that_is_not_an_image_is_refused_when_attached_by_its_name(vision_window, tmp_path):
+    composer = vision_window.chat.composer
+    fake = tmp_path / "holiday.png"
+    fake.write_text("not a picture")
+    drop = QMimeData()
+    drop.setUrls([QUrl.fromLocalFile(str(fake))])
+    composer.input.insertFromMimeData(drop)
+    assert composer.attachments.paths == [] and composer.note.isVisible()
+    assert composer.note.text().startswith("holiday.png cannot be attached: the image cannot be read")
+    screenshot(vision_window, "chat_attachment_refused_by_name")
+
+
+def test_an_image_that_cannot_be_read_is_marked_and_left_out_not_fatal(vision_window, qtbot, tmp_path):
+    """A stored image that went bad (removed from disk, or attached by an older version that did not check it): its
+    message is marked and the conversation goes on without it (it failed every later turn)."""
+    window = vision_window
+    image = QImage(64, 48, QImage.Format.Format_RGB32)
+    image.fill(QColor("#4cc38a"))
+    good, bad = tmp_path / "green.png", tmp_path / "scan.png"
+    image.save(str(good))
+    image.save(str(bad))
+    drop = QMimeData()
+    drop.setUrls([QUrl.fromLocalFile(str(good)), QUrl.fromLocalFile(str(bad))])
+    window.chat.composer.input.insertFromMimeData(drop)
+    good_kept, bad_kept = window.chat.composer.attachments.paths
+    Path(bad_kept).write_bytes(b"\x89PNG\r\n\x1a\n broken")         # the stored copy goes bad before sending
+    send(qtbot, window, "Two pictures?")
+    wait_reply(qtbot, window)
+    send(qtbot, window, "And now?")
+    wait_reply(qtbot, window)
+    replies = assistant_messages(window)
+    assert len(replies) == 2 and all(r.status != "error" and r.content for r in replies)
+    assert window.engine._engine.stats()["images_encoded"] >= 1
+    window.session.open(window.session.current.id)
+    from app.chat.image_viewer import Thumbnail
+    thumbs = window.chat.transcript.views[0].findChildren(Thumbnail)
+    marked = [t for t in thumbs if t.problem]
+    assert len(thumbs) == 2 and len(marked) == 1 and marked[0].text().startswith("⚠ scan.png: ")
+    assert "Left out of the conversation" in marked[0].text()
+    screenshot(window, "chat_unreadable_image_marked")
+
+
 def test_a_model_without_vision_refuses_images_before_sending(chat_window, qtbot, tmp_path):
 
     window = chat_window
@@ -418,3 +461,68 @@ def test_a_model_without_vision_refuses_images_before_sending(chat_window, qtbot
     assert composer.attachments.paths == [] and composer.note.isVisible()
     assert "does not take images" in composer.note.text()
     screenshot(window, "chat_image_refused_no_vision")
+
+
+def test_each_reply_keeps_the_model_that_wrote_it(chat_window, qtbot, checkpoint):
+    """Past replies were relabelled with the model loaded now; each records its own (and its weights)."""
+    window = chat_window
+    send(qtbot, window, "First model?")
+    wait_reply(qtbot, window)
+    first = window.engine.model.name
+    other = checkpoint("gqa3_ratio3")
+    window.load_model(str(other))
+    wait_ready(qtbot, window)
+    assert window.engine.model.name != first
+    send(qtbot, window, "Second model?")
+    wait_reply(qtbot, window)
+    window.session.open(window.session.current.id)           # the transcript built again from the store
+    views = [v for v in window.chat.transcript.message_views() if v.message.role == "assistant"]
+    assert [v.speaker.text() for v in views] == [first, window.engine.model.name]
+    assert views[0].message.metrics["model"] == {"name": first, "weights": "32-bit", "drafts": 0}   # fp32 on the CPU
+    assert "32-bit weights" in views[0].speaker.toolTip()
+    window.session.regenerate(False)                       # the new version is the second model's; the first stays
+    wait_reply(qtbot, window)
+    screenshot(window, "chat_replies_keep_their_model")
+
+
+def test_an_image_dropped_anywhere_on_the_chat_is_attached_and_the_box_lights_up_meanwhile(vision_window, qtbot,
+                                                                                           tmp_path):
+    """The empty chat says "drop them here", but only the message box took a drop, and nothing showed a drag."""
+    from PySide6.QtCore import QPointF
+    from PySide6.QtGui import QDragEnterEvent, QDropEvent
+
+    window = vision_window
+    image = QImage(40, 30, QImage.Format.Format_RGB32)
+    image.fill(QColor("#e5b454"))
+    path = tmp_path / "dropped.png"
+    image.save(str(path))
+    data = QMimeData()
+    data.setUrls([QUrl.fromLocalFile(str(path))])
+    target = window.chat.transcript                 # the middle of the page, far from the message box
+    centre = QPointF(target.rect().center())
+    actions = Qt.DropAction.CopyAction
+    enter = QDragEnterEvent(centre.toPoint(), actions, data, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+    QApplication.sendEvent(window.chat, enter)
+    assert enter.isAccepted() and window.chat.composer.property("dropping") is True
+    screenshot(window, "chat_drag_over_the_page")
+    QApplication.sendEvent(window.chat, QDropEvent(centre, actions, data, Qt.MouseButton.LeftButton,
+                                                   Qt.KeyboardModifier.NoModifier))
+    assert [Path(p).name for p in window.chat.composer.attachments.paths] == ["dropped.png"]
+    assert window.chat.composer.property("dropping") is False
+
+
+def test_a_long_unbroken_word_wraps_instead_of_being_clipped(app_env, qtbot):
+    from app.chat.content_view import MarkdownLabel
+    from app.chat.long_text import LongText
+    from app.formatting import breakable
+
+    word = "https://example.com/" + "a" * 150 + "/index.html"
+    assert breakable(word).replace("\u200b", "") == word and "\u200b" in breakable(word)
+    for widget, shown in ((LongText(word), lambda w: w.text), (MarkdownLabel(f"See {word} here"), lambda w: w)):
+        label = shown(widget)
+        assert label.minimumSizeHint().width() < 300     # the whole word was its minimum width: the bubble clipped it
+        widget.setFixedWidth(300)
+        qtbot.addWidget(widget)
+        widget.show()
+        assert label.heightForWidth(300) // label.fontMetrics().lineSpacing() >= 3
+    screenshot(widget, "chat_long_word_wraps")

@@ -124,3 +124,32 @@ def test_up_in_an_empty_composer_edits_the_last_message(app_env, qtbot):
     wait_reply(qtbot, window)
     assert [(m.role, m.content) for m in window.context.store.messages(window.session.current.id)] == [
         ("user", "Second try"), ("assistant", "An answer.")]
+
+
+def test_an_edit_keeps_the_earlier_versions_and_the_title_follows(app_env, qtbot):
+    """Issue 47, item 15: an edit threw away the reply's regenerated versions, and the title kept the old text."""
+    window = open_window(qtbot, make_context(app_env), autoload=False)
+    window.session.set_backend(ScriptedBackend([("An answer.", "")]))
+    window.chat.set_model("Scripted")
+    window.show_page("chat")
+    send(qtbot, window, "First try")
+    wait_reply(qtbot, window)
+    window.session.regenerate(False)
+    wait_reply(qtbot, window)
+    assert window.session.begin_edit().content == "First try"
+    send(qtbot, window, "Second try")
+    wait_reply(qtbot, window)
+    store, conversation = window.context.store, window.session.current
+    user, reply = store.messages(conversation.id)
+    assert (user.content, reply.version_count, reply.version) == ("Second try", 3, 2)
+    assert [v["metrics"]["prompt"]["content"] for v in reply.all_versions()] == ["First try", "First try",
+                                                                                 "Second try"]
+    assert store.conversation(conversation.id).title == "Second try"
+    view = window.chat.transcript.view_for(reply.id)
+    assert view.versions.isVisible()
+    screenshot(window, "chat_edit_keeps_versions")
+    window.session.show_version(reply.id, 0)              # back to an answer to the first text: its question too
+    user, reply = store.messages(conversation.id)
+    assert (user.content, reply.version) == ("First try", 0)
+    assert window.chat.transcript.message_views()[0].message.content == "First try"
+    assert store.conversation(conversation.id).title == "First try"

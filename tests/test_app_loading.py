@@ -70,3 +70,13 @@ def test_closing_while_a_model_loads_writes_nothing_afterwards(app_env, qtbot, c
     context.store.close()                                # what app.main does once the window has gone
     assert window.engine.wait(5_000) and time.monotonic() - started < 5     # the load was cancelled, not awaited
     qtbot.wait(200)                                      # anything the engine thread queued is delivered now
+
+
+def test_a_stage_counted_by_size_shows_a_share_and_a_steady_time_left():
+    from app.load_progress import LoadProgress
+
+    load = LoadProgress("big", started=0.0)
+    load.update("Converting weights to int4 (first load)", 0, 52_000_000, now=0.0)
+    load.update("Converting weights to int4 (first load)", 13_000_000, 52_000_000, now=10.0)
+    assert "25%" in load.text(now=10.0) and "13000000 of" not in load.text(now=10.0)
+    assert load.eta_s(now=10.0) == pytest.approx(30.0, rel=0.01)

@@ -30,9 +30,9 @@ def test_profile_change_reloads_the_engine(window, qtbot):
     page = window.settings_page
     window.show_page("settings")
     assert not page.apply_engine.isEnabled()
-    plans = [page.plans.cell_text(row, 3) for row in range(1, 5)]
-    weights = {page.plans.cell_text(row, 2) for row in range(1, 5)}
-    assert len(weights) == 1 and weights.pop().startswith("16-bit, ")         # the CPU keeps 16-bit weights
+    plans = [page.plans.cell_text(row, 2) for row in range(1, 5)]
+    weights = {page.plans.cell_text(row, 1) for row in range(1, 5)}
+    assert len(weights) == 1 and weights.pop().startswith("32-bit, ")         # the CPU runs unquantized fp32
     assert all(text.endswith("tokens") for text in plans)             # every profile fits the tiny model
     screenshot(window, "settings")
     page.profile_buttons["C2"].click()
@@ -144,6 +144,11 @@ def test_remote_server_replaces_the_local_engine(app_env, qtbot):
         assert reply.content == " ".join(f"word{i}" for i in range(5)) and reply.reasoning == "Let me think. "
         assert reply.metrics["prompt_tokens"] == 12 and reply.metrics["cached_tokens"] == 4
         screenshot(window, "chat_remote")
+        server.stop()                                   # the server dies: "Connected." must not stay
+        send(qtbot, window, "Still there?")
+        wait_reply(qtbot, window)
+        assert page.remote_status.text().startswith("The last request failed:")
+        assert page.remote_status.property("state") == "warning"
     finally:
         server.stop()
 
@@ -182,10 +187,10 @@ def test_settings_without_a_model_show_each_profiles_memory_and_no_reload_warnin
     w = open_window(qtbot, context, autoload=False)
     page = w.settings_page
     w.show_page("settings")
-    headers = [page.plans.cell_text(0, col) for col in range(8)]
-    assert headers[2:7] == ["Weights", "Context per request", "KV cache", "State", "Workspace"]
-    kv = [page.plans.cell_text(row, 4) for row in range(1, 5)]
-    state = [page.plans.cell_text(row, 5) for row in range(1, 5)]
+    headers = [page.plans.cell_text(0, col) for col in range(7)]
+    assert headers[1:6] == ["Weights", "Context each", "KV cache", "State", "Workspace"]
+    kv = [page.plans.cell_text(row, 3) for row in range(1, 5)]
+    state = [page.plans.cell_text(row, 4) for row in range(1, 5)]
     assert all(text.endswith("iB") for text in kv + state)
     assert len(set(state)) > 1                           # more requests together: more recurrent state each
     page.profile_buttons["C2"].click()

@@ -187,3 +187,18 @@ def test_speculative_tokens_out_of_range_is_refused(checkpoint, capsys, value):
     with pytest.raises(SystemExit) as e:
         parse_args(["--model", str(checkpoint("base")), "--speculative-tokens", value])
     assert e.value.code == 2 and "speculative_tokens must be between 0 and 5" in capsys.readouterr().err
+
+
+def test_a_refusal_is_its_error_line_and_where_the_options_are(capsys, checkpoint):
+    """Issue 47: a refusal printed ~12 lines of usage before the one error line."""
+    with pytest.raises(SystemExit):
+        serve_args(["--model", str(checkpoint("base")), "--port", "http"])
+    assert capsys.readouterr().err.splitlines() == [
+        "qwendesk-serve: error: argument --port: 'http' is not a port number",
+        "Run qwendesk-serve --help for the options."]
+
+
+def test_serve_help_shows_the_default_port(capsys):
+    with pytest.raises(SystemExit):
+        serve_args(["--help"])
+    assert f"port to listen on (default {engine.api.DEFAULT_PORT})" in " ".join(capsys.readouterr().out.split())

@@ -1,5 +1,6 @@
 """Conversion cache: miss -> convert and write -> hit without converting; interrupted conversions leave a
-miss; the key follows the source and the policy; stored weights round-trip exactly."""
+miss, and the next one converts only what the interrupted one had not written; the key follows the source and the
+policy; stored weights round-trip exactly."""
 
 import os
 import subprocess
@@ -58,31 +59,69 @@ def test_miss_converts_and_writes_then_hit_reads_without_converting(checkpoint, 
     assert cache.lookup(key) is None and cache.entries() == []
 
 
-def test_an_interrupted_conversion_leaves_a_miss(checkpoint, tmp_path, monkeypatch):
+def converting(monkeypatch) -> list[str]:
+    """The names convert() is called for, from now on."""
+    calls, real = [], convert_cache.convert
+
+    def counted(value, scheme, policy):
+        calls.append(scheme)
+        return real(value, scheme, policy)
+    monkeypatch.setattr(convert_cache, "convert", counted)
+    return calls
+
+
+def fresh(path) -> dict:
+    """The whole conversion in one go, in a cache of its own."""
+    return dict(converted_weights(path, POLICY, cache=ConvertCache(Path(str(path) + "-fresh-cache"))))
+
+
+def test_an_interrupted_conversion_leaves_a_miss_and_the_next_converts_only_the_rest(checkpoint, tmp_path,
+                                                                                       monkeypatch):
     path = checkpoint("base")
     cache = ConvertCache(tmp_path / "cache", shard_bytes=20_000)
     key = cache_key(source_identity(path), POLICY)
     weights = converted_weights(path, POLICY, cache=cache)
-    for _ in range(10):
+    for _ in range(30):
         next(weights)
-    weights.close()                                  # the loader stopped halfway (an error, a cancel)
-    assert cache.lookup(key) is None and list(cache.root.iterdir()) == []
+    weights.close()                                  # the loader stopped partway (an error, a cancel)
+    assert cache.lookup(key) is None and cache.entries() == []
+    assert [p.name for p in cache.root.iterdir()] == [f".tmp-{key}"]      # the shards written so far stay
 
-    calls = []
+    calls = converting(monkeypatch)
+    second = dict(converted_weights(path, POLICY, cache=cache))
+    total = len(second)
+    assert 0 < len(calls) < total - 10               # the shards' weights were read back, not converted again
+    assert cache.lookup(key) is not None and [p.name for p in cache.root.iterdir()] == [key]
+    first = fresh(path)
+    assert all(same(first[n], second[n]) for n in first)
+    entry = cache.lookup(key)
+    assert all(same(first[n], entry.read(n)) for n in first)          # the entry holds the whole conversion
+    entry.close()
+
+
+def test_a_failed_conversion_resumes_too(checkpoint, tmp_path, monkeypatch):
+    path = checkpoint("base")
+    cache = ConvertCache(tmp_path / "cache", shard_bytes=20_000)
+    calls, real = [], convert_cache.convert
 
     def failing(value, scheme, policy):
         calls.append(1)
-        if len(calls) == 20:
+        if len(calls) == 40:
             raise RuntimeError("out of memory")
-        return value
+        return real(value, scheme, policy)
     monkeypatch.setattr(convert_cache, "convert", failing)
     with pytest.raises(RuntimeError):
         for _ in converted_weights(path, POLICY, cache=cache):
             pass
-    assert cache.lookup(key) is None and list(cache.root.iterdir()) == []
+    calls.clear()
+    second = dict(converted_weights(path, POLICY, cache=cache))
+    assert len(calls) < len(second) - 10
+    first = fresh(path)
+    assert all(same(first[n], second[n]) for n in first)
 
 
-def test_a_killed_process_leaves_a_miss_and_its_leftovers_are_cleared(checkpoint, tmp_path):
+def test_a_killed_process_leaves_a_miss_and_the_next_load_goes_on_from_its_shards(checkpoint, tmp_path,
+                                                                                    monkeypatch):
     path = checkpoint("base")
     root = tmp_path / "cache"
     script = textwrap.dedent(f"""
@@ -98,14 +137,33 @@ def test_a_killed_process_leaves_a_miss_and_its_leftovers_are_cleared(checkpoint
     """)
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=False)
     assert result.returncode == 9, result.stderr
-    leftovers = list(root.iterdir())
-    assert len(leftovers) == 1 and leftovers[0].name.startswith(".tmp-") and list(leftovers[0].glob("*.safetensors"))
-    cache = ConvertCache(root)
     key = cache_key(source_identity(path), POLICY)
+    (leftover,) = root.iterdir()
+    assert leftover.name == f".tmp-{key}" and list(leftover.glob("*.safetensors"))
+    (leftover / "shard-09999.safetensors").write_bytes(b"half a shard")   # written after the last record
+    cache = ConvertCache(root)
     assert cache.lookup(key) is None and cache.entries() == []
-    for _ in converted_weights(path, POLICY, cache=cache):
-        pass
+    calls = converting(monkeypatch)
+    second = dict(converted_weights(path, POLICY, cache=cache))
+    assert 0 < len(calls) < len(second) - 10
     assert cache.lookup(key) is not None and [p.name for p in root.iterdir()] == [key]
+    first = fresh(path)
+    assert all(same(first[n], second[n]) for n in first)
+
+
+def test_progress_from_another_conversion_is_not_taken(checkpoint, tmp_path, monkeypatch):
+    path = checkpoint("base")
+    cache = ConvertCache(tmp_path / "cache", shard_bytes=20_000)
+    key = cache_key(source_identity(path), POLICY)
+    weights = converted_weights(path, POLICY, cache=cache)
+    for _ in range(30):
+        next(weights)
+    weights.close()
+    progress = cache.root / f".tmp-{key}" / "progress.json"
+    progress.write_text(progress.read_text().replace('"format_version": 2', '"format_version": 1'))
+    calls = converting(monkeypatch)
+    second = dict(converted_weights(path, POLICY, cache=cache))
+    assert len(calls) == len(second)                  # started afresh
 
 
 @pytest.mark.parametrize("damage", ["truncated shard", "missing shard", "unreadable manifest"])

@@ -1,11 +1,14 @@
 """Images waiting to be sent: thumbnails above the composer, each with a remove button.
-Picked, pasted and dropped images are kept in the app's attachments folder (beside the conversation
-database), once per content: the file is named by its sha256, and messages refer to it by path, so an
-edit, a regenerate or a reopened conversation sends the same bytes."""
+Picked, pasted and dropped images are decoded by the engine's own reader when attached (a file that is not an
+image it reads is refused then, by its name), and kept in the app's attachments folder (beside the conversation
+database), once per content: `<sha256>/<the file's own name>`; messages refer to it by path, so an edit, a
+regenerate or a reopened conversation sends the same bytes, and the transcript shows the file's name."""
 
 from __future__ import annotations
 
 import hashlib
+import re
+from functools import lru_cache
 from pathlib import Path
 
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, Qt, Signal
@@ -14,6 +17,7 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QWidget
 
 from app.paths import attachments_dir
 from app.widgets import icon_button
+from engine.api import ImageInputError, decode_image
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp")
 THUMB = 56
@@ -23,18 +27,42 @@ def is_image_file(path: str) -> bool:
     return Path(path).suffix.lower() in IMAGE_SUFFIXES
 
 
-def keep_bytes(data: bytes, suffix: str) -> str:
-    """The stored copy of an encoded image: <sha256><suffix> in the attachments folder, written once."""
-    target = attachments_dir() / f"{hashlib.sha256(data).hexdigest()}{suffix}"
+class AttachmentError(ValueError):
+    """A file that cannot be attached; the message names it."""
+
+
+def safe_name(name: str) -> str:
+    """A file name to store under: the last path part, no control or path characters, at most 120 characters."""
+    name = re.sub(r'[\x00-\x1f\x7f/\\:*?"<>|]', "_", name.replace("\\", "/").rsplit("/", 1)[-1]).strip(" .")
+    stem, dot, suffix = name.rpartition(".")
+    return (f"{stem[:100]}.{suffix[:16]}" if dot and stem else name[:120]) or "image"
+
+
+def keep_bytes(data: bytes, name: str) -> str:
+    """The stored copy of an encoded image: <sha256>/<name> in the attachments folder, written once. `name` is the
+    file's own name (a bare suffix, ".png", as exports carry it, is stored as image.png)."""
+    name = safe_name(f"image{name}" if name.startswith(".") else name)
+    target = attachments_dir() / hashlib.sha256(data).hexdigest() / name
     if not target.is_file():
-        partial = target.with_suffix(target.suffix + ".part")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".part")
         partial.write_bytes(data)
         partial.replace(target)
     return str(target)
 
 
 def keep_image_file(path: str) -> str:
-    return keep_bytes(Path(path).read_bytes(), Path(path).suffix.lower())
+    """A picked or dropped file, checked first: AttachmentError names it when it cannot be read as an image."""
+    name = Path(path).name
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise AttachmentError(f"{name} cannot be attached: {e.strerror or e}") from None
+    try:
+        decode_image(data)
+    except ImageInputError as e:
+        raise AttachmentError(f"{name} cannot be attached: {e}") from None
+    return keep_bytes(data, name)
 
 
 def keep_image(image: QImage) -> str:
@@ -43,7 +71,26 @@ def keep_image(image: QImage) -> str:
     buffer = QBuffer(encoded)
     buffer.open(QIODevice.OpenModeFlag.WriteOnly)
     image.save(buffer, "PNG")
-    return keep_bytes(bytes(encoded), ".png")
+    return keep_bytes(bytes(encoded), "pasted image.png")
+
+
+def image_problem(path: str) -> str:
+    """Why a stored image cannot be sent ("" when it can): gone, or not readable by the engine."""
+    try:
+        return _problem(path, Path(path).stat().st_mtime_ns)
+    except OSError:
+        return "the file is gone"
+
+
+@lru_cache(maxsize=256)
+def _problem(path: str, mtime_ns: int) -> str:
+    try:
+        decode_image(Path(path).read_bytes())
+    except OSError as e:
+        return str(e.strerror or e)
+    except ImageInputError as e:
+        return str(e)
+    return ""
 
 
 def square_thumbnail(path: str, side: int) -> QPixmap:
@@ -80,6 +127,8 @@ class AttachmentStrip(QWidget):
         remove.setGeometry(THUMB - 14, 0, 22, 22)
         remove.clicked.connect(lambda: self._remove(path, tile))
         tile.setToolTip(Path(path).name)
+        remove.setToolTip(f"Remove {Path(path).name}")
+        remove.setAccessibleName(f"Remove {Path(path).name}")
         self.row.insertWidget(self.row.count() - 1, tile)
         self.show()
         self.changed.emit()

@@ -16,13 +16,14 @@ from app.banners import BannerStack
 from app.chat import export
 from app.chat.attachments import keep_bytes
 from app.chat.chat_options import ChatOptionsDialog
-from app.chat.composer import Composer
+from app.chat.composer import Composer, takes_drop
 from app.chat.context_fit import prompt_budget
 from app.chat.context_gauge import ContextGauge
 from app.chat.conversation_list import ConversationList
 from app.chat.session import ChatSession
 from app.chat.transcript import Transcript
 from app.formatting import human_tokens
+from app.shortcuts import keys
 from app.store import Message
 from app.widgets import ElidedLabel, icon_button, label, text_button
 
@@ -41,6 +42,7 @@ class ChatPage(QWidget):
                  local_models: Callable[[], list[tuple[str, str, bool]]], parent=None):
         """`local_models`: the checkpoints on disk for the model menu, as (name, path, loaded)."""
         super().__init__(parent)
+        self.setAcceptDrops(True)            # the empty chat says "drop them here": the whole page takes them
         self.session = session
         self.local_models = local_models
         self.model_name = ""
@@ -111,7 +113,7 @@ class ChatPage(QWidget):
 
     def _connect(self) -> None:
         s = self.session
-        self.conversations.new_requested.connect(s.new_conversation)
+        self.conversations.new_requested.connect(self.new_chat)
         self.conversations.selected.connect(s.open)
         self.conversations.selected.connect(self._fold_if_narrow)
         self.conversations.renamed.connect(s.rename)
@@ -139,12 +141,28 @@ class ChatPage(QWidget):
         for signal in (s.opened, s.reply_finished, s.message_removed):
             signal.connect(self._draft_timer.start)
 
+    # ---- drops anywhere on the page go to the message box ---------------------------------------
+    def dragEnterEvent(self, event) -> None:
+        if takes_drop(event.mimeData()):
+            event.acceptProposedAction()
+            self.composer.set_drop_highlight(True)
+
+    def dragLeaveEvent(self, event) -> None:
+        self.composer.set_drop_highlight(False)
+
+    def dropEvent(self, event) -> None:
+        self.composer.drop(event.mimeData())
+        event.acceptProposedAction()
+
     def _shortcuts(self) -> None:
-        for keys, action in (("Ctrl+N", self.session.new_conversation),
-                             ("Ctrl+K", self._search),
-                             ("Ctrl+B", self.toggle_sidebar),
-                             ("Escape", self._escape)):
-            QShortcut(QKeySequence(keys), self, action)
+        for action, run in (("new_chat", self.new_chat), ("search", self._search), ("sidebar", self.toggle_sidebar),
+                            ("escape", self._escape)):
+            QShortcut(QKeySequence(keys(action)), self, run)
+
+    def new_chat(self) -> None:
+        """An empty chat with the cursor in the message box (typed text went nowhere)."""
+        self.session.new_conversation()
+        self.composer.input.setFocus()
 
     def _fold_if_narrow(self) -> None:
         if self._narrow:

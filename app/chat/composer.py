@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
 
 from app import icons
 from app.chat.attachments import (
+    AttachmentError,
     AttachmentStrip,
     is_image_file,
     keep_image,
@@ -30,11 +31,16 @@ KEYS_HINT = "  (Enter to send, Shift+Enter for a new line)"
 NO_IMAGES = "The model in use does not take images, so images cannot be attached."
 
 
+def takes_drop(data) -> bool:
+    return data.hasUrls() or data.hasImage()
+
+
 class ComposerEdit(QPlainTextEdit):
     submit = Signal()
     edit_last = Signal()              # Up in an empty composer: edit the last message sent
     image_pasted = Signal(str)        # kept image path
     images_refused = Signal()         # an image dropped or pasted while the model takes none
+    attachment_refused = Signal(str)  # a file that is not an image the engine reads: why, with its name
     images_allowed = True
 
     def __init__(self, parent=None):
@@ -56,6 +62,24 @@ class ComposerEdit(QPlainTextEdit):
             return
         super().keyPressEvent(event)
 
+    def focusInEvent(self, event) -> None:
+        super().focusInEvent(event)
+        self._mark_frame(True)
+
+    def focusOutEvent(self, event) -> None:
+        super().focusOutEvent(event)
+        self._mark_frame(False)
+
+    def _mark_frame(self, focused: bool) -> None:
+        """The composer's frame shows the focus (a style sheet cannot ask whether a child has it)."""
+        frame = self.parentWidget()
+        while frame is not None and frame.objectName() != "composer":
+            frame = frame.parentWidget()
+        if frame is not None:
+            frame.setProperty("focused", focused)
+            frame.style().unpolish(frame)
+            frame.style().polish(frame)
+
     def canInsertFromMimeData(self, source) -> bool:
         return source.hasImage() or source.hasUrls() or super().canInsertFromMimeData(source)
 
@@ -70,7 +94,10 @@ class ComposerEdit(QPlainTextEdit):
         images = [u.toLocalFile() for u in source.urls() if u.isLocalFile() and is_image_file(u.toLocalFile())]
         if images:
             for path in images:
-                self.image_pasted.emit(keep_image_file(path))
+                try:
+                    self.image_pasted.emit(keep_image_file(path))
+                except AttachmentError as e:
+                    self.attachment_refused.emit(str(e))
             return
         super().insertFromMimeData(source)
 
@@ -118,6 +145,7 @@ class Composer(QFrame):
         self.input.edit_last.connect(self.edit_last_requested)
         self.input.image_pasted.connect(self.attachments.add)
         self.input.images_refused.connect(lambda: self._show_note(NO_IMAGES))
+        self.input.attachment_refused.connect(self._show_note)
         tools = QHBoxLayout()
         tools.setSpacing(6)
         self.attach_button = icon_button("attach", "Attach images", size=17)
@@ -208,21 +236,40 @@ class Composer(QFrame):
         self.status.setText(self._blocked_reason if not self.streaming else "")
         set_enabled(self.send_button, self.streaming or not self._blocked_reason, self._blocked_reason,
                     "Stop" if self.streaming else "Send (Enter)")
+        self.send_button.setAccessibleName("Stop the reply" if self.streaming else "Send")
 
     # ---- input ---------------------------------------------------------------------------------
     def pick_images(self) -> None:
         paths, _ = QFileDialog.getOpenFileNames(self, "Attach images", "",
                                                 "Images (*.png *.jpg *.jpeg *.webp *.gif *.bmp)")
         for path in paths:
-            self.attachments.add(keep_image_file(path))
+            try:
+                self.attachments.add(keep_image_file(path))
+            except AttachmentError as e:
+                self._show_note(str(e))
 
     def dragEnterEvent(self, event) -> None:       # accepted without vision too: the drop explains the refusal
-        if event.mimeData().hasUrls() or event.mimeData().hasImage():
+        if takes_drop(event.mimeData()):
             event.acceptProposedAction()
+            self.set_drop_highlight(True)
+
+    def dragLeaveEvent(self, event) -> None:
+        self.set_drop_highlight(False)
 
     def dropEvent(self, event) -> None:
-        self.input.insertFromMimeData(event.mimeData())
+        self.drop(event.mimeData())
         event.acceptProposedAction()
+
+    def drop(self, data) -> None:
+        """Files or an image dropped here or anywhere on the chat page."""
+        self.set_drop_highlight(False)
+        self.input.insertFromMimeData(data)
+
+    def set_drop_highlight(self, on: bool) -> None:
+        """While something droppable is dragged over the chat: the message box says where it goes."""
+        self.setProperty("dropping", on)
+        self.style().unpolish(self)
+        self.style().polish(self)
 
     def _on_send_button(self) -> None:
         if self.streaming:

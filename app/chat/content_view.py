@@ -10,6 +10,7 @@ from app.chat.blocks import Block, ShownCall, split_blocks
 from app.chat.code_block import CodeBlock
 from app.chat.markdown import markdown_html
 from app.chat.tool_call_view import ToolCallView
+from app.formatting import breakable_html
 from app.theme import themed_text
 
 
@@ -28,7 +29,7 @@ class MarkdownLabel(QLabel):
     def set_markdown(self, text: str) -> None:
         if text != self.markdown:
             self.markdown = text
-            self.setText(themed_text(markdown_html(text)))
+            self.setText(breakable_html(themed_text(markdown_html(text))))
 
 
 class ContentView(QWidget):

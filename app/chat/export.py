@@ -44,7 +44,8 @@ def to_markdown(conversation: Conversation, messages: list[Message], model_name:
         body += [f"**Tool call** `{c.get('name', '')}`\n\n```json\n{_arguments(c)}\n```" for c in m.tool_calls]
         if m.error:
             body.append(f"*Error: {m.error}*")
-        parts.append(f"## {'You' if m.role == 'user' else model_name}\n\n" + "\n\n".join(body))
+        writer = 'You' if m.role == 'user' else (m.metrics.get("model") or {}).get("name") or model_name
+        parts.append(f"## {writer}\n\n" + "\n\n".join(body))
     return "\n\n".join(parts) + "\n"
 
 

@@ -8,6 +8,8 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QGuiApplication, QPixmap
 from PySide6.QtWidgets import QDialog, QLabel, QScrollArea, QVBoxLayout
 
+from app.chat.attachments import image_problem
+
 
 class Thumbnail(QLabel):
     clicked = Signal(str)
@@ -16,14 +18,21 @@ class Thumbnail(QLabel):
         super().__init__(parent)
         self.path = path
         self.setObjectName("thumbnail")
-        image = QPixmap(path)
-        if image.isNull():
-            self.setText(f"{Path(path).name} (missing)")
+        name = Path(path).name
+        self.problem = image_problem(path)
+        image = QPixmap() if self.problem else QPixmap(path)
+        if self.problem or image.isNull():
+            self.setObjectName("thumbnailProblem")
+            self.setWordWrap(True)
+            self.setMaximumWidth(side * 4)
+            self.setText(f"⚠ {name}: {self.problem or 'cannot be shown'}. Left out of the conversation.")
+            self.setToolTip(self.text())
         else:
             self.setPixmap(image.scaled(side, side, Qt.AspectRatioMode.KeepAspectRatio,
                                         Qt.TransformationMode.SmoothTransformation))
             self.setCursor(Qt.CursorShape.PointingHandCursor)
-        self.setToolTip("Click to view")
+            self.setToolTip(f"{name}: click to view")
+        self.setAccessibleName(name)
         self.clicked.connect(lambda p: open_viewer(p, self.window()))
 
     def mouseReleaseEvent(self, event) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QPushButton, QVBoxLayout, QWidget
 
+from app.formatting import breakable
 from app.widgets import label
 
 FOLD_LINES = 14         # longer than this (or FOLD_CHARS), a message is shown folded
@@ -29,7 +30,7 @@ class LongText(QWidget):
         column.setSpacing(6)
         self.full = text
         self.head = folded(text)
-        self.text: QLabel = label(self.head or text, "userText", wrap=True, selectable=True)
+        self.text: QLabel = label(breakable(self.head or text), "userText", wrap=True, selectable=True)
         self.text.setTextFormat(Qt.TextFormat.PlainText)
         column.addWidget(self.text)
         self.toggle = QPushButton()
@@ -48,6 +49,6 @@ class LongText(QWidget):
     def _show(self) -> None:
         if self.head is None:
             return
-        self.text.setText(self.full if self.expanded else self.head)
+        self.text.setText(breakable(self.full if self.expanded else self.head))
         lines, chars = len(self.full.splitlines()), len(self.full)
         self.toggle.setText("Show less" if self.expanded else f"Show all ({lines:,} lines, {chars:,} characters)")

@@ -103,7 +103,9 @@ class MessageView(QFrame):
         avatar = QLabel()
         avatar.setPixmap(icons.app_icon().pixmap(20, 20))
         header.addWidget(avatar)
-        header.addWidget(label(model_name or "Assistant", "speaker"))
+        self.fallback_name = model_name or "Assistant"      # replies from before messages recorded their model
+        self.speaker = label("", "speaker")
+        header.addWidget(self.speaker)
         header.addStretch(1)
         self.column.addLayout(header)
         self.thinking = ThinkingBlock()
@@ -141,6 +143,7 @@ class MessageView(QFrame):
         """Show the final state of a reply: numbers, stop reason, error."""
         self.message = message
         self.versions.set_versions(message.version, message.version_count)
+        self._show_writer(message.metrics.get("model") or {})
         if message.status == "streaming":
             return
         seconds = message.metrics.get("thinking_s")
@@ -149,6 +152,13 @@ class MessageView(QFrame):
         self.metrics.setText(metrics_line(message.metrics, reason))
         self.error.setVisible(bool(message.error))
         self.error.setText(message.error)
+
+    def _show_writer(self, writer: dict) -> None:
+        """The model that wrote this version of the reply, as it ran then."""
+        self.speaker.setText(writer.get("name") or self.fallback_name)
+        details = [f"{writer['weights']} weights" if writer.get("weights") else "",
+                   f"speculation: {writer['drafts']} drafts" if writer.get("drafts") else ""]
+        self.speaker.setToolTip(" · ".join(d for d in details if d))
 
     def actions_visible(self, visible: bool) -> None:
         for i in range(self.actions.count()):

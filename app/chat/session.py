@@ -22,7 +22,7 @@ from app.chat.context_fit import fit_history, prompt_budget
 from app.chat.presets import apply_overrides
 from app.generation import ReplyResult
 from app.settings import AppSettings
-from app.store import Conversation, Message, Store
+from app.store import VERSION_FIELDS, Conversation, Message, Store
 
 SAVE_EVERY_S = 2.0
 REFRESH_MS = 50
@@ -58,6 +58,7 @@ class ActiveReply:
     tokens: int = 0                      # streamed so far
     first_token_at: float | None = None
     earlier: dict | None = None          # a continued reply: its metrics before
+    writer: dict = field(default_factory=dict)   # the model that writes it (metrics["model"]: name, weights, drafts)
 
     @property
     def tok_s(self) -> float | None:
@@ -175,8 +176,12 @@ class ChatSession(QObject):
         if self.busy:
             return
         if self._editing is not None:
-            self._drop_from(self._editing)
-            self._editing = None
+            edited, self._editing = self._editing, None
+            reply = self._reply_to(edited)
+            if reply is not None and not (images and not self.vision):
+                self._edit_exchange(edited, reply, text, images, thinking)
+                return
+            self._drop_from(edited)
         if self.current is None:
             self.current = self.store.create_conversation(title_from(text))
             if self.pending_options:
@@ -200,10 +205,20 @@ class ChatSession(QObject):
         self._start_reply(thinking, regenerating=messages[-1])
 
     def show_version(self, message_id: int, index: int) -> None:
-        """Another version of a reply becomes the shown one, and the one the conversation goes on from."""
+        """Another version of a reply becomes the shown one, and the one the conversation goes on from; the message
+        before it shows the text that version answered (an edit made a new version)."""
         if self.current is None or (self.active and self.active.message.id == message_id):
             return
-        self.message_changed.emit(self.store.show_version(message_id, index))
+        message = self.store.show_version(message_id, index)
+        prompt = message.metrics.get("prompt")
+        asked = self._asked(message)
+        if prompt and asked is not None and (asked.content, asked.attachments) != (prompt["content"],
+                                                                                   prompt["attachments"]):
+            self.store.update_message(asked.id, content=prompt["content"], attachments=prompt["attachments"])
+            self._retitle(asked, prompt["content"])
+            self.opened.emit(self.current, self.store.messages(self.current.id))
+        else:
+            self.message_changed.emit(message)
         self._emit_context()
 
     def continue_reply(self, thinking: bool) -> None:
@@ -290,6 +305,44 @@ class ChatSession(QObject):
         """Whether the chat's backend takes images."""
         return bool(self.backend is not None and self.backend.supports_vision)
 
+    def _reply_to(self, asked: Message) -> Message | None:
+        """The reply that answered the user message `asked`, when it is the next message."""
+        later = [m for m in self.store.messages(asked.conversation_id) if m.id > asked.id]
+        return later[0] if later and later[0].role == "assistant" else None
+
+    def _asked(self, reply: Message) -> Message | None:
+        """The user message a reply answers."""
+        earlier = [m for m in self.store.messages(reply.conversation_id) if m.id < reply.id]
+        return earlier[-1] if earlier and earlier[-1].role == "user" else None
+
+    def _edit_exchange(self, edited: Message, reply: Message, text: str, images: list[str], thinking: bool) -> None:
+        """An edited message keeps what it replaced: its reply's versions stay, each with the text it answered
+        (`metrics["prompt"]`), and the answer to the new text is one more version of the same reply."""
+        old = {"content": edited.content, "attachments": edited.attachments}
+
+        def stamped(version: dict) -> dict:
+            if version["metrics"].get("prompt"):
+                return version
+            return {**version, "metrics": {**version["metrics"], "prompt": old}}
+
+        own = stamped({k: getattr(reply, k) for k in VERSION_FIELDS})
+        self.store.update_message(reply.id, versions=[stamped(v) for v in reply.versions], metrics=own["metrics"])
+        for m in self.store.messages(edited.conversation_id):
+            if m.id > reply.id:
+                self.store.delete_message(m.id)
+        self.store.update_message(edited.id, content=text, attachments=images)
+        self._retitle(edited, text)
+        self.opened.emit(self.current, self.store.messages(self.current.id))
+        self._start_reply(thinking, regenerating=self.store.message(reply.id))
+
+    def _retitle(self, asked: Message, text: str) -> None:
+        """The title follows the first message's text unless the user renamed the conversation."""
+        first = next((m for m in self.store.messages(asked.conversation_id) if m.role == "user"), None)
+        conversation = self.store.conversation(asked.conversation_id)
+        if first is not None and first.id == asked.id and conversation.title in (title_from(first.content),
+                                                                                 title_from(asked.content)):
+            self.rename(conversation.id, title_from(text))
+
     def _drop_from(self, first: Message) -> None:
         for m in self.store.messages(first.conversation_id):
             if m.id >= first.id:
@@ -307,12 +360,17 @@ class ChatSession(QObject):
         fit = self._fit(self._history(continuing, without=regenerating), kwargs)
         if fit is None:
             return
+        writer = self.backend.writer()
         if regenerating is not None:
             message = self.store.new_version(regenerating.id)
+            asked = self._asked(message)                   # the text this version answers (edits change it)
+            message.metrics = {"model": writer, **({"prompt": {"content": asked.content,
+                                                              "attachments": asked.attachments}} if asked else {})}
+            self.store.update_message(message.id, metrics=message.metrics)
             self.active = ActiveReply(message, f"m{message.id}v{message.version}")
             self.message_changed.emit(message)
         elif continuing is None:
-            message = self.store.add_message(self.current.id, "assistant", status="streaming")
+            message = self.store.add_message(self.current.id, "assistant", status="streaming", metrics={"model": writer})
             self.active = ActiveReply(message, f"m{message.id}")
             self.message_added.emit(message)
         else:
@@ -323,6 +381,7 @@ class ChatSession(QObject):
             self.store.update_message(message.id, status="streaming")
             self.reply_updated.emit(message.id, message.content, message.reasoning)
         self.active.prompt_tokens = fit.tokens
+        self.active.writer = writer
         self.busy_changed.emit(True)
         self._emit_context()
         self.backend.generate(self.active.request_id, fit.history, self.reply_settings().sampling_params(thinking),
@@ -408,7 +467,9 @@ class ChatSession(QObject):
         reasoning = reply.reasoning + result.reasoning
         if reply.thinking_s is None and reasoning and content:
             reply.thinking_s = time.monotonic() - reply.started
-        metrics = dict(result.metrics, finish=result.finish_reason)
+        metrics = dict(result.metrics, finish=result.finish_reason, model=reply.writer)
+        if "prompt" in reply.message.metrics:
+            metrics["prompt"] = reply.message.metrics["prompt"]
         if "prompt_tokens" in metrics:
             metrics["context_tokens"] = metrics["prompt_tokens"] + metrics.get("output_tokens", 0)
         if reply.earlier:                      # a continued reply: its numbers add up

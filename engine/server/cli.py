@@ -1,8 +1,8 @@
 """qwendesk-serve: the local OpenAI- and Anthropic-compatible API, headless.
 
 The HTTP server starts at once and the model loads behind it (GET /health answers 503 until it is
-ready), so a supervisor sees the process up and can wait for the model. Bad arguments are refused
-before either starts.
+ready), so a supervisor sees the process up and can wait for the model. Bad arguments, and a port another
+program holds, are refused before either starts.
 """
 
 from __future__ import annotations
@@ -17,19 +17,19 @@ from typing import NoReturn
 
 import uvicorn
 
-from engine.cli_args import checked, model_arg, model_name, port_arg, resolve_model
-from engine.api import DTYPE_NAMES, KV_DTYPES, PROFILES, VISION, EngineConfig
+from engine.cli_args import Parser, checked, model_arg, model_name, port_arg, resolve_model
+from engine.api import DEFAULT_PORT, DTYPE_NAMES, KV_DTYPES, PROFILES, VISION, EngineConfig, listen_socket
 
 log = logging.getLogger("qwendesk.serve")
 
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, EngineConfig]:
-    ap = argparse.ArgumentParser(prog="qwendesk-serve", description="Serve a Qwen3.5-family checkpoint over "
-                                                                    "OpenAI- and Anthropic-compatible HTTP.")
+    ap = Parser(prog="qwendesk-serve", description="Serve a Qwen3.5-family checkpoint over "
+                                                   "OpenAI- and Anthropic-compatible HTTP.")
     ap.add_argument("--model", required=True, type=model_arg,
                     help="checkpoint directory, or a Hugging Face repo id to download")
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    ap.add_argument("--port", type=port_arg, default=8080)
+    ap.add_argument("--port", type=port_arg, default=DEFAULT_PORT, help="port to listen on (default %(default)s)")
     ap.add_argument("--api-key", default=os.environ.get("QWENDESK_API_KEY"),
                     help="require this key on /v1 routes and /metrics (default: $QWENDESK_API_KEY; none: open)")
     ap.add_argument("--model-id", help="the model name clients send (default: the checkpoint's directory name)")
@@ -96,6 +96,11 @@ def serve_main(argv=None, load=None) -> NoReturn:
     """load(config) -> Engine: what builds the engine behind the server once the HTTP server is up (default:
     `Engine(config)`, the checkpoint's weights; the soak's launcher, tests/random_serve.py, builds random ones)."""
     args, config = parse_args(argv)
+    try:
+        sock = listen_socket(args.host, args.port)         # before the model loads: a port in use is said at once
+    except OSError as e:
+        print(f"qwendesk-serve: error: {e.strerror}", file=sys.stderr)
+        sys.exit(1)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from engine.server import ServerSettings, create_app
@@ -116,7 +121,7 @@ def serve_main(argv=None, load=None) -> NoReturn:
                               daemon=True)
     loader.start()
     try:
-        server.run()
+        server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn shuts down gracefully on Ctrl-C, then re-raises it
         pass
     loader.join(timeout=1)

@@ -3,8 +3,10 @@
 An entry is a directory `<root>/<key>` laid out like a sharded safetensors checkpoint (shards + index) plus
 `manifest.json` (what it was converted from and how, and the kind of each weight). Its key hashes the
 checkpoint's identity (repo id + commit when known, else its absolute path and each file's size and mtime),
-the policy and FORMAT_VERSION. An entry is written in a temporary directory and renamed into place only
-once complete, so an interrupted conversion leaves no entry (a miss), never half of one.
+the policy and FORMAT_VERSION. An entry is written in a temporary directory `.tmp-<key>` and renamed into place only
+once complete, so an interrupted conversion leaves no entry (a miss), never half of one; the temporary directory
+keeps the shards written so far with `progress.json` (what they hold), so that the next load converts only the
+rest (a conversion of a 27B model takes minutes; a cancel, a crash or a closed window no longer loses them).
 
 Stored form of one weight `name`: a float tensor as `name`; Int4 as `name.q4` (uint8 [N, K/2], low nibble
 = even k), `name.scales`, `name.zeros`; Int8 as `name.q8`, `name.scales` (act-order GPTQ weights never reach the
@@ -18,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -35,6 +36,7 @@ FORMAT_VERSION = 2
 CACHE_ENV = "QWENDESK_CACHE_DIR"
 SHARD_BYTES = 1 << 30
 MANIFEST = "manifest.json"
+PROGRESS = "progress.json"      # in a conversion's temporary directory: the weights its shards hold so far
 KERNEL_GROUP_SIZES = (32, 64, 128)      # int4 group sizes qwendesk_kernels/quant_format.pack_int4 takes
 
 Weight = torch.Tensor | Int4 | Int8 | ActOrderInt4
@@ -117,20 +119,51 @@ class CacheEntry:
 
 
 class CacheWriter:
-    """Collects converted weights into shards in a temporary directory; commit() publishes them as an entry.
-    Leaving the `with` block without commit() (an error, an interrupted load) deletes the partial work."""
+    """Collects converted weights into shards in the key's temporary directory; commit() publishes them as an entry.
+    Each shard written is recorded in progress.json, and a writer for the same key and meta picks them up
+    (`resumed`, `read_resumed`): leaving the `with` block without commit() (an error, an interrupted load) keeps
+    the shards already written."""
 
     def __init__(self, root: Path, key: str, meta: dict, shard_bytes: int = SHARD_BYTES):
         self.root, self.key, self.meta, self.shard_bytes = root, key, meta, shard_bytes
-        for stale in root.glob(f".tmp-{key}-*"):     # left by an earlier, interrupted conversion
+        for stale in root.glob(f".tmp-{key}-*"):     # an earlier version's per-run temporary directories
             shutil.rmtree(stale, ignore_errors=True)
-        self.tmp = root / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
-        self.tmp.mkdir(parents=True)
+        self.tmp = root / f".tmp-{key}"
         self.kinds: dict[str, str] = {}
         self.weight_map: dict[str, str] = {}
         self._buffer: dict[str, torch.Tensor] = {}
         self._buffered = 0
         self._shards = 0
+        self._reader: TensorReader | None = None
+        self._resume()
+        self.resumed = frozenset(self.kinds)          # weights converted by an earlier run, in the shards already
+
+    def _resume(self) -> None:
+        """Take over the shards an interrupted conversion of the same key and meta wrote; start afresh when there
+        are none or they do not check out."""
+        try:
+            saved = json.loads((self.tmp / PROGRESS).read_text(encoding="utf-8"))
+            if saved["meta"] != self.meta:
+                raise ValueError("another conversion's progress")
+            shards = {f"shard-{i:05d}.safetensors" for i in range(1, saved["shards"] + 1)}
+            if set(saved["weight_map"].values()) - shards:
+                raise ValueError("progress names a shard it does not count")
+            for extra in set(p.name for p in self.tmp.iterdir()) - shards - {PROGRESS}:
+                (self.tmp / extra).unlink()           # a shard written after the last progress record
+            self._tensors = list_tensors(self.tmp)    # every shard whole (CheckpointError, OSError if not)
+            if set(saved["weight_map"]) - set(self._tensors):
+                raise ValueError("a shard lacks a tensor its progress lists")
+        except (OSError, ValueError, KeyError, TypeError, CheckpointError):
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp.mkdir(parents=True)
+            return
+        self.kinds, self.weight_map, self._shards = saved["kinds"], saved["weight_map"], saved["shards"]
+
+    def read_resumed(self, name: str, device: str = "cpu") -> Weight:
+        """A weight an earlier, interrupted run converted (name in `resumed`)."""
+        if self._reader is None:
+            self._reader = TensorReader(device)
+        return _decode(self.kinds[name], name, lambda n: self._reader.get(self._tensors[n]))
 
     def add(self, name: str, value: Weight) -> None:
         kind, tensors = _encode(name, value)
@@ -149,9 +182,14 @@ class CacheWriter:
         save_file(self._buffer, str(self.tmp / fname), metadata={"format": "pt"})
         self.weight_map.update(dict.fromkeys(self._buffer, fname))
         self._buffer, self._buffered = {}, 0
+        record = {"meta": self.meta, "kinds": self.kinds, "weight_map": self.weight_map, "shards": self._shards}
+        (self.tmp / f"{PROGRESS}.part").write_text(json.dumps(record))   # add() flushes whole weights only
+        os.replace(self.tmp / f"{PROGRESS}.part", self.tmp / PROGRESS)
 
     def commit(self) -> CacheEntry:
         self._flush()
+        self._close_reader()
+        (self.tmp / PROGRESS).unlink(missing_ok=True)
         (self.tmp / "model.safetensors.index.json").write_text(json.dumps({"weight_map": self.weight_map}))
         (self.tmp / MANIFEST).write_text(json.dumps({**self.meta, "weights": self.kinds}, indent=1))
         final = self.root / self.key
@@ -164,14 +202,20 @@ class CacheWriter:
         return CacheEntry(final)
 
     def abort(self) -> None:
+        """Throw the partial work away."""
+        self._close_reader()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _close_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        if self.tmp.exists():
-            self.abort()
+        self._close_reader()             # the shards written stay, with their progress, for the next load
 
 
 class ConvertCache:
@@ -262,8 +306,11 @@ def converted_weights(path: str | Path, policy: QuantPolicy = DEFAULT_POLICY, de
     try:
         with cache.writer(key, meta) as writer:
             for done, (name, shape) in enumerate(source.shapes.items(), 1):
-                value = convert(source.read(name), policy.scheme(name, shape), policy)
-                writer.add(name, value)
+                if name in writer.resumed:               # converted before an interruption: read back
+                    value = writer.read_resumed(name, device)
+                else:
+                    value = convert(source.read(name), policy.scheme(name, shape), policy)
+                    writer.add(name, value)
                 yield name, value
                 if progress:
                     progress(done, len(source.shapes))

@@ -23,7 +23,7 @@ as an ActOrderInt4: the input channels permuted so each group is contiguous, plu
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -50,15 +50,25 @@ class ActOrderInt4(NamedTuple):
     perm: torch.Tensor     # int64 [K]
 
 
+QUANT_SIDE_FILES = (("quantize_config.json", "gptq"), ("quant_config.json", "awq"))   # AutoGPTQ's, AutoAWQ's
+
+
 def read_config(path: str | Path) -> dict:
     """config.json, with quantization_config taken from the older side files (quantize_config.json of
     AutoGPTQ, quant_config.json of AutoAWQ) when config.json lacks it."""
     path = Path(path)
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    return with_side_quant_config(config, lambda name: json.loads((path / name).read_text(encoding="utf-8"))
+                                  if (path / name).exists() else None)
+
+
+def with_side_quant_config(config: dict, read: Callable[[str], dict | None]) -> dict:
+    """`config` with quantization_config from the first side file `read(name)` finds (None: not there), when it
+    has none of its own: on disk (read_config) or on the hub before a download (the app's search)."""
     if not _quant_config(config):
-        for fname, default_method in (("quantize_config.json", "gptq"), ("quant_config.json", "awq")):
-            if (path / fname).exists():
-                side = json.loads((path / fname).read_text(encoding="utf-8"))
+        for fname, default_method in QUANT_SIDE_FILES:
+            side = read(fname)
+            if side is not None:
                 config["quantization_config"] = {"quant_method": default_method, **side}
                 break
     return config

@@ -61,8 +61,10 @@ def load_weights(model, path: str | Path, device, keep_vision: bool = True, poli
     tensor at a time. Any supported source format (16-bit, FP8 block, GPTQ, AWQ); with a
     quantization `policy` the converted weights come from (or go to) the conversion cache.
 
-    progress(stage, done, total) reports each weight; stage says whether weights are being read,
-    converted (a first int4 load) or read back from the conversion cache.
+    progress(stage, done, total) reports each weight, counted by its size (KiB of elements: the first weights
+    are norms of a few KiB, the last MLPs hundreds of MiB, so a count of weights made the time left grow as it
+    went); stage says whether weights are being read, converted (a first int4 load) or read back from the
+    conversion cache.
     Returns the vision tower's tensors (name without prefix -> tensor on `device`) when keep_vision.
     Raises CheckpointError naming missing, unexpected or wrongly shaped tensors.
     """
@@ -96,7 +98,9 @@ def load_weights(model, path: str | Path, device, keep_vision: bool = True, poli
         hit = cache.has(cache_key(identity, policy))
         stage = "Loading int4 weights from the cache" if hit else "Converting weights to int4 (first load)"
         stream = converted_weights(path, policy, reader_device, cache=cache, identity=identity)
-    kept, done = {}, 0
+    sizes = {full: torch.Size(source.shapes[full]).numel() for full in wanted}
+    total, done = sum(sizes.values()), 0
+    kept = {}
     try:                                       # progress may raise (a cancelled load): the files close either way
         with torch.no_grad():
             for full, value in stream:
@@ -108,9 +112,9 @@ def load_weights(model, path: str | Path, device, keep_vision: bool = True, poli
                 else:
                     _copy(*targets[name], value)   # converted_weights gave each weight its target's scheme
                 del value
-                done += 1
+                done += sizes[full]
                 if progress:
-                    progress(stage, done, len(wanted))
+                    progress(stage, done >> 10, total >> 10)
     finally:
         stream.close()
         if policy is None:
