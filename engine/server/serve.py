@@ -5,15 +5,14 @@ from __future__ import annotations
 import threading
 import time
 
-import uvicorn
+from engine.server.connections import LimitedServer, uvicorn_config
 
 
 class ServerThread:
     def __init__(self, app, host: str = "127.0.0.1", port: int = 8080, log_level: str = "warning"):
-        """port 0 picks a free port; `port` holds the real one once started."""
-        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off",
-                                timeout_graceful_shutdown=5)
-        self.server = uvicorn.Server(config)
+        """port 0 picks a free port; `port` holds the real one once started. The connection limits are those of
+        the app's ServerSettings."""
+        self.server = LimitedServer(uvicorn_config(app, app.state.server.settings, host, port, log_level))
         self.host, self.port = host, port
         self.thread = threading.Thread(target=self.server.run, name="qwendesk-http", daemon=True)
 

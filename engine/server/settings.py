@@ -21,6 +21,12 @@ class ServerSettings:
     stream_interval_s: float = 0.0          # least time between a stream's chunks (tokens in between go as one)
     allow_image_urls: bool = False          # fetch http(s) image URLs (off: data: URLs / base64 only)
     image_url_timeout_s: float = 10.0       # the whole fetch of one image URL
+    # connections (connections.py): what a client can hold before its key is checked
+    max_connections: int = 512              # open in all (and never over half the process's file limit)
+    max_connections_per_client: int = 128   # open from one client address
+    header_timeout_s: float = 10.0          # a request's line and headers must arrive within this
+    max_header_bytes: int = 64 * 1024       # request line + headers (431 beyond)
+    idle_timeout_s: float = 5.0             # a kept-alive connection with no request in progress is closed after
 
     def host_allowed(self, host: str) -> bool:
         """A DNS rebinding attack needs a name the attacker controls, so a literal IP address is
