@@ -12,8 +12,17 @@ from pydantic.json_schema import models_json_schema
 from engine.server.errors import APIError, validation_error
 
 
+INLINE_BYTES = 256 * 1024   # larger bodies are decoded on the Workers (workers.py), not on the event loop
+
+
 async def parse_body(request: Request, model: type[BaseModel]):
     raw = await request.body()
+    if len(raw) > INLINE_BYTES:
+        return await request.app.state.server.workers.run(decode_body, raw, model)
+    return decode_body(raw, model)
+
+
+def decode_body(raw: bytes, model: type[BaseModel]):
     if not raw.strip():
         raise APIError(400, "the request body is empty; send a JSON object")
     try:

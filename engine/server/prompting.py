@@ -30,6 +30,7 @@ from engine.server.structured import request_constraint
 
 EFFORT_BUDGETS = {"minimal": 256, "low": 1024}
 RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "template_name", "continue_final_message")
+PIECE_EDGE_TOKENS = 8       # tokens one cut through a text may add to its count, at most (encode)
 GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
@@ -89,16 +90,25 @@ def sampling_params(given: dict, defaults: dict) -> SamplingParams:
     return params
 
 
-def chat_prompt(engine, req: ChatRequest, defaults: dict) -> Prompt:
-    """Render, tokenize and check one chat request (runs in a worker thread: templates and images can be slow)."""
+def chat_prompts(engine, req: ChatRequest, defaults: dict, n: int = 1) -> list[Prompt]:
+    """Render, tokenize and check one chat request (on the Workers: templates and images can be slow), as n samples:
+    the prompt made once, each sample with its own processors (they keep state) and its own seed (seed + i, when
+    the client gave one)."""
     ids, images = prompt_ids(engine, req)
+    return [Prompt(list(ids), chat_params(engine, req, defaults, len(ids), i), req.tools if req.tool_choice.mode != "none"
+                   else None, images) for i in range(n)]
+
+
+def chat_params(engine, req: ChatRequest, defaults: dict, prompt_tokens: int, sample: int) -> SamplingParams:
     params = sampling_params(req.sampling, defaults)
-    params.max_tokens = completion_room(engine, len(ids), req.max_tokens)
+    params.max_tokens = completion_room(engine, prompt_tokens, req.max_tokens)
     params.thinking_budget = thinking_budget(engine, req.thinking)
     choice = req.tool_choice
     params.constraint = request_constraint(req.json_format, req.tools, choice.mode, choice.name, choice.parallel)
     params.logits_processors = tool_processors(engine.tokenizer, req.tools, choice) + params.logits_processors
-    return Prompt(ids, params, req.tools if choice.mode != "none" else None, images)
+    if params.seed is not None:
+        params.seed = (params.seed + sample) % 2 ** 63
+    return params
 
 
 def prompt_ids(engine, req: ChatRequest) -> tuple[list, list]:
@@ -129,15 +139,32 @@ def render(engine, req: ChatRequest) -> list[int]:
         text = engine.template.render(req.messages, tools=tools, add_generation_prompt=True, **kwargs)
     except ValueError as e:
         raise APIError(400, f"the conversation does not fit the model's chat template: {e}", param="messages") from None
-    return encode(engine.tokenizer, text + req.prefill)
+    return encode(engine.tokenizer, text + req.prefill, engine.max_context)
 
 
-def encode(tok, text: str) -> list[int]:
+def encode(tok, text: str, limit: int) -> list[int]:
+    """The text's token ids. A text far longer than `limit` tokens (the context) is refused after about `limit` of its
+    tokens are counted, piece by piece, rather than tokenized whole (30 MB of text: tens of seconds and gigabytes)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise APIError(400, "the request holds text that is not valid Unicode (a lone surrogate)") from None
+    piece = max(4096, 4 * limit)
+    if len(text) > 2 * piece:
+        counted = 0
+        for cuts, start in enumerate(range(0, len(text), piece)):
+            counted += len(tok.encode(text[start:start + piece]))
+            if counted - PIECE_EDGE_TOKENS * cuts > limit:      # (a cut can add a token or two where it splits a word)
+                raise context_exceeded(limit, f"more than {limit}", None)
     return tok.encode(text)
+
+
+def context_exceeded(ctx: int, prompt_tokens, max_tokens: int | None) -> APIError:
+    asked = prompt_tokens + (max_tokens or 1) if isinstance(prompt_tokens, int) else prompt_tokens
+    return APIError(400, f"This model's maximum context length is {ctx} tokens. However, you requested "
+                         f"{asked} tokens ({prompt_tokens} in the prompt, {max_tokens or 1} for the "
+                         f"completion). Please reduce the length of the prompt or of max_tokens.",
+                    param="messages", code="context_length_exceeded")
 
 
 def template_kwargs(engine, req: ChatRequest) -> dict:
@@ -167,11 +194,7 @@ def completion_room(engine, prompt_tokens: int, max_tokens: int | None) -> int:
     """max_tokens, checked against the context; when not given, all the room the context leaves."""
     ctx = engine.max_context
     if prompt_tokens >= ctx or (max_tokens is not None and prompt_tokens + max_tokens > ctx):
-        asked = prompt_tokens + (max_tokens or 1)
-        raise APIError(400, f"This model's maximum context length is {ctx} tokens. However, you requested "
-                            f"{asked} tokens ({prompt_tokens} in the prompt, {max_tokens or 1} for the "
-                            f"completion). Please reduce the length of the prompt or of max_tokens.",
-                       param="messages", code="context_length_exceeded")
+        raise context_exceeded(ctx, prompt_tokens, max_tokens)
     return max_tokens if max_tokens is not None else ctx - prompt_tokens
 
 

@@ -21,6 +21,8 @@ class ServerSettings:
     stream_interval_s: float = 0.0          # least time between a stream's chunks (tokens in between go as one)
     allow_image_urls: bool = False          # fetch http(s) image URLs (off: data: URLs / base64 only)
     image_url_timeout_s: float = 10.0       # the whole fetch of one image URL
+    prepare_threads: int = 2                # threads preparing requests (templates, tokenizing, images; workers.py)
+    prepare_queue: int = 32                 # requests waiting for them before 503
     # connections (connections.py): what a client can hold before its key is checked
     max_connections: int = 512              # open in all (and never over half the process's file limit)
     max_connections_per_client: int = 128   # open from one client address

@@ -13,6 +13,7 @@ from engine.server.metrics import Metrics, Outcome
 from engine.server.prompting import Prompt, generation_defaults
 from engine.server.responses_store import ResponseStore
 from engine.server.settings import ServerSettings
+from engine.server.workers import Workers
 
 
 class ServerState:
@@ -22,6 +23,7 @@ class ServerState:
         self.settings = settings
         self.metrics = Metrics()
         self.responses = ResponseStore()          # the Responses API's stored responses
+        self.workers = Workers(settings.prepare_threads, settings.prepare_queue)
         self.params_hook = params_hook
         self.created = int(time.time())
         self.engine = None
@@ -59,6 +61,13 @@ class ServerState:
         """Submit one request's generations: each group is the samples of one prompt (n of them). The first of
         each group runs first; the others are submitted once it has prefilled, so that their prompt comes from
         the prefix cache. Engine refusals become API errors (429/529, 400, 503), and cancel what started."""
+        c = self.engine.config
+        total, capacity = sum(len(g) for g in groups), c.max_running + c.max_queue
+        if total > capacity:     # a 429 would have the client retry for ever
+            raise APIError(400, f"this request asks for {total} generations ({len(groups)} prompts, n = "
+                                f"{len(groups[0])}); the server holds at most {capacity} at once (profile "
+                                f"{c.profile}: {c.max_running} running, {c.max_queue} queued): send fewer",
+                           param="n" if len(groups[0]) > 1 else "prompt", code="too_many_generations")
         runs: list[list[Generation]] = []             # each prompt's generations
         try:
             for group in groups:

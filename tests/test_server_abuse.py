@@ -1,0 +1,107 @@
+"""The abuse cases of docs/reliability.md that need a model behind the server: one huge prompt does not stall the
+other routes, schemas that cannot be compiled are a 400 before anything runs (never a 500 mid-reply), a request that
+can never fit the engine is a 400 (never a 429 a client would retry for ever)."""
+
+import json
+import threading
+import time
+
+import pytest
+
+from engine.server.errors import APIError
+from engine.server.workers import Workers
+from tests.server_harness import MODEL, engine, raw, reset, server, steer, wait_idle  # noqa: F401 (fixtures)
+
+USER = [{"role": "user", "content": "Hello"}]
+BOMB = "^((a{1000}){1000}){1000}$"
+
+
+def health_while(server, request) -> tuple[list[float], tuple]:
+    """/health latencies (seconds, on a kept-alive connection) while `request()` runs; and what it returned."""
+    import http.client
+    result = []
+    worker = threading.Thread(target=lambda: result.append(request()))
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    latencies = []
+    worker.start()
+    while worker.is_alive():
+        start = time.monotonic()
+        conn.request("GET", "/health")
+        conn.getresponse().read()
+        latencies.append(time.monotonic() - start)
+        time.sleep(0.01)
+    worker.join()
+    conn.close()
+    return sorted(latencies), result[0]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens"])
+def test_a_30_mb_prompt_does_not_stall_the_other_routes(engine, server, steer, path):
+    text = ("All work and no play makes Jack a dull boy. " * 20 + "\n") * 35_000      # ~30 MB
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 10}).encode()
+    assert 29 * 2**20 < len(body) < 32 * 2**20
+    start = time.monotonic()
+    latencies, (status, _, out) = health_while(server, lambda: raw(server, "POST", path, body))
+    assert status == 400 and "maximum context length is 1024" in out.decode(), out[:300]
+    assert time.monotonic() - start < 20              # counted up to the context, not tokenized whole
+    assert latencies[int(len(latencies) * 0.99)] <= 0.2 and latencies[-1] < 1, latencies[-5:]
+    assert steer.seen == []
+
+
+def test_the_preparation_queue_is_bounded():
+    """A request that finds every worker busy and the queue full is refused at once (503), not queued."""
+    import asyncio
+    workers, release = Workers(threads=1, max_waiting=1), threading.Event()
+
+    async def main():
+        held = [asyncio.ensure_future(workers.run(release.wait)) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        with pytest.raises(APIError) as e:
+            await workers.run(lambda: None)
+        assert e.value.status == 503 and e.value.headers["retry-after"] == "1"
+        release.set()
+        await asyncio.gather(*held)
+        assert await workers.run(lambda: 7) == 7
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"x": {"type": "string", "pattern": BOMB}}}}}}),
+    ("/v1/chat/completions", {"stream": True, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "string", "pattern": BOMB}}}}),
+    ("/v1/chat/completions", {"tool_choice": "auto", "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "string", "pattern": BOMB}}}}}]}),
+    ("/v1/messages", {"output_format": {"type": "json_schema", "schema": {
+        "type": "object", "properties": {"x": {"type": "string", "pattern": BOMB}}}}}),
+])
+def test_a_repetition_bomb_in_a_schema_is_400_before_anything_runs(engine, server, steer, path, body):
+    status, _, out = raw(server, "POST", path, {"model": MODEL, "messages": USER, "max_tokens": 20, **body})
+    assert status == 400, out
+    message = json.loads(out)["error"]["message"]
+    assert "repeats too much" in message and "properties.x" in message or "the top" in message, message
+    assert wait_idle(engine)["running"] == 0
+
+
+def test_tool_parameters_with_a_pattern_are_served(engine, server, steer):
+    """pydantic's Field(pattern=...): the tool is accepted, and a call the model makes matches it."""
+    tools = [{"type": "function", "function": {"name": "book", "parameters": {"type": "object", "properties": {
+        "code": {"type": "string", "pattern": "^[A-Z]{3}$"}}, "required": ["code"]}}}]
+    steer.say("<tool_call>\n<function=book>\n<parameter=code>\nCDG\n</parameter>\n</function>\n</tool_call>")
+    for choice in ("auto", "required"):
+        status, _, out = raw(server, "POST", "/v1/chat/completions", {
+            "model": MODEL, "messages": USER, "max_tokens": 60, "tools": tools, "tool_choice": choice,
+            "chat_template_kwargs": {"enable_thinking": False}})
+        assert status == 200, out
+        [call] = json.loads(out)["choices"][0]["message"]["tool_calls"]
+        assert json.loads(call["function"]["arguments"]) == {"code": "CDG"}
+
+
+@pytest.mark.parametrize("prompts,n", [(200, 1), (60, 16)])
+def test_a_request_that_can_never_fit_the_engine_is_400_not_429(engine, server, steer, prompts, n):
+    status, headers, out = raw(server, "POST", "/v1/completions", {"model": MODEL, "prompt": ["Hi"] * prompts,
+                                                                   "n": n, "max_tokens": 5})
+    assert status == 400 and "retry-after" not in headers, out
+    error = json.loads(out)["error"]
+    assert error["code"] == "too_many_generations" and f"{prompts * n} generations" in error["message"]
+    assert steer.seen == []
