@@ -105,3 +105,50 @@ def test_a_request_that_can_never_fit_the_engine_is_400_not_429(engine, server, 
     error = json.loads(out)["error"]
     assert error["code"] == "too_many_generations" and f"{prompts * n} generations" in error["message"]
     assert steer.seen == []
+
+
+def test_a_system_message_after_the_first_becomes_a_user_message_where_it_stands(engine, server, steer):
+    """pydantic-ai's retry appends a system message after the user's turn; Qwen's template refuses one there."""
+    def prompt_tokens(messages):
+        status, _, out = raw(server, "POST", "/v1/chat/completions", {"model": MODEL, "messages": messages,
+                                                                      "max_tokens": 1})
+        assert status == 200, out
+        return json.loads(out)["usage"]["prompt_tokens"]
+    retry = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"},
+             {"role": "system", "content": "Fix the previous answer."}]
+    assert prompt_tokens(retry) == prompt_tokens(retry[:2] + [{"role": "user", "content": "Fix the previous answer."}])
+    status, _, out = raw(server, "POST", "/v1/messages/count_tokens", {"model": MODEL, "messages": [
+        {"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi"}], "system": "Be brief."})
+    assert status == 200, out
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:8080@evil.example", "[::1", "[::1]evil", "localhost:80:80",
+                                  "127.0.0.1 evil.example", "localhost:http"])
+def test_a_host_header_that_is_not_host_and_port_is_refused(server, steer, host):
+    status, _, out = raw(server, "GET", "/v1/models", headers={"host": host})
+    assert status == 403 and json.loads(out)["error"]["code"] == "host_not_allowed"
+
+
+def test_stop_token_ids_must_be_token_ids(server, steer):
+    for bad in ([-1], [10 ** 9]):
+        status, _, out = raw(server, "POST", "/v1/chat/completions", {"model": MODEL, "messages": USER,
+                                                                      "stop_token_ids": bad, "max_tokens": 5})
+        assert status == 400 and json.loads(out)["error"]["param"] == "stop_token_ids", out
+    assert steer.seen == []
+
+
+def test_a_thinking_budget_must_be_less_than_max_tokens(server, steer):
+    status, _, out = raw(server, "POST", "/v1/messages", {"model": MODEL, "messages": USER, "max_tokens": 100,
+                                                          "thinking": {"type": "enabled", "budget_tokens": 100}})
+    assert status == 400 and "budget_tokens" in json.loads(out)["error"]["message"], out
+    assert steer.seen == []
+
+
+def test_openapi_documents_the_answers_the_routes_give(server):
+    status, _, out = raw(server, "GET", "/openapi.json")
+    doc = json.loads(out)
+    assert status == 200 and '"422"' not in out.decode() and "HTTPValidationError" not in out.decode()
+    chat = doc["paths"]["/v1/chat/completions"]["post"]["responses"]
+    assert {"200", "400", "401", "404", "413", "415", "429", "503"} <= set(chat)
+    assert "529" in doc["paths"]["/v1/messages"]["post"]["responses"]
+    assert list(doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]

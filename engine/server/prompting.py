@@ -95,8 +95,8 @@ def chat_prompts(engine, req: ChatRequest, defaults: dict, n: int = 1) -> list[P
     the prompt made once, each sample with its own processors (they keep state) and its own seed (seed + i, when
     the client gave one)."""
     ids, images = prompt_ids(engine, req)
-    return [Prompt(list(ids), chat_params(engine, req, defaults, len(ids), i), req.tools if req.tool_choice.mode != "none"
-                   else None, images) for i in range(n)]
+    tools = req.tools if req.tool_choice.mode != "none" else None
+    return [Prompt(list(ids), chat_params(engine, req, defaults, len(ids), i), tools, images) for i in range(n)]
 
 
 def chat_params(engine, req: ChatRequest, defaults: dict, prompt_tokens: int, sample: int) -> SamplingParams:
@@ -135,11 +135,33 @@ def render(engine, req: ChatRequest) -> list[int]:
     if choice.mode == "function" and choice.name not in tool_schemas(tools):
         raise APIError(400, f"tool_choice names {choice.name!r}, which is not one of the tools", param="tool_choice")
     kwargs = template_kwargs(engine, req)
-    try:
-        text = engine.template.render(req.messages, tools=tools, add_generation_prompt=True, **kwargs)
-    except ValueError as e:
-        raise APIError(400, f"the conversation does not fit the model's chat template: {e}", param="messages") from None
+    text = render_messages(engine, req.messages, tools, kwargs)
     return encode(engine.tokenizer, text + req.prefill, engine.max_context)
+
+
+def render_messages(engine, messages: list[dict], tools, kwargs: dict) -> str:
+    """The chat template's text; where it refuses the conversation, again with later system messages as user ones."""
+    try:
+        return engine.template.render(messages, tools=tools, add_generation_prompt=True, **kwargs)
+    except ValueError as e:
+        error = e
+    moved = later_system_as_user(messages)
+    if moved is not None:
+        try:
+            return engine.template.render(moved, tools=tools, add_generation_prompt=True, **kwargs)
+        except ValueError:
+            pass
+    raise APIError(400, f"the conversation does not fit the model's chat template: {error}", param="messages")
+
+
+def later_system_as_user(messages: list[dict]) -> list[dict] | None:
+    """The conversation with each system message after the first message made a user message, where it stands (a
+    template that takes a system message only at the start, as Qwen's, refuses the others: agents' retries append
+    one after the user's turn); None when there is none."""
+    later = [i for i, m in enumerate(messages) if i > 0 and m.get("role") == "system"]
+    if not later:
+        return None
+    return [{**m, "role": "user"} if i in later else m for i, m in enumerate(messages)]
 
 
 def encode(tok, text: str, limit: int) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass, field
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -34,8 +35,10 @@ class ServerSettings:
         """A DNS rebinding attack needs a name the attacker controls, so a literal IP address is
         always safe; a name must be a loopback one, the bound host, or listed in allowed_hosts."""
         name = hostname(host)
+        if name is None:                    # not a Host header at all ("127.0.0.1:80@evil.example", "[::1")
+            return False
         allowed = [hostname(h) for h in self.allowed_hosts] + [hostname(self.host)]
-        if "*" in allowed or name in LOOPBACK_NAMES or name in allowed:
+        if "*" in self.allowed_hosts or name in LOOPBACK_NAMES or name in allowed:
             return True
         try:
             ipaddress.ip_address(name)
@@ -59,12 +62,31 @@ def origin_name(origin: str) -> str:
     return origin.strip().lower().rstrip("/")
 
 
-def hostname(host: str) -> str:
-    """A Host header's name, without its port: "LocalHost:8080" -> "localhost", "[::1]:80" -> "::1"."""
-    name = host.strip().lower()
-    if name.startswith("["):
-        return name[1:name.find("]")] if "]" in name else name[1:]
-    return name.split(":")[0] if name.count(":") == 1 else name
+def hostname(host: str) -> str | None:
+    """A Host header's name, without its port: "LocalHost:8080" -> "localhost", "[::1]:80" -> "::1"; None when it is
+    not host[:port] (RFC 9110: a name of letters, digits, '-', '.', '_', or an IP literal; the port digits)."""
+    value = host.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        name, rest = (value[1:end], value[end + 1:]) if end > 0 else ("", "")
+        try:
+            ipaddress.IPv6Address(name)
+        except ValueError:
+            return None
+    elif value.count(":") > 1:                  # a bare IPv6 address (the --host option's form)
+        name, rest = value, ""
+        try:
+            ipaddress.IPv6Address(name)
+        except ValueError:
+            return None
+    else:
+        name, colon, port = value.partition(":")
+        rest = colon + port
+        if not re.fullmatch(r"[a-z0-9._-]+", name):
+            return None
+    if rest and not re.fullmatch(r":[0-9]{0,5}", rest):
+        return None
+    return name
 
 
 def is_loopback(host: str) -> bool:
