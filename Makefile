@@ -38,7 +38,7 @@ test: $(VENV)/.test
 
 # The full soak (2,000 mixed requests against qwendesk-serve on a tiny CPU model; docs/reliability.md)
 soak: $(VENV)/.test
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -m soak tests/test_soak.py
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -m soak tests/test_soak.py tests/test_server_schemathesis.py
 
 # The frozen app (dist/qwendesk/) and the Linux AppDir (dist/QwenDesk.AppDir/; packed into an AppImage where
 # appimagetool is on PATH). installer/README.md says what each step does.

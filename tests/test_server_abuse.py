@@ -152,3 +152,29 @@ def test_openapi_documents_the_answers_the_routes_give(server):
     assert {"200", "400", "401", "404", "413", "415", "429", "503"} <= set(chat)
     assert "529" in doc["paths"]["/v1/messages"]["post"]["responses"]
     assert list(doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
+
+
+def test_tokenize_and_detokenize(engine, server, steer):
+    tok = engine.tokenizer
+    status, _, out = raw(server, "POST", "/tokenize", {"model": MODEL, "prompt": "Hello world",
+                                                       "return_token_strs": True})
+    body = json.loads(out)
+    assert status == 200 and body["tokens"] == tok.encode("Hello world") and body["count"] == len(body["tokens"])
+    assert body["max_model_len"] == engine.max_context and len(body["token_strs"]) == body["count"]
+    status, _, out = raw(server, "POST", "/tokenize", {"model": MODEL, "messages": USER})
+    chat = json.loads(out)["count"]
+    status, _, out = raw(server, "POST", "/v1/chat/completions", {"model": MODEL, "messages": USER, "max_tokens": 1})
+    assert chat == json.loads(out)["usage"]["prompt_tokens"]           # the chat as the model is prompted with it
+    status, _, out = raw(server, "POST", "/detokenize", {"model": MODEL, "tokens": body["tokens"]})
+    assert status == 200 and json.loads(out) == {"prompt": "Hello world"}
+    for path, bad in (("/detokenize", {"tokens": [-1]}), ("/tokenize", {}),
+                      ("/tokenize", {"prompt": "a", "messages": USER})):
+        status, _, out = raw(server, "POST", path, {"model": MODEL, **bad})
+        assert status == 400, out
+
+
+def test_the_model_card_says_what_runs(engine, server):
+    status, _, out = raw(server, "GET", "/v1/models")
+    [card] = json.loads(out)["data"]
+    assert card["context_length"] == card["max_model_len"] == engine.max_context
+    assert card["weights"] in ("bf16", "int4") and card["speculative_tokens"] == 0 and card["status"] == "loaded"

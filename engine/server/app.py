@@ -6,7 +6,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.middleware.cors import CORSMiddleware
 
-from engine.server import anthropic_routes, models_routes, openai_routes, ops_routes, responses_routes
+from engine.server import (anthropic_routes, models_routes, openai_routes, ops_routes, responses_routes,
+                           tokenize_routes)
 from engine.server.body import with_request_schemas
 from engine.server.errors import install_error_handlers
 from engine.server.metrics import MetricsMiddleware
@@ -21,7 +22,7 @@ def create_app(settings: ServerSettings | None = None, engine=None, *, params_ho
     settings = settings or ServerSettings()
     app = FastAPI(title="Qwen Desk local API", docs_url=None, redoc_url=None)
     app.state.server = ServerState(settings, engine, params_hook)
-    for module in (openai_routes, responses_routes, anthropic_routes, models_routes, ops_routes):
+    for module in (openai_routes, responses_routes, anthropic_routes, models_routes, tokenize_routes, ops_routes):
         app.include_router(module.router)
     install_error_handlers(app)
     app.openapi = lambda: openapi(app)
@@ -49,8 +50,8 @@ ERRORS = {400: "the request is invalid (the message names the field)", 401: "the
 OPENAI_ERROR = {"type": "object", "properties": {"error": {"type": "object", "properties": {
     "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
     "code": {"type": ["string", "null"]}}}}}
-ANTHROPIC_ERROR = {"type": "object", "properties": {"type": {"const": "error"}, "error": {"type": "object", "properties": {
-    "type": {"type": "string"}, "message": {"type": "string"}}}}}
+ANTHROPIC_ERROR = {"type": "object", "properties": {"type": {"const": "error"}, "error": {
+    "type": "object", "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}}
 
 
 def with_error_responses(schema: dict) -> dict:
