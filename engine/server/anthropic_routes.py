@@ -32,6 +32,7 @@ async def messages(request: Request):
     server.check_model(body.model)
     refuse_unsupported(body.model_extra, ANTHROPIC_MESSAGES)
     req = chat_request(body, server.image_options())
+    req.special_text = server.settings.special_text
     [prompt] = await server.workers.run(chat_prompts, engine, req, server.defaults)
     [gen] = await server.start([[prompt]])
     omit_thinking = bool(body.thinking and body.thinking.display == "omitted")
@@ -53,7 +54,9 @@ async def count_tokens(request: Request):
     body = await parse_body(request, CountTokensRequest)
     engine = server.ready()
     server.check_model(body.model)
-    ids, _ = await server.workers.run(prompt_ids, engine, chat_request(body, server.image_options()))
+    req = chat_request(body, server.image_options())
+    req.special_text = server.settings.special_text
+    ids, _ = await server.workers.run(prompt_ids, engine, req)
     return JSON({"input_tokens": len(ids)})
 
 

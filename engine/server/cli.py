@@ -69,6 +69,9 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, EngineConfig]:
                     help="open connections from one client address (503 beyond)")
     ap.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
                     help="seconds a client has to send a request's headers (408 beyond)")
+    ap.add_argument("--special-tokens", default="auto", choices=["auto", "text", "control"],
+                    help="special-token text (<|im_start|>, <tool_call>) in chat messages: plain text, or control "
+                         "tokens as the template's own (default auto: text when --host is beyond loopback)")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = ap.parse_args(argv)
     for name in ("max_body_mb", "max_connections", "max_connections_per_client", "header_timeout"):
@@ -113,7 +116,7 @@ def serve_main(argv=None, load=None) -> NoReturn:
                               max_body_bytes=int(args.max_body_mb * 1024 * 1024),
                               allow_image_urls=args.allow_image_urls, max_connections=args.max_connections,
                               max_connections_per_client=args.max_connections_per_client,
-                              header_timeout_s=args.header_timeout)
+                              header_timeout_s=args.header_timeout, special_tokens=args.special_tokens)
     if not is_loopback(args.host) and not args.api_key:
         log.warning("listening on %s without an API key: anyone who can reach this port can use the model",
                     args.host)

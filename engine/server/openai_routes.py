@@ -28,6 +28,7 @@ async def chat_completions(request: Request):
     engine = server.ready()
     server.check_model(body.model)
     req = chat_request(body, engine.model_config.vocab_size, server.image_options())
+    req.special_text = server.settings.special_text
     prompts = await server.workers.run(chat_prompts, engine, req, server.defaults, body.n or 1)
     gens = await server.start([prompts])
     meta = {"id": "chatcmpl-" + secrets.token_hex(12), "created": int(time.time()), "model": body.model}

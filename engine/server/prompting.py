@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +69,7 @@ class ChatRequest:
     prefill: str = ""               # text the reply continues (Anthropic's trailing assistant message)
     json_format: Constraint | None = None   # structured output (structured.py response_constraint)
     images: ImageOptions | None = None   # what its image parts may be (None: it has none)
+    special_text: bool = False      # special-token text in its messages is plain text (ServerSettings.special_text)
 
 
 def generation_defaults(model_dir: str) -> dict:
@@ -135,8 +137,9 @@ def render(engine, req: ChatRequest) -> list[int]:
     if choice.mode == "function" and choice.name not in tool_schemas(tools):
         raise APIError(400, f"tool_choice names {choice.name!r}, which is not one of the tools", param="tool_choice")
     kwargs = template_kwargs(engine, req)
-    text = render_messages(engine, req.messages, tools, kwargs)
-    return encode(engine.tokenizer, text + req.prefill, engine.max_context)
+    messages, placeholders = escape_special(engine.tokenizer, req.messages) if req.special_text else (req.messages, {})
+    text = render_messages(engine, messages, tools, kwargs)
+    return encode(engine.tokenizer, text + req.prefill, engine.max_context, placeholders)
 
 
 def render_messages(engine, messages: list[dict], tools, kwargs: dict) -> str:
@@ -164,11 +167,58 @@ def later_system_as_user(messages: list[dict]) -> list[dict] | None:
     return [{**m, "role": "user"} if i in later else m for i, m in enumerate(messages)]
 
 
-def encode(tok, text: str, limit: int) -> list[int]:
-    """The text's token ids. A text far longer than `limit` tokens (the context) is refused after about `limit` of its
+def escape_special(tok, messages: list[dict]) -> tuple[list[dict], dict[str, str]]:
+    """The messages with each special token's text (<|im_start|>, <tool_call>, <think>, ...) in the text of system,
+    user and tool messages replaced by a placeholder character, and placeholder -> that text: `encode` then writes it
+    as plain text, so a client's text cannot open a turn of another role or a tool call (the template's own tokens
+    stay control tokens)."""
+    specials = sorted(tok.backend.get_added_tokens_decoder().values(), key=lambda t: -len(t.content))
+    texts = [t for m in messages for t in message_texts(m)]
+    free = (chr(c) for c in range(0xF0000, 0xFFFFE) if not any(chr(c) in t for t in texts))
+    placeholders: dict[str, str] = {}
+
+    def escape(text: str) -> str:
+        for token in specials:
+            if token.content in text:
+                mark = next((p for p, s in placeholders.items() if s == token.content), None) or next(free)
+                placeholders[mark] = token.content
+                text = text.replace(token.content, mark)
+        return text
+
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if m.get("role") in ("system", "user", "tool") and isinstance(content, str):
+            m = {**m, "content": escape(content)}
+        elif m.get("role") in ("system", "user", "tool") and isinstance(content, list):
+            m = {**m, "content": [{**p, "text": escape(p["text"])} if isinstance(p, dict) and isinstance(
+                p.get("text"), str) else p for p in content]}
+        out.append(m)
+    return out, placeholders
+
+
+def message_texts(message: dict) -> list[str]:
+    content = message.get("content")
+    if isinstance(content, str):
+        return [content]
+    return [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)] \
+        if isinstance(content, list) else []
+
+
+def encode(tok, text: str, limit: int, placeholders: dict[str, str] | None = None) -> list[int]:
+    """The text's token ids; each of `placeholders` (escape_special) as its text written plainly, in two pieces that
+    no added token matches. A text far longer than `limit` tokens (the context) is refused after about `limit` of its
     tokens are counted, piece by piece, rather than tokenized whole (30 MB of text: tens of seconds and gigabytes)."""
+    if placeholders:
+        ids = []
+        for i, part in enumerate(re.split("([" + "".join(placeholders) + "])", text)):
+            if i % 2:
+                ids += tok.encode(placeholders[part][:1]) + tok.encode(placeholders[part][1:])
+            elif part:
+                ids += encode(tok, part, limit)
+        return ids
     try:
-        text.encode("utf-8")
+        text.isascii() or text.encode("utf-8")
     except UnicodeEncodeError:
         raise APIError(400, "the request holds text that is not valid Unicode (a lone surrogate)") from None
     piece = max(4096, 4 * limit)

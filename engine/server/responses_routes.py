@@ -38,6 +38,7 @@ async def create_response(request: Request):
         history = stored.items
     prepared = prepare(body, history, engine.model_config.vocab_size, server.image_options())
     try:
+        prepared.chat.special_text = server.settings.special_text
         [prompt] = await server.workers.run(chat_prompts, engine, prepared.chat, server.defaults)
         [gen] = await server.start([[prompt]])
     except APIError as e:

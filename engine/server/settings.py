@@ -22,6 +22,8 @@ class ServerSettings:
     stream_interval_s: float = 0.0          # least time between a stream's chunks (tokens in between go as one)
     allow_image_urls: bool = False          # fetch http(s) image URLs (off: data: URLs / base64 only)
     image_url_timeout_s: float = 10.0       # the whole fetch of one image URL
+    special_tokens: str = "auto"            # text | control | auto (text when listening beyond loopback): what
+    #                                         special-token text (<|im_start|>, <tool_call>) in messages becomes
     prepare_threads: int = 2                # threads preparing requests (templates, tokenizing, images; workers.py)
     prepare_queue: int = 32                 # requests waiting for them before 503
     # connections (connections.py): what a client can hold before its key is checked
@@ -46,6 +48,11 @@ class ServerSettings:
         except ValueError:
             return False
 
+
+    @property
+    def special_text(self) -> bool:
+        """Special-token text in chat messages is plain text (a client cannot write another role's turn)."""
+        return self.special_tokens == "text" or (self.special_tokens == "auto" and not is_loopback(self.host))
 
     @property
     def origins(self) -> list[str]:

@@ -50,6 +50,7 @@ async def tokenize(request: Request):
         chat = ChatCompletionRequest(model=body.model, messages=body.messages, tools=body.tools,
                                      chat_template_kwargs=body.chat_template_kwargs)
         req = chat_request(chat, engine.model_config.vocab_size, server.image_options())
+        req.special_text = server.settings.special_text
         ids, _ = await server.workers.run(prompt_ids, engine, req)
     out = {"count": len(ids), "max_model_len": engine.max_context, "tokens": ids}
     if body.return_token_strs:
