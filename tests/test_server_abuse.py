@@ -219,5 +219,31 @@ def test_special_token_text_in_messages_is_plain_text_unless_asked(engine, steer
     with serving(engine, steer, **settings) as srv:
         injected, plain = tokens(srv, INJECTION), tokens(srv, "Hi")
     extra = sum(i in controls for i in injected) - sum(i in controls for i in plain)
-    assert extra == (0 if as_text else 4)       # control: the user's text closed its turn, opened a system one and a call
+    assert extra == (0 if as_text else 4)   # control: the user's text closed its turn, opened a system one and a call
     assert INJECTION in tok.decode(injected)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_with_logprobs_scores_the_prompt(engine, server, steer, stream):
+    tok = engine.tokenizer
+    ids = tok.encode("The cat sat on the mat")
+    steer.say(" today")
+    status, _, out = raw(server, "POST", "/v1/completions", {"model": MODEL, "prompt": ids, "echo": True,
+                                                             "logprobs": 2, "max_tokens": 3, "stream": stream})
+    assert status == 200, out
+    if stream:
+        from tests.server_harness import sse_events
+        first = json.loads(sse_events(out)[0][1])["choices"][0]
+        lp = first["logprobs"]
+    else:
+        lp = json.loads(out)["choices"][0]["logprobs"]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    logits = engine.score(ids)
+    import torch
+    expected = torch.log_softmax(logits[:-1].float(), -1).gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
+    assert lp["token_logprobs"][1:len(ids)] == pytest.approx(expected.tolist(), abs=1e-4)
+    assert all(len(t) == 2 for t in lp["top_logprobs"][1:len(ids)])
+    assert "".join(lp["tokens"][:len(ids)]) == "The cat sat on the mat"
+    status, _, out = raw(server, "POST", "/v1/completions", {"model": MODEL, "prompt": "x " * 1100, "echo": True,
+                                                             "logprobs": 0, "max_tokens": 1})
+    assert status == 400, out                       # (over the context here; over MAX_SCORED_PROMPT on a bigger one)

@@ -11,7 +11,7 @@ from engine.server.body import documented, parse_body
 from engine.server.checks import OPENAI_COMPLETIONS, refuse_unsupported
 from engine.server.errors import APIError, error_payload
 from engine.server.generation import Finish, Keepalive, Logprobs, Reply, collect_all, merged
-from engine.server.logprobs import chat_logprobs, completion_logprobs
+from engine.server.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs
 from engine.server.openai_convert import chat_request, sampling_fields
 from engine.server.openai_schema import ChatCompletionRequest, CompletionRequest
 from engine.server.prompting import Prompt, chat_prompts, completion_room, encode, sampling_params
@@ -123,19 +123,24 @@ async def completions(request: Request):
     refuse_unsupported(body.model_dump(), OPENAI_COMPLETIONS)
     n = body.n or 1
     groups = await server.workers.run(completion_prompts, engine, body, server.defaults, n)
+    scored = []                     # each choice's prompt logprobs (echo with logprobs)
+    if body.echo and body.logprobs is not None:
+        for group in groups:
+            scored += [await server.workers.run(prompt_logprobs, engine, group[0].ids, body.logprobs)] * len(group)
     gens = await server.start(groups, raw=True)
     tok = engine.tokenizer
     echoes = [tok.decode(group[0].ids) if body.echo else "" for group in groups for _ in group]
     meta = {"id": "cmpl-" + secrets.token_hex(12), "created": int(time.time()), "model": body.model}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(completion_stream(gens, meta, echoes, include_usage, server.token_bytes, n), gens)
+        return sse_response(completion_stream(gens, meta, echoes, include_usage, server.token_bytes, n, scored), gens)
     replies = await collect_all(request, gens)
     for reply in replies:
         if reply.finish.api_error():
             raise reply.finish.api_error()
     choices = [{"index": i, "text": echoes[i] + r.text, "finish_reason": r.finish.reason,
-                "logprobs": completion_logprobs(r.logprobs, server.token_bytes, len(echoes[i]))
+                "logprobs": completion_logprobs((scored[i] if scored else []) + r.logprobs, server.token_bytes,
+                                                0 if scored else len(echoes[i]))
                 if body.logprobs is not None else None} for i, r in enumerate(replies)]
     usages = [r.finish.usage for r in replies]
     return JSON({**meta, "object": "text_completion", "choices": choices,
@@ -171,7 +176,9 @@ def completion_prompts(engine, body: CompletionRequest, defaults: dict, n: int) 
     return groups
 
 
-async def completion_stream(gens, meta: dict, echoes: list[str], include_usage: bool, token_bytes, n: int = 1):
+async def completion_stream(gens, meta: dict, echoes: list[str], include_usage: bool, token_bytes, n: int = 1,
+                            scored: list | None = None):
+    """`scored`: each choice's prompt logprobs, sent with its echo."""
     def chunk(i: int, text: str, finish: str | None = None, logprobs=None) -> bytes:
         if finish is None and logprobs is None:
             return text_chunk(i, dumps(text))
@@ -184,7 +191,7 @@ async def completion_stream(gens, meta: dict, echoes: list[str], include_usage: 
     offsets = [len(e) for e in echoes]
     for i, echo in enumerate(echoes):
         if echo:
-            yield chunk(i, echo)
+            yield chunk(i, echo, logprobs=completion_logprobs(scored[i], token_bytes) if scored else None)
     usages, pending = {}, {}                         # prompt -> its samples' usages
     async for i, ev in merged(gens):
         if isinstance(ev, Logprobs):
