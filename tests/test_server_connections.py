@@ -172,3 +172,16 @@ def test_ten_thousand_slow_sockets_from_one_client(tmp_path):
     log = (tmp_path / "log").read_text()
     assert "Traceback" not in log
     assert len([line for line in log.splitlines() if "connections" in line or "descriptor" in line]) <= 10, log
+
+
+def test_bad_requests_are_answered_without_a_log_line_each(limited, caplog):
+    caplog.set_level("INFO")
+    for request in (b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\n"
+                                         b"Upgrade: websocket\r\n\r\n") * 25:
+        sock = connect(limited)
+        sock.sendall(request)
+        sock.settimeout(5)
+        assert sock.recv(100).startswith(b"HTTP/1.1 ")      # answered (400, or the route's answer)
+        sock.close()
+    lines = [r for r in caplog.records if r.name.startswith(("uvicorn", "qwendesk"))]
+    assert len(lines) <= 3, [r.getMessage() for r in lines]

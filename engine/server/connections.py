@@ -34,7 +34,8 @@ from engine.server.settings import ServerSettings
 log = logging.getLogger("qwendesk.connections")
 READ_CHUNK = 256 * 1024             # the most asyncio reads from a socket at once
 FD_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
-NOISY_MESSAGES = ("Invalid HTTP request received.",)    # uvicorn's per-request warning about a malformed request
+# uvicorn's warnings per request about a malformed one, or a WebSocket upgrade (not served here)
+NOISY_MESSAGES = ("Invalid HTTP request received.", "Unsupported upgrade request.", "No supported WebSocket library")
 
 
 class RateLimitedLog:
@@ -178,14 +179,15 @@ def quiet_handler():
 
 
 class QuietFilter(logging.Filter):
-    """uvicorn's warning per malformed request, one line a minute."""
+    """uvicorn's warnings per malformed request, one line a minute."""
 
     def __init__(self):
         super().__init__()
         self.logs = {m: RateLimitedLog(f"bad requests refused: {m}") for m in NOISY_MESSAGES}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        limited = self.logs.get(record.getMessage())
+        message = record.getMessage()
+        limited = next((log for start, log in self.logs.items() if message.startswith(start)), None)
         if limited is None:
             return True
         limited.note()
