@@ -172,37 +172,35 @@ def escape_special(tok, messages: list[dict]) -> tuple[list[dict], dict[str, str
     user and tool messages replaced by a placeholder character, and placeholder -> that text: `encode` then writes it
     as plain text, so a client's text cannot open a turn of another role or a tool call (the template's own tokens
     stay control tokens)."""
-    specials = sorted(tok.backend.get_added_tokens_decoder().values(), key=lambda t: -len(t.content))
-    texts = [t for m in messages for t in message_texts(m)]
+    specials = sorted((t.content for t in tok.backend.get_added_tokens_decoder().values()), key=len, reverse=True)
+    texts: list[str] = []
+    map_texts(messages, lambda text: texts.append(text) or text)
     free = (chr(c) for c in range(0xF0000, 0xFFFFE) if not any(chr(c) in t for t in texts))
-    placeholders: dict[str, str] = {}
+    marks: dict[str, str] = {}                  # special token's text -> its placeholder
 
     def escape(text: str) -> str:
-        for token in specials:
-            if token.content in text:
-                mark = next((p for p, s in placeholders.items() if s == token.content), None) or next(free)
-                placeholders[mark] = token.content
-                text = text.replace(token.content, mark)
+        for special in specials:
+            if special in text:
+                marks.setdefault(special, next(free))
+                text = text.replace(special, marks[special])
         return text
 
+    return map_texts(messages, escape), {mark: special for special, mark in marks.items()}
+
+
+def map_texts(messages: list[dict], fn) -> list[dict]:
+    """The messages with fn applied to the text of each system, user and tool message (a string, or text parts)."""
     out = []
     for m in messages:
         content = m.get("content")
-        if m.get("role") in ("system", "user", "tool") and isinstance(content, str):
-            m = {**m, "content": escape(content)}
-        elif m.get("role") in ("system", "user", "tool") and isinstance(content, list):
-            m = {**m, "content": [{**p, "text": escape(p["text"])} if isinstance(p, dict) and isinstance(
-                p.get("text"), str) else p for p in content]}
+        if m.get("role") in ("system", "user", "tool"):
+            if isinstance(content, str):
+                m = {**m, "content": fn(content)}
+            elif isinstance(content, list):
+                m = {**m, "content": [{**p, "text": fn(p["text"])} if isinstance(p, dict) and isinstance(
+                    p.get("text"), str) else p for p in content]}
         out.append(m)
-    return out, placeholders
-
-
-def message_texts(message: dict) -> list[str]:
-    content = message.get("content")
-    if isinstance(content, str):
-        return [content]
-    return [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)] \
-        if isinstance(content, list) else []
+    return out
 
 
 def encode(tok, text: str, limit: int, placeholders: dict[str, str] | None = None) -> list[int]:
