@@ -195,6 +195,7 @@ def test_tokenize_and_detokenize(engine, server, steer):
 
 def test_the_model_card_says_what_runs(engine, server):
     status, _, out = raw(server, "GET", "/v1/models")
+    assert status == 200
     [card] = json.loads(out)["data"]
     assert card["context_length"] == card["max_model_len"] == engine.max_context
     assert card["weights"] in ("bf16", "int4") and card["speculative_tokens"] == 0 and card["status"] == "loaded"

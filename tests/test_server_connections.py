@@ -140,8 +140,9 @@ def test_ten_thousand_slow_sockets_from_one_client(tmp_path):
     """The server's file limit lowered to 256 (its cap then 128 connections): 10,000 sockets that each send part of
     their headers. None gets a traceback into the log, the log says so in a few lines, and /health answers at once
     after they are gone."""
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=open(tmp_path / "log", "w"), text=True)
+    with open(tmp_path / "log", "w") as log_file:
+        proc = subprocess.Popen([sys.executable, "-c", SLOW_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=log_file, text=True)
     try:
         port = int(proc.stdout.readline())
         start = time.monotonic()
@@ -176,8 +177,8 @@ def test_ten_thousand_slow_sockets_from_one_client(tmp_path):
 
 def test_bad_requests_are_answered_without_a_log_line_each(limited, caplog):
     caplog.set_level("INFO")
-    for request in (b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\n"
-                                         b"Upgrade: websocket\r\n\r\n") * 25:
+    upgrade = b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+    for request in (b"GARBAGE\r\n\r\n", upgrade) * 25:
         sock = connect(limited)
         sock.sendall(request)
         sock.settimeout(5)

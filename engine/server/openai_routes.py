@@ -6,6 +6,7 @@ import secrets
 import time
 
 from fastapi import APIRouter, Request
+
 from engine.api import CallArgs, CallStart, Reasoning, Text, Usage
 from engine.server.body import documented, parse_body
 from engine.server.checks import OPENAI_COMPLETIONS, refuse_unsupported
