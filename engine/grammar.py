@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import json
 import re
-import re._parser as regex_parser
 import threading
 
 import llguidance
 import torch
+
+try:
+    import re._parser as regex_parser       # Python 3.11+
+except ImportError:
+    import sre_parse as regex_parser        # 3.10
 
 from engine.chat.tool_grammar import calls_rules
 from engine.chat.tools import TOOL_CLOSE, TOOL_OPEN, tool_schemas
@@ -171,22 +175,22 @@ def pattern_size(pattern: str) -> int:
     """The characters a regular expression spells out at most through its counted repetitions (an unbounded one counts
     its minimum); 0 for one Python cannot parse (llguidance then judges it)."""
     try:
-        parsed = regex_parser.parse(pattern)
+        return _size(regex_parser.parse(pattern))
     except (re.error, RecursionError, OverflowError, ValueError):
         return 0
-    return _size(parsed)
 
 
 def _size(items) -> int:
     c = regex_parser
+    repeats = (c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", c.MAX_REPEAT))
     total = 0
     for op, av in items:
-        if op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
+        if op in repeats:
             lo, hi, sub = av
             total += max(lo if hi == c.MAXREPEAT else hi, 1) * _size(sub)
         elif op is c.SUBPATTERN:
             total += _size(av[-1])
-        elif op in (c.ATOMIC_GROUP,):
+        elif op is getattr(c, "ATOMIC_GROUP", None):
             total += _size(av)
         elif op is c.BRANCH:
             total += sum(_size(b) for b in av[1])
