@@ -85,6 +85,24 @@ def test_the_preparation_queue_is_bounded():
     asyncio.run(main())
 
 
+def test_what_a_worker_returns_after_its_caller_gave_up_goes_to_abandoned():
+    """(A request submitted by a worker after its time-out, or after its client left, is cancelled this way.)"""
+    import asyncio
+    workers, release, abandoned = Workers(threads=1), threading.Event(), []
+
+    def slow():
+        release.wait()
+        return "submitted"
+
+    async def main():
+        with pytest.raises(asyncio.TimeoutError):
+            await workers.run(slow, timeout=0.05, abandoned=abandoned.append)
+    asyncio.run(main())
+    release.set()
+    workers.pool.shutdown(wait=True)
+    assert abandoned == ["submitted"] and workers.busy == 0
+
+
 @pytest.mark.parametrize("path,body", [
     ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "properties": {"x": {"type": "string", "pattern": BOMB}}}}}}),
@@ -248,3 +266,21 @@ def test_echo_with_logprobs_scores_the_prompt(engine, server, steer, stream):
     status, _, out = raw(server, "POST", "/v1/completions", {"model": MODEL, "prompt": "x " * 1100, "echo": True,
                                                              "logprobs": 0, "max_tokens": 1})
     assert status == 400, out                       # (over the context here; over MAX_SCORED_PROMPT on a bigger one)
+
+
+def test_a_grammar_that_does_not_compile_in_time_is_400_and_nothing_runs(engine, steer):
+    """Grammars compile on the Workers within grammar_timeout_s (here too short for any): a 400 naming the field,
+    and the request the worker submits after the answer is cancelled at once."""
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    steer.endless(delay=0.1)                    # run to the end, the 50 tokens would take 5 s
+    with serving(engine, steer, grammar_timeout_s=0) as srv:     # (0: asyncio times out before looking)
+        status, _, out = raw(srv, "POST", "/v1/chat/completions", {
+            "model": MODEL, "messages": USER, "max_tokens": 50, "response_format": {
+                "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+        assert status == 400, out
+        error = json.loads(out)["error"]
+        assert error["code"] == "grammar_too_slow" and error["param"] == "response_format"
+        assert wait_idle(engine, timeout=2)["running"] == 0
+        steer.reset()
+        status, _, out = raw(srv, "POST", "/v1/chat/completions", {"model": MODEL, "messages": USER, "max_tokens": 2})
+        assert status == 200, out                   # no grammar: submitted on the event loop as before

@@ -136,6 +136,7 @@ SLOW_SERVER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="lowers RLIMIT_NOFILE (POSIX)")
 def test_ten_thousand_slow_sockets_from_one_client(tmp_path):
     """The server's file limit lowered to 256 (its cap then 128 connections): 10,000 sockets that each send part of
     their headers. None gets a traceback into the log, the log says so in a few lines, and /health answers at once

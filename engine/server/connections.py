@@ -20,7 +20,6 @@ import asyncio
 import errno
 import json
 import logging
-import resource
 import time
 from collections import Counter
 from http import HTTPStatus
@@ -30,6 +29,11 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from engine.server.settings import ServerSettings
+
+try:
+    import resource
+except ImportError:         # Windows: no file-descriptor limit of this kind
+    resource = None
 
 log = logging.getLogger("qwendesk.connections")
 READ_CHUNK = 256 * 1024             # the most asyncio reads from a socket at once
@@ -82,6 +86,8 @@ class Connections:
 
 
 def fd_limit() -> int:
+    if resource is None:
+        return 1 << 20
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 

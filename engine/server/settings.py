@@ -26,6 +26,7 @@ class ServerSettings:
     #                                         special-token text (<|im_start|>, <tool_call>) in messages becomes
     prepare_threads: int = 2                # threads preparing requests (templates, tokenizing, images; workers.py)
     prepare_queue: int = 32                 # requests waiting for them before 503
+    grammar_timeout_s: float = 10.0         # compiling a request's structured output / tools grammar (400 beyond)
     # connections (connections.py): what a client can hold before its key is checked
     max_connections: int = 512              # open in all (and never over half the process's file limit)
     max_connections_per_client: int = 128   # open from one client address

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 from engine.server.errors import APIError, from_engine_error
@@ -71,11 +72,11 @@ class ServerState:
         runs: list[list[Generation]] = []             # each prompt's generations
         try:
             for group in groups:
-                runs.append([self._submit(group[0], raw)])
+                runs.append([await self._submit(group[0], raw)])
             if any(len(g) > 1 for g in groups):
                 await asyncio.gather(*(run[0].started.wait() for run in runs))
             for group, run in zip(groups, runs):
-                run += [self._submit(p, raw) for p in group[1:]]
+                run += [await self._submit(p, raw) for p in group[1:]]
         except (APIError, asyncio.CancelledError):
             for run in runs:
                 for gen in run:
@@ -87,14 +88,26 @@ class ServerState:
             gen.outcome = outcome
         return gens
 
-    def _submit(self, prompt: Prompt, raw: bool) -> Generation:
+    async def _submit(self, prompt: Prompt, raw: bool) -> Generation:
+        """Engine.submit, through Generation; a request with a grammar is submitted on the Workers (the engine compiles
+        it there: milliseconds, a large schema more) within grammar_timeout_s."""
         if self.params_hook is not None:
             self.params_hook(prompt.params)
         loop = asyncio.get_running_loop()
         if self.wakeups is None or self.wakeups.loop is not loop:
             self.wakeups = Wakeups(loop)
+        make = functools.partial(Generation, self.engine, prompt, self.wakeups, keepalive_s=self.settings.keepalive_s,
+                                 interval_s=self.settings.stream_interval_s, raw=raw, metrics=self.metrics)
         try:
-            return Generation(self.engine, prompt, self.wakeups, keepalive_s=self.settings.keepalive_s,
-                              interval_s=self.settings.stream_interval_s, raw=raw, metrics=self.metrics)
+            if prompt.params.constraint is None:
+                return make()
+            return await self.workers.run(make, timeout=self.settings.grammar_timeout_s, abandoned=Generation.cancel)
+        except asyncio.TimeoutError:
+            raise APIError(400, f"the grammar of this request's structured output or tools did not compile within "
+                                f"{self.settings.grammar_timeout_s:g} s; simplify the schema", code="grammar_too_slow",
+                           param="response_format" if prompt.params.constraint.json_schema is not None else "tools") \
+                from None
+        except APIError:
+            raise
         except Exception as e:
             raise from_engine_error(e) from None

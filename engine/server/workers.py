@@ -21,7 +21,9 @@ class Workers:
         self.busy = 0                   # jobs queued or running, counted until each ends (its client may be gone)
         self._lock = threading.Lock()
 
-    async def run(self, fn, *args, **kwargs):
+    async def run(self, fn, *args, timeout: float | None = None, abandoned=None, **kwargs):
+        """fn(*args, **kwargs) on a worker. `timeout`: asyncio.TimeoutError past it (the worker goes on); what fn
+        returns after its caller stopped waiting (timed out, or cancelled: the client left) goes to `abandoned`."""
         with self._lock:
             if self.busy >= self.capacity:
                 raise APIError(503, f"the server is preparing {self.busy} requests already; retry shortly",
@@ -29,7 +31,12 @@ class Workers:
             self.busy += 1
         future = self.pool.submit(functools.partial(fn, *args, **kwargs))
         future.add_done_callback(self._done)
-        return await asyncio.wrap_future(future)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+        except (asyncio.CancelledError, asyncio.TimeoutError):
+            if abandoned is not None:
+                future.add_done_callback(lambda f: f.cancelled() or f.exception() or abandoned(f.result()))
+            raise
 
     def _done(self, _future) -> None:
         with self._lock:
