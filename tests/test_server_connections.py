@@ -18,7 +18,7 @@ from engine.server import ServerSettings, ServerThread, create_app
 def limited():
     """A server (no engine: /health answers 503, which is all these tests need) with small limits."""
     settings = ServerSettings(api_key="secret", header_timeout_s=1.0, max_connections_per_client=8,
-                              max_header_bytes=8 * 1024, idle_timeout_s=1.0)
+                              max_header_bytes=8 * 1024, idle_timeout_s=1.0, body_timeout_s=1.0)
     server = ServerThread(create_app(settings), port=0).start()
     yield server
     server.stop()
@@ -107,6 +107,23 @@ def test_headers_over_the_limit_are_431(limited):
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                  b"Content-Length: 30000\r\nConnection: close\r\n\r\n" + b" " * 30_000)
     assert answer(sock)[0] == 401                 # the key is checked: the headers were read
+
+
+def test_a_body_that_stops_arriving_is_cut_and_a_slow_steady_one_is_not(limited, caplog):
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"x-api-key: secret\r\nContent-Length: 15\r\nConnection: close\r\n\r\n")
+    stalled = connect(limited)
+    stalled.sendall(head + b'{"mod')
+    status, body, elapsed = answer(stalled)
+    assert status == 408 and "body" in json.loads(body)["error"]["message"] and elapsed < 3
+    time.sleep(0.2)
+    assert not [r for r in caplog.records if r.exc_info], "a traceback for a client that stalled"
+    steady = connect(limited)
+    steady.sendall(head)
+    for piece in (b'{"mod', b'el": ', b'"x"}\n'):        # a piece every 0.6 s: 1.8 s in all, never 1 s apart
+        time.sleep(0.6)
+        steady.sendall(piece)
+    assert answer(steady)[0] == 400             # read whole, then validated (it has no messages)
 
 
 def test_one_client_cannot_hold_more_than_its_share(limited):

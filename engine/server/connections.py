@@ -8,6 +8,8 @@ open sockets and send headers slowly. Here, per connection, before any route:
   the backlog is a sixteenth of the limit, so that a flood stays within it);
 - the request line and headers must arrive within `header_timeout_s` (else 408 and closed) and within
   `max_header_bytes` (else 431 and closed);
+- a request body that stops arriving for `body_timeout_s` (a client trickling a body it announced) is cut: 408 and
+  closed;
 - a kept-alive connection with no request in progress is closed after `idle_timeout_s`;
 - WebSocket upgrades are not served (no route uses them).
 Under file-descriptor pressure (EMFILE on accept) and from clients sending garbage, the log gets one line a
@@ -67,7 +69,7 @@ class Connections:
         self.total = 0
         self.per_client: Counter[str] = Counter()
         self.refused = RateLimitedLog("connections refused over the cap")
-        self.timed_out = RateLimitedLog("connections closed for sending their headers too slowly")
+        self.timed_out = RateLimitedLog("connections closed for sending their headers or body too slowly")
         self.too_large = RateLimitedLog("requests refused for headers too large")
 
     def admit(self, client: str) -> bool:
@@ -102,6 +104,7 @@ def protocol_class(settings: ServerSettings) -> type[H11Protocol]:
             self.address = self.client[0] if self.client else ""
             self.admitted = connections.admit(self.address)
             self.header_timer: asyncio.TimerHandle | None = None
+            self.body_timer: asyncio.TimerHandle | None = None
             self.header_bytes = 0
             if not self.admitted:
                 self.refuse(503, "the server has too many open connections; retry later", retry_after=True)
@@ -113,6 +116,7 @@ def protocol_class(settings: ServerSettings) -> type[H11Protocol]:
                 connections.release(self.address)
                 self.admitted = False
             self.stop_header_timer()
+            self.stop_body_timer()
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
@@ -124,6 +128,7 @@ def protocol_class(settings: ServerSettings) -> type[H11Protocol]:
                 if self.header_timer is None:       # a kept-alive connection's next request starts
                     self.wait_for_headers()
             super().data_received(data)
+            self.watch_body()
             if not reading_headers or self.transport.is_closing():
                 return
             if self.conn.their_state is not h11.IDLE:            # the headers are in
@@ -132,6 +137,23 @@ def protocol_class(settings: ServerSettings) -> type[H11Protocol]:
             elif self.header_bytes > settings.max_header_bytes:
                 connections.too_large.note(self.address)
                 self.refuse(431, f"the request line and headers exceed {settings.max_header_bytes} bytes")
+
+        def watch_body(self) -> None:
+            """While a body is coming, it must not stop for body_timeout_s."""
+            self.stop_body_timer()
+            if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+                self.body_timer = self.loop.call_later(settings.body_timeout_s, self.body_too_slow)
+
+        def stop_body_timer(self) -> None:
+            if self.body_timer is not None:
+                self.body_timer.cancel()
+                self.body_timer = None
+
+        def body_too_slow(self) -> None:
+            self.body_timer = None
+            if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+                connections.timed_out.note(self.address)
+                self.refuse(408, f"the request's body stopped arriving for {settings.body_timeout_s:g} s")
 
         def wait_for_headers(self) -> None:
             self.header_timer = self.loop.call_later(settings.header_timeout_s, self.headers_too_slow)
@@ -150,6 +172,7 @@ def protocol_class(settings: ServerSettings) -> type[H11Protocol]:
         def refuse(self, status: int, message: str, retry_after: bool = False) -> None:
             """Answer with an error (OpenAI's envelope) and close, the parser bypassed."""
             self.stop_header_timer()
+            self.stop_body_timer()
             self._unset_keepalive_if_required()
             kind = "server_error" if status >= 500 else "invalid_request_error"
             body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}}).encode()

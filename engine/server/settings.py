@@ -32,6 +32,7 @@ class ServerSettings:
     max_connections_per_client: int = 128   # open from one client address
     header_timeout_s: float = 10.0          # a request's line and headers must arrive within this
     max_header_bytes: int = 64 * 1024       # request line + headers (431 beyond)
+    body_timeout_s: float = 30.0            # a request body that stops arriving this long is cut (408)
     idle_timeout_s: float = 5.0             # a kept-alive connection with no request in progress is closed after
 
     def host_allowed(self, host: str) -> bool:
