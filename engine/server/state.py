@@ -110,4 +110,7 @@ class ServerState:
         except APIError:
             raise
         except Exception as e:
-            raise from_engine_error(e) from None
+            error = from_engine_error(e)
+            if error.status == 400 and error.param is None and prompt.params.constraint is not None:
+                error.param = "tools" if str(e).startswith("tool ") else "response_format"  # (the grammar's error)
+            raise error from None
