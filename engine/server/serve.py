@@ -13,6 +13,7 @@ class ServerThread:
         """port 0 picks a free port; `port` holds the real one once started. The connection limits are those of
         the app's ServerSettings."""
         self.server = LimitedServer(uvicorn_config(app, app.state.server.settings, host, port, log_level))
+        self.workers = app.state.server.workers
         self.host, self.port = host, port
         self.thread = threading.Thread(target=self.server.run, name="qwendesk-http", daemon=True)
 
@@ -34,3 +35,4 @@ class ServerThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+        self.workers.pool.shutdown(wait=False, cancel_futures=True)     # (the app may start another endpoint)
