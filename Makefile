@@ -38,7 +38,7 @@ test: $(VENV)/.test
 
 # The full soak (2,000 mixed requests against qwendesk-serve on a tiny CPU model; docs/reliability.md)
 soak: $(VENV)/.test
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -m soak tests/test_soak.py
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -m soak tests/test_soak.py tests/test_server_schemathesis.py
 
 # Every first-launch plan (Linux and Windows x each PyTorch build x Python) through pip's resolver, against the package
 # indexes this machine reaches, else the torch metadata captured in the repo (installer/check_plans.py)

@@ -14,10 +14,16 @@ about half a second, masks cost about as much, and it has no dependencies (docs/
 from __future__ import annotations
 
 import json
+import re
 import threading
 
 import llguidance
 import torch
+
+try:
+    import re._parser as regex_parser       # Python 3.11+
+except ImportError:
+    import sre_parse as regex_parser        # 3.10
 
 from engine.chat.tool_grammar import calls_rules
 from engine.chat.tools import TOOL_CLOSE, TOOL_OPEN, tool_schemas
@@ -29,6 +35,10 @@ from engine.tokenizer import bytes_to_unicode
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": False}
 SEPARATOR = "\n\n"          # what the chat template writes after </think>
 LIMITS = llguidance.LLParserLimits(verbose_errors=False)
+# the most characters a schema's regular expression may spell out through counted repetitions: llguidance builds its
+# lexer lazily, on the engine's thread, when decoding reaches the value, so ^((a{1000}){1000}){1000}$ would stall
+# every request for seconds and then fail mid-reply ("too many expressions constructed")
+MAX_PATTERN_SIZE = 20_000
 
 
 class Matcher:
@@ -86,6 +96,8 @@ class Grammars:
             if open_id is None or close_id is None:
                 raise ValueError("this model's vocabulary has no tool-call tokens")
             schemas = tool_schemas(c.tools)
+            for name, schema in schemas.items():
+                check_patterns(schema, f"tool {name!r}")
             if c.tool_name is not None and c.tool_name not in schemas:
                 raise ValueError(f"tool_choice names {c.tool_name!r}, which is not one of the tools")
             rules.append(calls_rules(schemas, open_id, close_id, JSON_OPTIONS, only=c.tool_name,
@@ -132,10 +144,61 @@ class Grammars:
 def check_schema(schema: dict, where: str) -> None:
     """ValueError naming `where` when llguidance's JSON grammar refuses the schema (invalid, or a keyword it cannot
     enforce)."""
+    check_patterns(schema, where)
     grammar = llguidance.LLMatcher.grammar_from_json_schema({**schema, "x-guidance": JSON_OPTIONS})
     bad, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, limits=LIMITS)
     if bad:
         raise ValueError(f"{where}: {_one_line(messages[0])}")
+
+
+def check_patterns(schema, where: str, at: str = "") -> None:
+    """ValueError naming the place of a `pattern` (or patternProperties name) in the schema that repeats too much."""
+    if isinstance(schema, list):
+        for i, item in enumerate(schema):
+            check_patterns(item, where, f"{at}[{i}]")
+        return
+    if not isinstance(schema, dict):
+        return
+    patterns = [("pattern", schema["pattern"])] if isinstance(schema.get("pattern"), str) else []
+    if isinstance(schema.get("patternProperties"), dict):
+        patterns += [("patternProperties", p) for p in schema["patternProperties"]]
+    for key, pattern in patterns:
+        size = pattern_size(pattern)
+        if size > MAX_PATTERN_SIZE:
+            raise ValueError(f"{where}: {key} {pattern[:80]!r} at {at.lstrip('.') or 'the top'} repeats too much "
+                             f"(it spells out {size} characters; at most {MAX_PATTERN_SIZE})")
+    for key, value in schema.items():
+        check_patterns(value, where, f"{at}.{key}")
+
+
+def pattern_size(pattern: str) -> int:
+    """The characters a regular expression spells out at most through its counted repetitions (an unbounded one counts
+    its minimum); 0 for one Python cannot parse (llguidance then judges it)."""
+    try:
+        return _size(regex_parser.parse(pattern))
+    except (re.error, RecursionError, OverflowError, ValueError):
+        return 0
+
+
+def _size(items) -> int:
+    c = regex_parser
+    repeats = (c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", c.MAX_REPEAT))
+    total = 0
+    for op, av in items:
+        if op in repeats:
+            lo, hi, sub = av
+            total += max(lo if hi == c.MAXREPEAT else hi, 1) * _size(sub)
+        elif op is c.SUBPATTERN:
+            total += _size(av[-1])
+        elif op is getattr(c, "ATOMIC_GROUP", None):
+            total += _size(av)
+        elif op is c.BRANCH:
+            total += sum(_size(b) for b in av[1])
+        elif op in (c.ASSERT, c.ASSERT_NOT):
+            total += _size(av[1])
+        else:
+            total += 1
+    return total
 
 
 def ll_tokenizer(tokenizer, vocab_size: int) -> llguidance.LLTokenizer:

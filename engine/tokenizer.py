@@ -39,7 +39,10 @@ class Tokenizer:
         return cls(backend, _eos_token_ids(path, backend, config))
 
     def encode(self, text: str) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=False).ids
+        if len(text) < 4096:
+            return self.backend.encode(text, add_special_tokens=False).ids
+        # encode_batch lets go of the GIL while it works (encode holds it): a long text does not stop other threads
+        return self.backend.encode_batch([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)

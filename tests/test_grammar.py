@@ -3,6 +3,7 @@ sampled at temperature 1, so that the model goes wherever the grammar lets it. G
 parses and validates; forced tool calls: every call parses and validates against its tool's schema."""
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.api import Constraint, Engine, EngineConfig, SamplingParams
+from tests.server_harness import wait_idle
 
 # bounded schemas: a random model ends a string or an array by reaching its bound
 NAMES = st.sampled_from(["a", "b", "name", "x_1", "value", "città"])
@@ -162,6 +164,20 @@ def test_json_object(eng):
         assert out.finish_reason == "stop" and isinstance(json.loads(out.text), dict)
 
 
+def test_a_text_parameters_pattern_is_enforced_in_tool_calls(eng):
+    """pydantic's Field(pattern=...) on a string parameter: the call's raw-text value matches it (anchored or not)."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "code": {"type": "string", "pattern": "^[A-C]{2}-[0-9]{3}$"}, "tag": {"type": "string", "pattern": "^v[0-9]/[0-9]$"}},
+        "required": ["code", "tag"]}}}]
+    for seed in range(3):
+        out = eng.generate([{"role": "user", "content": "x"}], SamplingParams(
+            max_tokens=300, temperature=1.0, seed=seed, constraint=Constraint(tools=tools, tool_mode="required")),
+            tools=tools, enable_thinking=False)
+        args = json.loads(out.tool_calls[0].arguments)
+        assert re.fullmatch("[A-C]{2}-[0-9]{3}", args["code"]) and re.fullmatch("v[0-9]/[0-9]", args["tag"]), args
+    wait_idle(eng)              # (generate returns on the finish event, a moment before the engine counts it done)
+
+
 def test_auto_tool_choice_constrains_a_call_once_opened(eng):
     """tool_choice auto: free text, but a call the model opens is made under the grammar (forced open here)."""
     tools = [{"type": "function", "function": {"name": "f", "parameters": {
@@ -186,8 +202,13 @@ def test_auto_tool_choice_constrains_a_call_once_opened(eng):
     (Constraint(json_schema={"not": {"type": "string"}}), "not"),
     (Constraint(json_schema={"$ref": "#/$defs/missing"}), "does not exist"),
     (Constraint(tools=[{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"x": {"type": "string", "pattern": "a+"}}}}}], tool_mode="required"),
-     "'pattern' cannot be enforced"),
+        "type": "object", "properties": {"x": {"type": "string", "contentEncoding": "base64"}}}}}],
+        tool_mode="required"), "'contentEncoding' cannot be enforced"),
+    (Constraint(tools=[{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string", "pattern": "^((a{1000}){1000}){1000}$"}}}}}]),
+     "tool 'f': pattern '^((a{1000}){1000}){1000}$' at properties.x repeats too much"),
+    (Constraint(json_schema={"type": "object", "properties": {"x": {"type": "array", "items": {
+        "type": "string", "pattern": "(b{300}){300}"}}}}), "at properties.x.items repeats too much"),
     (Constraint(tools=[{"type": "function", "function": {"name": "f", "parameters": {
         "anyOf": [{"type": "object"}]}}}]), "'anyOf'"),
     (Constraint(tools=[{"type": "function", "function": {"name": "f", "parameters": {
@@ -199,7 +220,7 @@ def test_bad_constraints_are_refused_at_submit(eng, constraint, words):
     with pytest.raises(ValueError) as e:
         eng.submit([1, 2], SamplingParams(constraint=constraint))
     assert words in str(e.value) and "\n" not in str(e.value)
-    assert eng.stats()["running"] == 0
+    assert wait_idle(eng)["running"] == 0      # (a test before may have just finished)
 
 
 def test_masks_match_the_reference_bit_layout(eng):

@@ -230,7 +230,9 @@ def test_plain_completions(client, steer):
     r = client.completions.create(model=MODEL, prompt="Hello", max_tokens=20, echo=True, logprobs=2)
     c = r.choices[0]
     assert c.text == "Hello world, again." and c.finish_reason == "stop"
-    assert c.logprobs.text_offset[0] == len("Hello") and "".join(c.logprobs.tokens) == " world, again."
+    # echo with logprobs: the prompt's tokens come first, scored (the first has none), as OpenAI's legacy API does
+    assert c.logprobs.text_offset[0] == 0 and "".join(c.logprobs.tokens) == "Hello world, again."
+    assert c.logprobs.token_logprobs[0] is None and c.logprobs.top_logprobs[0] is None
     steer.reset()
     steer.endless()             # the random model could sample its stop token: every reply runs to max_tokens
     r = client.completions.create(model=MODEL, prompt=["one", [10, 11, 12]], max_tokens=3)

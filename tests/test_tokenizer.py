@@ -209,3 +209,26 @@ def test_stream_continues_after_flush(tiny):
     first, second = tiny.encode("你好 🙂"), tiny.encode(" café")
     text = "".join(map(detok.push, first)) + detok.flush() + "".join(map(detok.push, second)) + detok.flush()
     assert text == tiny.decode(first) + tiny.decode(second)
+
+
+def test_a_long_text_is_tokenized_without_holding_the_gil(tiny):
+    """The server tokenizes prompts on worker threads: a long one must leave the event loop's thread running."""
+    import threading
+    import time
+    text = "All work and no play makes Jack a dull boy. " * 10_000            # 440 KB
+    gaps, done = [], threading.Event()
+
+    def ticker():
+        while not done.is_set():
+            start = time.monotonic()
+            time.sleep(0.001)
+            gaps.append(time.monotonic() - start)
+    thread = threading.Thread(target=ticker)
+    thread.start()
+    start = time.monotonic()
+    ids = tiny.encode(text)
+    took = time.monotonic() - start
+    done.set()
+    thread.join()
+    assert ids == tiny.backend.encode(text, add_special_tokens=False).ids
+    assert max(gaps) < took / 3, (max(gaps), took)     # holding the GIL, the longest gap would be the whole call

@@ -10,9 +10,11 @@ and the special token </tool_call>; calls follow each other after a line break. 
 string (its schema allows a string, or says no type: `value_types`) is raw text that holds none of the tags that end
 a value (minLength / maxLength / enum / const enforced; format is an annotation); any other value is JSON matching
 the parameter's schema (llguidance's JSON grammar), which the parser decodes. So every call the grammar allows comes
-out of the parser as arguments that validate against the tool's schema. Not expressible here, refused: `pattern` on
-a raw-text parameter, and a parameters schema that is not a plain object (anyOf / oneOf / allOf / not / if at its
-top, patternProperties, ...).
+out of the parser as arguments that validate against the tool's schema; a raw-text parameter's `pattern` (an
+ECMA-style regular expression, matched anywhere unless anchored with ^ and $) is enforced as llguidance's regular
+expressions read it (one they cannot read: a ValueError naming it). Not expressible here, refused: contentEncoding /
+contentMediaType on a raw-text parameter, and a parameters schema that is not a plain object (anyOf / oneOf / allOf /
+not / if at its top, patternProperties, ...).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ VALUE_CLOSE = "\n" + PARAM_CLOSE + "\n"
 TOP_LEVEL_UNSUPPORTED = ("anyOf", "oneOf", "allOf", "not", "if", "then", "else", "patternProperties",
                          "dependentRequired", "dependentSchemas", "minProperties", "maxProperties",
                          "propertyNames", "unevaluatedProperties")
-RAW_TEXT_KEYS = ("pattern", "contentEncoding", "contentMediaType")
+RAW_TEXT_KEYS = ("contentEncoding", "contentMediaType")
 
 
 def calls_rules(tools: dict[str, dict], open_id: int, close_id: int, json_options: dict, only: str | None = None,
@@ -108,7 +110,22 @@ def _raw_text(schema, where: str) -> str:
     if not isinstance(lo, int) or (hi is not None and not isinstance(hi, int)) or lo < 0 or (hi is not None and hi < lo):
         raise ValueError(f"{where}: minLength / maxLength must be integers with minLength <= maxLength")
     length = "*" if lo == 0 and hi is None else f"{{{lo},{'' if hi is None else hi}}}"
-    return f"(/(?s:.{length})/ & {NO_END_TAG})"
+    pattern = schema.get("pattern")
+    if pattern is None:
+        return f"(/(?s:.{length})/ & {NO_END_TAG})"
+    if not isinstance(pattern, str):
+        raise ValueError(f"{where}: pattern must be a string")
+    return f"(/(?s:.{length})/ & {_regex(pattern)} & {NO_END_TAG})"
+
+
+def _regex(pattern: str) -> str:
+    """A JSON Schema pattern (found anywhere in the value unless anchored) as a lark regex (matching all of it)."""
+    body, head, tail = pattern, "(?s:.*)", "(?s:.*)"
+    if body.startswith("^"):
+        body, head = body[1:], ""
+    if body.endswith("$") and not body.endswith("\\$"):
+        body, tail = body[:-1], ""
+    return "/" + head + "(?:" + re.sub(r"(?<!\\)/", r"\/", body) + ")" + tail + "/"
 
 
 def _lit(text: str) -> str:

@@ -6,10 +6,12 @@ from engine.server.settings import ServerSettings
 
 
 def serve(engine, model_id: str, host: str, port: int, api_key: str | None = None,
-          log_level: str = "warning") -> ServerThread:
+          log_level: str = "warning", special_tokens: str = "auto") -> ServerThread:
     """Start the endpoint around a loaded engine on its own thread; returns the running server (`.port` is the
-    port it listens on, `.stop()` ends it). `log_level` "info" logs each request (uvicorn.access)."""
-    app = create_app(ServerSettings(model_id=model_id, host=host, port=port, api_key=api_key), engine)
+    port it listens on, `.stop()` ends it). `log_level` "info" logs each request (uvicorn.access). `special_tokens`:
+    ServerSettings.special_tokens."""
+    app = create_app(ServerSettings(model_id=model_id, host=host, port=port, api_key=api_key,
+                                    special_tokens=special_tokens), engine)
     return ServerThread(app, host, port, log_level=log_level).start()
 
 

@@ -36,6 +36,10 @@ def chat_request(body: CountTokensRequest, images: ImageOptions) -> ChatRequest:
                       thinking=_thinking(body), prefill=prefill, json_format=response_constraint(fmt, param),
                       images=images)
     if isinstance(body, MessagesRequest):
+        budget = req.thinking.budget
+        if budget is not None and budget >= body.max_tokens:     # (Anthropic's rule: the budget is part of max_tokens)
+            raise APIError(400, f"thinking.budget_tokens ({budget}) must be less than max_tokens ({body.max_tokens})",
+                           param="thinking.budget_tokens")
         req.max_tokens = body.max_tokens
         req.sampling = dict(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                             stop=list(body.stop_sequences or []))

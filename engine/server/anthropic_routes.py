@@ -7,7 +7,6 @@ import json
 import secrets
 
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
 
 from engine.api import CallArgs, CallStart, Reasoning, Text, Usage
 from engine.server.openai_routes import speculation_json
@@ -17,7 +16,7 @@ from engine.server.body import documented, parse_body
 from engine.server.checks import ANTHROPIC_MESSAGES, refuse_unsupported
 from engine.server.errors import error_payload
 from engine.server.generation import Finish, Keepalive, Reply, collect, collect_all
-from engine.server.prompting import chat_prompt, prompt_ids
+from engine.server.prompting import chat_prompts, prompt_ids
 from engine.server.sse import JSON, event, sse_response
 
 router = APIRouter()
@@ -33,7 +32,8 @@ async def messages(request: Request):
     server.check_model(body.model)
     refuse_unsupported(body.model_extra, ANTHROPIC_MESSAGES)
     req = chat_request(body, server.image_options())
-    prompt = await run_in_threadpool(chat_prompt, engine, req, server.defaults)
+    req.special_text = server.settings.special_text
+    [prompt] = await server.workers.run(chat_prompts, engine, req, server.defaults)
     [gen] = await server.start([[prompt]])
     omit_thinking = bool(body.thinking and body.thinking.display == "omitted")
     message = {"id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant", "model": body.model}
@@ -54,7 +54,9 @@ async def count_tokens(request: Request):
     body = await parse_body(request, CountTokensRequest)
     engine = server.ready()
     server.check_model(body.model)
-    ids, _ = await run_in_threadpool(prompt_ids, engine, chat_request(body, server.image_options()))
+    req = chat_request(body, server.image_options())
+    req.special_text = server.settings.special_text
+    ids, _ = await server.workers.run(prompt_ids, engine, req)
     return JSON({"input_tokens": len(ids)})
 
 

@@ -6,14 +6,27 @@ from __future__ import annotations
 import json
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
 
-from engine.server.errors import APIError, validation_error
+from engine.server.errors import APIError, ClientGone, validation_error
+
+
+INLINE_BYTES = 256 * 1024   # larger bodies are decoded on the Workers (workers.py), not on the event loop
 
 
 async def parse_body(request: Request, model: type[BaseModel]):
-    raw = await request.body()
+    try:
+        raw = await request.body()
+    except ClientDisconnect:        # it left (or connections.py cut a stalled body): a 499 in the log, no traceback
+        raise ClientGone() from None
+    if len(raw) > INLINE_BYTES:
+        return await request.app.state.server.workers.run(decode_body, raw, model)
+    return decode_body(raw, model)
+
+
+def decode_body(raw: bytes, model: type[BaseModel]):
     if not raw.strip():
         raise APIError(400, "the request body is empty; send a JSON object")
     try:

@@ -19,6 +19,7 @@ import uvicorn
 
 from engine.cli_args import Parser, checked, model_arg, model_name, port_arg, resolve_model
 from engine.api import DEFAULT_PORT, DTYPE_NAMES, KV_DTYPES, PROFILES, VISION, EngineConfig, listen_socket
+from engine.server.connections import LimitedServer, uvicorn_config
 
 log = logging.getLogger("qwendesk.serve")
 
@@ -63,10 +64,19 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, EngineConfig]:
     ap.add_argument("--allow-image-urls", action="store_true",
                     help="fetch http(s) image URLs given in requests (off: images come as data: URLs / base64); "
                          "the server then reaches whatever address a request names")
+    ap.add_argument("--max-connections", type=int, default=512, help="open connections in all (503 beyond)")
+    ap.add_argument("--max-connections-per-client", type=int, default=128,
+                    help="open connections from one client address (503 beyond)")
+    ap.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
+                    help="seconds a client has to send a request's headers (408 beyond)")
+    ap.add_argument("--special-tokens", default="auto", choices=["auto", "text", "control"],
+                    help="special-token text (<|im_start|>, <tool_call>) in chat messages: plain text, or control "
+                         "tokens as the template's own (default auto: text when --host is beyond loopback)")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = ap.parse_args(argv)
-    if not args.max_body_mb > 0:
-        ap.error(f"argument --max-body-mb: must be more than 0, not {args.max_body_mb}")
+    for name in ("max_body_mb", "max_connections", "max_connections_per_client", "header_timeout"):
+        if not getattr(args, name) > 0:
+            ap.error(f"argument --{name.replace('_', '-')}: must be more than 0, not {getattr(args, name)}")
     config = checked(ap, EngineConfig(model=args.model, device=args.device, dtype=args.dtype, profile=args.profile,
                                       kv_dtype=args.kv_dtype, max_context=args.max_context,
                                       max_queue=args.max_queue, speculative_tokens=args.speculative_tokens,
@@ -77,7 +87,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, EngineConfig]:
     return args, config
 
 
-class Server(uvicorn.Server):
+class Server(LimitedServer):
     """uvicorn's server, which on shutdown (Ctrl-C, SIGTERM) first closes the engine: every request in
     flight or queued then finishes as cancelled, so each open stream ends at once as its protocol ends a
     failed one, rather than being cut when the graceful timeout runs out."""
@@ -109,14 +119,15 @@ def serve_main(argv=None, load=None) -> NoReturn:
     settings = ServerSettings(model_id=args.model_id or model_name(args.model), host=args.host, port=args.port,
                               api_key=args.api_key, allowed_hosts=args.allowed_host, cors_origins=args.cors_origin,
                               max_body_bytes=int(args.max_body_mb * 1024 * 1024),
-                              allow_image_urls=args.allow_image_urls)
+                              allow_image_urls=args.allow_image_urls, max_connections=args.max_connections,
+                              max_connections_per_client=args.max_connections_per_client,
+                              header_timeout_s=args.header_timeout, special_tokens=args.special_tokens)
     if not is_loopback(args.host) and not args.api_key:
         log.warning("listening on %s without an API key: anyone who can reach this port can use the model",
                     args.host)
     app = create_app(settings)
     state = app.state.server
-    server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="off",
-                                   timeout_graceful_shutdown=5), state)
+    server = Server(uvicorn_config(app, settings, args.host, args.port, args.log_level), state)
     loader = threading.Thread(target=load_engine, args=(config, state, server, load), name="qwendesk-load",
                               daemon=True)
     loader.start()

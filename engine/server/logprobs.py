@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import torch
+
 from engine.api import TokenLogprob
+from engine.server.errors import APIError
+
+MAX_SCORED_PROMPT = 1024    # prompt tokens whose logprobs a request may ask for (the engine scores all rows at once:
+#                             a row of logits per token, ~1 MB each at Qwen's vocabulary)
 
 
 def _byte_alphabet() -> dict[str, int]:
@@ -57,11 +63,33 @@ def chat_logprobs(items: list[TokenLogprob], tb: TokenBytes) -> dict:
 
 
 def completion_logprobs(items: list[TokenLogprob], tb: TokenBytes, offset: int = 0) -> dict:
-    """The legacy shape: parallel lists, with each token's character offset in the choice's text."""
+    """The legacy shape: parallel lists, with each token's character offset in the choice's text. A prompt's first
+    token (echo) has no logprob: null, as OpenAI writes it."""
     tokens, offsets = [], []
     for lp in items:
         offsets.append(offset)
         tokens.append(tb.text(lp.token_id))
         offset += len(tokens[-1])
     return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in items],
-            "top_logprobs": [{tb.text(t): v for t, v in lp.top} for lp in items], "text_offset": offsets}
+            "top_logprobs": [None if lp.logprob is None else {tb.text(t): v for t, v in lp.top} for lp in items],
+            "text_offset": offsets}
+
+
+def prompt_logprobs(engine, ids: list[int], top: int) -> list[TokenLogprob]:
+    """Each prompt token's logprob given the tokens before it, and the `top` most likely there (the first token has
+    none). Runs Engine.score: on the Workers, it waits for the engine's thread."""
+    if len(ids) > MAX_SCORED_PROMPT:
+        raise APIError(400, f"prompt logprobs (echo with logprobs) are served for prompts of up to {MAX_SCORED_PROMPT} "
+                            f"tokens; this one has {len(ids)}", param="echo")
+    try:
+        logits = engine.score(ids)
+    except RuntimeError as e:       # no cache room now, or the engine closed
+        raise APIError(503, f"cannot score the prompt now: {e}", "unavailable", headers={"retry-after": "1"}) from None
+    logprobs = torch.log_softmax(logits[:-1].float(), dim=-1)
+    chosen = logprobs.gather(1, torch.tensor(ids[1:]).unsqueeze(1)).squeeze(1).tolist()
+    best = torch.topk(logprobs, top, dim=-1) if top else None
+    items = [TokenLogprob(ids[0], None, [])]
+    for i, token in enumerate(ids[1:]):
+        alts = list(zip(best.indices[i].tolist(), best.values[i].tolist())) if best is not None else []
+        items.append(TokenLogprob(token, chosen[i], alts))
+    return items

@@ -1,5 +1,6 @@
-"""GET /v1/models and /v1/models/{id}, in OpenAI's shape, or in Anthropic's when the client sends
-the `anthropic-version` header (both SDKs list models at the same path)."""
+"""GET /v1/models and /v1/models/{id}, in OpenAI's shape (with what runs behind it: context length, weights, KV cache,
+speculation, vision), or in Anthropic's when the client sends the `anthropic-version` header (both SDKs list models at
+the same path)."""
 
 from __future__ import annotations
 
@@ -35,4 +36,11 @@ def model_card(request: Request) -> dict:
         created = datetime.fromtimestamp(server.created, timezone.utc).isoformat().replace("+00:00", "Z")
         return {"type": "model", "id": name, "display_name": name, "created_at": created}
     return {"id": name, "object": "model", "created": server.created, "owned_by": "qwendesk",
-            "max_model_len": engine.max_context}
+            "max_model_len": engine.max_context, "context_length": engine.max_context, **engine_card(engine)}
+
+
+def engine_card(engine) -> dict:
+    """What runs behind the name (the extensions vLLM and llama.cpp servers report in their own words)."""
+    c = engine.config
+    return {"status": "loaded", "weights": engine.weights, "kv_cache_dtype": c.kv_dtype, "profile": c.profile,
+            "max_running": c.max_running, "speculative_tokens": engine.drafts, "vision": engine.accepts_images}

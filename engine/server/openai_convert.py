@@ -68,6 +68,10 @@ def sampling_fields(body: SamplingFields, vocab_size: int) -> dict:
                   repetition_penalty=body.repetition_penalty,
                   seed=None if body.seed is None else body.seed % 2 ** 63,
                   stop=stop, stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos)
+    bad = [t for t in fields["stop_token_ids"] if not 0 <= t < vocab_size]
+    if bad:
+        raise APIError(400, f"stop_token_ids holds {bad[0]}, which is not a token id (0..{vocab_size - 1})",
+                       param="stop_token_ids")
     if body.logit_bias:
         fields["logits_processors"] = [LogitBias(logit_bias(body.logit_bias, vocab_size))]
     return fields

@@ -6,17 +6,16 @@ import secrets
 import time
 
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
 
 from engine.api import CallArgs, CallStart, Reasoning, Text, Usage
 from engine.server.body import documented, parse_body
 from engine.server.checks import OPENAI_COMPLETIONS, refuse_unsupported
 from engine.server.errors import APIError, error_payload
 from engine.server.generation import Finish, Keepalive, Logprobs, Reply, collect_all, merged
-from engine.server.logprobs import chat_logprobs, completion_logprobs
+from engine.server.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs
 from engine.server.openai_convert import chat_request, sampling_fields
 from engine.server.openai_schema import ChatCompletionRequest, CompletionRequest
-from engine.server.prompting import Prompt, chat_prompt, completion_room, encode, sampling_params
+from engine.server.prompting import Prompt, chat_prompts, completion_room, encode, sampling_params
 from engine.server.structured import response_constraint
 from engine.server.sse import JSON, ChunkTemplate, comment, dumps, event, sse_response
 
@@ -30,7 +29,8 @@ async def chat_completions(request: Request):
     engine = server.ready()
     server.check_model(body.model)
     req = chat_request(body, engine.model_config.vocab_size, server.image_options())
-    prompts = await run_in_threadpool(samples, engine, req, server.defaults, body.n or 1)
+    req.special_text = server.settings.special_text
+    prompts = await server.workers.run(chat_prompts, engine, req, server.defaults, body.n or 1)
     gens = await server.start([prompts])
     meta = {"id": "chatcmpl-" + secrets.token_hex(12), "created": int(time.time()), "model": body.model}
     legacy = body.functions is not None or body.function_call is not None
@@ -46,16 +46,6 @@ async def chat_completions(request: Request):
                 else None} for i, r in enumerate(replies)]
     return JSON({**meta, "object": "chat.completion", "choices": choices,
                  "usage": usage_json(samples_usage([r.finish.usage for r in replies]))})
-
-
-def samples(engine, req, defaults: dict, n: int) -> list[Prompt]:
-    """n samples of one chat request: the same prompt, each with its own processors (they keep state) and
-    its own seed (seed + i, when the client gave one)."""
-    prompts = [chat_prompt(engine, req, defaults) for _ in range(n)]
-    for i, prompt in enumerate(prompts):
-        if prompt.params.seed is not None:
-            prompt.params.seed = (prompt.params.seed + i) % 2 ** 63
-    return prompts
 
 
 def finish_reason(finish: Finish, legacy: bool) -> str:
@@ -133,55 +123,63 @@ async def completions(request: Request):
     server.check_model(body.model)
     refuse_unsupported(body.model_dump(), OPENAI_COMPLETIONS)
     n = body.n or 1
-    groups = await run_in_threadpool(lambda: [completion_prompts(engine, body, server.defaults) for _ in range(n)])
-    groups = [list(g) for g in zip(*groups)]         # each prompt's n samples
-    for group in groups:
-        for i, prompt in enumerate(group):
-            if prompt.params.seed is not None:
-                prompt.params.seed = (prompt.params.seed + i) % 2 ** 63
+    groups = await server.workers.run(completion_prompts, engine, body, server.defaults, n)
+    scored = []                     # each choice's prompt logprobs (echo with logprobs)
+    if body.echo and body.logprobs is not None:
+        for group in groups:
+            scored += [await server.workers.run(prompt_logprobs, engine, group[0].ids, body.logprobs)] * len(group)
     gens = await server.start(groups, raw=True)
     tok = engine.tokenizer
     echoes = [tok.decode(group[0].ids) if body.echo else "" for group in groups for _ in group]
     meta = {"id": "cmpl-" + secrets.token_hex(12), "created": int(time.time()), "model": body.model}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(completion_stream(gens, meta, echoes, include_usage, server.token_bytes, n), gens)
+        return sse_response(completion_stream(gens, meta, echoes, include_usage, server.token_bytes, n, scored), gens)
     replies = await collect_all(request, gens)
     for reply in replies:
         if reply.finish.api_error():
             raise reply.finish.api_error()
     choices = [{"index": i, "text": echoes[i] + r.text, "finish_reason": r.finish.reason,
-                "logprobs": completion_logprobs(r.logprobs, server.token_bytes, len(echoes[i]))
+                "logprobs": completion_logprobs((scored[i] if scored else []) + r.logprobs, server.token_bytes,
+                                                0 if scored else len(echoes[i]))
                 if body.logprobs is not None else None} for i, r in enumerate(replies)]
     usages = [r.finish.usage for r in replies]
     return JSON({**meta, "object": "text_completion", "choices": choices,
                  "usage": usage_json(total_usage([samples_usage(usages[k:k + n]) for k in range(0, len(usages), n)]))})
 
 
-def completion_prompts(engine, body: CompletionRequest, defaults: dict) -> list[Prompt]:
-    """Each prompt (text or token ids) as the engine takes it: no chat template."""
+def completion_prompts(engine, body: CompletionRequest, defaults: dict, n: int) -> list[list[Prompt]]:
+    """Each prompt (text or token ids) as the engine takes it (no chat template), as its n samples (each with its own
+    processors, and its own seed: seed + i when the client gave one)."""
     given = body.prompt
     if isinstance(given, str) or (given and isinstance(given[0], int)):
         given = [given]
     if not given:
         raise APIError(400, "prompt is empty", param="prompt")
-    tok, prompts = engine.tokenizer, []
+    tok, groups = engine.tokenizer, []
     for text_or_ids in given:
-        ids = encode(tok, text_or_ids) if isinstance(text_or_ids, str) else list(text_or_ids)
+        ids = encode(tok, text_or_ids, engine.max_context) if isinstance(text_or_ids, str) else list(text_or_ids)
         if not ids:
             raise APIError(400, "prompt is empty", param="prompt")
         bad = [t for t in ids if not 0 <= t < engine.model_config.vocab_size]
         if bad:
             raise APIError(400, f"token id {bad[0]} is outside the vocabulary", param="prompt")
         fields = sampling_fields(body, engine.model_config.vocab_size)
-        params = sampling_params({**fields, "logprobs": body.logprobs}, defaults)
-        params.max_tokens = completion_room(engine, len(ids), body.max_tokens)
-        params.constraint = response_constraint(body.response_format)
-        prompts.append(Prompt(ids, params, tools=None))
-    return prompts
+        group = []
+        for i in range(n):
+            params = sampling_params({**fields, "logprobs": body.logprobs}, defaults)
+            params.max_tokens = completion_room(engine, len(ids), body.max_tokens)
+            params.constraint = response_constraint(body.response_format)
+            if params.seed is not None:
+                params.seed = (params.seed + i) % 2 ** 63
+            group.append(Prompt(list(ids), params, tools=None))
+        groups.append(group)
+    return groups
 
 
-async def completion_stream(gens, meta: dict, echoes: list[str], include_usage: bool, token_bytes, n: int = 1):
+async def completion_stream(gens, meta: dict, echoes: list[str], include_usage: bool, token_bytes, n: int = 1,
+                            scored: list | None = None):
+    """`scored`: each choice's prompt logprobs, sent with its echo."""
     def chunk(i: int, text: str, finish: str | None = None, logprobs=None) -> bytes:
         if finish is None and logprobs is None:
             return text_chunk(i, dumps(text))
@@ -194,7 +192,7 @@ async def completion_stream(gens, meta: dict, echoes: list[str], include_usage: 
     offsets = [len(e) for e in echoes]
     for i, echo in enumerate(echoes):
         if echo:
-            yield chunk(i, echo)
+            yield chunk(i, echo, logprobs=completion_logprobs(scored[i], token_bytes) if scored else None)
     usages, pending = {}, {}                         # prompt -> its samples' usages
     async for i, ev in merged(gens):
         if isinstance(ev, Logprobs):

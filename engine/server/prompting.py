@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from engine.server.structured import request_constraint
 
 EFFORT_BUDGETS = {"minimal": 256, "low": 1024}
 RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "template_name", "continue_final_message")
+PIECE_EDGE_TOKENS = 8       # tokens one cut through a text may add to its count, at most (encode)
 GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
@@ -67,6 +69,7 @@ class ChatRequest:
     prefill: str = ""               # text the reply continues (Anthropic's trailing assistant message)
     json_format: Constraint | None = None   # structured output (structured.py response_constraint)
     images: ImageOptions | None = None   # what its image parts may be (None: it has none)
+    special_text: bool = False      # special-token text in its messages is plain text (ServerSettings.special_text)
 
 
 def generation_defaults(model_dir: str) -> dict:
@@ -89,16 +92,25 @@ def sampling_params(given: dict, defaults: dict) -> SamplingParams:
     return params
 
 
-def chat_prompt(engine, req: ChatRequest, defaults: dict) -> Prompt:
-    """Render, tokenize and check one chat request (runs in a worker thread: templates and images can be slow)."""
+def chat_prompts(engine, req: ChatRequest, defaults: dict, n: int = 1) -> list[Prompt]:
+    """Render, tokenize and check one chat request (on the Workers: templates and images can be slow), as n samples:
+    the prompt made once, each sample with its own processors (they keep state) and its own seed (seed + i, when
+    the client gave one)."""
     ids, images = prompt_ids(engine, req)
+    tools = req.tools if req.tool_choice.mode != "none" else None
+    return [Prompt(list(ids), chat_params(engine, req, defaults, len(ids), i), tools, images) for i in range(n)]
+
+
+def chat_params(engine, req: ChatRequest, defaults: dict, prompt_tokens: int, sample: int) -> SamplingParams:
     params = sampling_params(req.sampling, defaults)
-    params.max_tokens = completion_room(engine, len(ids), req.max_tokens)
+    params.max_tokens = completion_room(engine, prompt_tokens, req.max_tokens)
     params.thinking_budget = thinking_budget(engine, req.thinking)
     choice = req.tool_choice
     params.constraint = request_constraint(req.json_format, req.tools, choice.mode, choice.name, choice.parallel)
     params.logits_processors = tool_processors(engine.tokenizer, req.tools, choice) + params.logits_processors
-    return Prompt(ids, params, req.tools if choice.mode != "none" else None, images)
+    if params.seed is not None:
+        params.seed = (params.seed + sample) % 2 ** 63
+    return params
 
 
 def prompt_ids(engine, req: ChatRequest) -> tuple[list, list]:
@@ -125,19 +137,104 @@ def render(engine, req: ChatRequest) -> list[int]:
     if choice.mode == "function" and choice.name not in tool_schemas(tools):
         raise APIError(400, f"tool_choice names {choice.name!r}, which is not one of the tools", param="tool_choice")
     kwargs = template_kwargs(engine, req)
+    messages, placeholders = escape_special(engine.tokenizer, req.messages) if req.special_text else (req.messages, {})
+    text = render_messages(engine, messages, tools, kwargs)
+    return encode(engine.tokenizer, text + req.prefill, engine.max_context, placeholders)
+
+
+def render_messages(engine, messages: list[dict], tools, kwargs: dict) -> str:
+    """The chat template's text; where it refuses the conversation, again with later system messages as user ones."""
     try:
-        text = engine.template.render(req.messages, tools=tools, add_generation_prompt=True, **kwargs)
+        return engine.template.render(messages, tools=tools, add_generation_prompt=True, **kwargs)
     except ValueError as e:
-        raise APIError(400, f"the conversation does not fit the model's chat template: {e}", param="messages") from None
-    return encode(engine.tokenizer, text + req.prefill)
+        error = e
+    moved = later_system_as_user(messages)
+    if moved is not None:
+        try:
+            return engine.template.render(moved, tools=tools, add_generation_prompt=True, **kwargs)
+        except ValueError:
+            pass
+    raise APIError(400, f"the conversation does not fit the model's chat template: {error}", param="messages")
 
 
-def encode(tok, text: str) -> list[int]:
+def later_system_as_user(messages: list[dict]) -> list[dict] | None:
+    """The conversation with each system message after the first message made a user message, where it stands (a
+    template that takes a system message only at the start, as Qwen's, refuses the others: agents' retries append
+    one after the user's turn); None when there is none."""
+    later = [i for i, m in enumerate(messages) if i > 0 and m.get("role") == "system"]
+    if not later:
+        return None
+    return [{**m, "role": "user"} if i in later else m for i, m in enumerate(messages)]
+
+
+def escape_special(tok, messages: list[dict]) -> tuple[list[dict], dict[str, str]]:
+    """The messages with each special token's text (<|im_start|>, <tool_call>, <think>, ...) in the text of system,
+    user and tool messages replaced by a placeholder character, and placeholder -> that text: `encode` then writes it
+    as plain text, so a client's text cannot open a turn of another role or a tool call (the template's own tokens
+    stay control tokens)."""
+    specials = sorted((t.content for t in tok.backend.get_added_tokens_decoder().values()), key=len, reverse=True)
+    texts: list[str] = []
+    map_texts(messages, lambda text: texts.append(text) or text)
+    free = (chr(c) for c in range(0xF0000, 0xFFFFE) if not any(chr(c) in t for t in texts))
+    marks: dict[str, str] = {}                  # special token's text -> its placeholder
+
+    def escape(text: str) -> str:
+        for special in specials:
+            if special in text:
+                marks.setdefault(special, next(free))
+                text = text.replace(special, marks[special])
+        return text
+
+    return map_texts(messages, escape), {mark: special for special, mark in marks.items()}
+
+
+def map_texts(messages: list[dict], fn) -> list[dict]:
+    """The messages with fn applied to the text of each system, user and tool message (a string, or text parts)."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if m.get("role") in ("system", "user", "tool"):
+            if isinstance(content, str):
+                m = {**m, "content": fn(content)}
+            elif isinstance(content, list):
+                m = {**m, "content": [{**p, "text": fn(p["text"])} if isinstance(p, dict) and isinstance(
+                    p.get("text"), str) else p for p in content]}
+        out.append(m)
+    return out
+
+
+def encode(tok, text: str, limit: int, placeholders: dict[str, str] | None = None) -> list[int]:
+    """The text's token ids; each of `placeholders` (escape_special) as its text written plainly, in two pieces that
+    no added token matches. A text far longer than `limit` tokens (the context) is refused after about `limit` of its
+    tokens are counted, piece by piece, rather than tokenized whole (30 MB of text: tens of seconds and gigabytes)."""
+    if placeholders:
+        ids = []
+        for i, part in enumerate(re.split("([" + "".join(placeholders) + "])", text)):
+            if i % 2:
+                ids += tok.encode(placeholders[part][:1]) + tok.encode(placeholders[part][1:])
+            elif part:
+                ids += encode(tok, part, limit)
+        return ids
     try:
-        text.encode("utf-8")
+        text.isascii() or text.encode("utf-8")
     except UnicodeEncodeError:
         raise APIError(400, "the request holds text that is not valid Unicode (a lone surrogate)") from None
+    piece = max(4096, 4 * limit)
+    if len(text) > 2 * piece:
+        counted = 0
+        for cuts, start in enumerate(range(0, len(text), piece)):
+            counted += len(tok.encode(text[start:start + piece]))
+            if counted - PIECE_EDGE_TOKENS * cuts > limit:      # (a cut can add a token or two where it splits a word)
+                raise context_exceeded(limit, f"more than {limit}", None)
     return tok.encode(text)
+
+
+def context_exceeded(ctx: int, prompt_tokens, max_tokens: int | None) -> APIError:
+    asked = prompt_tokens + (max_tokens or 1) if isinstance(prompt_tokens, int) else prompt_tokens
+    return APIError(400, f"This model's maximum context length is {ctx} tokens. However, you requested "
+                         f"{asked} tokens ({prompt_tokens} in the prompt, {max_tokens or 1} for the "
+                         f"completion). Please reduce the length of the prompt or of max_tokens.",
+                    param="messages", code="context_length_exceeded")
 
 
 def template_kwargs(engine, req: ChatRequest) -> dict:
@@ -167,11 +264,7 @@ def completion_room(engine, prompt_tokens: int, max_tokens: int | None) -> int:
     """max_tokens, checked against the context; when not given, all the room the context leaves."""
     ctx = engine.max_context
     if prompt_tokens >= ctx or (max_tokens is not None and prompt_tokens + max_tokens > ctx):
-        asked = prompt_tokens + (max_tokens or 1)
-        raise APIError(400, f"This model's maximum context length is {ctx} tokens. However, you requested "
-                            f"{asked} tokens ({prompt_tokens} in the prompt, {max_tokens or 1} for the "
-                            f"completion). Please reduce the length of the prompt or of max_tokens.",
-                       param="messages", code="context_length_exceeded")
+        raise context_exceeded(ctx, prompt_tokens, max_tokens)
     return max_tokens if max_tokens is not None else ctx - prompt_tokens
 
 

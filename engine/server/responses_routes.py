@@ -10,12 +10,11 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
 
 from engine.server.body import documented, parse_body
 from engine.server.errors import APIError
 from engine.server.generation import Finish, Keepalive, collect_all
-from engine.server.prompting import chat_prompt
+from engine.server.prompting import chat_prompts
 from engine.server.responses_convert import Prepared, prepare
 from engine.server.responses_output import ResponseBuilder, new_id
 from engine.server.responses_schema import ResponsesRequest
@@ -39,7 +38,8 @@ async def create_response(request: Request):
         history = stored.items
     prepared = prepare(body, history, engine.model_config.vocab_size, server.image_options())
     try:
-        prompt = await run_in_threadpool(chat_prompt, engine, prepared.chat, server.defaults)
+        prepared.chat.special_text = server.settings.special_text
+        [prompt] = await server.workers.run(chat_prompts, engine, prepared.chat, server.defaults)
         [gen] = await server.start([[prompt]])
     except APIError as e:
         raise prepared.renames(e) from None

@@ -5,15 +5,15 @@ from __future__ import annotations
 import threading
 import time
 
-import uvicorn
+from engine.server.connections import LimitedServer, uvicorn_config
 
 
 class ServerThread:
     def __init__(self, app, host: str = "127.0.0.1", port: int = 8080, log_level: str = "warning"):
-        """port 0 picks a free port; `port` holds the real one once started."""
-        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off",
-                                timeout_graceful_shutdown=5)
-        self.server = uvicorn.Server(config)
+        """port 0 picks a free port; `port` holds the real one once started. The connection limits are those of
+        the app's ServerSettings."""
+        self.server = LimitedServer(uvicorn_config(app, app.state.server.settings, host, port, log_level))
+        self.workers = app.state.server.workers
         self.host, self.port = host, port
         self.thread = threading.Thread(target=self.server.run, name="qwendesk-http", daemon=True)
 
@@ -35,3 +35,4 @@ class ServerThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+        self.workers.pool.shutdown(wait=False, cancel_futures=True)     # (the app may start another endpoint)

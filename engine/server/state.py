@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 from engine.server.errors import APIError, from_engine_error
@@ -13,6 +14,7 @@ from engine.server.metrics import Metrics, Outcome
 from engine.server.prompting import Prompt, generation_defaults
 from engine.server.responses_store import ResponseStore
 from engine.server.settings import ServerSettings
+from engine.server.workers import Workers
 
 
 class ServerState:
@@ -22,6 +24,7 @@ class ServerState:
         self.settings = settings
         self.metrics = Metrics()
         self.responses = ResponseStore()          # the Responses API's stored responses
+        self.workers = Workers(settings.prepare_threads, settings.prepare_queue)
         self.params_hook = params_hook
         self.created = int(time.time())
         self.engine = None
@@ -59,14 +62,21 @@ class ServerState:
         """Submit one request's generations: each group is the samples of one prompt (n of them). The first of
         each group runs first; the others are submitted once it has prefilled, so that their prompt comes from
         the prefix cache. Engine refusals become API errors (429/529, 400, 503), and cancel what started."""
+        c = self.engine.config
+        total, capacity = sum(len(g) for g in groups), c.max_running + c.max_queue
+        if total > capacity:     # a 429 would have the client retry for ever
+            raise APIError(400, f"this request asks for {total} generations ({len(groups)} prompts, n = "
+                                f"{len(groups[0])}); the server holds at most {capacity} at once (profile "
+                                f"{c.profile}: {c.max_running} running, {c.max_queue} queued): send fewer",
+                           param="n" if len(groups[0]) > 1 else "prompt", code="too_many_generations")
         runs: list[list[Generation]] = []             # each prompt's generations
         try:
             for group in groups:
-                runs.append([self._submit(group[0], raw)])
+                runs.append([await self._submit(group[0], raw)])
             if any(len(g) > 1 for g in groups):
                 await asyncio.gather(*(run[0].started.wait() for run in runs))
             for group, run in zip(groups, runs):
-                run += [self._submit(p, raw) for p in group[1:]]
+                run += [await self._submit(p, raw) for p in group[1:]]
         except (APIError, asyncio.CancelledError):
             for run in runs:
                 for gen in run:
@@ -78,14 +88,29 @@ class ServerState:
             gen.outcome = outcome
         return gens
 
-    def _submit(self, prompt: Prompt, raw: bool) -> Generation:
+    async def _submit(self, prompt: Prompt, raw: bool) -> Generation:
+        """Engine.submit, through Generation; a request with a grammar is submitted on the Workers (the engine compiles
+        it there: milliseconds, a large schema more) within grammar_timeout_s."""
         if self.params_hook is not None:
             self.params_hook(prompt.params)
         loop = asyncio.get_running_loop()
         if self.wakeups is None or self.wakeups.loop is not loop:
             self.wakeups = Wakeups(loop)
+        make = functools.partial(Generation, self.engine, prompt, self.wakeups, keepalive_s=self.settings.keepalive_s,
+                                 interval_s=self.settings.stream_interval_s, raw=raw, metrics=self.metrics)
         try:
-            return Generation(self.engine, prompt, self.wakeups, keepalive_s=self.settings.keepalive_s,
-                              interval_s=self.settings.stream_interval_s, raw=raw, metrics=self.metrics)
+            if prompt.params.constraint is None:
+                return make()
+            return await self.workers.run(make, timeout=self.settings.grammar_timeout_s, abandoned=Generation.cancel)
+        except asyncio.TimeoutError:
+            raise APIError(400, f"the grammar of this request's structured output or tools did not compile within "
+                                f"{self.settings.grammar_timeout_s:g} s; simplify the schema", code="grammar_too_slow",
+                           param="response_format" if prompt.params.constraint.json_schema is not None else "tools") \
+                from None
+        except APIError:
+            raise
         except Exception as e:
-            raise from_engine_error(e) from None
+            error = from_engine_error(e)
+            if error.status == 400 and error.param is None and prompt.params.constraint is not None:
+                error.param = "tools" if str(e).startswith("tool ") else "response_format"  # (the grammar's error)
+            raise error from None
