@@ -5,11 +5,12 @@ from __future__ import annotations
 import threading
 import time
 
+from engine.api import DEFAULT_PORT
 from engine.server.connections import LimitedServer, uvicorn_config
 
 
 class ServerThread:
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 8080, log_level: str = "warning"):
+    def __init__(self, app, host: str = "127.0.0.1", port: int = DEFAULT_PORT, log_level: str = "warning"):
         """port 0 picks a free port; `port` holds the real one once started. The connection limits are those of
         the app's ServerSettings."""
         self.server = LimitedServer(uvicorn_config(app, app.state.server.settings, host, port, log_level))

@@ -6,6 +6,8 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 
+from engine.api import DEFAULT_PORT
+
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
@@ -13,7 +15,7 @@ LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 class ServerSettings:
     model_id: str = "qwen"                  # the name clients pass as `model`
     host: str = "127.0.0.1"
-    port: int = 8080
+    port: int = DEFAULT_PORT
     api_key: str | None = None              # required on /v1 routes and /metrics when set
     allowed_hosts: list[str] = field(default_factory=list)  # Host header names beyond loopback; "*": any
     cors_origins: list[str] = field(default_factory=list)   # browser origins allowed (none: CORS off); "*": any
