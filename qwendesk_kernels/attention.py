@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from qwendesk_kernels import pdl
-from qwendesk_kernels.runtime import INTERPRET, sm_count
+from qwendesk_kernels.runtime import INTERPRET, sm_count, smem_per_block
 LOG2E = 1.4426950408889634
 MIN_SPLIT_TOKENS = 256      # fewest context tokens per decode split (at max_seq_len)
 
@@ -385,21 +385,35 @@ def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len, 
 # ---------------------------------------------------------------------------------------------
 
 # (BLOCK_M, BLOCK_N, warps, stages). Autotuned on the GPU, on the first call per (head_dim, page, group,
-# dtypes): for head_dim 256 the 128 x 64 tiles need ~200 KB of shared memory (Hopper); the 64 x 32 ones
-# fit the ~100 KB of an RTX 3090. Configs that do not fit are skipped by the autotuner.
-_PREFILL_TILES = [(16, 16, 4, 1)] if INTERPRET else [
-    (128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 2), (64, 64, 8, 2),
-    (128, 32, 8, 2), (64, 32, 4, 2), (64, 32, 4, 3), (64, 16, 4, 2), (128, 16, 8, 2)]
+# dtypes) and card (Triton keys its tuning cache by the target): for head_dim 256 the 128 x 64 tiles need 144 KB of
+# shared memory (Hopper's 227 KB); the card's pruning keeps 64 x 32, 64 x 16 and 128 x 16 on an RTX 3090 / 4090 / 5090
+# (99 KB per block).
+PREFILL_TILES = [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 2), (64, 64, 8, 2),
+                 (128, 32, 8, 2), (64, 32, 4, 2), (64, 32, 4, 3), (64, 16, 4, 2), (128, 16, 8, 2)]
+_PREFILL_TILES = [(16, 16, 4, 1)] if INTERPRET else PREFILL_TILES
 
 
-def _blocks_within_page(configs, named_args, **kwargs):
-    """A key block must lie inside one page."""
-    return [c for c in configs if c.kwargs["BLOCK_N"] <= kwargs["PAGE"]]
+def prefill_smem_bytes(block_m: int, block_n: int, d: int, itemsize: int) -> int:
+    """Shared memory of one prefill program: the Q tile, a K and a V tile, and the P tile, in the 16-bit dot dtype
+    (Triton 3.9 stages one copy of each whatever num_stages; make check-consumer holds this to what it compiles)."""
+    return (block_m * d + 2 * block_n * d + block_m * block_n) * itemsize
+
+
+def _prefill_configs_that_fit(configs, smem: int, D: int, PAGE: int, itemsize: int) -> list:
+    """Key blocks inside one page, and tiles within the card's shared memory per block."""
+    return [c for c in configs if c.kwargs["BLOCK_N"] <= PAGE
+            and prefill_smem_bytes(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], D, itemsize) <= smem]
+
+
+def _prune_prefill(configs, named_args, **kwargs):
+    args = {**named_args, **kwargs}
+    q = args["q_ptr"]
+    return _prefill_configs_that_fit(configs, smem_per_block(q.device), args["D"], args["PAGE"], q.element_size())
 
 
 @triton.autotune(
     configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in _PREFILL_TILES],
-    key=["D", "PAGE", "GROUP"], prune_configs_by={"early_config_prune": _blocks_within_page})
+    key=["D", "PAGE", "GROUP"], prune_configs_by={"early_config_prune": _prune_prefill})
 @triton.jit
 def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr, cu_seqlens_ptr, seq_lens_ptr,
                     o_ptr, gate_ptr, qk_scale,
