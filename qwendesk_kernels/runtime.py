@@ -1,5 +1,5 @@
-"""Where the kernels run: under Triton's CPU interpreter or on a GPU, how many SMs it has and how much shared
-memory a block may take there."""
+"""Where the kernels run: under Triton's CPU interpreter or on a GPU, its compute capability, how many SMs it has
+and how much shared memory a block may take there."""
 
 import functools
 import os
@@ -12,6 +12,11 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 @functools.lru_cache(maxsize=None)
 def sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def capability(device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
 
 
 @functools.lru_cache(maxsize=None)

@@ -88,16 +88,25 @@ def test_the_prefill_attention_as_pruned_passes_on_a_3090():
     assert run_check_code(FORCED.format(force=False, kv=(True, False))) == []
 
 
-@pytest.mark.parametrize("smem, page", [(101_376, 64), (232_448, 64), (101_376, 16)])
-def test_prefill_pruning_keeps_the_tiles_that_fit_the_card(smem, page):
-    """A 99 KB card (RTX 3090 / 4090 / 5090) keeps only tiles within it, the 64 x 32 and 128 x 16 among them; an
-    H100 (227 KB) keeps the 128 x 64 ones too; key blocks stay inside a page."""
+@pytest.mark.parametrize("smem, page, kv_size", [(101_376, 64, 2), (101_376, 64, 1), (232_448, 64, 2),
+                                                 (101_376, 16, 2)])
+def test_prefill_pruning_keeps_the_tiles_that_fit_the_card(smem, page, kv_size):
+    """A 99 KB card (RTX 3090 / 4090 / 5090) keeps only tiles within it: 64 x 32 and 128 x 16 with bf16 KV, 64 x 64
+    and 128 x 32 too with int8 KV; an H100 (227 KB) keeps the 128 x 64 ones too; key blocks stay inside a page."""
     configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
                for m, n, w, s in attention.PREFILL_TILES]
-    kept = attention._prefill_configs_that_fit(configs, smem, D=256, PAGE=page, itemsize=2)
+    kept = attention._prefill_configs_that_fit(configs, smem, D=256, PAGE=page, q_size=2, kv_size=kv_size)
     tiles = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in kept}
-    assert tiles and all(n <= page and attention.prefill_smem_bytes(m, n, 256, 2) <= smem for m, n in tiles)
+    assert tiles and all(n <= page and attention.prefill_smem_bytes(m, n, 256, 2, kv_size) <= smem for m, n in tiles)
     assert ((128, 64) in tiles) == (smem > 200_000 and page >= 64)
-    if page >= 32:
+    if page == 64:
         assert {(64, 32), (128, 16)} <= tiles
-    assert attention.prefill_smem_bytes(128, 64, 256, 2) == 147_456      # the issue's measured figure (sm_86)
+        assert ((64, 64) in tiles) == ((128, 32) in tiles) == (smem > 200_000 or kv_size == 1)
+
+
+def test_prefill_estimate_is_what_triton_compiles():
+    """The figures the readiness check compiled for sm_86 (Triton 3.9; head_dim 256): bf16 KV 128 x 64 at 147,456 and
+    147,460 B (2 and 3 stages), 64 x 64 at 106,496, 128 x 16 at 86,016; int8 KV 128 x 64 at 115,200 and 115,204."""
+    for (m, n, kv), compiled in {(128, 64, 2): 147_460, (64, 64, 2): 106_496, (128, 16, 2): 86_016,
+                                 (128, 64, 1): 115_204}.items():
+        assert 0 <= attention.prefill_smem_bytes(m, n, 256, 2, kv) - compiled <= 16

@@ -7,9 +7,11 @@ capability and SM count, so PDL and per-architecture choices are the card's), de
 kernel, specialization and options), compiled in a fresh cache, and checked:
 - it compiles;
 - shared memory per block <= the card's opt-in maximum (101,376 B on all three);
-- decode-path kernels (decode steps and speculative rounds) have no stack frame (spills) where cuobjdump reports it;
-  a decode-path autotuned kernel needs one config without;
-- every autotuned kernel keeps at least one config that fits after its own pruning, and none it keeps does not fit;
+- decode-path kernels (decode steps and speculative rounds) have no stack frame (spills) where cuobjdump reports it
+  (up to CAPPED_STACK under a deliberate register cap); a decode-path autotuned kernel needs one config without;
+- every autotuned kernel keeps at least one config that fits after its own pruning, and ours keep none that does not
+  (fla's configs are not ours to prune: they are compiled one at a time until one fits, as its autotuner skips the
+  others);
 - below sm_90: no PTX uses griddepcontrol, wgmma, cp.async.bulk, setmaxnreg or fp8 types, and no launch asks for PDL.
 fla-core's chunked GDN kernels (prompts over RECURRENT_MAX_TOKENS tokens) are among the launches; pyproject.toml pins
 the fla-core version the check passed with, and the check refuses another one (fla sizes its tiles per card).
@@ -48,8 +50,10 @@ class Card:
 CARDS = (Card("RTX 3090", (8, 6), 82, 101_376), Card("RTX 4090", (8, 9), 128, 101_376),
          Card("RTX 5090", (12, 0), 170, 101_376))
 MODELS = ("27b", "9b", "35b-a3b")
-WEIGHTS = ("int4", "bf16")
 KV = (True, False)              # int8 KV, bf16 KV
+# A kernel launched with a register cap (maxnreg: the mma GEMVs' 128, so that 16 one-warp programs stay resident per
+# SM) may keep this much stack: they have 8-16 B at that cap on the H100 too, where the cap was measured faster.
+CAPPED_STACK = 16
 BELOW_SM90_PTX = re.compile(r"griddepcontrol|wgmma|cp\.async\.bulk|setmaxnreg|\.e4m3|\.e5m2")
 
 
@@ -74,12 +78,25 @@ class Job:
     result: Compiled | None = None
 
 
-def record(card: Card, models=MODELS, weights=WEIGHTS, kv=KV) -> list[Launch]:
-    """Every launch of the forwards of `models` x `weights` x `kv`, as the engine makes them on `card`."""
+def weights_for(shape: str) -> tuple[str, ...]:
+    """int4, and 16-bit where the memory plan fits those weights on a 24 GiB card (the 9B; not the 27B's 54 GB)."""
+    from engine.config import parse_model_config
+    from engine.device import DeviceInfo
+    from engine.memory import GIB, plan_for
+    from engine.params import EngineConfig
+    from engine.random_model import text_config
+    card = DeviceInfo("cuda", "24 GiB card", 24 * GIB, int(23.5 * GIB))
+    bf16 = plan_for(EngineConfig(model="", weights="bf16"), card, model=parse_model_config(text_config(shape)))
+    return ("int4", "bf16") if bf16.fits else ("int4",)
+
+
+def record(card: Card, models=MODELS, weights=None, kv=KV) -> list[Launch]:
+    """Every launch of the forwards of `models` x `weights` (default: weights_for each) x `kv`, as the engine makes
+    them on `card`."""
     from engine.readiness.forward import run_all
     with recording(card.capability, card.sms, card.smem_per_block) as rec:
         for shape in models:
-            for w in weights:
+            for w in weights or weights_for(shape):
                 for kv_int8 in kv:
                     run_all(rec, shape, w, kv_int8)
         for launch in rec.launches:
@@ -120,27 +137,63 @@ def _bind(launch: Launch, config, card: Card):
     return ASTSource(fn, signature, constexprs, attrs), options, str(specialization)
 
 
-def jobs_for(launches: list[Launch], card: Card) -> tuple[list[Job], dict]:
-    """The distinct compiles of `launches` on `card`, and per autotuned launch key the keys of its kept configs."""
+def is_decode(launch: Launch) -> bool:
+    return " decode " in launch.where or " verify " in launch.where
+
+
+def ours(launch: Launch) -> bool:
+    """One of our kernels (not fla's)."""
+    return launch.fn.fn.__module__.startswith("qwendesk_kernels.")
+
+
+@dataclass
+class Tuned:
+    """An autotuned launch: the jobs of its configs compiled so far; a library's kernel (fla's: its configs are not
+    ours to prune) is compiled one config at a time until one fits, as its autotuner skips those that do not."""
+    launch: Launch
+    keys: list[str]
+    pending: list
+
+
+def _add_job(jobs: dict, launch: Launch, config, card: Card) -> str:
+    _, options, spec = _bind(launch, config, card)
+    key = f"{launch.fn.fn.__module__}.{launch.name} {spec} {options}"
+    job = jobs.setdefault(key, Job(launch, config, key))
+    if is_decode(launch):
+        job.launch = launch                   # (a decode-path launch decides whether spills count)
+    return key
+
+
+def jobs_for(launches: list[Launch], card: Card) -> tuple[dict[str, Job], dict[str, Tuned]]:
+    """The distinct compiles of `launches` on `card` (by key), and the autotuned launches (by kernel and configs)."""
     jobs: dict[str, Job] = {}
-    tuned: dict[str, tuple[Launch, list[str]]] = {}
+    tuned: dict[str, Tuned] = {}
     for launch in launches:
-        configs = launch.configs if launch.autotuner is not None else [None]
-        keys = []
-        for config in configs:
-            _, options, spec = _bind(launch, config, card)
-            key = f"{launch.fn.fn.__module__}.{launch.name} {spec} {options}"
-            keys.append(key)
-            job = jobs.setdefault(key, Job(launch, config, key))
-            if "decode" in launch.where or "verify" in launch.where:
-                job.launch = launch              # (a decode-path launch decides whether spills count)
-        if launch.autotuner is not None:
-            tkey = f"{launch.name} {sorted(set(keys))}"
-            old = tuned.get(tkey)
-            decode = "decode" in launch.where or "verify" in launch.where
-            if old is None or decode:
-                tuned[tkey] = (launch, keys)
-    return list(jobs.values()), tuned
+        if launch.autotuner is None:
+            _add_job(jobs, launch, None, card)
+            continue
+        first = launch.configs if ours(launch) else launch.configs[:1]
+        keys = [_add_job(jobs, launch, config, card) for config in first]
+        tkey = f"{launch.name} {[_bind(launch, c, card)[2] for c in launch.configs]}"
+        if tkey not in tuned or is_decode(launch):
+            tuned[tkey] = Tuned(launch, keys, [] if ours(launch) else launch.configs[1:])
+    return jobs, tuned
+
+
+def _fits(job: Job, card: Card) -> bool:
+    return not job.result.error and job.result.shared <= card.smem_per_block
+
+
+def more_jobs(jobs: dict[str, Job], tuned: dict[str, Tuned], card: Card) -> list[Job]:
+    """The next config of each library kernel none of whose compiled configs fits yet."""
+    new = []
+    for t in tuned.values():
+        if t.pending and not any(_fits(jobs[k], card) for k in t.keys):
+            key = _add_job(jobs, t.launch, t.pending.pop(0), card)
+            t.keys.append(key)
+            if jobs[key].result is None:
+                new.append(jobs[key])
+    return list({id(j): j for j in new}.values())
 
 
 _JOBS: list[Job] = []
@@ -194,14 +247,15 @@ def compile_all(jobs: list[Job], card: Card, workers: int) -> None:
         job.result = res
 
 
-def findings(jobs: list[Job], tuned: dict, card: Card) -> list[str]:
+def findings(jobs: dict[str, Job], tuned: dict[str, Tuned], card: Card) -> list[str]:
     """What does not hold on `card` (empty: ready)."""
     bad = []
-    by_key = {j.key: j for j in jobs}
     below90 = card.capability < (9, 0)
-    tuned_keys = {k for _, keys in tuned.values() for k in keys}
-    for job in jobs:
+    tuned_keys = {k for t in tuned.values() for k in t.keys}
+    for job in jobs.values():
         r, where = job.result, f"{job.launch.name} ({job.launch.where}{_config_text(job.config)})"
+        if job.key in tuned_keys and not ours(job.launch):
+            continue                          # a library's config: its autotuner skips it if it does not fit
         if r.error:
             bad.append(f"does not compile: {where}: {r.error}")
             continue
@@ -211,18 +265,17 @@ def findings(jobs: list[Job], tuned: dict, card: Card) -> list[str]:
             bad.append(f"PTX uses {', '.join(r.forbidden)} below sm_90: {where}")
         if below90 and (r.launch_pdl or job.launch.options.get("launch_pdl") or job.launch.args.get("PDL")):
             bad.append(f"PDL on below sm_90: {where}")
-        decode = "decode" in job.launch.where or "verify" in job.launch.where
-        if decode and job.key not in tuned_keys and r.stack:
+        capped = job.launch.options.get("maxnreg")
+        if is_decode(job.launch) and job.key not in tuned_keys and (r.stack or 0) > (CAPPED_STACK if capped else 0):
             bad.append(f"decode-path kernel spills ({r.stack} B of stack, {r.regs} registers): {where}")
-    for launch, keys in tuned.values():
-        fits = [k for k in keys if not by_key[k].result.error and by_key[k].result.shared <= card.smem_per_block]
+    for t in tuned.values():
+        fits = [k for k in t.keys if _fits(jobs[k], card)]
         if not fits:
-            bad.append(f"no config of {launch.name} fits after pruning ({launch.where})")
-        elif len(fits) < len(keys):
-            bad.append(f"{launch.name} keeps {len(keys) - len(fits)} config(s) that do not fit ({launch.where})")
-        decode = "decode" in launch.where or "verify" in launch.where
-        if decode and fits and all(by_key[k].result.stack for k in fits):
-            bad.append(f"every config of {launch.name} spills ({launch.where})")
+            bad.append(f"no config of {t.launch.name} fits after pruning ({t.launch.where})")
+        elif ours(t.launch) and len(fits) < len(t.keys):
+            bad.append(f"{t.launch.name} keeps {len(t.keys) - len(fits)} config(s) that do not fit ({t.launch.where})")
+        if is_decode(t.launch) and fits and all(jobs[k].result.stack for k in fits):
+            bad.append(f"every config of {t.launch.name} spills ({t.launch.where})")
     return bad
 
 
@@ -232,19 +285,29 @@ def _config_text(config) -> str:
     return f"; {config.kwargs} warps={config.num_warps} stages={config.num_stages}"
 
 
-def check(card: Card, models=MODELS, weights=WEIGHTS, kv=KV, workers: int | None = None, kernels=None,
+def check(card: Card, models=MODELS, weights=None, kv=KV, workers: int | None = None, kernels=None,
           log=print) -> list[str]:
     """Record, compile and check one card (only the kernels named in `kernels`, if given); returns the findings."""
     t0 = time.monotonic()
     launches = [la for la in record(card, models, weights, kv) if kernels is None or la.name in kernels]
     jobs, tuned = jobs_for(launches, card)
-    log(f"{card.name} (sm_{card.capability[0]}{card.capability[1]}): {len(launches)} launches, "
-        f"{len(jobs)} distinct compiles, {len(tuned)} autotuned launch shapes", flush=True)
-    compile_all(jobs, card, workers or os.cpu_count() or 1)
+    todo = list(jobs.values())
+    while todo:
+        compile_all(todo, card, workers or os.cpu_count() or 1)
+        todo = more_jobs(jobs, tuned, card)
+    log(f"{card.name} (sm_{card.capability[0]}{card.capability[1]}): {len(launches)} launches, {len(jobs)} distinct "
+        f"compiles ({sum(j.result.seconds for j in jobs.values()):.0f} s of compiling), {len(tuned)} autotuned launch "
+        f"shapes", flush=True)
     bad = findings(jobs, tuned, card)
-    worst = max((j for j in jobs if j.result and not j.result.error), key=lambda j: j.result.shared, default=None)
+    done = [j for j in jobs.values() if not j.result.error]
+    worst = max(done, key=lambda j: j.result.shared, default=None)
     if worst is not None:
         log(f"  largest shared memory: {worst.result.shared:,} B ({worst.launch.name}{_config_text(worst.config)})")
+    per_kernel: dict[str, list[float]] = {}
+    for j in jobs.values():
+        per_kernel.setdefault(j.launch.name, []).append(j.result.seconds)
+    slowest = sorted(per_kernel.items(), key=lambda kv: -sum(kv[1]))[:5]
+    log("  most compile time: " + ", ".join(f"{name} {sum(t):.0f} s ({len(t)})" for name, t in slowest))
     log(f"  {len(bad)} finding(s), {time.monotonic() - t0:.0f} s", flush=True)
     return bad
 

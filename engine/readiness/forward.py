@@ -67,8 +67,9 @@ def _fla_index(batch, cu: list[int]) -> None:
 
     from qwendesk_kernels import gdn
     cu_cpu = torch.tensor(cu, dtype=torch.int64)
+    index = prepare_chunk_indices(cu_cpu, 64, cu_seqlens_cpu=cu_cpu)
     gdn._fla_meta_last = (batch.cu_seqlens, dict(cu_seqlens=batch.cu_seqlens.long(), cu_seqlens_cpu=cu_cpu,
-                                                 chunk_indices=prepare_chunk_indices(cu_cpu, 64, cu_seqlens_cpu=cu_cpu)))
+                                                 chunk_indices=index))
 
 
 def _sample(logits):

@@ -66,7 +66,8 @@ def recording(capability: tuple[int, int] = (8, 6), sms: int = 82, smem: int = 1
     saved = [(torch.Tensor, "is_cuda"), (JITFunction, "run"), (Autotuner, "run"), (torch.cuda, "get_device_capability"),
              (gemv_mma, "_capability"), (pdl, "supported")]
     old = [(obj, name, obj.__dict__.get(name, getattr(obj, name))) for obj, name in saved]
-    fakes = {"sm_count": lambda device: sms, "smem_per_block": lambda device: smem}
+    fakes = {"sm_count": lambda device: sms, "smem_per_block": lambda device: smem,
+             "capability": lambda device: capability}
     for mod in _kernel_modules():
         for name, fake in fakes.items():
             if name in vars(mod):
@@ -94,5 +95,5 @@ def _kernel_modules():
     import pkgutil
 
     import qwendesk_kernels
-    return [importlib.import_module(f"qwendesk_kernels.{m.name}") for m in pkgutil.iter_modules(qwendesk_kernels.__path__)
-            if not m.name.startswith("bench")]
+    names = [m.name for m in pkgutil.iter_modules(qwendesk_kernels.__path__) if not m.name.startswith("bench")]
+    return [importlib.import_module(f"qwendesk_kernels.{name}") for name in names]
