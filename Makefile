@@ -6,7 +6,7 @@ PY    := $(VENV)/bin/python
 # build. The venv remembers the TORCH it has (.venv/.torch): later runs keep it, a different TORCH replaces it.
 TORCH ?= $(or $(shell cat $(VENV)/.torch 2>/dev/null),torch==2.13.0)
 
-.PHONY: app test soak check-plans package appimage test-package clean FORCE
+.PHONY: app test check-consumer soak check-plans package appimage test-package clean FORCE
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -35,6 +35,11 @@ app: $(VENV)/.app
 
 test: $(VENV)/.test
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q
+
+# The consumer-GPU readiness check (minutes, no GPU): every Triton launch of the 27B / 9B / 35B-A3B forwards
+# compiled for sm_86, sm_89 and sm_120 and checked against those cards (engine/readiness/check.py says what).
+check-consumer: $(VENV)/.test
+	$(PY) -m engine.readiness.check
 
 # The full soak (2,000 mixed requests against qwendesk-serve on a tiny CPU model; docs/reliability.md)
 soak: $(VENV)/.test

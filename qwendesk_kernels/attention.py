@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from qwendesk_kernels import pdl
-from qwendesk_kernels.runtime import INTERPRET, sm_count
+from qwendesk_kernels.runtime import INTERPRET, capability, sm_count, smem_per_block
 LOG2E = 1.4426950408889634
 MIN_SPLIT_TOKENS = 256      # fewest context tokens per decode split (at max_seq_len)
 
@@ -359,6 +359,10 @@ def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len, 
     quant = k_scale is not None
     kv_bytes = k_cache.element_size()
     block_n = min(page, max(16, 16384 // (d * kv_bytes)))     # ~16 KB K tile (+ 16 KB V) per pipeline stage
+    block_m = max(16, triton.next_power_of_2(q_len * group))
+    # sm_120's ptxas spills the int8 tiles at 4 warps (255 registers and 32 B of stack, every L and group; sm_86, 89
+    # and 90 do not): 8 warps there (221-255 registers, none). make check-consumer found it; no sm_120 card ran it.
+    warps = 8 if quant and q.is_cuda and capability(q.device) >= (12, 0) else 4
     o_part = torch.empty((T, hq, num_splits, d), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((T, hq, num_splits), dtype=torch.float32, device=q.device)
     scale_strides = k_scale.stride() if quant else (0, 0, 0)
@@ -366,8 +370,8 @@ def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len, 
         q, k_cache, v_cache, k_scale if quant else k_cache, v_scale if quant else v_cache, block_tables, seq_lens,
         o_part, lse_part, scale * LOG2E,
         q.stride(0), q.stride(1), block_tables.stride(0), *k_cache.stride()[:3], *scale_strides,
-        L=q_len, GROUP=group, D=d, PAGE=page, BLOCK_M=max(16, triton.next_power_of_2(q_len * group)),
-        BLOCK_N=block_n, QUANT=quant, DOT_PRECISION=_dot_precision(q.dtype), num_warps=4, num_stages=3,
+        L=q_len, GROUP=group, D=d, PAGE=page, BLOCK_M=block_m,
+        BLOCK_N=block_n, QUANT=quant, DOT_PRECISION=_dot_precision(q.dtype), num_warps=warps, num_stages=3,
         **pdl.launch_args(q.device))
     o = torch.empty((T, hq, d), dtype=q.dtype, device=q.device)
     gate_ptr, gate_t, gate_h = _gate_args(gate, o)
@@ -385,21 +389,38 @@ def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len, 
 # ---------------------------------------------------------------------------------------------
 
 # (BLOCK_M, BLOCK_N, warps, stages). Autotuned on the GPU, on the first call per (head_dim, page, group,
-# dtypes): for head_dim 256 the 128 x 64 tiles need ~200 KB of shared memory (Hopper); the 64 x 32 ones
-# fit the ~100 KB of an RTX 3090. Configs that do not fit are skipped by the autotuner.
-_PREFILL_TILES = [(16, 16, 4, 1)] if INTERPRET else [
-    (128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 2), (64, 64, 8, 2),
-    (128, 32, 8, 2), (64, 32, 4, 2), (64, 32, 4, 3), (64, 16, 4, 2), (128, 16, 8, 2)]
+# dtypes) and card (Triton keys its tuning cache by the target): for head_dim 256 the 128 x 64 tiles need 144 KB of
+# shared memory with bf16 KV (Hopper's 227 KB); the card's pruning keeps 64 x 32, 64 x 16 and 128 x 16 on an RTX 3090
+# / 4090 / 5090 (99 KB per block), and 64 x 64 and 128 x 32 too with int8 KV.
+PREFILL_TILES = [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 2), (64, 64, 8, 2),
+                 (128, 32, 8, 2), (64, 32, 4, 2), (64, 32, 4, 3), (64, 16, 4, 2), (128, 16, 8, 2)]
+_PREFILL_TILES = [(16, 16, 4, 1)] if INTERPRET else PREFILL_TILES
 
 
-def _blocks_within_page(configs, named_args, **kwargs):
-    """A key block must lie inside one page."""
-    return [c for c in configs if c.kwargs["BLOCK_N"] <= kwargs["PAGE"]]
+def prefill_smem_bytes(block_m: int, block_n: int, d: int, q_size: int, kv_size: int) -> int:
+    """Shared memory of one prefill program as Triton 3.9 compiles it for sm_86 to sm_120 (one copy whatever
+    num_stages): the Q tile, a K and a V tile (int8 KV: with a fp32 scale per key) and the P tile, plus a few bytes of
+    barrier. make check-consumer holds the pruning to what it compiles."""
+    scales = 4 if kv_size == 1 else 0
+    return block_m * d * q_size + 2 * block_n * (d * kv_size + scales) + block_m * block_n * q_size + 16
+
+
+def _prefill_configs_that_fit(configs, smem: int, D: int, PAGE: int, q_size: int, kv_size: int) -> list:
+    """Key blocks inside one page, and tiles within the card's shared memory per block."""
+    return [c for c in configs if c.kwargs["BLOCK_N"] <= PAGE
+            and prefill_smem_bytes(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], D, q_size, kv_size) <= smem]
+
+
+def _prune_prefill(configs, named_args, **kwargs):
+    args = {**named_args, **kwargs}
+    q, k = args["q_ptr"], args["k_cache_ptr"]
+    return _prefill_configs_that_fit(configs, smem_per_block(q.device), args["D"], args["PAGE"], q.element_size(),
+                                     k.element_size())
 
 
 @triton.autotune(
     configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in _PREFILL_TILES],
-    key=["D", "PAGE", "GROUP"], prune_configs_by={"early_config_prune": _blocks_within_page})
+    key=["D", "PAGE", "GROUP"], prune_configs_by={"early_config_prune": _prune_prefill})
 @triton.jit
 def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr, cu_seqlens_ptr, seq_lens_ptr,
                     o_ptr, gate_ptr, qk_scale,

@@ -25,11 +25,16 @@ ENABLED = True
 
 @functools.lru_cache(maxsize=None)
 def supported(device: torch.device) -> bool:
-    """sm_90+ and a Triton that launches with PDL; never under the interpreter."""
+    """A CUDA device that can (`capable`); never under the interpreter."""
     if device.type != "cuda" or INTERPRET:
         return False
+    return capable(torch.cuda.get_device_capability(device))
+
+
+def capable(capability: tuple[int, int]) -> bool:
+    """sm_90+ and a Triton that launches with PDL."""
     from triton.backends.nvidia.compiler import CUDAOptions   # (here: the CUDA backend only for a CUDA device)
-    return (torch.cuda.get_device_capability(device) >= (9, 0) and hasattr(tl.extra.cuda, "gdc_wait")
+    return (capability >= (9, 0) and hasattr(tl.extra.cuda, "gdc_wait")
             and "launch_pdl" in CUDAOptions.__dataclass_fields__)
 
 

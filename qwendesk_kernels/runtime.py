@@ -1,4 +1,5 @@
-"""Where the kernels run: under Triton's CPU interpreter or on a GPU, and how many SMs it has."""
+"""Where the kernels run: under Triton's CPU interpreter or on a GPU, its compute capability, how many SMs it has
+and how much shared memory a block may take there."""
 
 import functools
 import os
@@ -11,3 +12,18 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 @functools.lru_cache(maxsize=None)
 def sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def capability(device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+@functools.lru_cache(maxsize=None)
+def smem_per_block(device) -> int:
+    """Bytes of shared memory one block may use on `device` (the opt-in maximum: 227 KB on an H100, 99 KB on
+    an RTX 3090 / 4090 / 5090), as Triton's launcher sees it."""
+    from triton.runtime import driver
+    index = device.index if isinstance(device, torch.device) and device.index is not None \
+        else torch.cuda.current_device()
+    return driver.active.utils.get_device_properties(index)["max_shared_mem"]

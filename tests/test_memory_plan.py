@@ -131,3 +131,36 @@ def test_vision_on_a_24gib_card_is_on_demand_and_keeps_32k_at_c1():
     assert plan_for(EngineConfig(model="", profile="C1", gpu_memory_gb=24), big, model=cfg).vision == "on_demand"
     # no tower in the checkpoint: nothing to place
     assert plan_for(EngineConfig(model="", profile="C1"), card, model=CFG).vision == "off"
+
+
+@pytest.mark.parametrize("free_gib", [23.5, 22.5])
+def test_27b_on_a_desktop_3090_keeps_64k_of_int8_kv_at_c1(free_gib):
+    """A 24 GiB card that also drives a display has ~22.5 GiB free (23.5 headless): the published 27B as the app
+    loads it there (int4, MTP drafts, the tower on demand) still plans at least 64K tokens of int8 KV at C1, and C8
+    8K each with int8 KV; within what is free. (C8 with 8K each of bf16 KV needs ~22.9 GiB: headless cards only.)"""
+    from engine.device import DeviceInfo
+    from engine.memory import plan_for
+    from tests.test_quantize import QWEN36_27B
+
+    cfg = parse_model_config(QWEN36_27B)
+    card = DeviceInfo("cuda", "RTX 3090", 24 * GIB, int(free_gib * GIB))
+    c1 = plan_for(EngineConfig(model="", profile="C1", kv_dtype="int8"), card, model=cfg)
+    assert c1.weights == "int4" and c1.drafts == 3 and c1.vision == "on_demand", c1.summary()
+    assert c1.fits and c1.max_context >= 65536 and c1.total_bytes <= free_gib * GIB, c1.summary()
+    c8 = plan_for(EngineConfig(model="", profile="C8", max_context=8192, kv_dtype="int8"), card, model=cfg)
+    assert c8.fits and c8.total_bytes <= free_gib * GIB, c8.summary()
+    print(f"\n27B, {free_gib} GiB free:", c1.summary())
+
+
+def test_a_display_costs_context_not_the_plan():
+    """A GiB less free (the display's) is a GiB less KV, never a plan that no longer fits."""
+    from engine.device import DeviceInfo
+    from engine.memory import plan_for
+    from tests.test_quantize import QWEN36_27B
+
+    cfg = parse_model_config(QWEN36_27B)
+    plans = [plan_for(EngineConfig(model="", profile="C1", kv_dtype="int8"),
+                      DeviceInfo("cuda", "RTX 3090", 24 * GIB, int(free * GIB)), model=cfg) for free in (23.5, 22.5)]
+    headless, desktop = plans
+    assert headless.weights_bytes == desktop.weights_bytes and headless.workspace_bytes == desktop.workspace_bytes
+    assert 0.6 * GIB < headless.kv_bytes - desktop.kv_bytes < GIB

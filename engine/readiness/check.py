@@ -1,0 +1,343 @@
+"""The consumer-GPU readiness check (`make check-consumer`): every Triton launch the engine makes for the 27B, 9B and
+35B-A3B forwards, compiled for the RTX 3090 (sm_86), 4090 (sm_89) and 5090 (sm_120) by Triton's own compiler with no
+GPU, and checked against what those cards can run.
+
+For each card, the launches are recorded with the engine seeing that card (engine/readiness/launches.py: its
+capability and SM count, so PDL and per-architecture choices are the card's), deduplicated (one compile per distinct
+kernel, specialization and options), compiled in a fresh cache, and checked:
+- it compiles;
+- shared memory per block <= the card's opt-in maximum (101,376 B on all three);
+- decode-path kernels (decode steps and speculative rounds) have no stack frame (spills) where cuobjdump reports it
+  (up to CAPPED_STACK under a deliberate register cap); a decode-path autotuned kernel needs one config without;
+- every autotuned kernel keeps at least one config that fits after its own pruning, and ours keep none that does not
+  (fla's configs are not ours to prune: they are compiled one at a time until one fits, as its autotuner skips the
+  others);
+- below sm_90: no PTX uses griddepcontrol, wgmma, cp.async.bulk, setmaxnreg or fp8 types, and no launch asks for PDL.
+fla-core's chunked GDN kernels (prompts over RECURRENT_MAX_TOKENS tokens) are among the launches; pyproject.toml pins
+the fla-core version the check passed with, and the check refuses another one (fla sizes its tiles per card).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from engine.readiness.launches import Launch, recording
+
+
+def fla_pin() -> str:
+    """The fla-core version pyproject.toml pins (the one this check passed with)."""
+    from pathlib import Path
+    text = (Path(__file__).parents[2] / "pyproject.toml").read_text(encoding="utf-8")
+    return re.search(r'^\s*"fla-core==([\w.]+)', text, re.M).group(1)
+
+
+@dataclass(frozen=True)
+class Card:
+    name: str
+    capability: tuple[int, int]
+    sms: int
+    smem_per_block: int       # cudaDevAttrMaxSharedMemoryPerBlockOptin
+
+
+CARDS = (Card("RTX 3090", (8, 6), 82, 101_376), Card("RTX 4090", (8, 9), 128, 101_376),
+         Card("RTX 5090", (12, 0), 170, 101_376))
+MODELS = ("27b", "9b", "35b-a3b")
+KV = (True, False)              # int8 KV, bf16 KV
+# A kernel launched with a register cap (maxnreg: the mma GEMVs' 128, so that 16 one-warp programs stay resident per
+# SM) may keep this much stack: they have 8-16 B at that cap on the H100 too, where the cap was measured faster.
+CAPPED_STACK = 16
+BELOW_SM90_PTX = re.compile(r"griddepcontrol|wgmma|cp\.async\.bulk|setmaxnreg|\.e4m3|\.e5m2")
+
+
+@dataclass
+class Compiled:
+    """One compile: the facts the check needs (the compiled kernel itself stays in the worker)."""
+    shared: int = 0
+    stack: int | None = None  # bytes of stack frame (spills); None: not known
+    regs: int | None = None
+    forbidden: list[str] = field(default_factory=list)   # PTX instructions a card below sm_90 lacks
+    launch_pdl: bool = False
+    error: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class Job:
+    """A distinct compile: a launch (with one config of its autotuner) for one card."""
+    launch: Launch
+    config: object | None     # triton.Config, for an autotuned kernel
+    key: str
+    result: Compiled | None = None
+
+
+def weights_for(shape: str) -> tuple[str, ...]:
+    """int4, and 16-bit where the memory plan fits those weights on a 24 GiB card (the 9B; not the 27B's 54 GB)."""
+    from engine.config import parse_model_config
+    from engine.device import DeviceInfo
+    from engine.memory import GIB, plan_for
+    from engine.params import EngineConfig
+    from engine.random_model import text_config
+    card = DeviceInfo("cuda", "24 GiB card", 24 * GIB, int(23.5 * GIB))
+    bf16 = plan_for(EngineConfig(model="", weights="bf16"), card, model=parse_model_config(text_config(shape)))
+    return ("int4", "bf16") if bf16.fits else ("int4",)
+
+
+def record(card: Card, models=MODELS, weights=None, kv=KV) -> list[Launch]:
+    """Every launch of the forwards of `models` x `weights` (default: weights_for each) x `kv`, as the engine makes
+    them on `card`."""
+    from engine.readiness.forward import run_all
+    with recording(card.capability, card.sms, card.smem_per_block) as rec:
+        for shape in models:
+            for w in weights or weights_for(shape):
+                for kv_int8 in kv:
+                    run_all(rec, shape, w, kv_int8)
+        for launch in rec.launches:
+            if launch.autotuner is not None:
+                launch.configs = kept_configs(launch)    # (pruning sees the card too)
+    return rec.launches
+
+
+def kept_configs(launch: Launch) -> list:
+    """The configs the kernel's autotuner keeps for this launch after its own pruning."""
+    tuner = launch.autotuner
+    tuner.nargs = {} if tuner.perf_model else launch.args      # (its perf model takes nargs and kwargs together)
+    try:
+        return tuner.prune_configs(dict(launch.args, **launch.options))
+    finally:
+        tuner.nargs = None
+
+
+def _target(card: Card):
+    from triton.backends.compiler import GPUTarget
+    major, minor = card.capability
+    return GPUTarget("cuda", major * 10 + minor, 32)
+
+
+def _bind(launch: Launch, config, card: Card):
+    """(ASTSource, options) of a launch for `card`, as JITFunction.run would make them there."""
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+    fn = launch.fn
+    kwargs = dict(launch.args, **launch.options)
+    if config is not None:
+        kwargs.update(config.all_kwargs())
+    backend = make_backend(_target(card))
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, extra = binder(**kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, dict(kwargs, debug=False), bound, specialization,
+                                                          extra)
+    return ASTSource(fn, signature, constexprs, attrs), options, str(specialization)
+
+
+def is_decode(launch: Launch) -> bool:
+    return " decode " in launch.where or " verify " in launch.where
+
+
+def ours(launch: Launch) -> bool:
+    """One of our kernels (not fla's)."""
+    return launch.fn.fn.__module__.startswith("qwendesk_kernels.")
+
+
+@dataclass
+class Tuned:
+    """An autotuned launch: the jobs of its configs compiled so far; a library's kernel (fla's: its configs are not
+    ours to prune) is compiled one config at a time until one fits, as its autotuner skips those that do not."""
+    launch: Launch
+    keys: list[str]
+    pending: list
+
+
+def _add_job(jobs: dict, launch: Launch, config, card: Card) -> str:
+    _, options, spec = _bind(launch, config, card)
+    key = f"{launch.fn.fn.__module__}.{launch.name} {spec} {options}"
+    job = jobs.setdefault(key, Job(launch, config, key))
+    if is_decode(launch):
+        job.launch = launch                   # (a decode-path launch decides whether spills count)
+    return key
+
+
+def jobs_for(launches: list[Launch], card: Card) -> tuple[dict[str, Job], dict[str, Tuned]]:
+    """The distinct compiles of `launches` on `card` (by key), and the autotuned launches (by kernel and configs)."""
+    jobs: dict[str, Job] = {}
+    tuned: dict[str, Tuned] = {}
+    for launch in launches:
+        if launch.autotuner is None:
+            _add_job(jobs, launch, None, card)
+            continue
+        first = launch.configs if ours(launch) else launch.configs[:1]
+        keys = [_add_job(jobs, launch, config, card) for config in first]
+        tkey = f"{launch.name} {[_bind(launch, c, card)[2] for c in launch.configs]}"
+        if tkey not in tuned or is_decode(launch):
+            tuned[tkey] = Tuned(launch, keys, [] if ours(launch) else launch.configs[1:])
+    return jobs, tuned
+
+
+def _fits(job: Job, card: Card) -> bool:
+    return not job.result.error and job.result.shared <= card.smem_per_block
+
+
+def more_jobs(jobs: dict[str, Job], tuned: dict[str, Tuned], card: Card) -> list[Job]:
+    """The next config of each library kernel none of whose compiled configs fits yet."""
+    new = []
+    for t in tuned.values():
+        if t.pending and not any(_fits(jobs[k], card) for k in t.keys):
+            key = _add_job(jobs, t.launch, t.pending.pop(0), card)
+            t.keys.append(key)
+            if jobs[key].result is None:
+                new.append(jobs[key])
+    return list({id(j): j for j in new}.values())
+
+
+_JOBS: list[Job] = []
+_CARD: Card | None = None
+
+
+def _compile_one(i: int) -> Compiled:
+    import triton
+    job, card = _JOBS[i], _CARD
+    out = Compiled()
+    t0 = time.monotonic()
+    try:
+        src, options, _ = _bind(job.launch, job.config, card)
+        kernel = triton.compile(src, target=_target(card), options=options.__dict__)
+    except Exception as e:               # noqa: BLE001  (any compile failure is a finding)
+        out.error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:300]
+        return out
+    out.shared = kernel.metadata.shared
+    out.launch_pdl = bool(getattr(kernel.metadata, "launch_pdl", False))
+    if card.capability < (9, 0):
+        out.forbidden = sorted(set(BELOW_SM90_PTX.findall(kernel.asm["ptx"])))
+    out.regs, out.stack = resource_usage(kernel.asm["cubin"])
+    out.seconds = time.monotonic() - t0
+    return out
+
+
+def resource_usage(cubin: bytes) -> tuple[int | None, int | None]:
+    """(registers, stack frame bytes) of a cubin's kernel, from cuobjdump -res-usage (None where it is missing)."""
+    import triton.backends.nvidia
+    tool = os.path.join(os.path.dirname(triton.backends.nvidia.__file__), "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        return None, None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+    regs, stack = re.search(r"REG:(\d+)", text), re.search(r"STACK:(\d+)", text)
+    return (int(regs.group(1)) if regs else None), (int(stack.group(1)) if stack else None)
+
+
+def compile_all(jobs: list[Job], card: Card, workers: int) -> None:
+    """Compile every job for `card` (fork workers; each compile once, in a fresh cache)."""
+    global _JOBS, _CARD
+    _JOBS, _CARD = jobs, card
+    if workers <= 1:
+        results = [_compile_one(i) for i in range(len(jobs))]
+    else:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            results = pool.map(_compile_one, range(len(jobs)), chunksize=1)
+    for job, res in zip(jobs, results):
+        job.result = res
+
+
+def findings(jobs: dict[str, Job], tuned: dict[str, Tuned], card: Card) -> list[str]:
+    """What does not hold on `card` (empty: ready)."""
+    bad = []
+    below90 = card.capability < (9, 0)
+    tuned_keys = {k for t in tuned.values() for k in t.keys}
+    for job in jobs.values():
+        r, where = job.result, f"{job.launch.name} ({job.launch.where}{_config_text(job.config)})"
+        if job.key in tuned_keys and not ours(job.launch):
+            continue                          # a library's config: its autotuner skips it if it does not fit
+        if r.error:
+            bad.append(f"does not compile: {where}: {r.error}")
+            continue
+        if r.shared > card.smem_per_block:
+            bad.append(f"shared memory {r.shared:,} B > {card.smem_per_block:,}: {where}")
+        if below90 and r.forbidden:
+            bad.append(f"PTX uses {', '.join(r.forbidden)} below sm_90: {where}")
+        if below90 and (r.launch_pdl or job.launch.options.get("launch_pdl") or job.launch.args.get("PDL")):
+            bad.append(f"PDL on below sm_90: {where}")
+        capped = job.launch.options.get("maxnreg")
+        if is_decode(job.launch) and job.key not in tuned_keys and (r.stack or 0) > (CAPPED_STACK if capped else 0):
+            bad.append(f"decode-path kernel spills ({r.stack} B of stack, {r.regs} registers): {where}")
+    for t in tuned.values():
+        fits = [k for k in t.keys if _fits(jobs[k], card)]
+        if not fits:
+            bad.append(f"no config of {t.launch.name} fits after pruning ({t.launch.where})")
+        elif ours(t.launch) and len(fits) < len(t.keys):
+            bad.append(f"{t.launch.name} keeps {len(t.keys) - len(fits)} config(s) that do not fit ({t.launch.where})")
+        if is_decode(t.launch) and fits and all(jobs[k].result.stack for k in fits):
+            bad.append(f"every config of {t.launch.name} spills ({t.launch.where})")
+    return bad
+
+
+def _config_text(config) -> str:
+    if config is None:
+        return ""
+    return f"; {config.kwargs} warps={config.num_warps} stages={config.num_stages}"
+
+
+def check(card: Card, models=MODELS, weights=None, kv=KV, workers: int | None = None, kernels=None,
+          log=print) -> list[str]:
+    """Record, compile and check one card (only the kernels named in `kernels`, if given); returns the findings."""
+    t0 = time.monotonic()
+    launches = [la for la in record(card, models, weights, kv) if kernels is None or la.name in kernels]
+    jobs, tuned = jobs_for(launches, card)
+    todo = list(jobs.values())
+    while todo:
+        compile_all(todo, card, workers or os.cpu_count() or 1)
+        todo = more_jobs(jobs, tuned, card)
+    log(f"{card.name} (sm_{card.capability[0]}{card.capability[1]}): {len(launches)} launches, {len(jobs)} distinct "
+        f"compiles ({sum(j.result.seconds for j in jobs.values()):.0f} s of compiling), {len(tuned)} autotuned launch "
+        f"shapes", flush=True)
+    bad = findings(jobs, tuned, card)
+    done = [j for j in jobs.values() if not j.result.error]
+    worst = max(done, key=lambda j: j.result.shared, default=None)
+    if worst is not None:
+        log(f"  largest shared memory: {worst.result.shared:,} B ({worst.launch.name}{_config_text(worst.config)})")
+    per_kernel: dict[str, list[float]] = {}
+    for j in jobs.values():
+        per_kernel.setdefault(j.launch.name, []).append(j.result.seconds)
+    slowest = sorted(per_kernel.items(), key=lambda kv: -sum(kv[1]))[:5]
+    log("  most compile time: " + ", ".join(f"{name} {sum(t):.0f} s ({len(t)})" for name, t in slowest))
+    log(f"  {len(bad)} finding(s), {time.monotonic() - t0:.0f} s", flush=True)
+    return bad
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="check-consumer", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cards", nargs="*", default=[c.name for c in CARDS], help="cards to check (default: all)")
+    ap.add_argument("--models", nargs="*", default=list(MODELS))
+    ap.add_argument("--kernels", nargs="*", default=None, help="only these kernels (function names)")
+    ap.add_argument("--workers", type=int, default=None, help="compile processes (default: one per core)")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="triton-cache-") as cache:
+        # nothing from an earlier run: every kernel is compiled here (unless a TRITON_CACHE_DIR is set: development)
+        os.environ.setdefault("TRITON_CACHE_DIR", cache)
+        for card in CARDS:
+            if card.name not in args.cards:
+                continue
+            for line in check(card, tuple(args.models), workers=args.workers, kernels=args.kernels):
+                print(f"  {card.name}: {line}")
+                failed = True
+    import fla
+    if fla.__version__ != fla_pin():
+        print(f"fla-core {fla.__version__} is installed; pyproject.toml pins {fla_pin()}, the version this check "
+              f"passed with: move the pin once this passes with {fla.__version__}")
+        failed = True
+    print("FAILED" if failed else "consumer GPUs ready (compile-checked, nothing launched)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""The forwards the readiness check records: each model shape's prefill chunk, decode steps and speculative rounds,
+run by the engine's own code (Qwen3_5Model, Speculator, the sampler) on the meta device inside `recording`."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.params import EngineConfig
+from engine.readiness.launches import Recorder
+from engine.runner import BUCKETS
+from qwendesk_kernels.gdn import RECURRENT_MAX_TOKENS
+
+DEFAULTS = EngineConfig(model="")
+PAGE = DEFAULTS.page_size
+CONTEXT = 4096            # the context every sequence has cached (shapes only: nothing is allocated)
+# a full chunk (fla's chunked GDN), a prompt's shorter last step (Triton's recurrent GDN) and one of a few rows
+PREFILLS = (DEFAULTS.prefill_chunk, RECURRENT_MAX_TOKENS, 3)
+DRAFTS = tuple(range(1, DEFAULTS.drafts(on_gpu=True) + 1))   # verify rows k + 1 per sequence: 2-32 over the BUCKETS
+
+
+def model_on_meta(shape: str, weights: str, layers: int = 4):
+    """`shape` (engine.random_model.SHAPES) with its real widths and `layers` layers (one of each kind) and MTP."""
+    from engine.config import parse_model_config
+    from engine.model.qwen3_5 import Qwen3_5Model
+    from engine.params import EngineConfig
+    from engine.random_model import text_config
+    raw = dict(text_config(shape), num_hidden_layers=layers)
+    cfg = parse_model_config(raw)
+    return Qwen3_5Model(cfg, torch.bfloat16, "meta", with_mtp=True, policy=EngineConfig(model="").policy(weights))
+
+
+def pools_on_meta(model, kv_int8: bool, slots: int = 9):
+    from engine.kv_cache import CacheTensors
+    pages = max(BUCKETS) * (CONTEXT + 2 * PAGE) // PAGE
+    return CacheTensors.allocate(model.cfg, pages, PAGE, slots, torch.bfloat16, "meta", mtp_layers=1, kv_int8=kv_int8)
+
+
+@torch.inference_mode()
+def run_all(rec: Recorder, shape: str, weights: str, kv_int8: bool) -> None:
+    """Record the prefill steps, decode steps and greedy / sampled speculative rounds of every batch bucket."""
+    from engine.model.batch import build_batch
+    model = model_on_meta(shape, weights)
+    pools = pools_on_meta(model, kv_int8)
+    tag = f"{shape} {weights} {'int8' if kv_int8 else 'bf16'} KV"
+    per_seq = (CONTEXT + 2 * PAGE) // PAGE
+    tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(max(BUCKETS))]
+
+    for rows in PREFILLS:
+        rec.where = f"{tag} prefill {rows}"
+        batch = build_batch([rows], [CONTEXT - rows], [0], tables[:1], PAGE, "meta")
+        _fla_index(batch, [0, rows])
+        hidden = model(torch.zeros(rows, dtype=torch.int64, device="meta"), batch, pools)
+        model.mtp_forward(torch.zeros(rows, dtype=torch.int64, device="meta"), hidden, batch, pools)
+        model.logits(hidden[batch.logits_rows])
+
+    for n in BUCKETS:
+        rec.where = f"{tag} decode N={n}"
+        batch = build_batch([1] * n, [CONTEXT - 1] * n, list(range(n)), tables[:n], PAGE, "meta")
+        hidden = model(torch.zeros(n, dtype=torch.int64, device="meta"), batch, pools)
+        _sample(model.logits(hidden))
+    _rounds(rec, tag, model, pools, tables)
+
+
+def _fla_index(batch, cu: list[int]) -> None:
+    """What gdn._fla_meta makes of the batch's cu_seqlens, from its host values (a meta tensor has none)."""
+    from fla.ops.utils.index import prepare_chunk_indices
+
+    from qwendesk_kernels import gdn
+    cu_cpu = torch.tensor(cu, dtype=torch.int64)
+    index = prepare_chunk_indices(cu_cpu, 64, cu_seqlens_cpu=cu_cpu)
+    gdn._fla_meta_last = (batch.cu_seqlens, dict(cu_seqlens=batch.cu_seqlens.long(), cu_seqlens_cpu=cu_cpu,
+                                                 chunk_indices=index))
+
+
+def _sample(logits):
+    from qwendesk_kernels.sampling import sample
+    n = logits.shape[0]
+    f = lambda v, dt=torch.float32: torch.full((n,), v, dtype=dt, device="meta")  # noqa: E731
+    return sample(logits, f(0.7), f(20, torch.int64), f(0.9), f(0.0), f(1, torch.int64), f(0, torch.int64))
+
+
+def _rounds(rec: Recorder, tag: str, model, pools, tables) -> None:
+    from engine.speculative import RoundRequest, Speculator, round_inputs
+    spec = Speculator(model, pools, max(DRAFTS), max(BUCKETS), CONTEXT + PAGE)
+    for n in BUCKETS:
+        reqs = [RoundRequest(i, CONTEXT, 0, tables[i], CONTEXT + PAGE, -1, 8, 0.7, 20, 0.9, 0.0, 1, 0, False)
+                for i in range(n)]
+        inp = round_inputs(reqs, len(tables[0]), "meta")
+        for k in DRAFTS:
+            for sampled in (False, True):
+                rec.where = f"{tag} verify N={n} k={k}{' sampled' if sampled else ''}"
+                spec.round(inp, sampled, k)

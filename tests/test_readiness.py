@@ -1,0 +1,112 @@
+"""The consumer-GPU readiness check (engine/readiness/): it finds the engine's launches from its own code, sees the
+card it is told of, fails on a config that does not fit, and the prefill attention's pruning keeps what fits.
+The check needs Triton's compiler, not its interpreter (which the test session runs under): it runs in a process
+of its own."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import triton
+
+from qwendesk_kernels import attention
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_check_code(code: str, timeout: int = 600):
+    """Run `code` (which prints one JSON line last) in a fresh process without the Triton interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+RECORD = """
+import json
+from engine.readiness.check import CARDS
+from engine.readiness.forward import run_all
+from engine.readiness.launches import recording
+out = {}
+for card in (CARDS[0], CARDS[2]):
+    with recording(card.capability, card.sms, card.smem_per_block) as rec:
+        run_all(rec, "27b", "int4", True)
+        run_all(rec, "9b", "bf16", False)
+    out[card.name] = dict(names=sorted({la.name for la in rec.launches}),
+                          wheres=sorted({la.where.split(" KV ")[1].split(" N=")[0] for la in rec.launches}),
+                          pdl=sorted({bool(la.options.get("launch_pdl")) for la in rec.launches if "PDL" in la.args}))
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    return run_check_code(RECORD)
+
+
+def test_the_launches_come_from_the_engines_forward(recorded):
+    """Decode, verify and prefill kernels, ours and fla's chunked GDN, the sampler: found by running the engine."""
+    found = recorded["RTX 3090"]
+    for kernel in ("_gemv_mma_kernel", "_decode_split_kernel", "_prefill_kernel", "_replay_kernel", "_gemv_kernel",
+                   "chunk_gated_delta_rule_fwd_kernel_h_blockdim64", "chunk_fwd_kernel_o", "_int8_embedding_kernel",
+                   "_select_kernel"):
+        assert kernel in found["names"]
+    assert {"decode", "verify", "prefill 2048", "prefill 512", "prefill 3"} <= {w.split(" k=")[0]
+                                                                                for w in found["wheres"]}
+
+
+def test_pdl_is_off_below_sm90_and_on_at_sm120(recorded):
+    """The engine's own choice per card (qwendesk_kernels/pdl.py), seen in the launches it makes."""
+    assert recorded["RTX 3090"]["pdl"] == [False]
+    assert True in recorded["RTX 5090"]["pdl"]
+
+
+FORCED = """
+import json, triton
+from engine.readiness import check
+from qwendesk_kernels import attention
+tuner = attention._prefill_kernel
+if {force}:    # the 128 x 64 tile (147,456 B at head_dim 256), the pruning bypassed
+    tuner.configs = [triton.Config({{"BLOCK_M": 128, "BLOCK_N": 64}}, num_warps=8, num_stages=2)]
+    tuner.early_config_prune = None
+print(json.dumps(check.check(check.CARDS[0], ("27b",), ("int4",), {kv}, workers=1, kernels={{"_prefill_kernel"}})))
+"""
+
+
+def test_the_check_fails_when_a_config_over_99kb_is_forced():
+    found = run_check_code(FORCED.format(force=True, kv=(False,)))
+    assert any("shared memory 147,456 B > 101,376" in f for f in found), found
+    assert any("no config of _prefill_kernel fits" in f for f in found), found
+
+
+def test_the_prefill_attention_as_pruned_passes_on_a_3090():
+    """What its pruning keeps on a 99 KB card compiles within 99 KB, with bf16 and int8 KV (the estimate holds)."""
+    assert run_check_code(FORCED.format(force=False, kv=(True, False))) == []
+
+
+@pytest.mark.parametrize("smem, page, kv_size", [(101_376, 64, 2), (101_376, 64, 1), (232_448, 64, 2),
+                                                 (101_376, 16, 2)])
+def test_prefill_pruning_keeps_the_tiles_that_fit_the_card(smem, page, kv_size):
+    """A 99 KB card (RTX 3090 / 4090 / 5090) keeps only tiles within it: 64 x 32 and 128 x 16 with bf16 KV, 64 x 64
+    and 128 x 32 too with int8 KV; an H100 (227 KB) keeps the 128 x 64 ones too; key blocks stay inside a page."""
+    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+               for m, n, w, s in attention.PREFILL_TILES]
+    kept = attention._prefill_configs_that_fit(configs, smem, D=256, PAGE=page, q_size=2, kv_size=kv_size)
+    tiles = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in kept}
+    assert tiles and all(n <= page and attention.prefill_smem_bytes(m, n, 256, 2, kv_size) <= smem for m, n in tiles)
+    assert ((128, 64) in tiles) == (smem > 200_000 and page >= 64)
+    if page == 64:
+        assert {(64, 32), (128, 16)} <= tiles
+        assert ((64, 64) in tiles) == ((128, 32) in tiles) == (smem > 200_000 or kv_size == 1)
+
+
+def test_prefill_estimate_is_what_triton_compiles():
+    """The figures the readiness check compiled for sm_86 (Triton 3.9; head_dim 256): bf16 KV 128 x 64 at 147,456 and
+    147,460 B (2 and 3 stages), 64 x 64 at 106,496, 128 x 16 at 86,016; int8 KV 128 x 64 at 115,200 and 115,204."""
+    for (m, n, kv), compiled in {(128, 64, 2): 147_460, (64, 64, 2): 106_496, (128, 16, 2): 86_016,
+                                 (128, 64, 1): 115_204}.items():
+        assert 0 <= attention.prefill_smem_bytes(m, n, 256, 2, kv) - compiled <= 16
