@@ -14,6 +14,7 @@ class EndpointSettings:
     host: str
     port: int
     api_key: str = ""
+    special_tokens: str = "auto"     # ServerSettings.special_tokens: auto (text beyond loopback) | text | control
 
     @property
     def base_url(self) -> str:
@@ -39,7 +40,7 @@ def start_endpoint(engine, settings: EndpointSettings, model_id: str, log=None):
     try:
         listen_socket(settings.host, settings.port).close()   # a port in use, said as such (uvicorn only exits)
         server = serve(engine, model_id, settings.host, settings.port, settings.api_key or None,
-                       log_level="info" if log is not None else "warning")
+                       log_level="info" if log is not None else "warning", special_tokens=settings.special_tokens)
     except OSError as e:
         status = EndpointStatus(False, message=f"The endpoint is off: {e.strerror or e}. Pick another port and "
                                                f"switch it on again.", failed=True)

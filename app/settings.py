@@ -13,11 +13,15 @@ SETTINGS_KEY = "app_settings"
 
 # changing one of these needs the engine reloaded
 RELOAD_FIELDS = ("device", "weights", "profile", "kv_dtype", "max_context", "speculative_tokens")
-ENDPOINT_FIELDS = ("endpoint_enabled", "endpoint_host", "endpoint_port", "endpoint_api_key")
+ENDPOINT_FIELDS = ("endpoint_enabled", "endpoint_host", "endpoint_port", "endpoint_api_key", "endpoint_special_tokens")
 REMOTE_FIELDS = ("remote_enabled", "remote_base_url", "remote_api_key", "remote_model")
 
 # what a conversation outgrowing the context does (app/chat/context_fit.py), in the words Settings shows
 CONTEXT_POLICIES = {"truncate": "Leave out the oldest messages", "stop": "Stop and ask"}
+
+# special-token text in the endpoint's clients' messages (engine.server's --special-tokens), as Settings says it
+SPECIAL_TOKENS = {"auto": "Automatic: plain text unless the host is this computer", "text": "Always plain text",
+                  "control": "Control tokens (trusted clients only)"}
 
 # reasoning effort -> thinking tokens before </think> is forced (None: no limit)
 THINKING_BUDGETS = {"low": 1024, "medium": 4096, "high": None}
@@ -49,6 +53,8 @@ class AppSettings:
     endpoint_host: str = "127.0.0.1"
     endpoint_port: int = DEFAULT_PORT
     endpoint_api_key: str = field(default="", repr=False)
+    endpoint_special_tokens: str = "auto"   # special-token text in clients' messages (engine.server's
+    #                                         --special-tokens): auto | text | control
     # a remote OpenAI-compatible server instead of the local engine
     remote_enabled: bool = False
     remote_base_url: str = ""

@@ -27,7 +27,7 @@ from app.formatting import human_gib
 from app.profile_plans import plan_profiles, profile_descriptions
 from app.profile_table import ProfileTable
 from app.runtime_card import RuntimeCard, runtime_folder
-from app.settings import CONTEXT_POLICIES, RELOAD_FIELDS, AppSettings
+from app.settings import CONTEXT_POLICIES, RELOAD_FIELDS, SPECIAL_TOKENS, AppSettings
 from app.server_log_view import LogView
 from app.switch import Switch
 from app.widgets import Card, Form, label, page_header, sampling_boxes, scrolling_page, set_enabled, text_button
@@ -203,6 +203,12 @@ class SettingsPage(QWidget):
         self.endpoint_key.setEchoMode(QLineEdit.EchoMode.Password)
         self.endpoint_key.setPlaceholderText("Optional")
         self.endpoint_key.setToolTip("Without a key, any program that can reach the address may use the model.")
+        self.special_tokens = QComboBox()
+        for value, text in SPECIAL_TOKENS.items():
+            self.special_tokens.addItem(text, value)
+        self.special_tokens.setToolTip("What a client's message that contains <|im_start|>, <tool_call> or another "
+                                       "special token's text means: as control tokens it can forge turns and tool "
+                                       "results in the prompt; as plain text it is only what it says")
         generate = text_button("Generate")
         generate.clicked.connect(lambda: (self.endpoint_key.setText(f"sk-local-{secrets.token_urlsafe(18)}"),
                                           self._save_immediate()))
@@ -221,11 +227,13 @@ class SettingsPage(QWidget):
         self.endpoint_key.setFixedWidth(WIDE - BUTTON - GAP)
         generate.setFixedWidth(BUTTON)
         self.endpoint_port.setFixedWidth(NARROW)
+        self.special_tokens.setFixedWidth(WIDE)
         form = Form()
         form.addRow("", self.endpoint_enabled)
         form.addRow("Host", self.endpoint_host)
         form.addRow("Port", self.endpoint_port)
         form.addRow("API key", key_row)
+        form.addRow("Special tokens", self.special_tokens)
         form.addRow("Base URL", url_row)
         card.body.addLayout(form)
         self.endpoint_status = label("", "statusLine", wrap=True)
@@ -236,6 +244,7 @@ class SettingsPage(QWidget):
         self.endpoint_host.editingFinished.connect(self._save_immediate)
         self.endpoint_port.editingFinished.connect(self._save_immediate)
         self.endpoint_key.editingFinished.connect(self._save_immediate)
+        self.special_tokens.currentIndexChanged.connect(lambda *_: self._save_immediate())
         return card
 
     def _remote_card(self) -> Card:
@@ -302,6 +311,7 @@ class SettingsPage(QWidget):
         self.endpoint_host.setText(s.endpoint_host)
         self.endpoint_port.setValue(s.endpoint_port)
         self.endpoint_key.setText(s.endpoint_api_key)
+        self.special_tokens.setCurrentIndex(max(0, self.special_tokens.findData(s.endpoint_special_tokens)))
         self.remote_enabled.setChecked(s.remote_enabled)
         self.remote_url.setText(s.remote_base_url)
         self.remote_key.setText(s.remote_api_key)
@@ -328,6 +338,7 @@ class SettingsPage(QWidget):
             context_policy=self.context_policy.currentData(), system_prompt=self.system_prompt.toPlainText(),
             endpoint_enabled=self.endpoint_enabled.isChecked(), endpoint_host=self.endpoint_host.text().strip(),
             endpoint_port=self.endpoint_port.value(), endpoint_api_key=self.endpoint_key.text().strip(),
+            endpoint_special_tokens=self.special_tokens.currentData(),
             remote_enabled=self.remote_enabled.isChecked(), remote_base_url=self.remote_url.text().strip(),
             remote_api_key=self.remote_key.text().strip(), remote_model=self.remote_model.currentText().strip(),
             check_updates=self.runtime_card.check_updates.isChecked() if self.runtime_card else

@@ -313,7 +313,8 @@ class MainWindow(QMainWindow):
     # ---- settings ------------------------------------------------------------------------------
     def _endpoint_settings(self) -> EndpointSettings | None:
         s = self.context.settings
-        return EndpointSettings(s.endpoint_host or "127.0.0.1", s.endpoint_port, s.endpoint_api_key) \
+        return EndpointSettings(s.endpoint_host or "127.0.0.1", s.endpoint_port, s.endpoint_api_key,
+                                s.endpoint_special_tokens) \
             if s.endpoint_enabled else None
 
     def _settings_changed(self, settings: AppSettings, changed: set) -> None:

@@ -197,3 +197,40 @@ def test_settings_without_a_model_show_each_profiles_memory_and_no_reload_warnin
     assert page.apply_engine.isEnabled() and page.apply_engine.text() == "Apply"
     assert "reload" not in page.engine_status.text() and "when a model loads" in page.engine_status.text()
     page_screenshot(page, "settings_no_model")
+
+
+def test_special_tokens_setting_reaches_the_endpoint(window, qtbot):
+    """Settings → Local endpoint → Special tokens: as control tokens a client's "<|im_start|>" is one token of the
+    prompt (it could forge a turn), as plain text several."""
+    pytest.importorskip("engine.server", reason="the engine's HTTP server is not in this build")
+    import json
+    import urllib.request
+
+    page = window.settings_page
+    page.endpoint_port.setRange(0, 65535)
+    page.endpoint_port.setValue(0)
+    page.endpoint_port.editingFinished.emit()
+
+    def prompt_tokens(mode: str) -> int:
+        page.special_tokens.setCurrentIndex(page.special_tokens.findData(mode))
+        assert window.context.settings.endpoint_special_tokens == mode
+        with qtbot.waitSignal(window.engine.endpoint_changed, timeout=30_000,
+                              check_params_cb=lambda status: status.running or bool(status.message)) as started:
+            page.endpoint_enabled.setChecked(True)
+        status = started.args[0]
+        assert status.running, status.message
+        body = {"model": window.engine.model.name, "messages": [{"role": "user", "content": "a<|im_start|>b"}]}
+        request = urllib.request.Request(status.base_url.removesuffix("/v1") + "/tokenize", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as r:
+            count = json.load(r)["count"]
+        with qtbot.waitSignal(window.engine.endpoint_changed, timeout=30_000):
+            page.endpoint_enabled.setChecked(False)
+        return count
+
+    control = prompt_tokens("control")
+    text = prompt_tokens("text")
+    assert text > control
+    assert window.context.store.get_setting("app_settings")["endpoint_special_tokens"] == "text"
+    window.show_page("settings")
+    page_screenshot(page, "settings_endpoint_special_tokens")
