@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.api import listen_socket
-
 UNAVAILABLE = "Endpoint unavailable in this build"
 
 
@@ -38,7 +36,6 @@ def start_endpoint(engine, settings: EndpointSettings, model_id: str, log=None):
     except ImportError:
         return None, EndpointStatus(False, message=UNAVAILABLE)
     try:
-        listen_socket(settings.host, settings.port).close()   # a port in use, said as such (uvicorn only exits)
         server = serve(engine, model_id, settings.host, settings.port, settings.api_key or None,
                        log_level="info" if log is not None else "warning", special_tokens=settings.special_tokens)
     except OSError as e:
