@@ -38,14 +38,6 @@ def _generate(eng, prompts, n):
     return outs, sum(f.timings.decode_tok_s for f in fins), fins
 
 
-def _prefill(eng, prompts) -> None:
-    """Prefill each prompt (one token out, so no decode step or round runs): later runs find them cached."""
-    from engine.api import SamplingParams
-    for h in [eng.submit(p, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)) for p in prompts]:
-        for _ in h:
-            pass
-
-
 def _graph_ms(fn, iters: int = 30) -> float:
     for _ in range(2):
         fn()
@@ -130,7 +122,7 @@ def bench_speculation(model, args) -> dict:
                 print(f"{profile} k={k}: draft step {comp['draft_ms']:.3f} ms ({comp['draft_ms'] / step_ms:.3f}x a "
                       f"step), verify of {k + 1} rows {comp['verify_ms']:.3f} ms "
                       f"({comp['verify_ms'] / step_ms:.3f}x)", flush=True)
-            _prefill(eng, prompts)     # the prompts in the prefix cache, as for plain (no rounds: first rounds count)
+            _generate(eng, prompts, 1)   # the prompts in the prefix cache, as for plain (one token: no round runs)
             for p, adaptive in [(p, a) for p in args.draft_oracle for a in (False, True)]:
                 eng.set_draft_oracle(DraftOracle(p, runs), adaptive=adaptive)
                 before, retries = eng.stats(), torch.cuda.memory_stats().get("num_alloc_retries", 0)
