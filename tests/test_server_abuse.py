@@ -208,6 +208,12 @@ def test_tokenize_and_detokenize(engine, server, steer):
     assert chat == json.loads(out)["usage"]["prompt_tokens"]           # the chat as the model is prompted with it
     status, _, out = raw(server, "POST", "/detokenize", {"model": MODEL, "tokens": body["tokens"]})
     assert status == 200 and json.loads(out) == {"prompt": "Hello world"}
+    status, _, out = raw(server, "POST", "/tokenize", {"prompt": "Hello world"})          # no model, as vLLM allows
+    assert status == 200 and json.loads(out)["tokens"] == body["tokens"]
+    status, _, out = raw(server, "POST", "/detokenize", {"tokens": body["tokens"]})
+    assert status == 200 and json.loads(out) == {"prompt": "Hello world"}
+    status, _, out = raw(server, "POST", "/tokenize", {"model": "other", "prompt": "Hello world"})
+    assert status == 404, out
     for path, bad in (("/detokenize", {"tokens": [-1]}), ("/tokenize", {}),
                       ("/tokenize", {"prompt": "a", "messages": USER})):
         status, _, out = raw(server, "POST", path, {"model": MODEL, **bad})

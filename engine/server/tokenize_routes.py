@@ -20,9 +20,9 @@ router = APIRouter()
 
 class TokenizeRequest(BaseModel):
     """`prompt`: a text as /v1/completions takes it; or `messages` (+ `tools`, `chat_template_kwargs`): a chat as
-    /v1/chat/completions renders it, generation prompt included."""
+    /v1/chat/completions renders it, generation prompt included. `model` may be left out, as vLLM's allows."""
     model_config = ConfigDict(extra="allow")
-    model: str
+    model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     tools: list[Tool] | None = None
@@ -32,7 +32,7 @@ class TokenizeRequest(BaseModel):
 
 class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
-    model: str
+    model: str | None = None
     tokens: list[int]
 
 
@@ -41,13 +41,14 @@ async def tokenize(request: Request):
     server = request.app.state.server
     body = await parse_body(request, TokenizeRequest)
     engine = server.ready()
-    server.check_model(body.model)
+    if body.model is not None:
+        server.check_model(body.model)
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "give either prompt (a text) or messages (a chat)", param="prompt")
     if body.prompt is not None:
         ids = await server.workers.run(encode, engine.tokenizer, body.prompt, engine.max_context)
     else:
-        chat = ChatCompletionRequest(model=body.model, messages=body.messages, tools=body.tools,
+        chat = ChatCompletionRequest(model=server.settings.model_id, messages=body.messages, tools=body.tools,
                                      chat_template_kwargs=body.chat_template_kwargs)
         req = chat_request(chat, engine.model_config.vocab_size, server.image_options())
         req.special_text = server.settings.special_text
@@ -63,7 +64,8 @@ async def detokenize(request: Request):
     server = request.app.state.server
     body = await parse_body(request, DetokenizeRequest)
     engine = server.ready()
-    server.check_model(body.model)
+    if body.model is not None:
+        server.check_model(body.model)
     vocab = engine.tokenizer.vocab_size
     bad = [t for t in body.tokens if not 0 <= t < vocab]
     if bad:
