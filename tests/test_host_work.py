@@ -66,8 +66,9 @@ def engine(request):
     eng.close()
 
 
-def step_times(eng, prompt_len: int, new_tokens: int) -> tuple[list[float], list[float]]:
-    """(host seconds of each full prefill chunk but the first, of each decode step but the first two) of one request."""
+def step_times(eng, prompt_len: int, new_tokens: int, seed: int) -> tuple[list[float], list[float]]:
+    """(host seconds of each full prefill chunk but the first, of each decode step but the first two) of one request.
+    Each call needs its own `seed`: a prompt seen before is a prefix-cache hit, with no prefill chunks to time."""
     prefill, decode, real = [], [], eng._step
 
     def timed():
@@ -84,7 +85,7 @@ def step_times(eng, prompt_len: int, new_tokens: int) -> tuple[list[float], list
 
     eng._step = timed
     try:
-        prompt = torch.randint(1, VOCAB, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len)).tolist()
+        prompt = torch.randint(1, VOCAB, (prompt_len,), generator=torch.Generator().manual_seed(seed)).tolist()
         out = eng.generate(prompt, SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True))
     finally:
         del eng._step
@@ -96,9 +97,9 @@ def test_host_work_per_step_does_not_grow_with_the_context(engine):
     """Up to three interleaved 8K / 128K pairs, the best pair counting: a busy machine slows one run now and then
     (CI shares 2 cores), while host work that grows with the context is 16x at 128K in every pair."""
     ratios = []
-    for _ in range(3):
-        short_prefill, short_decode = step_times(engine, SHORT, 96)
-        long_prefill, long_decode = step_times(engine, LONG, 96)
+    for attempt in range(3):
+        short_prefill, short_decode = step_times(engine, SHORT, 96, seed=2 * attempt)
+        long_prefill, long_decode = step_times(engine, LONG, 96, seed=2 * attempt + 1)
         prefill = statistics.median(long_prefill) / statistics.median(short_prefill)
         decode = statistics.median(long_decode) / statistics.median(short_decode)
         print(f"drafts {engine.drafts}: prefill chunk {1e3 * statistics.median(short_prefill):.2f} -> "
