@@ -1,7 +1,8 @@
 """int4 GEMV time by rows M at the 27B's projection shapes (`python3 -m qwendesk_kernels.bench_rows`): what a speculative
 verify of M = c x (k + 1) rows costs against a decode step's M = c. Each case is replayed from a CUDA graph
-(triton.testing.do_bench); A is the dot GEMV (with the config its autotuner picked), C the mma GEMV (M <= 8), above
-32 rows the fused GEMM."""
+(triton.testing.do_bench); A is the dot GEMV (with the config its autotuner picked), C the mma GEMV (M <= 32: column
+tiles of 8 rows past 8, their weight words shared through L1; "C-L2" the same with the words read around L1), above 32
+rows the fused GEMM."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import triton
 
 from qwendesk_kernels import gemv_dot
 from qwendesk_kernels.bench_quant import PROJ, _int4
-from qwendesk_kernels.gemv_mma import GEMV_MMA_MAX_M
+from qwendesk_kernels.gemv_mma import GEMV_MMA_DEFAULT, GEMV_MMA_MAX_M
 from qwendesk_kernels.quant import int4_linear_triton
 
-ROWS = (1, 4, 8, 16, 32, 64)
+ROWS = (1, 4, 8, 12, 16, 24, 32, 64)
 
 
 def graph_us(fn) -> float:
@@ -32,10 +33,10 @@ def main() -> None:
         for M in ROWS:
             x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
             cells = []
-            for variant in ("A", "C"):
-                if variant == "C" and M > GEMV_MMA_MAX_M:
+            for variant, config in (("A", None), ("C", None), ("C-L2", {**GEMV_MMA_DEFAULT, "L1": False})):
+                if variant != "A" and M > GEMV_MMA_MAX_M or variant == "C-L2" and M <= 8:
                     continue
-                us = graph_us(lambda v=variant: int4_linear_triton(x, w, variant=v))
+                us = graph_us(lambda v=variant[0], c=config: int4_linear_triton(x, w, c, variant=v))
                 tuned = gemv_dot.gemv_tuned.best_config.kwargs if variant == "A" and M <= 32 else ""
                 cells.append(f"{variant} {us:7.1f} us {tuned}")
             print(f"{name:12s} {N}x{K} M={M:3d}  " + " | ".join(cells), flush=True)

@@ -1,4 +1,4 @@
-"""The mma GEMV (int4, M <= 8, 16-bit x, G = 64 or 128; the default there), one launch, no autotuner; the int4
+"""The mma GEMV (int4, M <= 32, 16-bit x, G = 64 or 128; the default there), one launch, no autotuner; the int4
 layout and the code-to-float trick are in qwendesk_kernels/quant_format.py:
 - tensor-core mma.sync.m16n8k16 issued by inline PTX on the packed words as they lie: a warp's two 512-byte loads
   of a tile's block are 16 rows x 128 k of A fragments once a lop3 (and a shift) turn each nibble pair into two
@@ -31,7 +31,8 @@ from qwendesk_kernels.quant_format import Int4Weight, code_bits, group_param_off
 from qwendesk_kernels.runtime import INTERPRET, sm_count
 from qwendesk_kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, arrive, splitk_scratch, store_tile
 
-GEMV_MMA_MAX_M = 8                # the mma GEMV's limit (x rows are the 8 columns of the mma's B operand)
+X_TILE = 8                        # x rows per column tile: the 8 columns of the mma's B operand
+GEMV_MMA_MAX_M = 4 * X_TILE       # the mma GEMV's limit: up to 4 column tiles (a C8 verify of 3 drafts: 32 rows)
 
 
 @triton.jit
@@ -99,12 +100,17 @@ def _pick(t0, t1, t2, t3, j: tl.constexpr):
 
 
 @triton.jit
-def _load_block_c(w_ptrs, s_ptrs, z_ptrs, blk, groups, G: tl.constexpr):
+def _load_block_c(w_ptrs, s_ptrs, z_ptrs, blk, groups, G: tl.constexpr, L1: tl.constexpr = False):
     """Block blk of the lane's tile: words 4t..4t+3 of its rows g and g + 8 (16 bytes each; w_ptrs: row g's), and for
     h = 0, 1 the scales and zeros of the group of k = 128 blk + 64 h, each a 32-bit word holding rows g and g + 8
-    (s_ptrs / z_ptrs: the rows' words at group 0)."""
-    wa = tl.load(w_ptrs + blk * 256, cache_modifier=".cg")
-    wb = tl.load(w_ptrs + blk * 256 + 128, cache_modifier=".cg")
+    (s_ptrs / z_ptrs: the rows' words at group 0). L1: the words are kept in L1, where other warps of the program
+    read them too (x column tiles); else they go around it (each word is read once)."""
+    if L1:
+        wa = tl.load(w_ptrs + blk * 256)
+        wb = tl.load(w_ptrs + blk * 256 + 128)
+    else:
+        wa = tl.load(w_ptrs + blk * 256, cache_modifier=".cg")
+        wb = tl.load(w_ptrs + blk * 256 + 128, cache_modifier=".cg")
     g0 = tl.minimum(blk * 128 // G, groups - 1)                     # (K padding: x = 0 there)
     s0, z0 = tl.load(s_ptrs + g0 * 8), tl.load(z_ptrs + g0 * 8)
     if G == 64:
@@ -237,9 +243,9 @@ def store_swiglu(total, rows, cols, y_ptr, M, N, stride_ym):
 
 @triton.jit(do_not_specialize=["per"])
 def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_x, stride_ym, per,
-                   G: tl.constexpr, FP16: tl.constexpr, NW: tl.constexpr, R: tl.constexpr, UNROLL: tl.constexpr,
-                   EVEN_K: tl.constexpr, X_TWICE: tl.constexpr, GLU: tl.constexpr, EMULATE: tl.constexpr,
-                   PDL: tl.constexpr):
+                   G: tl.constexpr, FP16: tl.constexpr, NW: tl.constexpr, R: tl.constexpr, NT: tl.constexpr,
+                   UNROLL: tl.constexpr, EVEN_K: tl.constexpr, X_TWICE: tl.constexpr, GLU: tl.constexpr,
+                   L1: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr):
     """y = x @ W^T for this program's run of work units; each warp R 16-row tiles, one mma.sync per 16 rows x 16 k.
 
     The words serve as A fragments as they lie: lane 4g + t loads words 4t..4t+3 of rows g and g + 8 (16 bytes
@@ -259,6 +265,10 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, 
     row group's blocks, else as partial number pid - first of the group's programs, which the last to arrive adds in
     order).
 
+    Rows of x past 8 (a speculative verify: M <= 32): NT x column tiles, each its own NW warps doing exactly what the
+    M <= 8 kernel does for rows 8c..8c + 7 on the same row groups and runs (so each row of y has the same bits
+    whatever M is); the program's NT copies of a weight word are read once from memory and then from L1.
+
     PDL (qwendesk_kernels/pdl.py): lets the next kernel start at once, loads its first weights, then waits for the kernel
     before it, before it reads x or writes anything. X_TWICE: x has K / 2 columns, read for each half of W."""
     if PDL:
@@ -275,24 +285,26 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, 
         TILES: tl.constexpr = R
         TILE1: tl.constexpr = 16
     u_end = tl.minimum(u + per, tl.cdiv(N, 16 * TILES * NW) * blocks)
-    i = tl.arange(0, 32 * NW)
+    i = tl.arange(0, 32 * NW * NT)
     lane = i % 32
     g = lane // 4
     t = lane % 4
+    warp = (i // 32) % NW                                     # the lane's warp among its column tile's NW
+    col0 = (i // 32 // NW) * 8                                # the first row of x of its column tile
     j4 = tl.arange(0, 4)[None, :]
     last_tile = (N - 1) // 16 * 16                             # a tile past N: the last one again (not stored)
     s32, z32 = s_ptr.to(tl.pointer_type(tl.int32)), z_ptr.to(tl.pointer_type(tl.int32))
-    # x row g is B column g; lanes g >= M read row M - 1 again (their columns of y are not stored)
-    x_ptrs = x_ptr.to(tl.pointer_type(tl.int32)) + (tl.minimum(g, M - 1) * stride_x + 4 * t)[:, None] + j4
+    # x row col0 + g is B column g; lanes past M read row M - 1 again (their columns of y are not stored)
+    x_ptrs = x_ptr.to(tl.pointer_type(tl.int32)) + (tl.minimum(col0 + g, M - 1) * stride_x + 4 * t)[:, None] + j4
     MAGIC: tl.constexpr = 0x64006400 if FP16 else 0x43004300
     BIAS: tl.constexpr = 1024.0 if FP16 else 128.0
-    one = tl.full((32 * NW,), 0x3C003C00 if FP16 else 0x3F803F80, tl.int32)
-    zero = tl.zeros((32 * NW,), tl.float32)
+    one = tl.full((32 * NW * NT,), 0x3C003C00 if FP16 else 0x3F803F80, tl.int32)
+    zero = tl.zeros((32 * NW * NT,), tl.float32)
     while u < u_end:
         row_group = u // blocks
         b0 = u % blocks
         b1 = tl.minimum(blocks, b0 + u_end - u)
-        row0 = (row_group * NW + i // 32) * (16 * TILES) + g           # the lane's row g of its warp's first tile
+        row0 = (row_group * NW + warp) * (16 * TILES) + g             # the lane's row g of its warp's first tile
         r0 = tl.minimum(row0 - g, last_tile) + g
         w0 = int4_row_words(w_ptr, r0, blocks)[:, None] + (4 * t)[:, None] + j4
         sz0 = group_param_offs(r0, 0, groups) // 2          # the word of rows g, g + 8 (r0 % 16 = g < 8)
@@ -306,23 +318,23 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, 
             s1, z1 = s32 + sz1, z32 + sz1
         a00, a01, a02, a03 = zero, zero, zero, zero           # tile 0's y: rows g, g + 8 x columns 2t, 2t + 1
         a10, a11, a12, a13 = zero, zero, zero, zero           # tile 1's (R = 2)
-        p0 = _load_block_c(w0, s0, z0, b0, groups, G)       # one block in flight
-        p1 = _load_block_c(w1, s1, z1, b0, groups, G) if R == 2 else p0
+        p0 = _load_block_c(w0, s0, z0, b0, groups, G, L1)   # one block in flight
+        p1 = _load_block_c(w1, s1, z1, b0, groups, G, L1) if R == 2 else p0
         if PDL:
             tl.extra.cuda.gdc_wait()
         x0, x1, x2, x3 = _load_x_c(x_ptrs, b0, K, EVEN_K, x_blocks, X_TWICE)
         for blk in tl.range(b0, b1, loop_unroll_factor=UNROLL):
             f0, f1, xs = p0, p1, (x0, x1, x2, x3)
             ahead = tl.minimum(blk + 1, b1 - 1)               # the last block again at the end: no masks to zero-fill
-            p0 = _load_block_c(w0, s0, z0, ahead, groups, G)
-            p1 = _load_block_c(w1, s1, z1, ahead, groups, G) if R == 2 else p0
+            p0 = _load_block_c(w0, s0, z0, ahead, groups, G, L1)
+            p1 = _load_block_c(w1, s1, z1, ahead, groups, G, L1) if R == 2 else p0
             x0, x1, x2, x3 = _load_x_c(x_ptrs, ahead, K, EVEN_K, x_blocks, X_TWICE)
             # a barrier between the loads ahead and this block's work: else they sink down to the loop's end, and no
             # block is in flight.
             tl.debug_barrier()
             a00, a01, a02, a03, a10, a11, a12, a13 = _block_c(
                 f0, f1, xs, a00, a01, a02, a03, a10, a11, a12, a13, zero, one, G, FP16, R, MAGIC, BIAS, EMULATE)
-        cols = tl.join(tl.join(2 * t, 2 * t + 1), tl.join(2 * t, 2 * t + 1))     # [32 NW, 2 (row g / g + 8), 2]
+        cols = tl.join(tl.join(col0 + 2 * t, col0 + 2 * t + 1), tl.join(col0 + 2 * t, col0 + 2 * t + 1))  # [32 NW NT, 2, 2]
         rows = tl.join(tl.join(row0, row0), tl.join(row0 + 8, row0 + 8))
         y = tl.join(tl.join(a00, a01), tl.join(a02, a03))
         first = row_group * blocks // per                     # the programs with blocks of this row group
@@ -362,7 +374,7 @@ def gemv_mma_configs() -> list[dict]:
 
 
 def gemv_mma_supports(x2: torch.Tensor, w: Int4Weight) -> bool:
-    """The mma GEMV takes M <= 8 rows of 16-bit x, groups of 64 or 128, and needs the bf16 / fp16 mma of sm_80+."""
+    """The mma GEMV takes M <= 32 rows of 16-bit x, groups of 64 or 128, and needs the bf16 / fp16 mma of sm_80+."""
     return (x2.shape[0] <= GEMV_MMA_MAX_M and w.group_size in (64, 128) and x2.dtype in (torch.bfloat16, torch.float16)
             and (not x2.is_cuda or _capability(x2.device) >= (8, 0)))
 
@@ -385,18 +397,21 @@ def gemv_mma_grid(N: int, K: int, config: dict, sms: int) -> tuple[int, int]:
 
 
 def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None, swiglu: bool = False):
-    """y [M, N] = x2 [M, K / x_repeats] @ W^T for M <= 8 (the mma GEMV), one launch. config (gemv_mma_configs' keys,
-    PER, PDL) forces one; None: GEMV_MMA_DEFAULT (the first of gemv_mma_configs). PDL on (qwendesk_kernels/pdl.py) unless
+    """y [M, N] = x2 [M, K / x_repeats] @ W^T for M <= 32 (the mma GEMV), one launch. config (gemv_mma_configs' keys,
+    PER, PDL, L1) forces one; None: GEMV_MMA_DEFAULT (the first of gemv_mma_configs). Past 8 rows each program has a
+    column tile of NW warps per 8 rows of x, on the grid of M <= 8 (L1, on by default there: the tiles share the
+    weight words through L1). PDL on (qwendesk_kernels/pdl.py) unless
     config says PDL=False. swiglu: W is gate | up stacked by rows and y [M, N / 2] = silu(x2 @ gate^T) * (x2 @ up^T),
     made in the epilogue (each warp's two tiles: a gate tile and the up tile N / 2 rows below; R = 2)."""
     M, (N, K) = x2.shape[0], w.shape
-    assert gemv_mma_supports(x2, w), "the mma GEMV: M <= 8, group 64 or 128, 16-bit x"
+    assert gemv_mma_supports(x2, w), "the mma GEMV: M <= 32, group 64 or 128, 16-bit x"
     assert w.x_repeats in (1, 2) and x2.shape[1] * w.x_repeats == K and (w.x_repeats == 1 or K % 256 == 0), \
         "x read twice needs whole blocks in each half of W"
     if x2.stride(0) % 2 or x2.data_ptr() % 16:
         x2 = x2.contiguous()                    # x is read as int32 pairs, 4 at a time
     config = config or GEMV_MMA_DEFAULT
     nw, r, blocks = config.get("NW", 1), config.get("R", 2), triton.cdiv(K, 128)
+    nt = triton.next_power_of_2(triton.cdiv(M, X_TILE))         # 1, 2 or 4 (tensors of 32 x warps, a power of 2)
     assert not swiglu or (r == 2 and N % 32 == 0), "SwiGLU: two tiles per warp, gate and up in whole tiles"
     programs, per = gemv_mma_grid(N, K, config, sm_count(x2.device) if x2.is_cuda else 132)  # (the same with swiglu)
     launch = pdl.launch_args(x2.device) if config.get("PDL", True) else {"PDL": False}
@@ -408,6 +423,6 @@ def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None, 
         "the partial sums must fit their scratch"
     _gemv_mma_kernel[(programs,)](x2, w.qweight, w.scales, w.zeros, y, part, count, M, N // 2 if swiglu else N, K,
                                 x2.stride(0) // 2, y.stride(0), per, G=w.group_size, FP16=x2.dtype == torch.float16,
-                                NW=nw, R=r, UNROLL=config.get("UNROLL", 1), EVEN_K=K % 128 == 0,
-                                X_TWICE=w.x_repeats == 2, GLU=swiglu, EMULATE=INTERPRET, num_warps=nw, num_stages=1,
-                                **launch)
+                                NW=nw, R=r, NT=nt, UNROLL=config.get("UNROLL", 1), EVEN_K=K % 128 == 0,
+                                X_TWICE=w.x_repeats == 2, GLU=swiglu, L1=config.get("L1", nt > 1), EMULATE=INTERPRET,
+                                num_warps=nw * nt, num_stages=1, **launch)

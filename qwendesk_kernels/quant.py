@@ -1,7 +1,7 @@
 """Weight-only int4 / int8 linear layers and the int8 embedding gather: which kernel runs where.
 
-- M <= 32 rows (decode, speculative verify): a GEMV, qwendesk_kernels/gemv_mma.py (the mma GEMV: int4, M <= 8, the default
-  there) or qwendesk_kernels/gemv_dot.py (the dot GEMV: int4 and int8, any M <= 32).
+- M <= 32 rows (decode, speculative verify): a GEMV, qwendesk_kernels/gemv_mma.py (the mma GEMV: int4 with 16-bit x, the
+  default there; a row's bits do not depend on M) or qwendesk_kernels/gemv_dot.py (the dot GEMV: int4 and int8).
 - int4, 32 < M <= FUSED_MAX_M (a short prompt, a chat turn): the dot GEMV tiled over M, a fused GEMM that reads the
   packed words once per weight tile. Dequantising the weight into a scratch for cuBLAS takes two launches per
   scratch chunk and writes and reads 16-bit weights, four times the packed bytes.
@@ -27,6 +27,7 @@ GEMV_MAX_M = 32                 # above: int4 the fused GEMM, int8 dequantise + 
 FUSED_MAX_M = 128               # int4, above: dequantise + torch matmul (measured: docs/performance.md)
 # row counts that reach each build and autotuning bucket of int4_linear / int8_linear up to FUSED_MAX_M (the engine
 # runs every weight shape at these before serving, else a first use compiles or tunes, for seconds)
+# (2, 16, 32: also the mma GEMV's builds of 1, 2 and 4 column tiles)
 WARM_UP_ROWS = (2,) + tuple(b for b in gemv_dot.M_BUCKETS if 8 < b <= FUSED_MAX_M)
 DEQUANT_SCRATCH = 1 << 25       # elements of the dequantised-weight scratch of the large-M path (64 MiB bf16)
 
@@ -172,11 +173,11 @@ def int8_embedding_triton(ids: torch.Tensor, w: Int8Weight) -> torch.Tensor:
 
 def int4_swiglu(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     """silu(x @ gate^T) * (x @ up^T) for W = gate | up stacked by rows (the MLP's fused gate_up), [..., N / 2]. On
-    CUDA where the mma GEMV runs (decode, M <= 8) in the GEMV's epilogue: one launch, and N / 2 outputs written instead
+    CUDA where the mma GEMV runs (decode and verify, M <= 32) in the GEMV's epilogue: one launch, and N / 2 outputs written instead
     of N; elsewhere the linear, then silu_mul (the same roundings either way)."""
     N, K = w.shape
     x2 = _rows(x, K)
-    if x.is_cuda and x2.shape[0] > 0 and gemv_mma.gemv_mma_supports(x2, w) and N % 32 == 0:     # (supports: M <= 8)
+    if x.is_cuda and x2.shape[0] > 0 and gemv_mma.gemv_mma_supports(x2, w) and N % 32 == 0:     # (supports: M <= 32)
         y = torch.empty(x2.shape[0], N // 2, dtype=x.dtype, device=x.device)
         gemv_mma.gemv(x2, w, y, None, swiglu=True)
         return y.view(*x.shape[:-1], N // 2)

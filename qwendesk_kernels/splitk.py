@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-SPLITK_FLOATS = 1 << 21         # fp32 split-K partials, one buffer per device (8 MiB)
+SPLITK_FLOATS = 1 << 22         # fp32 split-K partials, one buffer per device (16 MiB: 3 parts of a 32-row gate_up)
 SPLITK_COUNTERS = 1 << 14       # split-K arrival counters, one per output tile
 
 _splitk: dict = {}

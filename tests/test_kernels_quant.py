@@ -183,6 +183,10 @@ def linear_c(x, w, config=None):
     (5, 1024, 128, torch.bfloat16, dict(NW=4, R=1, UNROLL=2, PER=3)),
     (8, 1152, 128, torch.bfloat16, dict(NW=1, R=2, UNROLL=2, PER=7)),   # odd runs, unrolled twice
     (4, 192, 64, torch.bfloat16, dict(NW=1, R=2, UNROLL=2, PER=1)),     # a padded half block, one block per program
+    (9, 384, 128, torch.bfloat16, None),                        # two column tiles, the second with one row
+    (16, 256, 64, torch.float16, dict(NW=1, R=1, UNROLL=1, PER=1)),
+    (21, 320, 64, torch.bfloat16, dict(NW=2, UNROLL=2, PER=2, L1=False)),
+    (32, 384, 128, torch.bfloat16, dict(NW=1, R=2, UNROLL=2, PER=2)),
 ])
 def test_int4_gemv_mma(M, K, G, dtype, config):
     """The mma GEMV (mma.sync written out for the interpreter: the same fragments), N = 40: a partial row tile."""
@@ -209,6 +213,24 @@ def test_int4_gemv_mma_swiglu(M, K, config):
     check(int4_swiglu(x, w), silu_mul_ref(int4_linear_ref(x, w)), TOL[torch.float16])    # (the CPU path)
 
 
+@pytest.mark.parametrize("config", [None, dict(NW=2, UNROLL=2, PER=1)])
+def test_int4_gemv_mma_rows_do_not_depend_on_m(config):
+    """A row of y has the same bits at every M (1 .. 32, any column tile): a speculative verify's rows are what plain
+    decoding computes for them, so greedy speculation stays exact."""
+    w, _ = random_int4(40, 256, 64, torch.bfloat16, seed=13)
+    x = torch.randn(32, 256).to(torch.bfloat16)
+    full = linear_c(x, w, config)
+    for M in (1, 8, 12, 31):
+        assert torch.equal(linear_c(x[:M], w, config), full[:M]), M
+    gate_up, _ = random_int4(64, 256, 64, torch.bfloat16, seed=14)
+    swiglu = torch.empty(32, 32, dtype=torch.bfloat16)
+    gemv(x, gate_up, swiglu, config, swiglu=True)
+    for M in (3, 17):
+        part = torch.empty(M, 32, dtype=torch.bfloat16)
+        gemv(x[:M], gate_up, part, config, swiglu=True)
+        assert torch.equal(part, swiglu[:M]), M
+
+
 def test_int4_gemv_mma_strided_x():
     """x from a column slice of a wider buffer: read as int32 pairs, 4 at a time, so it is copied when misaligned."""
     w, _ = random_int4(32, 256, 128, torch.float16, seed=11)
@@ -218,12 +240,13 @@ def test_int4_gemv_mma_strided_x():
 
 
 def test_gemv_variant_switch():
-    """The default: the mma GEMV for 16-bit x, M <= 8 and group 64 / 128; else the dot GEMV."""
+    """The default: the mma GEMV for 16-bit x, M <= 32 and group 64 / 128; else the dot GEMV."""
     w32, _ = random_int4(32, 128, 64, torch.float32, seed=9)
     w16, _ = random_int4(32, 128, 64, torch.float16, seed=9)
     w16_g32, _ = random_int4(32, 128, 32, torch.float16, seed=9)
     for w, M, dtype, variant in ((w32, 4, torch.float32, "A"), (w16, 1, torch.float16, "C"),
-                                 (w16, 8, torch.float16, "C"), (w16, 9, torch.float16, "A"),
+                                 (w16, 8, torch.float16, "C"), (w16, 9, torch.float16, "C"),
+                                 (w16, 32, torch.float16, "C"),
                                  (w16_g32, 2, torch.float16, "A")):
         x = torch.randn(M, 128).to(dtype)
         assert torch.equal(int4_linear_triton(x, w), int4_linear_triton(x, w, variant=variant))
@@ -415,7 +438,7 @@ def test_int4_other_dtype_and_group_gpu(dtype, G):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(PROJ))
-@pytest.mark.parametrize("M", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 8, 12, 16, 24, 32])
 def test_int4_gemv_mma_gpu(name, M):
     """The mma GEMV with its default and each benchmarked config at the 27B shapes, bf16: the inline mma.sync relies on
     Triton laying a [32 NW] tensor out one element per lane, which only the GPU can check."""
@@ -431,7 +454,22 @@ def test_int4_gemv_mma_gpu(name, M):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M", [1, 8])
+@pytest.mark.parametrize("name", list(PROJ))
+def test_int4_gemv_mma_rows_do_not_depend_on_m_gpu(name):
+    """On the GPU's mma.sync too: each row of a 32-row GEMV (and SwiGLU) has the bits it has at M = 1..8."""
+    w = weight_27b(name)
+    x = torch.randn(32, w.shape[1], dtype=torch.bfloat16, device="cuda")
+    full = linear_c(x, w)
+    for M in (1, 4, 8, 9, 16, 24):
+        assert torch.equal(linear_c(x[:M], w), full[:M]), M
+    if name == "mlp_gate_up":
+        full = int4_swiglu(x, w)
+        for M in (1, 8, 12):
+            assert torch.equal(int4_swiglu(x[:M], w), full[:M]), M
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 8, 32])
 def test_splitk_repeats_bit_for_bit_gpu(M):
     """The split-K sum is deterministic: launched back to back at every 27B shape, each GEMV gives the same bits every
     time, and the split-K counters are 0 after."""
@@ -450,7 +488,7 @@ def test_splitk_repeats_bit_for_bit_gpu(M):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M", [1, 2, 5, 8])
+@pytest.mark.parametrize("M", [1, 2, 5, 8, 16, 32])
 def test_int4_swiglu_gpu(M):
     """SwiGLU in the GEMV's epilogue at the 27B gate|up shape, with every two-tile config of the mma GEMV: as close to
     the fp32 reference as the projection followed by silu_mul. Not the same bits: a warp pairs a gate tile with its up
