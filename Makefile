@@ -22,8 +22,10 @@ $(VENV)/.app: pyproject.toml $(VENV)/.torch
 	$(PY) -m pip install -q -e .
 	touch $@
 
+# dflash: the block drafter's reference (tests/test_dflash.py), without its exact pins of datasets, tqdm and requests
 $(VENV)/.test: pyproject.toml $(VENV)/.torch
 	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-deps dflash==0.1.0
 	touch $@
 
 $(VENV)/.package: pyproject.toml $(VENV)/.torch
