@@ -19,13 +19,16 @@ This file is the model in plain torch, one sequence at a time, checked against t
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
+from engine.weights.checkpoint import TensorReader, list_tensors
 
 VARIANTS = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
 
@@ -386,3 +389,32 @@ class Drafter(nn.Module):
         """Forget the context past `length` tokens (a cancelled or rewound sequence)."""
         cache.k = [k[:, :length] for k in cache.k]
         cache.v = [v[:, :length] for v in cache.v]
+
+
+def load_drafter(path, target: ModelConfig, device="cpu", dtype: torch.dtype = torch.bfloat16) -> Drafter:
+    """The drafter checkpoint at `path` (config.json + safetensors, as z-lab publishes them) for `target`: refused in
+    one line (DrafterMismatch) when it was made for another model or lacks a weight."""
+    path = Path(path)
+    try:
+        raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise DrafterMismatch(f"no readable drafter config.json in {path}: {e}") from None
+    cfg = parse_drafter_config(raw)
+    check_drafter(cfg, target)
+    with torch.device("meta"):
+        drafter = Drafter(cfg)
+    tensors, reader = list_tensors(path), TensorReader("cpu")
+    wanted = dict(drafter.named_parameters())
+    missing = sorted(set(wanted) - set(tensors))
+    if missing:
+        raise DrafterMismatch(f"the drafter checkpoint lacks {len(missing)} weight(s), e.g. {missing[0]}")
+    state = {}
+    for name, p in wanted.items():
+        t = reader.get(tensors[name])
+        if tuple(t.shape) != tuple(p.shape):
+            raise DrafterMismatch(f"drafter weight {name} has shape {tuple(t.shape)}, its config needs "
+                                  f"{tuple(p.shape)}")
+        state[name] = t.to(device=device, dtype=dtype)
+    reader.close()
+    drafter.load_state_dict(state, assign=True)
+    return drafter.eval()
