@@ -415,7 +415,7 @@ def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None, 
     assert not swiglu or (r == 2 and N % 32 == 0), "SwiGLU: two tiles per warp, gate and up in whole tiles"
     programs, per = gemv_mma_grid(N, K, config, sm_count(x2.device) if x2.is_cuda else 132)  # (the same with swiglu)
     launch = pdl.launch_args(x2.device) if config.get("PDL", True) else {"PDL": False}
-    if x2.is_cuda and config.get("MAXNREG"):
+    if x2.is_cuda and config.get("MAXNREG") and nt == 1:     # (column tiles at 128: 32-40 B of spills on sm_120)
         launch["maxnreg"] = config["MAXNREG"]
     part, count = splitk_scratch(x2.device)
     parts = 1 if per % blocks == 0 else triton.cdiv(blocks, per) + 1    # the most programs on one row group

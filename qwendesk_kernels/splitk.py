@@ -7,7 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
-SPLITK_FLOATS = 1 << 22         # fp32 split-K partials, one buffer per device (16 MiB: 3 parts of a 32-row gate_up)
+SPLITK_FLOATS = 1 << 23         # fp32 split-K partials, one buffer per device (32 MiB: a 32-row gate_up in 4 parts on
+#                                 a 170-SM 5090; inside the memory plan's margin)
 SPLITK_COUNTERS = 1 << 14       # split-K arrival counters, one per output tile
 
 _splitk: dict = {}
