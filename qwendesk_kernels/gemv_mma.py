@@ -12,6 +12,9 @@ layout and the code-to-float trick are in qwendesk_kernels/quant_format.py:
   shared by several programs is summed by the last of them to arrive, in order (deterministic). The next block's
   words, scales and x are loaded ahead (a barrier keeps them above the work); the loop is unrolled twice (no
   register copies) and capped at 128 registers (16 one-warp programs resident per SM).
+- 9-32 rows (a speculative verify): 2 or 4 column tiles of 8 x rows, each its own warps doing the M <= 8 work on the
+  same grid and runs, so a row's bits never depend on M (greedy speculation stays exact); the weight words are read
+  from memory once and by the other tiles from L1; no register cap there (136-140 registers, no spills on sm_86-120).
 - ~52 instructions per 1,024 weights (sm_90 SASS, 210 per 4,096 at R = 2: 16 + 8 HMMA, 64 LOP3, 48 SHF), against
   ~125 for an FMA kernel. On the H200 at 27B shapes, 64 GEMVs of 16 layers replayed in one graph take 16.8 µs
   each at M = 1 (3.0 TB/s; x loaded after the barrier: 18.7, the split-K grid before that: 20.6)
