@@ -665,7 +665,8 @@ class ChatSession(QObject):
         self.reply_finished.emit(message)
         turn = self.turn
         shown = self.current is not None and self.current.id == message.conversation_id
-        if turn is not None and message.tool_calls and message.status == "complete" and turn.tools and shown:
+        finished_calls = message.tool_calls and result.finish_reason in ("tool_calls", "stop")   # not cut short
+        if turn is not None and finished_calls and turn.tools and shown:
             turn.rounds += 1
             turn.queue = [ShownCall.from_dict(c) for c in message.tool_calls]
             self._emit_context()

@@ -1,0 +1,191 @@
+"""Tools in the chat: the real engine of a tiny checkpoint, the real tool servers (the built-in ones and
+tests/fixtures/mcp_test_server.py) as child processes, approval, results in the transcript, and no process left."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from app.chat.session import DENIED
+from app.tools.config import ServerConfig, ToolSettings, load_tool_settings, parse_servers, save_tool_settings
+from tests.app_support import make_context, open_window, page_screenshot, screenshot, seeded_replies, send, wait_ready
+
+TEST_SERVER = str(Path(__file__).resolve().parent / "fixtures" / "mcp_test_server.py")
+SERVERS = [ServerConfig("test-tools", command=sys.executable, args=[TEST_SERVER]),
+           ServerConfig("calculator-clock", builtin="calculator-clock")]
+
+
+def children(pid: int | None = None) -> dict[int, str]:
+    """This process's child processes (or `pid`'s): pid -> command line."""
+    pid = pid or os.getpid()
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and stat.rsplit(")", 1)[1].split()[0] != "Z":
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+@pytest.fixture
+def tools_window(app_env, qtbot, checkpoint, monkeypatch):
+    """The app on the tiny checkpoint (thinking off, short replies) with the test server and the calculator
+    configured, at most two tool rounds a turn, a 1.5 s time-out per call; each request to the engine is kept."""
+    seeded_replies(monkeypatch)
+    save_tool_settings(ToolSettings(list(SERVERS), max_rounds=2))
+    path = checkpoint("base")
+    context = make_context(app_env, last_model=str(path), max_tokens=100, thinking=False,
+                           model_folders=[str(Path(path).parent)])
+    window = open_window(qtbot, context)
+    wait_ready(qtbot, window)
+    window.toolbox.servers.call_timeout_s = 1.5
+    window.requests = []
+    generate = window.engine.generate
+    window.engine.generate = lambda rid, messages, params, kwargs: (window.requests.append((messages, params, kwargs)),
+                                                                   generate(rid, messages, params, kwargs))
+    return window
+
+
+def turn_on(window, server: str, tool_choice: str) -> None:
+    window.session.set_options({"tools": [server], "tool_choice": tool_choice})
+
+
+def answer(qtbot, window, choice: str, timeout: int = 60_000):
+    """Wait for the next approval card and answer it; returns what it asked."""
+    qtbot.waitUntil(lambda: window.chat.transcript.approval is not None, timeout=timeout)
+    card = window.chat.transcript.approval
+    asked = card.title.text(), card.arguments.text()
+    {"once": card.allow, "always": card.always, "deny": card.deny}[choice].click()
+    return asked
+
+
+def finish_turn(qtbot, window, timeout: int = 60_000) -> None:
+    """Wait until the turn ends, denying any further call the model makes."""
+    def done():
+        if window.chat.transcript.approval is not None:
+            window.chat.transcript.approval.deny.click()
+        return not window.session.busy
+    qtbot.waitUntil(done, timeout=timeout)
+    qtbot.wait(50)
+
+
+def messages(window):
+    return window.context.store.messages(window.session.current.id)
+
+
+def tool_messages(window):
+    return [m for m in messages(window) if m.role == "tool"]
+
+
+def test_a_forced_call_runs_after_approval_and_the_model_reads_its_result(tools_window, qtbot):
+    window = tools_window
+    turn_on(window, "test-tools", "set_lamp")
+    send(qtbot, window, "Switch the hall lamp on")
+    title, arguments = answer(qtbot, window, "once")
+    assert title == "Run set_lamp on the tool server test-tools?"
+    call = json.loads(arguments)
+    schema = window.toolbox.status("test-tools").tools[-1].parameters
+    jsonschema.validate(call, schema)                 # the grammar kept the call valid
+    qtbot.waitUntil(lambda: bool(tool_messages(window)), timeout=30_000)
+    result = tool_messages(window)[0]
+    assert result.metrics["status"] == "ok" and result.metrics["server"] == "test-tools"
+    assert result.content == f"lamp {call['code']} in the {call['where']['room']} on floor {call['where']['floor']} " \
+                             f"is {call['state']}"
+    finish_turn(qtbot, window)
+    roles = [m.role for m in messages(window)]
+    assert roles[:4] == ["user", "assistant", "tool", "assistant"]
+    first_request, second_request = window.requests[0], window.requests[1]
+    assert first_request[1].constraint.tool_name == "set_lamp" and second_request[1].constraint.tool_name is None
+    assert {"role": "tool", "content": result.content} in second_request[0]
+    assert [t["function"]["name"] for t in second_request[2]["tools"]] == ["crash", "hang", "picture", "set_lamp"]
+    views = window.chat.transcript.views
+    shown = [v for v in views if type(v).__name__ == "ToolResultView"][0]
+    assert shown.is_open and shown.result.text() == result.content and "set_lamp  ·  test-tools" in shown.toggle.text()
+    screenshot(window, "tools_transcript")
+
+
+def test_the_approval_card_shows_the_call_before_it_runs(tools_window, qtbot):
+    window = tools_window
+    turn_on(window, "calculator-clock", "clock")
+    send(qtbot, window, "What time is it?")
+    qtbot.waitUntil(lambda: window.chat.transcript.approval is not None, timeout=60_000)
+    assert not tool_messages(window)                  # nothing ran yet
+    screenshot(window, "tools_approval")
+    answer(qtbot, window, "always")
+    qtbot.waitUntil(lambda: bool(tool_messages(window)), timeout=30_000)
+    assert tool_messages(window)[0].metrics["status"] == "ok"
+    assert window.toolbox.always_allowed("calculator-clock", "clock")
+    assert "calculator-clock/clock" in load_tool_settings().always_allowed      # saved
+    finish_turn(qtbot, window)
+
+
+def test_a_denied_call_is_not_run_and_the_model_is_told(tools_window, qtbot):
+    window = tools_window
+    turn_on(window, "calculator-clock", "clock")
+    send(qtbot, window, "What time is it?")
+    answer(qtbot, window, "deny")
+    finish_turn(qtbot, window)
+    denied = tool_messages(window)[0]
+    assert denied.metrics["status"] == "denied" and denied.content == DENIED
+    assert {"role": "tool", "content": DENIED} in window.requests[1][0]
+    assert window.toolbox.status("calculator-clock").state == "ready"      # listed, never called
+
+
+def test_a_server_that_crashes_mid_call_is_an_error_result_and_a_failed_status(tools_window, qtbot):
+    window = tools_window
+    turn_on(window, "test-tools", "crash")
+    send(qtbot, window, "Crash")
+    answer(qtbot, window, "once")
+    finish_turn(qtbot, window)
+    crashed = tool_messages(window)[0]
+    assert crashed.metrics["status"] == "error"
+    assert "stopped during the call" in crashed.content and "crashing on purpose" in crashed.content
+    status = window.toolbox.status("test-tools")
+    assert status.state in ("failed", "starting", "ready")      # a second round may start it again
+    assert not [p for p, cmd in children().items() if TEST_SERVER in cmd and status.state == "failed"]
+
+
+def test_a_server_that_never_answers_times_out(tools_window, qtbot):
+    window = tools_window
+    turn_on(window, "test-tools", "hang")
+    send(qtbot, window, "Hang")
+    answer(qtbot, window, "once")
+    qtbot.waitUntil(lambda: bool(tool_messages(window)), timeout=30_000)
+    hung = tool_messages(window)[0]
+    assert hung.metrics["status"] == "timeout" and hung.content == "The tool did not answer within 1.5 s."
+    assert 1.4 < hung.metrics["seconds"] < 5
+    finish_turn(qtbot, window)
+
+
+def test_a_tool_returning_an_image_shows_it_and_the_model_is_told(tools_window, qtbot):
+    window = tools_window
+    turn_on(window, "test-tools", "picture")
+    send(qtbot, window, "Draw")
+    answer(qtbot, window, "once")
+    finish_turn(qtbot, window)
+    image = tool_messages(window)[0]
+    assert image.metrics["status"] == "ok" and len(image.attachments) == 1
+    assert Path(image.attachments[0]).read_bytes().startswith(b"\x89PNG")
+    view = [v for v in window.chat.transcript.views if type(v).__name__ == "ToolResultView"][0]
+    from app.chat.image_viewer import Thumbnail
+    assert view.findChildren(Thumbnail) and not view.findChildren(Thumbnail)[0].problem
+    # this checkpoint has no vision: the model reads that an image came back
+    assert {"role": "tool", "content": "\n[1 image(s) the model cannot see]"} in window.requests[1][0]
+
+
+def test_no_tool_server_process_outlives_the_window(tools_window, qtbot):
+    window = tools_window
+    found = {}
+    window.toolbox.list_tools(["test-tools", "calculator-clock"], found.update)
+    qtbot.waitUntil(lambda: len(found) == 2, timeout=30_000)
+    servers = {pid: cmd for pid, cmd in children().items() if "server.py" in cmd}
+    assert len(servers) == 2, servers
+    window.close()
+    assert not [pid for pid in servers if Path(f"/proc/{pid}").exists()]
