@@ -89,7 +89,8 @@ class ToolResultView(QFrame):
         self.toggle.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
         self.toggle.setCursor(Qt.CursorShape.PointingHandCursor)
         where = f"  ·  {m['server']}" if m.get("server") else ""
-        took = f"  ·  {m['seconds']:.1f} s" if m.get("seconds") else ""
+        seconds = m.get("seconds") or 0
+        took = f"  ·  {seconds:.1f} s" if seconds >= 0.1 else f"  ·  {seconds * 1000:.0f} ms" if seconds else ""
         state = STATUS_WORDS.get(status, status)
         self.toggle.setText(f"{m.get('tool', 'tool')}{where}{took}" + (f"  ·  {state}" if state else ""))
         column.addWidget(self.toggle, 0, Qt.AlignmentFlag.AlignLeft)
@@ -97,10 +98,10 @@ class ToolResultView(QFrame):
         inner = QVBoxLayout(self.body)
         inner.setContentsMargins(18, 0, 0, 0)
         inner.setSpacing(6)
-        if m.get("arguments"):
-            inner.addWidget(label("Arguments", "toolSection"))
-            inner.addWidget(mono(pretty(m["arguments"]), "toolArgs"))
-        inner.addWidget(label("Result" if status == "ok" else "What the model was told", "toolSection"))
+        if m.get("arguments"):              # the call above shows them too; here they travel with the result
+            self.setToolTip("Arguments: " + json.dumps(m["arguments"], ensure_ascii=False))
+        if status != "ok":
+            inner.addWidget(label("What the model was told", "toolSection"))
         self.result = mono(pretty(message.content) or "(no text)", "toolOutput")
         inner.addWidget(self.result)
         if message.attachments:
