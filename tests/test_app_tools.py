@@ -189,3 +189,76 @@ def test_no_tool_server_process_outlives_the_window(tools_window, qtbot):
     assert len(servers) == 2, servers
     window.close()
     assert not [pid for pid in servers if Path(f"/proc/{pid}").exists()]
+
+
+def test_after_a_turn_with_tools_regenerate_export_and_import_keep_the_calls_and_results(tools_window, qtbot,
+                                                                                       tmp_path, monkeypatch):
+    from app import dialogs
+    from app.chat import export
+
+    window = tools_window
+    turn_on(window, "calculator-clock", "clock")
+    send(qtbot, window, "What time is it?")
+    answer(qtbot, window, "deny")
+    finish_turn(qtbot, window)
+    final = messages(window)[-1]
+    assert final.role == "assistant" and not final.tool_calls
+    # regenerate: a new version of the final answer, read after the same call and result, not a forced call again
+    requests = len(window.requests)
+    window.session.regenerate(False)
+    finish_turn(qtbot, window)
+    assert window.context.store.message(final.id).version_count == 2
+    assert [m.role for m in messages(window)] == ["user", "assistant", "tool", "assistant"]
+    messages_sent, params, _ = window.requests[requests]
+    assert messages_sent[-1] == {"role": "tool", "content": DENIED} and params.constraint.tool_name is None
+    # export: the call and its result in Markdown, everything in JSON, which imports back
+    conversation = window.session.current
+    markdown = export.to_markdown(conversation, messages(window))
+    assert "**Tool call** `clock`" in markdown and "**Tool result** `clock` on calculator-clock (denied)" in markdown
+    saved = tmp_path / "chat.json"
+    monkeypatch.setattr(dialogs, "save_path", lambda *a: str(saved))
+    window.chat.export_conversation(conversation.id, "json")
+    monkeypatch.setattr(dialogs, "open_path", lambda *a: str(saved))
+    window.chat.import_conversation()
+    imported = messages(window)
+    assert window.session.current.id != conversation.id
+    assert [(m.role, m.content, m.metrics.get("status")) for m in imported if m.role == "tool"] == [
+        ("tool", DENIED, "denied")]
+    assert any(type(v).__name__ == "ToolResultView" for v in window.chat.transcript.views)
+
+
+def test_settings_tools_adds_servers_from_json_and_switches_built_ins_on(app_env, qtbot, monkeypatch, tmp_path):
+    from app import dialogs
+    from app.tools.config import BUILTINS
+
+    window = open_window(qtbot, make_context(app_env), autoload=False)
+    window.show_tools_settings()
+    card = window.tools_card
+    assert "runs with your rights" in card.findChild(type(card.allowed), "toolsWarning").text()
+    assert card.import_text("{not json").startswith("This is not JSON")
+    assert "give a command" in card.import_text('{"mcpServers": {"x": {"args": []}}}')
+    assert card.import_text(json.dumps({"mcpServers": {
+        "test-tools": {"command": sys.executable, "args": [TEST_SERVER]},
+        "remote": {"url": "https://example.com/mcp", "headers": {"Authorization": "Bearer x"}}}})) == ""
+    card.builtin_switches["calculator-clock"].click()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setattr(dialogs, "folder_path", lambda *a: str(shared))
+    card.builtin_switches["files"].click()
+    saved = load_tool_settings()
+    assert [s.name for s in saved.servers] == ["test-tools", "remote", "calculator-clock", "files"]
+    assert saved.server("files").folder == str(shared) and set(BUILTINS) <= {s.builtin for s in saved.servers} | {""}
+    found = {}
+    window.toolbox.list_tools(["test-tools", "calculator-clock"], found.update)
+    qtbot.waitUntil(lambda: len(found) == 2 and "Running" in card.status_labels["calculator-clock"].text(),
+                    timeout=30_000)
+    assert card.status_labels["test-tools"].text() == "Running: crash, hang, picture, set_lamp"
+    assert card.status_labels["remote"].text() == "Starts when a chat uses it"
+    card.builtin_switches["calculator-clock"].click()          # off: kept, but chats cannot use it
+    assert load_tool_settings().server("calculator-clock").disabled
+    assert "calculator-clock" not in [s.name for s in window.toolbox.usable()]
+    page_screenshot(window.settings_page, "settings_tools")
+    # the chat's tools menu lists what a chat may switch on
+    window.chat._fill_tools_menu()
+    texts = [a.text() for a in window.chat.tools_menu.actions()]
+    assert "Tools work with a model loaded here (not a remote server)" in texts

@@ -515,9 +515,10 @@ class ChatSession(QObject):
         if continuing is not None:
             kwargs["continue_final_message"] = True
         params = self.reply_settings().sampling_params(thinking)
+        history = self._history(continuing, without=regenerating)
         if self.turn is not None and self.turn.tools:
-            self._with_tools(kwargs, params)
-        fit = self._fit(self._history(continuing, without=regenerating), kwargs)
+            self._with_tools(kwargs, params, answering_user=bool(history) and history[-1]["role"] == "user")
+        fit = self._fit(history, kwargs)
         if fit is None:
             self._end_turn()
             return
@@ -547,13 +548,13 @@ class ChatSession(QObject):
         self._emit_context()
         self.backend.generate(self.active.request_id, fit.history, params, kwargs)
 
-    def _with_tools(self, kwargs: dict, params) -> None:
+    def _with_tools(self, kwargs: dict, params, answering_user: bool) -> None:
         """The turn's tools into the request: their schemas for the template, and the grammar that keeps each call
-        valid. The conversation's tool_choice ("auto", "required" or a tool's name) holds for the turn's first reply;
-        later ones may answer in text."""
+        valid. The conversation's tool_choice ("auto", "required" or a tool's name) holds for a reply to the user's
+        message; one to tool results (or a regenerated final answer) may answer in text."""
         schemas = [info.schema() for info in self.turn.tools.values()]
         kwargs["tools"] = schemas
-        choice = self.options().get("tool_choice", "auto") if self.turn.rounds == 0 else "auto"
+        choice = self.options().get("tool_choice", "auto") if answering_user else "auto"
         named = choice if choice in self.turn.tools else None
         params.constraint = Constraint(tools=schemas, tool_mode="required" if choice == "required" or named else "auto",
                                        tool_name=named)
