@@ -34,13 +34,10 @@ def children(pid: int | None = None) -> dict[int, str]:
     return found
 
 
-@pytest.fixture
-def tools_window(app_env, qtbot, checkpoint, monkeypatch):
-    """The app on the tiny checkpoint (thinking off, short replies) with the test server and the calculator
+def open_tools_window(app_env, qtbot, path):
+    """The app on a tiny checkpoint (thinking off, short replies) with the test server and the calculator
     configured, at most two tool rounds a turn, a 1.5 s time-out per call; each request to the engine is kept."""
-    seeded_replies(monkeypatch)
     save_tool_settings(ToolSettings(list(SERVERS), max_rounds=2))
-    path = checkpoint("base")
     context = make_context(app_env, last_model=str(path), max_tokens=100, thinking=False,
                            model_folders=[str(Path(path).parent)])
     window = open_window(qtbot, context)
@@ -51,6 +48,12 @@ def tools_window(app_env, qtbot, checkpoint, monkeypatch):
     window.engine.generate = lambda rid, messages, params, kwargs: (window.requests.append((messages, params, kwargs)),
                                                                    generate(rid, messages, params, kwargs))
     return window
+
+
+@pytest.fixture
+def tools_window(app_env, qtbot, checkpoint, monkeypatch):
+    seeded_replies(monkeypatch)
+    return open_tools_window(app_env, qtbot, checkpoint("base"))
 
 
 def turn_on(window, server: str, tool_choice: str) -> None:
@@ -178,6 +181,23 @@ def test_a_tool_returning_an_image_shows_it_and_the_model_is_told(tools_window, 
     assert view.findChildren(Thumbnail) and not view.findChildren(Thumbnail)[0].problem
     # this checkpoint has no vision: the model reads that an image came back
     assert {"role": "tool", "content": "\n[1 image(s) the model cannot see]"} in window.requests[1][0]
+
+
+def test_a_model_with_vision_gets_the_tools_image(app_env, qtbot, checkpoint, monkeypatch):
+    seeded_replies(monkeypatch, max_tokens=40)
+    window = open_tools_window(app_env, qtbot, checkpoint("gqa3_ratio3"))
+    assert window.session.vision
+    turn_on(window, "test-tools", "picture")
+    send(qtbot, window, "Draw")
+    answer(qtbot, window, "once")
+    finish_turn(qtbot, window)
+    image = tool_messages(window)[0]
+    sent = [m for m in window.requests[1][0] if m["role"] == "tool"]
+    assert sent == [{"role": "tool", "content": "", "images": image.attachments}]
+    final = messages(window)[-1]
+    assert final.role == "assistant" and final.status == "complete" and not final.error
+    assert final.metrics["prompt_tokens"] > window.context.store.messages(window.session.current.id)[1].metrics[
+        "prompt_tokens"] + 4            # the image's tokens are in the prompt
 
 
 def test_no_tool_server_process_outlives_the_window(tools_window, qtbot):

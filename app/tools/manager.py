@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import concurrent.futures
 import json
 import logging
@@ -143,7 +144,7 @@ class ToolServers:
     # ---- any thread --------------------------------------------------------------------------
     def configure(self, servers: list[ServerConfig]) -> None:
         """The servers there are now; a running one whose configuration changed (or that is gone) stops."""
-        self._submit(self._configure(list(servers))).result()
+        self._submit(self._configure(copy.deepcopy(list(servers)))).result()     # later edits are not its own
 
     def status(self, name: str) -> ServerStatus:
         return self._statuses.get(name, ServerStatus("stopped"))
