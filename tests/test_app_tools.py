@@ -56,8 +56,19 @@ def tools_window(app_env, qtbot, checkpoint, monkeypatch):
     return open_tools_window(app_env, qtbot, checkpoint("base"))
 
 
-def turn_on(window, server: str, tool_choice: str) -> None:
-    window.session.set_options({"tools": [server], "tool_choice": tool_choice})
+def turn_on(qtbot, window, server: str, tool_choice: str) -> None:
+    """The server on in this chat and the model made to call `tool_choice`, through the header's tool menu."""
+    chat = window.chat
+    chat._fill_tools_menu()
+    next(a for a in chat.tools_menu.actions() if a.text().startswith(server)).trigger()
+    assert chat.tools_button.isChecked() and window.session.tool_servers() == [server]
+    found = {}
+    window.toolbox.list_tools([server], found.update)            # started, so the menu lists its tools
+    qtbot.waitUntil(lambda: bool(found), timeout=30_000)
+    chat._fill_tools_menu()
+    choices = next(a for a in chat.tools_menu.actions() if a.menu()).menu()
+    next(a for a in choices.actions() if a.text() == f"must call {tool_choice}").trigger()
+    assert window.session.options()["tool_choice"] == tool_choice
 
 
 def answer(qtbot, window, choice: str, timeout: int = 60_000):
@@ -89,7 +100,7 @@ def tool_messages(window):
 
 def test_a_forced_call_runs_after_approval_and_the_model_reads_its_result(tools_window, qtbot):
     window = tools_window
-    turn_on(window, "test-tools", "set_lamp")
+    turn_on(qtbot, window, "test-tools", "set_lamp")
     send(qtbot, window, "Switch the hall lamp on")
     title, arguments = answer(qtbot, window, "once")
     assert title == "Run set_lamp on the tool server test-tools?"
@@ -116,7 +127,7 @@ def test_a_forced_call_runs_after_approval_and_the_model_reads_its_result(tools_
 
 def test_the_approval_card_shows_the_call_before_it_runs(tools_window, qtbot):
     window = tools_window
-    turn_on(window, "calculator-clock", "clock")
+    turn_on(qtbot, window, "calculator-clock", "clock")
     send(qtbot, window, "What time is it?")
     qtbot.waitUntil(lambda: window.chat.transcript.approval is not None, timeout=60_000)
     assert not tool_messages(window)                  # nothing ran yet
@@ -131,7 +142,7 @@ def test_the_approval_card_shows_the_call_before_it_runs(tools_window, qtbot):
 
 def test_a_denied_call_is_not_run_and_the_model_is_told(tools_window, qtbot):
     window = tools_window
-    turn_on(window, "calculator-clock", "clock")
+    turn_on(qtbot, window, "calculator-clock", "clock")
     send(qtbot, window, "What time is it?")
     answer(qtbot, window, "deny")
     finish_turn(qtbot, window)
@@ -143,7 +154,7 @@ def test_a_denied_call_is_not_run_and_the_model_is_told(tools_window, qtbot):
 
 def test_a_server_that_crashes_mid_call_is_an_error_result_and_a_failed_status(tools_window, qtbot):
     window = tools_window
-    turn_on(window, "test-tools", "crash")
+    turn_on(qtbot, window, "test-tools", "crash")
     send(qtbot, window, "Crash")
     answer(qtbot, window, "once")
     finish_turn(qtbot, window)
@@ -157,7 +168,7 @@ def test_a_server_that_crashes_mid_call_is_an_error_result_and_a_failed_status(t
 
 def test_a_server_that_never_answers_times_out(tools_window, qtbot):
     window = tools_window
-    turn_on(window, "test-tools", "hang")
+    turn_on(qtbot, window, "test-tools", "hang")
     send(qtbot, window, "Hang")
     answer(qtbot, window, "once")
     qtbot.waitUntil(lambda: bool(tool_messages(window)), timeout=30_000)
@@ -169,7 +180,7 @@ def test_a_server_that_never_answers_times_out(tools_window, qtbot):
 
 def test_a_tool_returning_an_image_shows_it_and_the_model_is_told(tools_window, qtbot):
     window = tools_window
-    turn_on(window, "test-tools", "picture")
+    turn_on(qtbot, window, "test-tools", "picture")
     send(qtbot, window, "Draw")
     answer(qtbot, window, "once")
     finish_turn(qtbot, window)
@@ -187,7 +198,7 @@ def test_a_model_with_vision_gets_the_tools_image(app_env, qtbot, checkpoint, mo
     seeded_replies(monkeypatch, max_tokens=40)
     window = open_tools_window(app_env, qtbot, checkpoint("gqa3_ratio3"))
     assert window.session.vision
-    turn_on(window, "test-tools", "picture")
+    turn_on(qtbot, window, "test-tools", "picture")
     send(qtbot, window, "Draw")
     answer(qtbot, window, "once")
     finish_turn(qtbot, window)
@@ -217,7 +228,7 @@ def test_after_a_turn_with_tools_regenerate_export_and_import_keep_the_calls_and
     from app.chat import export
 
     window = tools_window
-    turn_on(window, "calculator-clock", "clock")
+    turn_on(qtbot, window, "calculator-clock", "clock")
     send(qtbot, window, "What time is it?")
     answer(qtbot, window, "deny")
     finish_turn(qtbot, window)

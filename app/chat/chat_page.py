@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QTimer, Signal
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtGui import QActionGroup, QKeySequence, QShortcut
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QMenu, QToolButton, QVBoxLayout, QWidget
 
 from app import dialogs, icons
@@ -256,10 +256,28 @@ class ChatPage(QWidget):
             action.setToolTip(status.message or server.describe())
             action.toggled.connect(lambda checked, n=server.name: self._set_tool_server(n, checked))
         if servers:
+            self._add_tool_choice(menu, toolbox, [s.name for s in servers if s.name in on])
             menu.addSeparator()
             menu.addAction(f"Each call asks you first; at most {toolbox.settings.max_rounds} tool rounds per reply"
                            ).setEnabled(False)
         menu.addAction(icons.icon("settings"), "Manage tool servers…", self.manage_tools_requested)
+
+    def _add_tool_choice(self, menu: QMenu, toolbox, on: list[str]) -> None:
+        """Whether the model may answer in text, must call a tool, or must call one named tool (tool_choice)."""
+        choice = self.session.options().get("tool_choice", "auto")
+        sub = menu.addMenu("When you send a message, the model…")
+        group = QActionGroup(sub)
+        tools = [t.name for name in on for t in toolbox.status(name).tools]
+        for value, text in [("auto", "decides whether to call a tool"), ("required", "must call a tool")] + [
+                (name, f"must call {name}") for name in tools]:
+            action = sub.addAction(text)
+            action.setCheckable(True)
+            action.setChecked(value == choice)
+            group.addAction(action)
+            action.triggered.connect(lambda _=False, v=value: self.session.set_options(
+                {**self.session.options(), "tool_choice": v}))
+        if not tools:
+            sub.addAction("(a server's tools are listed once it has started)").setEnabled(False)
 
     def _set_tool_server(self, name: str, on: bool) -> None:
         self.session.set_tool_server(name, on)
