@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from app.chat.session import DENIED
-from app.tools.config import ServerConfig, ToolSettings, load_tool_settings, parse_servers, save_tool_settings
+from app.tools.config import ServerConfig, ToolSettings, load_tool_settings, save_tool_settings
 from tests.app_support import make_context, open_window, page_screenshot, screenshot, seeded_replies, send, wait_ready
 
 TEST_SERVER = str(Path(__file__).resolve().parent / "fixtures" / "mcp_test_server.py")

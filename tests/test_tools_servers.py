@@ -6,7 +6,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -15,7 +14,7 @@ from app.tools.config import ServerConfig, ToolSettings, load_tool_settings, par
 from app.tools.examples.calc_clock_server import evaluate
 from app.tools.manager import ToolServers
 from mcp.server.mcpserver.exceptions import ToolError
-from tests.test_app_tools import SERVERS, TEST_SERVER, children
+from tests.test_app_tools import SERVERS, TEST_SERVER
 
 CLAUDE_DESKTOP = {"mcpServers": {
     "filesystem": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "/tmp"],
@@ -131,8 +130,9 @@ def test_calls_to_a_real_servers_schema_with_a_pattern_enums_and_a_nested_object
                                  page_size=16, profile="C8", max_queue=64))
     try:
         prompt = [{"role": "user", "content": "Switch a lamp"}]
-        handles = [engine.submit(prompt, SamplingParams(max_tokens=400, temperature=1.0, seed=seed, constraint=Constraint(
-            tools=tools, tool_mode="required", tool_name="set_lamp")), tools=tools, enable_thinking=False)
+        forced = Constraint(tools=tools, tool_mode="required", tool_name="set_lamp")
+        handles = [engine.submit(prompt, SamplingParams(max_tokens=400, temperature=1.0, seed=seed, constraint=forced),
+                                 tools=tools, enable_thinking=False)
             for seed in range(24)]
         seen = set()
         for handle in handles:

@@ -249,7 +249,8 @@ class ChatPage(QWidget):
         on = self.session.options().get("tools", [])
         for server in servers:
             status = toolbox.status(server.name)
-            state = {"ready": f"{len(status.tools)} tools", "failed": "failed", "starting": "starting…"}.get(status.state, "")
+            state = {"ready": f"{len(status.tools)} tools", "failed": "failed",
+                     "starting": "starting…"}.get(status.state, "")
             action = menu.addAction(server.name + (f"  ({state})" if state else ""))
             action.setCheckable(True)
             action.setChecked(server.name in on)

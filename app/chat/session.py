@@ -90,12 +90,11 @@ class ToolApproval:
 
 @dataclass
 class ToolTurn:
-    """A turn with tools on: their schemas by name, the calls of the last reply still to run, and the rounds so far."""
+    """A turn with tools on: its tools by name, the calls of the last reply still to run, and the rounds so far."""
     thinking: bool
     tools: dict = field(default_factory=dict)     # name -> ToolInfo
     queue: list = field(default_factory=list)     # ShownCall
     waiting: tuple | None = None                  # (ShownCall, ToolInfo) the user is asked about
-    running: bool = False
     rounds: int = 0
 
 
@@ -410,11 +409,9 @@ class ChatSession(QObject):
 
     def _run_call(self, call: ShownCall, info) -> None:
         turn = self.turn
-        turn.running = True
         conversation = self.current.id
 
         def done(result) -> None:
-            turn.running = False
             self._add_tool_message(call, info, result.status, result.text, result.images, result.seconds, conversation)
             if self.turn is turn:
                 self._next_call()

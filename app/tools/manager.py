@@ -153,7 +153,8 @@ class ToolServers:
         """-> {name: list[ToolInfo] | str (why the server could not start)}, starting the servers that are not."""
         return self._submit(self._tools(list(names)))
 
-    def call(self, server: str, tool: str, arguments: dict, timeout_s: float | None = None) -> concurrent.futures.Future:
+    def call(self, server: str, tool: str, arguments: dict,
+             timeout_s: float | None = None) -> concurrent.futures.Future:
         """-> ToolResult (never raises: a failure is a result with status error or timeout)."""
         return self._submit(self._call(server, tool, arguments, timeout_s or self.call_timeout_s))
 

@@ -19,9 +19,12 @@ WARNING = ("A tool server is a program that runs with your rights: it can read, 
            "Add only servers you trust. The model's calls run only once you allow them (or chose “Always allow” "
            "for that tool); a server at a URL receives the arguments of the calls you allow.")
 BUILTIN_TITLES = {"calculator-clock": "Calculator and clock", "files": "Files in one folder"}
-EXAMPLE = '{\n  "mcpServers": {\n    "memory": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-memory"]},' \
-          '\n    "remote": {"url": "https://example.com/mcp", "headers": {"Authorization": "Bearer …"}}\n  }\n}'
-STATE_WORDS = {"stopped": "Starts when a chat uses it", "starting": "Starting…", "ready": "Running", "failed": "Failed"}
+EXAMPLE = json.dumps({"mcpServers": {
+    "memory": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-memory"]},
+    "remote": {"url": "https://example.com/mcp", "headers": {"Authorization": "Bearer …"}}}},
+    indent=2, ensure_ascii=False)
+STATE_WORDS = {"stopped": "Starts when a chat uses it", "starting": "Starting…", "ready": "Running",
+               "failed": "Failed"}
 
 
 class ToolsCard(Card):
