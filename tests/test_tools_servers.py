@@ -81,6 +81,18 @@ def test_a_crashed_server_says_so_and_starts_again_when_next_used(servers, tmp_p
     assert refused.status == "error" and servers.status("test-tools").state == "ready"
 
 
+def test_the_app_serves_its_built_in_servers_itself_as_the_frozen_app_runs_them(servers, tmp_path):
+    """`qwendesk --tool-server NAME [FOLDER]`: what ServerConfig.launch runs in a frozen app (no Python to run a
+    script with)."""
+    (tmp_path / "a.txt").write_text("A")
+    servers.configure([ServerConfig("files", command=sys.executable, args=["-m", "app", "--tool-server", "files",
+                                                                         str(tmp_path)]),
+                       ServerConfig("calc", command=sys.executable, args=["-m", "app", "--tool-server",
+                                                                        "calculator-clock"])])
+    assert servers.call("files", "read_file", {"path": "a.txt"}).result().text == "A"
+    assert servers.call("calc", "calculate", {"expression": "6 * 7"}).result().text == "6 * 7 = 42"
+
+
 def test_a_server_that_cannot_start_says_why(servers):
     servers.configure([ServerConfig("broken", command=sys.executable, args=["-c", "import sys; "
                                     "sys.stderr.write('missing API key\\n'); sys.exit(2)"])])

@@ -41,10 +41,13 @@ class ServerConfig:
         return "http" if self.url else "stdio"
 
     def launch(self) -> tuple[str, list[str]]:
-        """The command and arguments that start a stdio server."""
+        """The command and arguments that start a stdio server (a built-in one: this Python running its script, or
+        the frozen app itself with --tool-server, app/main.py)."""
         if self.builtin:
-            script = str(EXAMPLES / BUILTINS[self.builtin][0])
-            return sys.executable, [script] + ([self.folder] if self.builtin == "files" else [])
+            folder = [self.folder] if self.builtin == "files" else []
+            if getattr(sys, "frozen", False):
+                return sys.executable, ["--tool-server", self.builtin, *folder]
+            return sys.executable, [str(EXAMPLES / BUILTINS[self.builtin][0]), *folder]
         return self.command, list(self.args)
 
     def describe(self) -> str:

@@ -25,7 +25,7 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED
+from mcp.types import CONNECTION_CLOSED
 
 from app.paths import data_dir
 from app.tools.config import ServerConfig

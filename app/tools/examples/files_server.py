@@ -17,36 +17,38 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 MAX_READ = 100_000      # characters of one file
 
-root = Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
-server = MCPServer("files", instructions=f"Reads the files under {root}.")
 
+def files_server(folder: str) -> MCPServer:
+    root = Path(folder).resolve()
+    server = MCPServer("files", instructions=f"Reads the files under {root}.")
 
-def inside(relative: str) -> Path:
-    path = (root / relative).resolve()
-    if path != root and root not in path.parents:
-        raise ToolError(f"{relative!r} is outside the shared folder")
-    return path
+    def inside(relative: str) -> Path:
+        path = (root / relative).resolve()
+        if path != root and root not in path.parents:
+            raise ToolError(f"{relative!r} is outside the shared folder")
+        return path
 
+    @server.tool()
+    def list_files(folder: Annotated[str, Field(description="a folder under the shared one; . for itself")] = ".",
+                   ) -> str:
+        """The files and folders in a folder of the shared folder (folders end with /)."""
+        try:
+            names = sorted(p.name + ("/" if p.is_dir() else "") for p in inside(folder).iterdir())
+        except OSError as e:
+            raise ToolError(f"{folder!r} cannot be listed: {e.strerror}") from e
+        return "\n".join(names) or "(empty)"
 
-@server.tool()
-def list_files(folder: Annotated[str, Field(description="a folder under the shared one; . for itself")] = ".") -> str:
-    """The files and folders in a folder of the shared folder (folders end with /)."""
-    try:
-        names = sorted(p.name + ("/" if p.is_dir() else "") for p in inside(folder).iterdir())
-    except OSError as e:
-        raise ToolError(f"{folder!r} cannot be listed: {e.strerror}") from e
-    return "\n".join(names) or "(empty)"
+    @server.tool()
+    def read_file(path: Annotated[str, Field(description="a file's path under the shared folder")]) -> str:
+        """A text file's content (at most 100,000 characters)."""
+        try:
+            text = inside(path).read_text(encoding="utf-8", errors="replace")
+        except OSError as e:
+            raise ToolError(f"{path!r} cannot be read: {e.strerror}") from e
+        return text if len(text) <= MAX_READ else text[:MAX_READ] + f"\n[… cut at {MAX_READ:,} characters]"
 
-
-@server.tool()
-def read_file(path: Annotated[str, Field(description="a file's path under the shared folder")]) -> str:
-    """A text file's content (at most 100,000 characters)."""
-    try:
-        text = inside(path).read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise ToolError(f"{path!r} cannot be read: {e.strerror}") from e
-    return text if len(text) <= MAX_READ else text[:MAX_READ] + f"\n[… cut at {MAX_READ:,} characters]"
+    return server
 
 
 if __name__ == "__main__":
-    server.run()
+    files_server(sys.argv[1] if len(sys.argv) > 1 else ".").run()
