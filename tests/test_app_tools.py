@@ -150,6 +150,17 @@ def test_a_denied_call_is_not_run_and_the_model_is_told(tools_window, qtbot):
     assert denied.metrics["status"] == "denied" and denied.content == DENIED
     assert {"role": "tool", "content": DENIED} in window.requests[1][0]
     assert window.toolbox.status("calculator-clock").state == "ready"      # listed, never called
+    # editing the message: what followed its first reply goes, and the new text gets a turn of its own
+    first_reply = messages(window)[1]
+    window.chat._edit_last()
+    send(qtbot, window, "What time is it in UTC?")
+    answer(qtbot, window, "deny")
+    finish_turn(qtbot, window)
+    after = messages(window)
+    assert [m.role for m in after] == ["user", "assistant", "tool", "assistant"]
+    assert after[0].content == "What time is it in UTC?" and after[1].id == first_reply.id
+    assert window.context.store.message(first_reply.id).version_count == 2
+    assert len(tool_messages(window)) == 1 and tool_messages(window)[0].id != denied.id
 
 
 def test_a_server_that_crashes_mid_call_is_an_error_result_and_a_failed_status(tools_window, qtbot):

@@ -12,7 +12,7 @@ import pytest
 
 from app.tools.config import ServerConfig, ToolSettings, load_tool_settings, parse_servers, save_tool_settings
 from app.tools.examples.calc_clock_server import evaluate
-from app.tools.manager import ToolServers
+from app.tools.manager import MAX_IMAGES, MAX_OUTPUT_CHARS, ToolServers, result_content
 from mcp.server.mcpserver.exceptions import ToolError
 from tests.test_app_tools import SERVERS, TEST_SERVER
 
@@ -41,6 +41,16 @@ def test_mcp_servers_json_is_read_as_claude_desktop_lm_studio_and_cursor_write_i
                      ({"x": {"command": "a", "env": {"K": 1}}}, "env")):
         with pytest.raises(ValueError, match=why):
             parse_servers(bad)
+
+
+def test_a_result_is_capped_in_text_and_images():
+    from mcp.types import CallToolResult, ImageContent, TextContent
+
+    image = ImageContent(type="image", data="iVBORw0KGgo=", mime_type="image/png")
+    text, images = result_content(CallToolResult(content=[TextContent(type="text", text="x" * (MAX_OUTPUT_CHARS + 5))]
+                                                 + [image] * (MAX_IMAGES + 2)))
+    assert text.startswith("x" * MAX_OUTPUT_CHARS) and "5 more characters left out" in text
+    assert len(images) == MAX_IMAGES and "2 image(s) left out" in text
 
 
 def test_the_calculator_evaluates_arithmetic_and_nothing_else():
