@@ -403,6 +403,7 @@ class MainWindow(QMainWindow):
         self.context.store.set_setting(GEOMETRY_KEY, bytes(self.saveGeometry().toBase64()).decode())
         self._shut_down = True
         self.session.stop()
+        self.toolbox.blockSignals(True)     # a call still running answers no one
         self.toolbox.close()                # every tool server stops: no process outlives the app
         self.downloads.shutdown()
         self.engine.blockSignals(True)      # nothing the engine thread says reaches the window any more

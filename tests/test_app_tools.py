@@ -132,6 +132,9 @@ def test_the_approval_card_shows_the_call_before_it_runs(tools_window, qtbot):
     qtbot.waitUntil(lambda: window.chat.transcript.approval is not None, timeout=60_000)
     assert not tool_messages(window)                  # nothing ran yet
     screenshot(window, "tools_approval")
+    window.chat.composer.stop_requested.emit()        # Stop while asked: the turn ends, nothing runs
+    assert window.chat.transcript.approval is None and not window.session.busy and not tool_messages(window)
+    send(qtbot, window, "What time is it now?")
     answer(qtbot, window, "always")
     qtbot.waitUntil(lambda: bool(tool_messages(window)), timeout=30_000)
     assert tool_messages(window)[0].metrics["status"] == "ok"

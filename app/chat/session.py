@@ -412,6 +412,8 @@ class ChatSession(QObject):
         conversation = self.current.id
 
         def done(result) -> None:
+            if self.store.conversation(conversation) is None:      # deleted while the call ran
+                return
             self._add_tool_message(call, info, result.status, result.text, result.images, result.seconds, conversation)
             if self.turn is turn:
                 self._next_call()
