@@ -41,3 +41,8 @@ def save_path(parent: QWidget, title: str, suggested: str, filter_: str) -> str:
 def open_path(parent: QWidget, title: str, filter_: str) -> str:
     """A file to read, or "" when the user cancels."""
     return QFileDialog.getOpenFileName(parent, title, "", filter_)[0]
+
+
+def folder_path(parent: QWidget, title: str) -> str:
+    """A folder, or "" when the user cancels."""
+    return QFileDialog.getExistingDirectory(parent, title)

@@ -146,6 +146,8 @@ class EngineThread(QThread):
         except (ValueError, OSError):
             return None
 
+    takes_tools = True          # generate()'s template_kwargs may hold "tools": the engine renders and parses them
+
     @property
     def supports_vision(self) -> bool:
         """The loaded engine takes images (its checkpoint has a vision tower and it is on)."""

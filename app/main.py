@@ -25,6 +25,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="qwendesk", description="Qwen Desk: download a Qwen3.5-family model and chat "
                                  "with it on this computer. Run without arguments to open the window.")
     ap.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    # the frozen app serving one of its built-in tool servers (app/tools/config.py ServerConfig.launch)
+    ap.add_argument("--tool-server", nargs="+", metavar=("NAME", "FOLDER"), help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
 
@@ -37,7 +39,10 @@ def package_version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """argv: the command-line arguments after the program name (default: sys.argv[1:])."""
-    parse_args(argv)
+    args = parse_args(argv)
+    if args.tool_server:
+        from app.tools.examples import run_builtin
+        return run_builtin(*args.tool_server[:2])
     from app.qt_libraries import qt_library_problem
 
     problem = qt_library_problem()        # Qt's own abort names at most one of the missing libraries

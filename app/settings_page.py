@@ -62,18 +62,24 @@ class SettingsPage(QWidget):
 
     # ---- layout --------------------------------------------------------------------------------
     def _build(self) -> None:
-        column = scrolling_page(self, 860)
+        column = self._column = scrolling_page(self, 860)
         column.addWidget(page_header("Settings", "Engine settings apply with a reload; the rest applies at once."))
         column.addWidget(self._engine_card())
         column.addWidget(self._generation_card())
         column.addWidget(self._endpoint_card())
         column.addWidget(self._remote_card())
+        self._cards_end = column.count()             # add_card puts more cards here
         runtime = runtime_folder()                   # the packaged app's downloaded PyTorch, if any
         self.runtime_card = RuntimeCard(runtime) if runtime else None
         if self.runtime_card:
             column.addWidget(self.runtime_card)
             self.runtime_card.check_updates.toggled.connect(lambda *_: self._save_immediate())
         column.addStretch(1)
+
+    def add_card(self, card: QWidget) -> None:
+        """A card another part of the app owns (Settings → Tools), after the app's own settings."""
+        self._column.insertWidget(self._cards_end, card)
+        self._cards_end += 1
 
     def _engine_card(self) -> Card:
         card = Card(spacing=12)

@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QMainWindow,
+    QScrollArea,
     QStackedWidget,
     QToolButton,
     QVBoxLayout,
@@ -37,6 +38,8 @@ from app.settings import ENDPOINT_FIELDS, RELOAD_FIELDS, REMOTE_FIELDS, AppSetti
 from app.settings_page import SettingsPage
 from app.shortcuts import HELP_KEYS, ShortcutSheet, keys
 from app.status_bar import StatusBar
+from app.tools.tools_card import ToolsCard
+from app.tools.toolbox import ToolBox
 from app.wheel_guard import guard_wheel
 
 log = logging.getLogger("qwendesk.app")
@@ -76,11 +79,15 @@ class MainWindow(QMainWindow):
         self.downloads = DownloadManager(context.store, context.models_dir, endpoint=context.hub_endpoint,
                                          token=lambda: self.context.settings.hf_token, parent=self)
         self.session = ChatSession(context.store, lambda: self.context.settings, self)
+        self.toolbox = ToolBox(parent=self)
+        self.session.toolbox = self.toolbox
         self.chat = ChatPage(self.session, context.settings.thinking, lambda: [
             (m.name, m.path, m.path == self._loaded_path()) for m in self.models.local if not m.problem])
         self.models = ModelsPage(context, self.downloads)
         self.settings_page = SettingsPage(lambda: self.context.settings, lambda: self.context.device)
         self.settings_page.log_view.set_log(self.engine.server_log)
+        self.tools_card = ToolsCard(self.toolbox)
+        self.settings_page.add_card(self.tools_card)
         self.status = StatusBar()
         self._build()
         self._connect()
@@ -169,6 +176,7 @@ class MainWindow(QMainWindow):
         e.endpoint_changed.connect(self._endpoint_changed)
         self.models.load_requested.connect(self.load_model)
         self.chat.open_models_requested.connect(lambda: self.show_page("models"))
+        self.chat.manage_tools_requested.connect(self.show_tools_settings)
         self.chat.load_requested.connect(self.load_model)
         self.settings_page.settings_changed.connect(self._settings_changed)
         if self.settings_page.runtime_card:
@@ -195,6 +203,10 @@ class MainWindow(QMainWindow):
         if from_keyboard and name == "chat":
             self.chat.composer.input.setFocus()
         self.refresh_memory()
+
+    def show_tools_settings(self) -> None:
+        self.show_page("settings")
+        self.settings_page.findChild(QScrollArea).ensureWidgetVisible(self.tools_card)
 
     def show_shortcuts(self) -> ShortcutSheet:
         sheet = ShortcutSheet(self)
@@ -391,6 +403,8 @@ class MainWindow(QMainWindow):
         self.context.store.set_setting(GEOMETRY_KEY, bytes(self.saveGeometry().toBase64()).decode())
         self._shut_down = True
         self.session.stop()
+        self.toolbox.blockSignals(True)     # a call still running answers no one
+        self.toolbox.close()                # every tool server stops: no process outlives the app
         self.downloads.shutdown()
         self.engine.blockSignals(True)      # nothing the engine thread says reaches the window any more
         if not self.engine.shutdown(3_000 if self.engine.state == "loading" else 10_000):

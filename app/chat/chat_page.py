@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QTimer, Signal
-from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QMenu, QVBoxLayout, QWidget
+from PySide6.QtGui import QActionGroup, QKeySequence, QShortcut
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QMenu, QToolButton, QVBoxLayout, QWidget
 
 from app import dialogs, icons
 from app.banners import BannerStack
@@ -21,6 +21,7 @@ from app.chat.context_fit import prompt_budget
 from app.chat.context_gauge import ContextGauge
 from app.chat.conversation_list import ConversationList
 from app.chat.session import ChatSession
+from app.chat.message_view import NoticeView
 from app.chat.transcript import Transcript
 from app.formatting import human_tokens
 from app.shortcuts import keys
@@ -37,6 +38,7 @@ class ChatPage(QWidget):
     load_requested = Signal(str)              # checkpoint directory picked from the model menu
     cancel_load_requested = Signal()
     eject_requested = Signal()
+    manage_tools_requested = Signal()         # Settings → Tools
 
     def __init__(self, session: ChatSession, thinking_default: bool,
                  local_models: Callable[[], list[tuple[str, str, bool]]], parent=None):
@@ -56,6 +58,12 @@ class ChatPage(QWidget):
         self.options_button = icon_button("sliders", "This chat's system prompt and sampling")
         self.options_button.setCheckable(True)          # checked: the chat has settings of its own
         self.options_button.clicked.connect(self.edit_options)
+        self.tools_button = icon_button("tool", "Tools in this chat")
+        self.tools_button.setCheckable(True)            # checked: tool servers are on in this chat
+        self.tools_menu = QMenu(self)
+        self.tools_menu.aboutToShow.connect(self._fill_tools_menu)
+        self.tools_button.setMenu(self.tools_menu)
+        self.tools_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
         self.model_badge = label("No model loaded", "modelBadge")
         self.choose_model = text_button("Choose a model", "models")
         self.model_menu = QMenu(self)
@@ -85,6 +93,7 @@ class ChatPage(QWidget):
         top.setSpacing(12)
         top.addWidget(self.sidebar_button)
         top.addWidget(self.title, 1)
+        top.addWidget(self.tools_button)
         top.addWidget(self.options_button)
         top.addWidget(self.gauge)
         top.addWidget(self.model_badge)
@@ -138,6 +147,8 @@ class ChatPage(QWidget):
         s.busy_changed.connect(self._busy_changed)
         s.context_changed.connect(self.gauge.set_usage)
         s.cache_warmed.connect(self.gauge.set_cached)
+        s.approval_needed.connect(self._ask_approval)
+        s.approval_closed.connect(self.transcript.close_approval)
         for signal in (s.opened, s.reply_finished, s.message_removed):
             signal.connect(self._draft_timer.start)
 
@@ -201,6 +212,7 @@ class ChatPage(QWidget):
         self.choose_model.setText("Change model" if name else "Choose a model")
         self.composer.set_blocked(blocked_reason)
         self.composer.set_vision(self.session.vision)
+        self._show_tools_state()
         self._refresh_hint()
 
     def set_loading(self, load) -> None:
@@ -220,6 +232,62 @@ class ChatPage(QWidget):
         self.model_badge.setProperty("state", state)
         self.model_badge.style().unpolish(self.model_badge)
         self.model_badge.style().polish(self.model_badge)
+
+    def _fill_tools_menu(self) -> None:
+        """The tool servers to switch on or off in this chat, their state, and the cap on tool rounds."""
+        menu, toolbox = self.tools_menu, self.session.toolbox
+        menu.clear()
+        if toolbox is None:
+            return
+        servers = toolbox.usable()
+        if not getattr(self.session.backend, "takes_tools", False):
+            menu.addAction("Tools work with a model loaded here (not a remote server)").setEnabled(False)
+        elif not servers:
+            menu.addAction("No tool servers yet").setEnabled(False)
+        else:
+            menu.addSection("Tool servers in this chat")
+        on = self.session.options().get("tools", [])
+        for server in servers:
+            status = toolbox.status(server.name)
+            state = {"ready": f"{len(status.tools)} tools", "failed": "failed",
+                     "starting": "starting…"}.get(status.state, "")
+            action = menu.addAction(server.name + (f"  ({state})" if state else ""))
+            action.setCheckable(True)
+            action.setChecked(server.name in on)
+            action.setToolTip(status.message or server.describe())
+            action.toggled.connect(lambda checked, n=server.name: self._set_tool_server(n, checked))
+        if servers:
+            self._add_tool_choice(menu, toolbox, [s.name for s in servers if s.name in on])
+            menu.addSeparator()
+            menu.addAction(f"Each call asks you first; at most {toolbox.settings.max_rounds} tool rounds per reply"
+                           ).setEnabled(False)
+        menu.addAction(icons.icon("settings"), "Manage tool servers…", self.manage_tools_requested)
+
+    def _add_tool_choice(self, menu: QMenu, toolbox, on: list[str]) -> None:
+        """Whether the model may answer in text, must call a tool, or must call one named tool (tool_choice)."""
+        choice = self.session.options().get("tool_choice", "auto")
+        sub = menu.addMenu("When you send a message, the model…")
+        group = QActionGroup(sub)
+        tools = [t.name for name in on for t in toolbox.status(name).tools]
+        for value, text in [("auto", "decides whether to call a tool"), ("required", "must call a tool")] + [
+                (name, f"must call {name}") for name in tools]:
+            action = sub.addAction(text)
+            action.setCheckable(True)
+            action.setChecked(value == choice)
+            group.addAction(action)
+            action.triggered.connect(lambda _=False, v=value: self.session.set_options(
+                {**self.session.options(), "tool_choice": v}))
+        if not tools:
+            sub.addAction("(a server's tools are listed once it has started)").setEnabled(False)
+
+    def _set_tool_server(self, name: str, on: bool) -> None:
+        self.session.set_tool_server(name, on)
+        self._show_tools_state()
+
+    def _show_tools_state(self) -> None:
+        on = self.session.tool_servers()
+        self.tools_button.setChecked(bool(on))
+        self.tools_button.setToolTip("Tools in this chat: " + ", ".join(on) if on else "Tools in this chat (none on)")
 
     def _fill_model_menu(self) -> None:
         self.model_menu.clear()
@@ -249,6 +317,7 @@ class ChatPage(QWidget):
     def _show_conversation(self, conversation, messages: list[Message]) -> None:
         self.title.setText(conversation.title if conversation else "New chat")
         self._show_options_state()
+        self._show_tools_state()
         self.composer.stop_editing()
         self.transcript.clear()
         for message in messages:
@@ -263,6 +332,8 @@ class ChatPage(QWidget):
             return
         if message.role == "notice":
             self.transcript.add_notice(message).action_requested.connect(self._notice_action)
+        elif message.role == "tool":
+            self.transcript.add_tool_result(message)
         else:
             view = self.transcript.add_message(message, self.model_name)
             view.delete_requested.connect(lambda m=message: self._delete_message(m))
@@ -276,6 +347,11 @@ class ChatPage(QWidget):
         if refresh:
             self._refresh_actions()
             self.transcript.scroll_to_bottom()
+
+    def _ask_approval(self, approval) -> None:
+        view = self.transcript.show_approval(approval.tool, approval.server, approval.arguments)
+        view.decided.connect(self.session.decide)
+        view.allow.setFocus()
 
     def _remove_message(self, message_id: int) -> None:
         self.transcript.remove_message(message_id)
@@ -314,7 +390,8 @@ class ChatPage(QWidget):
         views = self.transcript.message_views()
         busy = self.session.busy
         last_user = next((v for v in reversed(views) if v.message.role == "user"), None)
-        last_reply = views[-1] if views and views[-1].message.role == "assistant" else None
+        turn = [v for v in self.transcript.views if not isinstance(v, NoticeView)]     # tool results end a turn too
+        last_reply = turn[-1] if turn and turn[-1] in views and turn[-1].message.role == "assistant" else None
         for view in views:
             if view.message.role == "user":
                 view.set_can_edit(view is last_user and not busy)

@@ -14,7 +14,7 @@ from app.store import VERSION_FIELDS, Conversation, Message, Store
 
 FORMAT = "qwendesk.conversation"
 VERSION = 1
-ROLES = ("user", "assistant", "notice")
+ROLES = ("user", "assistant", "notice", "tool")
 KEPT_FIELDS = ("role", "content", "reasoning", "tool_calls", "metrics", "status", "error", "versions", "version")
 TYPES = {"role": str, "content": str, "reasoning": str, "tool_calls": list, "metrics": dict, "status": str,
          "error": str, "versions": list, "version": int}
@@ -34,6 +34,9 @@ def to_markdown(conversation: Conversation, messages: list[Message], model_name:
     for m in messages:
         if m.role == "notice":
             parts.append(f"> *{m.content}*")
+            continue
+        if m.role == "tool":
+            parts.append(_tool_result(m))
             continue
         body = []
         if m.reasoning.strip():
@@ -69,6 +72,16 @@ def import_json(store: Store, data, keep_bytes) -> Conversation:
         status = "stopped" if m["status"] == "streaming" else m["status"]
         store.add_message(conversation.id, m.pop("role"), **{**m, "status": status, "attachments": paths})
     return conversation
+
+
+def _tool_result(m: Message) -> str:
+    """A tool message: which tool ran where and what came back (a denied or failed call says so)."""
+    metrics = m.metrics
+    where = f" on {metrics['server']}" if metrics.get("server") else ""
+    status = metrics.get("status", "ok")
+    head = f"**Tool result** `{metrics.get('tool', '')}`{where}" + ("" if status == "ok" else f" ({status})")
+    images = [f"![image]({Path(p).as_uri()})" for p in m.attachments]
+    return "\n\n".join([head, f"```\n{m.content.strip()}\n```", *images])
 
 
 def _arguments(call: dict) -> str:

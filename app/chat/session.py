@@ -7,6 +7,11 @@ generate(request_id, messages, params, template_kwargs) / cancel(request_id) / c
 template_kwargs) and answer with delta (with the number of tokens it carries) and reply_finished signals.
 Before a reply starts, the history is fitted into the context (context_fit.py); a reply cut short by its
 token limit can be continued in the same message.
+
+With tool servers on in a conversation (its options' "tools"), a reply is a turn (ToolTurn): the servers' tools go
+to the backend with the request, each call the reply makes waits for the user's approval (approval_needed; decide()),
+runs on its server, and its result is stored as a "tool" message; then the model replies again, up to the cap of
+rounds in the tool settings.
 """
 
 from __future__ import annotations
@@ -17,12 +22,14 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from app.chat.blocks import extract_tool_calls
+from app.chat.attachments import keep_bytes
+from app.chat.blocks import ShownCall, extract_tool_calls
 from app.chat.context_fit import fit_history, prompt_budget
 from app.chat.presets import apply_overrides
 from app.generation import ReplyResult
 from app.settings import AppSettings
 from app.store import VERSION_FIELDS, Conversation, Message, Store
+from engine.api import Constraint
 
 SAVE_EVERY_S = 2.0
 REFRESH_MS = 50
@@ -32,6 +39,10 @@ NO_VISION = ("The model in use does not take images, so the image was not sent: 
 STATUS = {"stop": "complete", "length": "complete", "cancelled": "stopped", "error": "error"}
 CONTEXT_FULL = ("This conversation no longer fits the model's context ({tokens:,} tokens; {budget:,} leave room "
                 "for a reply), so nothing was sent. Start a new chat, or leave out its oldest messages.")
+TOOLS_CAPPED = ("The model called tools in {rounds} replies in a row, the most one turn may (Settings → Tools); "
+                "it was not asked again. Send a message to go on.")
+DENIED = "The user denied this call: it was not run."
+IMAGE_SUFFIX = {"image/png": ".png", "image/jpeg": ".jpg", "image/gif": ".gif", "image/webp": ".webp"}
 TURN_TOO_LONG = ("The latest message alone does not fit the model's context ({budget:,} tokens leave room for a "
                  "reply), so nothing was sent. Shorten it, or load the model with a longer context.")
 
@@ -69,6 +80,24 @@ class ActiveReply:
         return (self.tokens - 1) / elapsed if elapsed > 0 else None
 
 
+@dataclass
+class ToolApproval:
+    """A call waiting for the user: its tool, server and arguments."""
+    tool: str
+    server: str
+    arguments: dict
+
+
+@dataclass
+class ToolTurn:
+    """A turn with tools on: its tools by name, the calls of the last reply still to run, and the rounds so far."""
+    thinking: bool
+    tools: dict = field(default_factory=dict)     # name -> ToolInfo
+    queue: list = field(default_factory=list)     # ShownCall
+    waiting: tuple | None = None                  # (ShownCall, ToolInfo) the user is asked about
+    rounds: int = 0
+
+
 class ChatSession(QObject):
     conversations_changed = Signal()
     opened = Signal(object, list)          # Conversation | None, messages
@@ -80,6 +109,8 @@ class ChatSession(QObject):
     busy_changed = Signal(bool)
     context_changed = Signal(int, object, int)  # tokens used, context size (None: unknown), messages left out
     cache_warmed = Signal(int)             # the open conversation's tokens the next reply will not recompute
+    approval_needed = Signal(object)       # ToolApproval: a call waits for decide()
+    approval_closed = Signal()             # the call asked about was decided, or the turn ended
 
     def __init__(self, store: Store, settings: Callable[[], AppSettings], parent=None):
         super().__init__(parent)
@@ -88,6 +119,8 @@ class ChatSession(QObject):
         self.backend = None
         self.current: Conversation | None = None
         self.active: ActiveReply | None = None
+        self.toolbox = None                    # app.tools.toolbox.ToolBox (the window's), or None: no tools
+        self.turn: ToolTurn | None = None
         self._editing: Message | None = None
         self.pending_options: dict = {}        # a new chat's own settings, kept once its first message is
         self.left_out = 0                      # oldest messages of the open conversation the last reply did not see
@@ -116,7 +149,7 @@ class ChatSession(QObject):
 
     @property
     def busy(self) -> bool:
-        return self.active is not None
+        return self.active is not None or self.turn is not None
 
     # ---- conversations -------------------------------------------------------------------------
     def conversations(self, search: str = "") -> list[Conversation]:
@@ -124,6 +157,7 @@ class ChatSession(QObject):
 
     def new_conversation(self) -> None:
         """An empty chat; it is saved once the first message is sent."""
+        self._leave_turn()
         self.current = None
         self._editing = None
         self.pending_options = {}
@@ -135,6 +169,7 @@ class ChatSession(QObject):
         conversation = self.store.conversation(conversation_id)
         if conversation is None:
             return
+        self._leave_turn()
         self.current = conversation
         self._editing = None
         self.left_out = 0
@@ -165,6 +200,7 @@ class ChatSession(QObject):
         if self.active and self.active.message.conversation_id == conversation_id:
             self.stop()
             self.active = None
+            self.turn = None
             self.busy_changed.emit(False)
         self.store.delete_conversation(conversation_id)
         self.conversations_changed.emit()
@@ -298,6 +334,119 @@ class ChatSession(QObject):
     def stop(self) -> None:
         if self.active and self.backend is not None:
             self.backend.cancel(self.active.request_id)
+        elif self.turn is not None:             # between replies: listing tools, asking, or running a call
+            self._end_turn()
+
+    # ---- tools ---------------------------------------------------------------------------------
+    def tool_servers(self) -> list[str]:
+        """The tool servers on in the open conversation that are configured and usable, when the backend takes tools."""
+        if self.toolbox is None or not getattr(self.backend, "takes_tools", False):
+            return []
+        usable = {s.name for s in self.toolbox.usable()}
+        return [name for name in self.options().get("tools", []) if name in usable]
+
+    def set_tool_server(self, name: str, on: bool) -> None:
+        names = [n for n in self.options().get("tools", []) if n != name] + ([name] if on else [])
+        self.set_options({**self.options(), "tools": names})
+
+    def decide(self, choice: str) -> None:
+        """The user's answer to approval_needed: once | always | deny."""
+        turn = self.turn
+        if turn is None or turn.waiting is None:
+            return
+        call, info = turn.waiting
+        turn.waiting = None
+        self.approval_closed.emit()
+        if choice == "deny":
+            self._add_tool_message(call, info, "denied", DENIED)
+            self._next_call()
+            return
+        if choice == "always":
+            self.toolbox.allow_always(info.server, info.name)
+        self._run_call(call, info)
+
+    def _list_tools(self, thinking: bool, continuing: Message | None, regenerating: Message | None) -> None:
+        self.turn = ToolTurn(thinking)
+        self.busy_changed.emit(True)
+        turn = self.turn
+        self.toolbox.list_tools(self.tool_servers(), lambda found: self._tools_listed(turn, found, continuing,
+                                                                                     regenerating))
+
+    def _tools_listed(self, turn: ToolTurn, found: dict, continuing, regenerating) -> None:
+        if self.turn is not turn:               # stopped meanwhile
+            return
+        for server, tools in found.items():
+            if isinstance(tools, str):
+                self._notice(f"The tool server {server} could not start, so its tools are off for this reply: "
+                             f"{tools}")
+                continue
+            for info in tools:
+                turn.tools.setdefault(info.name, info)      # two servers with one name: the first one's
+        self._send_reply(turn.thinking, continuing, regenerating)
+
+    def _next_call(self) -> None:
+        """The next call of the reply to ask about or run; none left: the model replies to the results."""
+        turn = self.turn
+        if turn is None:
+            return
+        if not turn.queue:
+            if turn.rounds >= self.toolbox.settings.max_rounds:
+                self._notice(TOOLS_CAPPED.format(rounds=turn.rounds))
+                self._end_turn()
+            else:
+                self._send_reply(turn.thinking)
+            return
+        call = turn.queue.pop(0)
+        info = turn.tools.get(call.name)
+        if info is None:
+            self._add_tool_message(call, None, "error", f"There is no tool named {call.name!r}.")
+            self._next_call()
+        elif self.toolbox.always_allowed(info.server, info.name):
+            self._run_call(call, info)
+        else:
+            turn.waiting = (call, info)
+            self.approval_needed.emit(ToolApproval(info.name, info.server, call.arguments))
+
+    def _run_call(self, call: ShownCall, info) -> None:
+        turn = self.turn
+        conversation = self.current.id
+
+        def done(result) -> None:
+            if self.store.conversation(conversation) is None:      # deleted while the call ran
+                return
+            self._add_tool_message(call, info, result.status, result.text, result.images, result.seconds, conversation)
+            if self.turn is turn:
+                self._next_call()
+
+        self.toolbox.call(info.server, info.name, call.arguments, done)
+
+    def _add_tool_message(self, call: ShownCall, info, status: str, text: str, images=(), seconds: float = 0.0,
+                          conversation: int | None = None) -> None:
+        """A call's result as a "tool" message: what the model reads (content, images) and what the transcript shows
+        (metrics: tool, server, arguments, status ok | error | timeout | denied, seconds)."""
+        paths = [keep_bytes(data, IMAGE_SUFFIX.get(mime, ".png")) for mime, data in images]
+        metrics = {"tool": call.name, "server": info.server if info else "", "arguments": call.arguments,
+                   "status": status, "seconds": round(seconds, 3)}
+        conversation = conversation or self.current.id
+        message = self.store.add_message(conversation, "tool", content=text, attachments=paths, metrics=metrics)
+        self.message_added.emit(message)
+
+    def _leave_turn(self) -> None:
+        """Another conversation is opened: a turn between its replies (asking, running a call) ends; a reply still
+        streaming finishes where it is, without running its calls."""
+        if self.turn is not None and self.active is None:
+            self._end_turn()
+
+    def _end_turn(self) -> None:
+        if self.turn is None:
+            return
+        waiting = self.turn.waiting is not None
+        self.turn = None
+        if waiting:
+            self.approval_closed.emit()
+        self.busy_changed.emit(False)
+        self.conversations_changed.emit()
+        self._emit_context()
 
     # ---- internals -----------------------------------------------------------------------------
     @property
@@ -354,11 +503,23 @@ class ChatSession(QObject):
         if self.backend is None:
             self._notice("No model is loaded: pick one on the Models page.")
             return
+        if self.tool_servers():
+            self._list_tools(thinking, continuing, regenerating)
+        else:
+            self._send_reply(thinking, continuing, regenerating)
+
+    def _send_reply(self, thinking: bool, continuing: Message | None = None,
+                    regenerating: Message | None = None) -> None:
         kwargs = {"enable_thinking": thinking}
         if continuing is not None:
             kwargs["continue_final_message"] = True
-        fit = self._fit(self._history(continuing, without=regenerating), kwargs)
+        params = self.reply_settings().sampling_params(thinking)
+        history = self._history(continuing, without=regenerating)
+        if self.turn is not None and self.turn.tools:
+            self._with_tools(kwargs, params, answering_user=bool(history) and history[-1]["role"] == "user")
+        fit = self._fit(history, kwargs)
         if fit is None:
+            self._end_turn()
             return
         writer = self.backend.writer()
         if regenerating is not None:
@@ -384,8 +545,18 @@ class ChatSession(QObject):
         self.active.writer = writer
         self.busy_changed.emit(True)
         self._emit_context()
-        self.backend.generate(self.active.request_id, fit.history, self.reply_settings().sampling_params(thinking),
-                              kwargs)
+        self.backend.generate(self.active.request_id, fit.history, params, kwargs)
+
+    def _with_tools(self, kwargs: dict, params, answering_user: bool) -> None:
+        """The turn's tools into the request: their schemas for the template, and the grammar that keeps each call
+        valid. The conversation's tool_choice ("auto", "required" or a tool's name) holds for a reply to the user's
+        message; one to tool results (or a regenerated final answer) may answer in text."""
+        schemas = [info.schema() for info in self.turn.tools.values()]
+        kwargs["tools"] = schemas
+        choice = self.options().get("tool_choice", "auto") if answering_user else "auto"
+        named = choice if choice in self.turn.tools else None
+        params.constraint = Constraint(tools=schemas, tool_mode="required" if choice == "required" or named else "auto",
+                                       tool_name=named)
 
     def _fit(self, history: list[dict], kwargs: dict):
         """The history that fits the context (context_fit.py), or None after saying why nothing is sent."""
@@ -426,6 +597,8 @@ class ChatSession(QObject):
             if m.role == "notice" or (m.role == "assistant" and failed_or_empty and not being_continued):
                 continue
             entry = {"role": m.role, "content": m.content}
+            if m.role == "tool" and m.attachments and not self.vision:
+                entry["content"] += f"\n[{len(m.attachments)} image(s) the model cannot see]"
             if m.attachments and self.vision:
                 entry["images"] = m.attachments
             if m.reasoning:
@@ -490,6 +663,16 @@ class ChatSession(QObject):
                                   error=message.error)
         self.store.touch_conversation(message.conversation_id)
         self.reply_finished.emit(message)
+        turn = self.turn
+        shown = self.current is not None and self.current.id == message.conversation_id
+        finished_calls = message.tool_calls and result.finish_reason in ("tool_calls", "stop")   # not cut short
+        if turn is not None and finished_calls and turn.tools and shown:
+            turn.rounds += 1
+            turn.queue = [ShownCall.from_dict(c) for c in message.tool_calls]
+            self._emit_context()
+            self._next_call()
+            return
+        self.turn = None
         self.busy_changed.emit(False)
         self.conversations_changed.emit()
         self._emit_context()

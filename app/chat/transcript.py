@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (
 
 from app import icons
 from app.chat.message_view import MessageView, NoticeView
+from app.chat.tool_views import ApprovalView, ToolResultView
 from app.store import Message
 from app.widgets import label
 
@@ -62,6 +63,7 @@ class Transcript(QScrollArea):
         self.empty_state = EmptyState()
         self.column.insertWidget(0, self.empty_state)
         self.views: list[QWidget] = []
+        self.approval: ApprovalView | None = None
         self._follow = True
         self.verticalScrollBar().rangeChanged.connect(self._on_range_changed)
         self.verticalScrollBar().valueChanged.connect(self._on_scrolled)
@@ -71,6 +73,7 @@ class Transcript(QScrollArea):
             self.column.removeWidget(view)
             view.deleteLater()
         self.views.clear()
+        self.close_approval()
         self.empty_state.show()
         self._follow = True
 
@@ -79,6 +82,24 @@ class Transcript(QScrollArea):
 
     def add_notice(self, message: Message) -> NoticeView:
         return self._add(NoticeView(message))
+
+    def add_tool_result(self, message: Message) -> ToolResultView:
+        return self._add(ToolResultView(message))
+
+    def show_approval(self, tool: str, server: str, arguments: dict) -> ApprovalView:
+        """The call waiting for the user, at the end of the transcript (one at a time)."""
+        self.close_approval()
+        self.approval = ApprovalView(tool, server, arguments)
+        self.empty_state.hide()
+        self.column.insertWidget(self.column.count() - 1, self.approval)
+        self.scroll_to_bottom()
+        return self.approval
+
+    def close_approval(self) -> None:
+        if self.approval is not None:
+            self.column.removeWidget(self.approval)
+            self.approval.deleteLater()
+            self.approval = None
 
     def message_views(self) -> list[MessageView]:
         return [v for v in self.views if isinstance(v, MessageView)]
@@ -101,7 +122,7 @@ class Transcript(QScrollArea):
 
     def _add(self, view: QWidget) -> QWidget:
         self.empty_state.hide()
-        self.column.insertWidget(self.column.count() - 1, view)
+        self.column.insertWidget(self.column.count() - 1 - (self.approval is not None), view)
         self.views.append(view)
         return view
 
