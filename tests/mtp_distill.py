@@ -75,7 +75,7 @@ def _sequences(path: str, n: int, prompt_len: int, new: int) -> list[list[int]]:
 @torch.no_grad()
 def _hidden(model, ids: list[int]) -> torch.Tensor:
     """The main model's final hidden states over one sequence [T, H]."""
-    from engine.kv_cache import CacheTensors
+    from engine.cache.pages import CacheTensors
     from engine.model.batch import build_batch
 
     T, page = len(ids), 16

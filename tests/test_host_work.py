@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from engine.api import Engine, EngineConfig, SamplingParams
-from engine.config import parse_model_config
-from engine.random_model import bench_tokenizer, text_config
-from engine.sequence import Sequence
+from engine.model.config import parse_model_config
+from engine.bench.random_model import bench_tokenizer, text_config
+from engine.core.sequence import Sequence
 
 CHUNK, PAGE = 1024, 64
 SHORT, LONG = 8192, 131072

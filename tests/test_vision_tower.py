@@ -9,8 +9,8 @@ import torch
 from PIL import Image
 from transformers import Qwen3_5ForConditionalGeneration
 
-from engine.cache_manager import chain_hashes
-from engine.config import UnsupportedModelError, VisionConfig, load_model_config, parse_model_config
+from engine.cache.manager import chain_hashes
+from engine.model.config import UnsupportedModelError, VisionConfig, load_model_config, parse_model_config
 from engine.model import load_model
 from engine.model.batch import build_batch
 from engine.model.linear import Build

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from engine.config import load_model_config
+from engine.model.config import load_model_config
 from engine.model.qwen3_5 import Qwen3_5Model
 from engine.weights.loader import checkpoint_has_mtp, load_weights
 
