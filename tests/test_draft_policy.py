@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-import engine.core.engine
+import engine.core.build
 import engine.core.runner
 import engine.spec.speculation
 from engine.api import Engine, EngineConfig, SamplingParams
@@ -192,7 +192,7 @@ class StubRoundGraphs:
 
 
 def test_every_round_is_captured_at_load_and_none_on_a_requests_path(ckpt, monkeypatch):
-    monkeypatch.setattr(engine.core.engine, "graphs_on", lambda device: True)
+    monkeypatch.setattr(engine.core.build, "graphs_on", lambda device: True)
     monkeypatch.setattr(engine.core.runner, "DecodeGraphs", StubDecodeGraphs)
     monkeypatch.setattr(engine.spec.speculation, "RoundGraphs", StubRoundGraphs)
     StubRoundGraphs.captured, StubRoundGraphs.ran = [], []

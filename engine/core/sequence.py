@@ -6,11 +6,15 @@ import queue
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from engine.cache.pages import PageTable
 from engine.core.params import SamplingParams, SpeculationStats, StreamEvent, TokenLogprob
 from engine.vision.prompt import ImagePrompt
+
+if TYPE_CHECKING:
+    from engine.text.grammar import Matcher
+    from engine.text.output_stream import OutputStream
 
 
 @dataclass
@@ -37,8 +41,8 @@ class Sequence:
     forced: deque = field(default_factory=deque)  # tokens to emit next instead of sampling
     events: queue.Queue = field(default_factory=queue.Queue)   # StreamEvents for the consumer
     on_event: Callable[[StreamEvent], None] | None = None       # told after each one is queued (engine thread)
-    stream: object = None                       # engine.text.output_stream.OutputStream
-    matcher: object = None                      # engine.text.grammar.Matcher: a constrained request's grammar state
+    stream: OutputStream | None = None          # its text, set at submit
+    matcher: Matcher | None = None              # a constrained request's grammar state
     images: ImagePrompt | None = None           # the prompt's images (None: text only)
     image_embeds: dict = field(default_factory=dict)  # image index -> its rows' embeddings, until they are computed
     t_submit: float = field(default_factory=time.perf_counter)
