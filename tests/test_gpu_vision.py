@@ -48,7 +48,7 @@ def test_row_chunks_on_cuda_stay_close_and_the_peak_is_planned(checkpoint, monke
     count) close to one pass."""
     from engine.model.config import load_model_config
     from engine.core.memory import vision_encode_bytes
-    from engine.model import load_model
+    from engine.model.load import load_model
     from engine.vision import tower as tower_module
     from engine.vision.encoder import ImageEncoder
     from engine.vision.processor import ProcessedImage

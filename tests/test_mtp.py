@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import load_file
 
 from engine.cache.pages import CacheTensors
-from engine.model import load_model
+from engine.model.load import load_model
 from engine.model.batch import build_batch
 from tests.mtp_distill import mtp_restated
 

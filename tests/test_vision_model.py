@@ -10,7 +10,7 @@ from transformers import Qwen3_5ForConditionalGeneration
 
 from engine.chat.template import ChatTemplate
 from engine.cache.pages import CacheTensors
-from engine.model import load_model
+from engine.model.load import load_model
 from engine.model.batch import build_batch
 from engine.text.tokenizer import Tokenizer
 from engine.vision.positions import mrope_positions

@@ -15,12 +15,12 @@ from engine.cache.host import HostCache
 from engine.cache.manager import CacheManager
 from engine.cache.pages import CacheTensors
 from engine.chat.template import ChatTemplate
-from engine.core.device import graphs_on, probe
+from engine.core.device import graphs_on, on_gpu, probe
 from engine.core.memory import MemoryPlan, budget_for, checkpoint_max_pixels, plan_for, plan_memory, vision_cost
 from engine.core.params import EngineConfig
 from engine.core.runner import ModelRunner, batch_buckets
 from engine.core.scheduler import Scheduler
-from engine.model import load_model
+from engine.model.load import load_model
 from engine.model.config import ModelConfig, load_model_config
 from engine.model.linear import Embedding, Linear
 from engine.model.moe import SparseMoE
@@ -95,13 +95,13 @@ def wrap(config: EngineConfig, device: torch.device, model, tokenizer, template=
 def plan(config: EngineConfig, loaded: Loaded, device: torch.device, dtype: torch.dtype, drafts: int) -> MemoryPlan:
     """The plan the engine runs with, made once, from what is free now that the weights are in memory; MemoryError
     when the cache does not fit."""
-    on_gpu = device.type == "cuda"
-    held = torch.cuda.memory_allocated(device) if on_gpu else 0
+    gpu = on_gpu(device)
+    held = torch.cuda.memory_allocated(device) if gpu else 0
     max_pixels = loaded.image_config.max_pixels if loaded.image_config else checkpoint_max_pixels(config.model)
     vision = dataclasses.replace(vision_cost(loaded.model_config, config, dtype, probe(config.device), max_pixels),
                                  placement=loaded.encoder.placement if loaded.encoder else "off")
     made = plan_memory(loaded.model_config, config, dtype, weights_bytes=0,
-                       budget_bytes=budget_for(config, probe(config.device), held), drafts=drafts, on_gpu=on_gpu,
+                       budget_bytes=budget_for(config, probe(config.device), held), drafts=drafts, on_gpu=gpu,
                        vision=dataclasses.replace(vision, weights_bytes=0) if vision.placement == "resident"
                        else vision)     # a resident tower is in `held` already
     if not made.fits:

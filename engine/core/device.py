@@ -87,9 +87,20 @@ def probe(name: str = "auto") -> DeviceInfo:
     return DeviceInfo("cpu", "CPU", host_ram_bytes(), available_host_bytes())
 
 
+def on_gpu(device: torch.device) -> bool:
+    """The engine's device is a CUDA GPU (DeviceInfo.on_gpu says the same of a probe)."""
+    return device.type == "cuda"
+
+
+def pinned(t: torch.Tensor) -> torch.Tensor:
+    """t in page-locked memory where CUDA is up, for an upload: a copy from pageable memory to the GPU first waits for
+    all the work queued on the stream, which would make the host wait for a decode step it has just launched."""
+    return t.pin_memory() if torch.cuda.is_available() else t
+
+
 def graphs_on(device: torch.device) -> bool:
     """Whether this device replays CUDA graphs (a GPU)."""
-    return device.type == "cuda"
+    return on_gpu(device)
 
 
 def capture_graph(graph: torch.cuda.CUDAGraph, pool=None):

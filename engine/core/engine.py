@@ -15,9 +15,9 @@ from concurrent.futures import Future
 import torch
 
 from engine.core import build
-from engine.core.device import resolve_device, resolve_dtype
+from engine.core.device import on_gpu, resolve_device, resolve_dtype
 from engine.core.loop import EngineLoop
-from engine.core.memory import MemoryPlan
+from engine.core.memory import MemoryPlan, model_drafts
 from engine.core.messages import Cancel, Score, Submit, Warm
 from engine.core.params import (ContextLengthError, EngineConfig, GenerateOutput, Reasoning, SamplingParams,
                                 StreamEvent, Text, add_calls)
@@ -84,8 +84,7 @@ class Engine:
                   else build.wrap(config, self.device, *_parts))
         self.model_config, self.tokenizer, self.template = loaded.model_config, loaded.tokenizer, loaded.template
         self.weights, self._model, self._encoder = loaded.weights, loaded.model, loaded.encoder
-        # MTP drafts per round: the config's (3 by default on a GPU) when the checkpoint brought an MTP module
-        self.drafts = config.drafts(self.device.type == "cuda") if self._model.mtp is not None else 0
+        self.drafts = model_drafts(config, on_gpu(self.device), has_mtp=self._model.mtp is not None)
         self._plan = build.plan(config, loaded, self.device, self._dtype, self.drafts)
         self.max_context = self._plan.max_context
         parts = build.assemble(config, loaded, self._plan, self.device, self._dtype, self.drafts, step)
@@ -96,12 +95,12 @@ class Engine:
         self._loop = EngineLoop(config, self.tokenizer, self._grammars, self._scheduler, self._cache, self._runner,
                                 self._spec, self._encoder)
         self._closed = False
-        if self.device.type == "cuda":
+        if on_gpu(self.device):
             self._warm_up_linears()
         if self._spec is not None:          # every round the engine can run, captured now: never on a request's path
             self._spec.capture(lambda done, total: step("Capturing speculative rounds", done, total))
         self._loop.start()
-        if self.device.type == "cuda":
+        if on_gpu(self.device):
             try:
                 self._warm_up()
             except LoadCancelled:
@@ -201,7 +200,7 @@ class Engine:
         stats = self._loop.stats()
         if self._disk is not None:          # its writer thread carries on while the loop idles: its figures now
             stats.update(self._disk.stats())
-        if self.device.type == "cuda":      # torch's allocator, now: held by tensors, and reserved from the driver
+        if on_gpu(self.device):      # torch's allocator, now: held by tensors, and reserved from the driver
             stats["gpu_allocated_bytes"] = torch.cuda.memory_allocated(self.device)
             stats["gpu_reserved_bytes"] = torch.cuda.memory_reserved(self.device)
             stats["pinned_host_bytes"] = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0)
@@ -256,7 +255,7 @@ class Engine:
             self._disk.close()                  # the writes queued so far are finished first
         # drop every reference to device memory (graphs, pools, cache), then give it back
         self._runner = self._model = self._pools = self._cache = self._scheduler = self._encoder = self._spec = None
-        if self.device.type == "cuda":
+        if on_gpu(self.device):
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
 

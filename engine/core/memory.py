@@ -191,9 +191,10 @@ def vision_cost(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, devi
     return VisionCost(placement, weights, vision_encode_bytes(cfg, dtype, max_pixels))
 
 
-def model_drafts(cfg: ModelConfig, config: EngineConfig, on_gpu: bool) -> int:
-    """Drafts per round the engine will use: the config's (or the device's default), if the model has MTP."""
-    return config.drafts(on_gpu) if cfg.num_mtp_layers > 0 else 0
+def model_drafts(config: EngineConfig, on_gpu: bool, has_mtp: bool) -> int:
+    """Drafts per round the engine will use: the config's (or the device's default), if the model has an MTP module
+    (the planner asks of the checkpoint's config, the engine of the model it loaded)."""
+    return config.drafts(on_gpu) if has_mtp else 0
 
 
 def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, weights_bytes: int,
@@ -319,7 +320,7 @@ def plan_for(config: EngineConfig, device: DeviceInfo | None = None, budget_byte
     budget = budget_bytes if budget_bytes is not None else budget_for(config, device)
     choices = [config.weights] if config.weights != "auto" else ["bf16", "int4"] if device.on_gpu else ["bf16"]
     config.policy(choices[0])                                  # refuses an unknown weights setting
-    drafts = model_drafts(cfg, config, device.on_gpu)
+    drafts = model_drafts(config, device.on_gpu, has_mtp=cfg.num_mtp_layers > 0)
     vision = vision_cost(cfg, config, dtype, device, checkpoint_max_pixels(config.model))
     for weights in choices:
         plan = plan_memory(cfg, config, dtype, weights_bytes=weight_bytes(cfg, config, dtype, weights, drafts),

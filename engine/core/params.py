@@ -33,7 +33,8 @@ class EngineConfig:
     snapshots: int | None = None    # GDN state snapshots kept for prefix reuse (None: from memory)
     cuda_graphs: bool = True        # capture decode in CUDA graphs (CUDA only)
     speculative_tokens: int | None = None  # MTP drafts per round (1..5; 0 off); None: 3 on a GPU, 0 on the CPU
-    draft_vocab: int = 32768        # draft head rows: the most frequent tokens (verify uses the full head)
+    draft_vocab: int = 32768        # draft head rows: Qwen's ids are in merge order, so the first ones are the most
+    #                                 frequent tokens (verify uses the full head)
     vision: str = "auto"            # the vision tower: auto (on demand on cards <= 24 GiB, else resident) | resident
     #                                 (on the GPU always) | on_demand (host memory; on the GPU only while encoding) | off
     max_images: int = 16            # images per request

@@ -12,7 +12,7 @@ import dataclasses
 
 import torch
 
-from engine.core.device import capture_graph
+from engine.core.device import capture_graph, pinned
 from engine.cache.pages import CacheTensors
 from engine.model.batch import ForwardBatch, build_batch, page_table
 from engine.model.qwen3_5 import Qwen3_5Model
@@ -181,12 +181,6 @@ def image_inputs(seqs: list[Sequence], query_lens: list[int]) -> dict:
                 embeds.append(s.image_embeds[k][lo - a:hi - a])
         rows.append(mine)
     return dict(image_rows=rows, image_embeds=torch.cat(embeds) if embeds else None)
-
-
-def pinned(t: torch.Tensor) -> torch.Tensor:
-    """t in page-locked memory where CUDA is up: a copy from pageable memory to the GPU first waits for all the work
-    queued on the stream, which would make the host wait for a decode step it has just launched."""
-    return t.pin_memory() if torch.cuda.is_available() else t
 
 
 class DecodeGraphs:

@@ -27,14 +27,13 @@ from dataclasses import dataclass
 import torch
 
 from engine.spec.acceptance import Sampling, accept, pick_draft
-from engine.core.device import capture_graph
+from engine.core.device import capture_graph, pinned
+from engine.core.params import EngineConfig
 from engine.cache.pages import CacheTensors
 from engine.model.batch import ForwardBatch, page_table
 from engine.model.qwen3_5 import Qwen3_5Model
 from qwendesk_kernels.gdn import VerifyRows, gdn_replay
 from qwendesk_kernels.sampling import random_uniform_ref
-
-DRAFT_VOCAB = 32768        # draft head rows: Qwen's ids are in merge order, so the first ones are the most frequent
 
 
 @dataclass
@@ -102,7 +101,7 @@ def rows_batch(inp: RoundInputs, offset: int, rows: int, page_size: int, max_seq
 
 class Speculator:
     def __init__(self, model: Qwen3_5Model, pools: CacheTensors, k: int, max_batch: int, max_context: int,
-                 draft_vocab: int = DRAFT_VOCAB):
+                 draft_vocab: int = EngineConfig.draft_vocab):
         """k: the most drafts a round makes (buffers are sized for it)."""
         cfg = model.cfg
         assert model.mtp is not None and 1 <= k
@@ -220,13 +219,18 @@ class RoundRequest:
     delta: int = 0
     stop: int = -1
 
+    @classmethod
+    def padding(cls, slot: int, temperature: float = 0.0) -> "RoundRequest":
+        """A row that writes nothing (limit 0) on `slot`: a batch padded to its bucket, or a graph's capture."""
+        return cls(slot, 0, 0, [], 0, -1, slot, temperature, 0, 1.0, 0.0, 0, 0, False)
+
 
 def round_inputs(reqs: list[RoundRequest], max_pages: int, device, pad_to: int = 0, pad_slot: int = 0,
                  out: RoundInputs | None = None) -> RoundInputs:
     """Host lists -> RoundInputs (into `out`'s buffers when given: a graph's static inputs), padded to pad_to rows
     with rows that write nothing (limit 0) on pad_slot. Copies go from page-locked memory: no wait for the GPU."""
     pad = max(0, pad_to - len(reqs))
-    reqs = reqs + [RoundRequest(pad_slot, 0, 0, [], 0, -1, pad_slot, 0.0, 0, 1.0, 0.0, 0, 0, False)] * pad
+    reqs = reqs + [RoundRequest.padding(pad_slot)] * pad
     tables = page_table([r.pages for r in reqs], max_pages)
     col = lambda name, dtype: torch.tensor([getattr(r, name) for r in reqs], dtype=dtype)  # noqa: E731
     host = RoundInputs(col("slot", torch.int64), col("base", torch.int64), col("last", torch.int64), tables,
@@ -235,10 +239,9 @@ def round_inputs(reqs: list[RoundRequest], max_pages: int, device, pad_to: int =
                        Sampling(col("temperature", torch.float32), col("top_k", torch.int64),
                                 col("top_p", torch.float32), col("min_p", torch.float32), col("seed", torch.int64),
                                 col("steps", torch.int64), col("seeded", torch.bool)))
-    pinned = torch.cuda.is_available()
     if out is None:
-        return _map(host, lambda t: (t.pin_memory() if pinned else t).to(device, non_blocking=True))
-    _zip(out, host, lambda dst, src: dst.copy_(src.pin_memory() if pinned else src, non_blocking=True))
+        return _map(host, lambda t: pinned(t).to(device, non_blocking=True))
+    _zip(out, host, lambda dst, src: dst.copy_(pinned(src), non_blocking=True))
     return out
 
 
@@ -274,7 +277,7 @@ class RoundGraphs:
 
     def capture(self, b: int, k: int, sampled: bool) -> None:
         dev = self.spec.pools.conv.device
-        reqs = [RoundRequest(self.scratch, 0, 0, [], 0, -1, self.scratch, 0.5, 0, 1.0, 0.0, 0, 0, False)] * b
+        reqs = [RoundRequest.padding(self.scratch, temperature=0.5)] * b
         inp = round_inputs(reqs, self.max_pages, dev)
         for _ in range(2):                                   # compile, tune, initialise outside the capture
             self.spec.round(inp, sampled, k)

@@ -218,7 +218,7 @@ def _bilinear_taps(index: torch.Tensor, size: torch.Tensor, side: int) -> tuple[
 
 
 def load_vision_tower(cfg: VisionConfig, tensors: dict, dtype: torch.dtype, device, policy=None) -> VisionTower:
-    """Build the tower and fill it from the loader's vision tensors (engine.model.load_model's second result: names
+    """Build the tower and fill it from the loader's vision tensors (engine.model.load.load_model's second result: names
     without `model.visual.`, float or quantized per `policy`), emptying `tensors` on the way so the two never both
     hold all the weights. Raises CheckpointError naming missing, unexpected or wrongly shaped tensors."""
     tower = VisionTower(cfg, Build(dtype, device, policy))
