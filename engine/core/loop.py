@@ -228,7 +228,7 @@ class EngineLoop:
         logits = self.runner.forward(seqs, [1] * len(seqs), input_ids=flight.ids if ahead else None)
         for seq in seqs:
             if seq.num_computed % self.cache.page_size == 0:
-                self._rolling_snapshot(seq)
+                self._page_passed(seq)
         if all(seq.sampled_on_device for seq in seqs):
             if ahead and any(seq.matcher is not None for seq in seqs):
                 self._accept_in_flight(flight)      # the masks need those tokens: read them while this step runs
@@ -276,7 +276,7 @@ class EngineLoop:
         for i, token in enumerate(tokens):
             seq.num_computed = base + i + 1
             if seq.num_computed == boundary:
-                self.spec.passed(seq)
+                self._page_passed(seq, taken=self.spec.passed(seq))
             self.output.accept([seq], [token])
             if seq.finish_reason is not None:
                 break
@@ -286,11 +286,17 @@ class EngineLoop:
         """The hash of the page ending at the prompt's snapshot boundary (that page is indexed by now)."""
         return seq.hashes[seq.snapshot_at // self.cache.page_size - 1]
 
-    def _rolling_snapshot(self, seq: Sequence) -> None:
-        """Decode just passed a page boundary: index the full page and copy the state into the rolling snapshot
-        (promoted to the end-of-turn snapshot when the sequence ends: CacheManager.release)."""
+    def _page_passed(self, seq: Sequence, taken: int = -1) -> None:
+        """Decode just passed a page boundary: index the full page and make the state there the rolling snapshot
+        (promoted to the end-of-turn snapshot when the sequence ends: CacheManager.release): copied from the live
+        slot, or the slot a speculative round filled at the boundary (`taken`; the older one is given back)."""
         self.cache.index_pages(seq.hashes, seq.hash_tokens, seq.num_computed, seq.pages)
-        seq.rolling_slot = self.cache.snapshots.roll(seq.state_slot, seq.rolling_slot)
+        if taken < 0:
+            seq.rolling_slot = self.cache.snapshots.roll(seq.state_slot, seq.rolling_slot)
+            return
+        if seq.rolling_slot >= 0:
+            self.cache.snapshots.drop(seq.rolling_slot)
+        seq.rolling_slot = taken
 
     def _encode_images(self) -> None:
         """A step's share of the tower's work: the image that the first prefill waiting for one reaches next, encoded

@@ -8,7 +8,7 @@ at context class c. A plain step yields n tokens in t(0, b, c). The policy picks
 so speculation is never a net loss where the estimates hold: too few drafts kept, a long context, a large batch, each
 moves the choice down to fewer drafts or to plain steps.
 
-Times are the wall times of whole engine steps that only decoded, measured as they run (engine.py `_step`), moving
+Times are the wall times of whole engine steps that only decoded, measured as they run (EngineLoop.step), moving
 averages per (k, b, c); a step that switched kind or batch is not measured (the step before it is still finishing on
 the GPU). A kind not yet measured at (b, c) is estimated as its warm-up time (each CUDA graph is timed when it is
 captured at load: `warm`) plus what the context adds at b, learnt from whatever ran there. Without warm-up times (no

@@ -4,7 +4,7 @@ request.
 
 A decode step speculates when every running sequence can: its sampling needs no host work per token (no logits
 processors, penalties or logprobs), no forced token is pending, and no thinking budget can run out inside the round.
-How many drafts (0: a plain step, engine.py `_decode`) is engine/spec/policy.py's choice, from measured times and the
+How many drafts (0: a plain step, EngineLoop._decode) is engine/spec/policy.py's choice, from measured times and the
 running acceptance. The round itself is engine/spec/rounds.py; its CUDA graphs (every batch bucket, number of drafts,
 greedy and sampled) are captured and timed at load (`capture`), never on a request's path.
 """
@@ -108,7 +108,7 @@ class Speculation:
     # ---- one round ------------------------------------------------------------------------------------------------
     def round(self, seqs: list[Sequence], k: int) -> list[list[int]]:
         """One round of k drafts over these sequences (their pages grown for its rows first); returns each one's new
-        tokens (1 .. k + 1), which the caller commits one by one (engine.py _commit), calling `passed` when a
+        tokens (1 .. k + 1), which the caller commits one by one (EngineLoop._commit), calling `passed` when a
         sequence's committed tokens reach the page boundary the round snapshotted, and `round_over` at the end."""
         page = self.cache.page_size
         reqs = []
@@ -137,15 +137,12 @@ class Speculation:
         """The page boundary whose state the round snapshotted for this sequence (-1: none)."""
         return seq.spec_snapshot[0] if seq.spec_snapshot else -1
 
-    def passed(self, seq: Sequence) -> None:
-        """The sequence's committed tokens reached the round's snapshot boundary: index the full page; the snapshot
-        becomes its rolling end-of-turn snapshot (the older one is given back)."""
+    def passed(self, seq: Sequence) -> int:
+        """The sequence's committed tokens reached the round's snapshot boundary: the slot holding the state there
+        (the loop makes it the rolling snapshot: EngineLoop._page_passed)."""
         _, slot = seq.spec_snapshot
         seq.spec_snapshot = None
-        self.cache.index_pages(seq.hashes, seq.hash_tokens, seq.num_computed, seq.pages)
-        if seq.rolling_slot >= 0:
-            self.cache.snapshots.drop(seq.rolling_slot)
-        seq.rolling_slot = slot
+        return slot
 
     def round_over(self, seq: Sequence) -> None:
         """A snapshot whose boundary the committed tokens did not reach holds nothing of use: give its slot back."""

@@ -1,6 +1,6 @@
 """Grammar-constrained decoding with llguidance: a request's Constraint -> a Matcher per sequence -> token masks.
 
-The engine asks for the masks of a step's sequences after it has fed each one the tokens before (engine.py
+The engine asks for the masks of a step's sequences after it has fed each one the tokens before (engine/core/loop.py
 _decode), and the sampler sets the tokens a mask leaves out to -inf on the device (qwendesk_kernels/sampling.py token_mask)
 before penalties, temperature and the filters. A Matcher starts at once, or on its trigger token: </think> (the
 thinking stays free; the grammar then begins with an optional blank line, the one the chat template puts there), or
