@@ -24,7 +24,7 @@ from engine.model.load import load_model
 from engine.model.config import ModelConfig, load_model_config
 from engine.model.linear import Embedding, Linear
 from engine.model.moe import SparseMoE
-from engine.spec.rounds import Speculator
+from engine.spec.rounds import RoundRunner
 from engine.spec.speculation import Speculation
 from engine.text.grammar import Grammars
 from engine.text.tokenizer import Tokenizer
@@ -138,7 +138,7 @@ def assemble(config: EngineConfig, loaded: Loaded, memory: MemoryPlan, device: t
                          scratch_slot=cache.scratch_slot, cuda_graphs=graphs)
     spec = None
     if drafts:
-        speculator = Speculator(model, pools, drafts, config.max_running, memory.max_context, config.draft_vocab)
+        speculator = RoundRunner(model, pools, drafts, config.max_running, memory.max_context, config.draft_vocab)
         runner.speculator = speculator
         spec = Speculation(speculator, cache, batch_buckets(config.max_running), graphs=graphs,
                            plain_times=runner.graphs.seconds if graphs else None)

@@ -18,7 +18,7 @@ from engine.model.batch import ForwardBatch, build_batch, page_table
 from engine.model.qwen3_5 import Qwen3_5Model
 from engine.core.params import TokenLogprob
 from engine.core.sequence import Sequence
-from engine.spec.rounds import Speculator, replay_seconds
+from engine.spec.rounds import RoundRunner, replay_seconds
 from qwendesk_kernels.sampling import Penalties, sample, token_logprobs, token_mask
 
 BUCKETS = (1, 2, 4, 8)
@@ -37,7 +37,7 @@ class ModelRunner:
         self.pools = pools
         self.device = device
         self.graphs = None
-        self.speculator: Speculator | None = None   # set by the engine when it speculates: prompts feed its MTP KV
+        self.speculator: RoundRunner | None = None   # set by the engine when it speculates: prompts feed its MTP KV
         self.last_hidden: torch.Tensor | None = None  # a prefill step's hidden states at its logits rows
         if cuda_graphs:                             # (the engine decides: engine.device.graphs_on)
             self.graphs = DecodeGraphs(model, pools, device, max_batch, max_context, scratch_slot)

@@ -1,5 +1,5 @@
 """The forwards the readiness check records: each model shape's prefill chunk, decode steps and speculative rounds,
-run by the engine's own code (Qwen3_5Model, Speculator, the sampler) on the meta device inside `recording`."""
+run by the engine's own code (Qwen3_5Model, RoundRunner, the sampler) on the meta device inside `recording`."""
 
 from __future__ import annotations
 
@@ -80,8 +80,8 @@ def _sample(logits):
 
 
 def _rounds(rec: Recorder, tag: str, model, pools, tables) -> None:
-    from engine.spec.rounds import RoundRequest, Speculator, round_inputs
-    spec = Speculator(model, pools, max(DRAFTS), max(BUCKETS), CONTEXT + PAGE)
+    from engine.spec.rounds import RoundRequest, RoundRunner, round_inputs
+    spec = RoundRunner(model, pools, max(DRAFTS), max(BUCKETS), CONTEXT + PAGE)
     for n in BUCKETS:
         reqs = [RoundRequest(i, CONTEXT, 0, tables[i], CONTEXT + PAGE, -1, 8, 0.7, 20, 0.9, 0.0, 1, 0, False)
                 for i in range(n)]

@@ -99,7 +99,7 @@ def rows_batch(inp: RoundInputs, offset: int, rows: int, page_size: int, max_seq
         max_seq_len=max_seq_len, verify=verify)
 
 
-class Speculator:
+class RoundRunner:
     def __init__(self, model: Qwen3_5Model, pools: CacheTensors, k: int, max_batch: int, max_context: int,
                  draft_vocab: int = EngineConfig.draft_vocab):
         """k: the most drafts a round makes (buffers are sized for it)."""
@@ -269,7 +269,7 @@ class RoundGraphs:
     them at load (engine/spec/speculation.py `capture`); running one that was not captured is a bug, not a capture on a
     request's path (that stalled every stream for seconds)."""
 
-    def __init__(self, spec: Speculator, buckets: list[int], max_pages: int, scratch_slot: int, pool=None):
+    def __init__(self, spec: RoundRunner, buckets: list[int], max_pages: int, scratch_slot: int, pool=None):
         self.spec, self.buckets, self.max_pages, self.scratch = spec, buckets, max_pages, scratch_slot
         self.pool = pool
         self.graphs: dict[tuple[int, int, bool], tuple] = {}

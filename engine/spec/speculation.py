@@ -19,11 +19,11 @@ from engine.cache.manager import CacheManager
 from engine.spec.policy import DraftPolicy
 from engine.core.params import SpeculationStats
 from engine.core.sequence import Sequence
-from engine.spec.rounds import RoundGraphs, RoundRequest, Speculator, round_inputs
+from engine.spec.rounds import RoundGraphs, RoundRequest, RoundRunner, round_inputs
 
 
 class Speculation:
-    def __init__(self, speculator: Speculator, cache: CacheManager, buckets: list[int], graphs: bool,
+    def __init__(self, speculator: RoundRunner, cache: CacheManager, buckets: list[int], graphs: bool,
                  plain_times: dict[int, float] | None = None):
         """buckets: the batch sizes decode steps and rounds run at (padded up); graphs: rounds replay CUDA graphs
         (captured by `capture`); plain_times: {bucket: seconds} of the plain decode graphs (the policy's start)."""
