@@ -16,7 +16,7 @@ import torch
 from engine.cache.manager import CacheManager, PrefixHit
 from engine.core.messages import Cancel, Message, Score, Stop, Submit, Warm
 from engine.core.output import OutputStage
-from engine.core.params import EngineConfig, QueueFullError, SamplingParams
+from engine.core.params import EngineConfig, FinishReason, QueueFullError, SamplingParams
 from engine.core.runner import ModelRunner
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
@@ -354,7 +354,7 @@ class EngineLoop:
         with self.requests.lock:
             self.requests.active -= 1
 
-    def fail_all(self, reason: str, error: str | None) -> None:
+    def fail_all(self, reason: FinishReason, error: str | None) -> None:
         self._in_flight = None
         for seq in list(self._seqs.values()):
             self.output.finish(seq, reason, error)

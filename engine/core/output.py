@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from engine.core.params import SamplingParams, StreamEvent, Timings, Usage
+from engine.core.params import FinishReason, SamplingParams, StreamEvent, Timings, Usage
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
 from engine.text.grammar import Grammars, Matcher
@@ -78,7 +78,7 @@ class OutputStage:
             if reason:
                 self.finish(seq, reason, seq.error)
 
-    def finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+    def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
         """End a request: give back what it holds and send its finish event. The event goes out even when the
         ending itself fails (the detokenizer's flush, the cache release), as an error: else the caller would wait
         for ever, and a failed step's fail_all would stop at the first such request and take the loop down. A reply

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Literal
 
 
 PROFILES = {"C1": 1, "C2": 2, "C4": 4, "C8": 8}
@@ -274,6 +275,10 @@ def add_calls(calls: list[ToolCall], pieces: list) -> None:
         elif isinstance(piece, CallArgs):
             calls[piece.index].arguments += piece.text
 
+EventKind = Literal["delta", "finish"]
+TokenKind = Literal["content", "reasoning", "control"]
+FinishReason = Literal["stop", "length", "tool_calls", "cancelled", "error"]
+
 
 @dataclass
 class StreamEvent:
@@ -284,12 +289,12 @@ class StreamEvent:
     finish_reason: stop (end of sequence, a stop token or a stop string) | length | tool_calls (it stopped
     and the reply made calls) | cancelled | error.
     stop_sequence: the stop string that ended the reply (None when anything else did)."""
-    kind: str
+    kind: EventKind
     pieces: list = field(default_factory=list)          # Text | Reasoning | CallStart | CallArgs, in order
     token_ids: list[int] = field(default_factory=list)
-    token_kinds: list[str] = field(default_factory=list)
+    token_kinds: list[TokenKind] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     stop_sequence: str | None = None
     usage: Usage | None = None
     timings: Timings | None = None

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from engine.cache.pages import PageTable
-from engine.core.params import SamplingParams, SpeculationStats, StreamEvent, TokenLogprob
+from engine.core.params import FinishReason, SamplingParams, SpeculationStats, StreamEvent, TokenLogprob
 from engine.vision.prompt import ImagePrompt
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ class Sequence:
     rolling_slot: int = -1                      # end-of-turn snapshot: state at the latest page boundary
     spec_counts: SpeculationStats = field(default_factory=SpeculationStats)   # what speculation did for it
     spec_snapshot: tuple[int, int] | None = None  # a round's snapshot (page boundary, slot) not yet reached
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     error: str | None = None                    # why this request must end with an error (set while sampling)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     forced: deque = field(default_factory=deque)  # tokens to emit next instead of sampling
