@@ -18,7 +18,8 @@ import engine.core.runner
 import engine.spec.speculation
 from engine.api import Engine, EngineConfig, SamplingParams
 from engine.spec.policy import PROBE_MAX, PROBE_MIN, DraftPolicy, context_class
-from engine.spec.rounds import DraftOracle, round_inputs
+from engine.bench.oracle import DraftOracle
+from engine.spec.rounds import round_inputs
 
 BUCKETS = [1, 2, 4, 8]
 STEP = {1: 7.7e-3, 2: 7.9e-3, 4: 9.0e-3, 8: 11.9e-3}                  # plain steps (s)

@@ -1,6 +1,6 @@
 """Speculative decoding at real shapes with random weights: `qwendesk-bench --draft-oracle 1,0.9,0.82,0.6,0.3,0`.
 
-Random weights predict nothing, so drafts come from a DraftOracle (engine/spec/rounds.py): draft j is the true greedy
+Random weights predict nothing, so drafts come from a DraftOracle (engine/bench/oracle.py): draft j is the true greedy
 continuation, from a plain run of the same prompt, with probability P if the drafts before it were, else a wrong
 token; a round then yields 1 + P + ... + P^k tokens on average (P = 0.82, k = 3: 3.04, the 3090 reference engine's
 measured figure). The MTP layer still runs, so every cost is real. Per profile: plain greedy runs (the reference
@@ -84,7 +84,7 @@ def components(eng, k: int, context: int) -> dict:
 def bench_speculation(model, args) -> dict:
     """The table of module docstring: rows of dict per (profile, k, P)."""
     from engine.api import Engine, EngineConfig
-    from engine.spec.rounds import DraftOracle
+    from engine.bench.oracle import DraftOracle
     tok = bench_tokenizer()
     out = {"rows": []}
 

@@ -186,7 +186,7 @@ class Engine:
         self._loop.post(Cancel(request_id))
 
     def set_draft_oracle(self, oracle, adaptive: bool = True) -> None:
-        """Benchmarks and tests only: speculative drafts replaced per an engine.spec.rounds.DraftOracle (None: the
+        """Benchmarks and tests only: speculative drafts replaced per an engine.bench.oracle.DraftOracle (None: the
         MTP's own again); adaptive False: every step speculates, paying or not. Call while no request runs."""
         if self._spec is None:
             raise RuntimeError("this engine does not speculate (speculative_tokens 0, or no MTP module)")

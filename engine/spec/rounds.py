@@ -23,6 +23,7 @@ boundary of a cached prompt, steps decoded without speculation) acceptance may d
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -33,33 +34,19 @@ from engine.cache.pages import CacheTensors
 from engine.model.batch import ForwardBatch, page_table
 from engine.model.qwen3_5 import Qwen3_5Model
 from qwendesk_kernels.gdn import VerifyRows, gdn_replay
-from qwendesk_kernels.sampling import random_uniform_ref
 
 
-@dataclass
-class DraftOracle:
-    """A measuring instrument (qwendesk-bench --draft-oracle P, and tests): the MTP still drafts, then draft j is
-    replaced by the true greedy continuation with probability p if drafts 1 .. j - 1 were true, else by a wrong
-    token; a round then yields 1 + p + ... + p^k tokens on average, whatever the weights. Greedy requests only (a
-    replaced draft has no draft distribution). `continuations` maps a prompt to its plain greedy run (prompt +
-    output); `table` holds each live slot's, from `Speculation.start`."""
-    p: float | tuple[float, ...]                      # or one rate per draft position (the last one for the rest)
-    continuations: dict[tuple[int, ...], list[int]]
-    table: torch.Tensor | None = None                 # [num_slots, max_context] int64
-    rate: torch.Tensor | None = None                  # [k] p per position on the device: captured rounds read it
+class DraftHook(Protocol):
+    """Drafts replaced inside each round, for measuring (engine/bench/oracle.py DraftOracle, and tests)."""
+
+    def attach(self, previous: "DraftHook | None", slots: int, max_context: int, k: int, device) -> None:
+        """Its device tensors (a previous hook's, which captured rounds read, else new ones), before any round."""
 
     def assign(self, slot: int, prompt: list[int]) -> None:
-        tokens = self.continuations.get(tuple(prompt), [])[:self.table.shape[1]]
-        self.table[slot].fill_(0)
-        self.table[slot, :len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
+        """A sequence starts drafting in this state slot (Speculation.start)."""
 
     def apply(self, drafts: torch.Tensor, inp: "RoundInputs", vocab: int) -> torch.Tensor:
-        k = drafts.shape[1]
-        pos = (inp.base[:, None] + 1 + torch.arange(k, device=drafts.device)).clamp(max=self.table.shape[1] - 1)
-        true = self.table[inp.slots[:, None], pos]
-        u = random_uniform_ref(inp.sampling.seeds, 4 * inp.base + 3, k)
-        right = (u < self.rate[:k]).int().cumprod(1).bool()
-        return torch.where(right, true, (true + 1) % vocab)
+        """The round's drafts [B, k] -> the ones it verifies (on the device, no host sync: captured)."""
 
 
 @dataclass
@@ -115,20 +102,13 @@ class RoundRunner:
         # per state slot (graph padding rows use the scratch slot: every slot has a row)
         self.draft_tokens = torch.zeros(pools.num_slots, dtype=torch.int64, device=dev)
         self.draft_hidden = torch.zeros(pools.num_slots, cfg.hidden_size, dtype=dtype, device=dev)
-        self.oracle: DraftOracle | None = None
+        self.oracle: DraftHook | None = None
 
-    def set_oracle(self, oracle: DraftOracle | None) -> bool:
-        """Replace drafts per DraftOracle (None: back to the MTP's own). Returns whether captured rounds must be
+    def set_oracle(self, oracle: DraftHook | None) -> bool:
+        """Replace drafts per a DraftHook (None: back to the MTP's own). Returns whether captured rounds must be
         captured again: a round with an oracle runs other kernels; one oracle after another shares its tensors."""
-        if oracle is not None and self.oracle is not None:
-            oracle.table, oracle.rate = self.oracle.table, self.oracle.rate
-        elif oracle is not None:
-            dev = self.draft_tokens.device
-            oracle.table = torch.zeros(self.draft_tokens.shape[0], self.max_context, dtype=torch.int64, device=dev)
-            oracle.rate = torch.zeros(self.k, device=dev)
         if oracle is not None:
-            rates = list(oracle.p) if isinstance(oracle.p, tuple) else [oracle.p]
-            oracle.rate.copy_(torch.tensor((rates + rates[-1:] * self.k)[:self.k]))
+            oracle.attach(self.oracle, self.draft_tokens.shape[0], self.max_context, self.k, self.draft_tokens.device)
         recapture = (oracle is None) != (self.oracle is None)
         self.oracle = oracle
         return recapture

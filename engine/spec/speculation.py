@@ -57,7 +57,7 @@ class Speculation:
         return DraftPolicy(self.max_k, self.buckets, warm if self.graphs is not None else None)
 
     def use_oracle(self, oracle, adaptive: bool = True) -> None:
-        """Drafts from a DraftOracle (engine/spec/rounds.py; None: the MTP's own); the rounds are captured again when
+        """Drafts from a DraftOracle (engine/bench/oracle.py; None: the MTP's own); the rounds are captured again when
         the oracle comes or goes. adaptive False: every eligible step makes max_k drafts, paying or not (to time
         rounds)."""
         recapture = self.spec.set_oracle(oracle)
