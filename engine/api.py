@@ -5,16 +5,16 @@ the engine from here too.
 """
 
 from engine.chat.tools import ToolCallParser, call_arguments, tool_schemas
-from engine.config import ModelConfig, UnsupportedModelError, load_model_config, parse_model_config
-from engine.device import DeviceInfo, probe
-from engine.engine import NO_VISION, Engine, LoadCancelled, RequestHandle
+from engine.model.config import ModelConfig, UnsupportedModelError, load_model_config, parse_model_config
+from engine.core.device import DeviceInfo, probe
+from engine.core.engine import NO_VISION, Engine, LoadCancelled, RequestHandle
 from engine.listen import DEFAULT_PORT, PortInUseError, listen_socket
-from engine.memory import MemoryPlan, budget_for, plan_for, system_share
-from engine.params import (DTYPE_NAMES, KV_DTYPES, MAX_DRAFTS, PROFILES, VISION, WEIGHTS, CallArgs, CallStart,
+from engine.core.memory import MemoryPlan, budget_for, plan_for, system_share
+from engine.core.params import (DTYPE_NAMES, KV_DTYPES, MAX_DRAFTS, PROFILES, VISION, WEIGHTS, CallArgs, CallStart,
                            Constraint, ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, Reasoning,
                            SamplingParams, SpeculationStats, StreamEvent, Text, Timings, TokenLogprob, ToolCall, Usage,
                            add_calls)
-from engine.streaming import starts_in_reasoning
+from engine.text.output_stream import starts_in_reasoning
 from engine.vision.processor import ImageInputError, decode_image
 from engine.vision.prompt import split_images
 from engine.weights.checkpoint import CheckpointError, check_checkpoint

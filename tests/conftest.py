@@ -64,7 +64,7 @@ def poisoned_outputs(monkeypatch):
 def tiny_pools():
     """tiny_pools(num_pages, num_slots, page_size=4) -> a real CacheTensors on the CPU (one layer, one head of one
     element); state slot s starts out holding the value s, so a copy between slots shows."""
-    from engine.kv_cache import CacheTensors
+    from engine.cache.pages import CacheTensors
 
     def make(num_pages: int, num_slots: int, page_size: int = 4) -> CacheTensors:
         slots = torch.arange(num_slots, dtype=torch.float32)

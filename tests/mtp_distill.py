@@ -75,7 +75,7 @@ def _sequences(path: str, n: int, prompt_len: int, new: int) -> list[list[int]]:
 @torch.no_grad()
 def _hidden(model, ids: list[int]) -> torch.Tensor:
     """The main model's final hidden states over one sequence [T, H]."""
-    from engine.kv_cache import CacheTensors
+    from engine.cache.pages import CacheTensors
     from engine.model.batch import build_batch
 
     T, page = len(ids), 16
@@ -88,7 +88,7 @@ def _hidden(model, ids: list[int]) -> torch.Tensor:
 def distill_mtp(src: str, dst: Path, steps: int = 300, lr: float = 3e-3) -> Path:
     """A copy of the checkpoint at `src` whose MTP module was fitted (Adam, full batch) to predict the model's own
     greedy token after next from its hidden states."""
-    from engine.model import load_model
+    from engine.model.load import load_model
 
     seqs = _sequences(src, n=12, prompt_len=16, new=48)
     model, _ = load_model(src, "cpu", torch.float32, mtp=True)

@@ -742,7 +742,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the report here")
     args = vars(ap.parse_args(argv))
     out = args.pop("json")
-    from engine.random_model import SHAPES
+    from engine.bench.random_model import SHAPES
     if args["shape"] not in (None, "tiny", *SHAPES):
         ap.error(f"--shape: one of tiny, {', '.join(SHAPES)}")
     for name in ("requests", "clients", "conversations"):

@@ -4,7 +4,7 @@ distributed exactly as the target's (chi-square over many seeds, with temperatur
 import pytest
 import torch
 
-from engine.acceptance import Sampling, accept, draft_probs, pick_draft
+from engine.spec.acceptance import Sampling, accept, draft_probs, pick_draft
 from qwendesk_kernels.sampling import filtered_probs_ref
 
 V, K = 6, 2

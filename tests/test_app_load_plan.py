@@ -36,7 +36,7 @@ def real_checkpoint(directory, size: str):
 
 @pytest.fixture
 def load_on_3090(app_env, qtbot, monkeypatch):
-    monkeypatch.setattr("engine.memory.probe", lambda name="auto": RTX3090)   # the device the planner sees
+    monkeypatch.setattr("engine.core.memory.probe", lambda name="auto": RTX3090)   # the device the planner sees
     monkeypatch.setattr("app.engine_thread.Engine", StandInEngine)
     StandInEngine.configs.clear()
 

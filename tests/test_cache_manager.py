@@ -2,7 +2,7 @@
 prefix matching (pages and a snapshot), reference counts, LRU eviction of cached pages (and their snapshots) and the
 rolling snapshot's promotion at release."""
 
-from engine.cache_manager import CacheManager, PrefixHit, chain_hashes
+from engine.cache.manager import CacheManager, PrefixHit, chain_hashes
 
 PAGE = 4
 

@@ -88,7 +88,7 @@ def test_tier_settings_are_checked():
 
 def test_the_plan_shows_the_host_tier_apart_from_device_memory(ckpt):
     from engine.api import plan_for
-    from engine.device import host_ram_bytes
+    from engine.core.device import host_ram_bytes
 
     base = dict(model=ckpt, device="cpu", max_context=1024)
     off, some, default = (plan_for(EngineConfig(**base, host_cache_gb=gb)) for gb in (0, 1.5, None))
@@ -102,7 +102,7 @@ def test_the_plan_shows_the_disk_tiers_write_staging(ckpt):
     """What the disk tier's writer stages in host memory (pinned on a GPU: one buffer of exactly this) is the plan's,
     and the engine's disk tier is built with it."""
     from engine.api import plan_for
-    from engine.disk_cache import MAX_PENDING_BYTES
+    from engine.cache.disk import MAX_PENDING_BYTES
 
     base = dict(model=ckpt, device="cpu", max_context=1024)
     off, on = (plan_for(EngineConfig(**base, disk_cache=d)) for d in (False, True))

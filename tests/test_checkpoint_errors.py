@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.config import UnsupportedModelError, load_model_config, parse_model_config
-from engine.model import load_model
+from engine.model.config import UnsupportedModelError, load_model_config, parse_model_config
+from engine.model.load import load_model
 from engine.weights.checkpoint import CheckpointError
 
 

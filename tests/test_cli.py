@@ -11,8 +11,8 @@ from huggingface_hub.errors import LocalEntryNotFoundError
 
 import engine.api
 from app.main import main as app_main
-from engine.bench import main as bench_main
-from engine.cli import chat_main
+from engine.bench.suite import main as bench_main
+from engine.commands.chat import chat_main
 from engine.server.cli import parse_args as serve_args
 from qwendesk_kernels.bench import main as kernels_bench_main
 
@@ -22,7 +22,7 @@ no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happe
 def test_chat_cli_streams_a_reply(checkpoint):
     path = checkpoint("base")
     proc = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "--model", str(path), "--device", "cpu", "--max-tokens", "12",
+        [sys.executable, "-m", "engine.commands.chat", "--model", str(path), "--device", "cpu", "--max-tokens", "12",
          "--seed", "1"],
         input="Hello there\nAnd again\n\n", capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -35,7 +35,7 @@ def test_chat_cli_reports_a_checkpoint_that_fails_to_load(tmp_path, checkpoint):
     for f in checkpoint("base").iterdir():                                       # all but the weights
         if f.suffix != ".safetensors":
             (tmp_path / f.name).write_bytes(f.read_bytes())
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", "--model", str(tmp_path), "--device", "cpu"],
+    proc = subprocess.run([sys.executable, "-m", "engine.commands.chat", "--model", str(tmp_path), "--device", "cpu"],
                           input="", capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert proc.stderr.splitlines()[-1].startswith("error:") and "safetensors" in proc.stderr

@@ -10,8 +10,8 @@ import struct
 import pytest
 import torch
 
-from engine import disk_cache
-from engine.disk_cache import HEADER, DiskCache, namespace
+from engine.cache import disk as disk_cache
+from engine.cache.disk import HEADER, DiskCache, namespace
 from tests.test_host_cache import pools
 
 NS = namespace({"model": "tiny", "kv": "bf16"})
@@ -211,7 +211,7 @@ def test_writes_beyond_the_pending_bound_are_skipped_not_waited_for(tmp_path):
 
 CHILD = """
 import sys, torch
-from engine.disk_cache import DiskCache
+from engine.cache.disk import DiskCache
 from tests.test_disk_cache import NS
 from tests.test_host_cache import pools
 p = pools(num_pages=64, page_size=256)

@@ -1,4 +1,4 @@
-"""How many drafts a round makes (engine/draft_policy.py), and that every round the engine can run is captured at load.
+"""How many drafts a round makes (engine/spec/policy.py), and that every round the engine can run is captured at load.
 
 The policy alone, on step times shaped like the H100's (docs/performance.md, 2026-12-06: int4 27B, a plain C1 step
 7.7 ms, a verify of 4 rows 1.16x; C8 rounds ~1.9x a C8 step): it drafts while drafts are kept, fewer where rounds cost
@@ -13,12 +13,13 @@ import random
 import pytest
 import torch
 
-import engine.engine
-import engine.runner
-import engine.speculation
+import engine.core.build
+import engine.core.runner
+import engine.spec.speculation
 from engine.api import Engine, EngineConfig, SamplingParams
-from engine.draft_policy import PROBE_MAX, PROBE_MIN, DraftPolicy, context_class
-from engine.speculative import DraftOracle, round_inputs
+from engine.spec.policy import PROBE_MAX, PROBE_MIN, DraftPolicy, context_class
+from engine.bench.oracle import DraftOracle
+from engine.spec.rounds import round_inputs
 
 BUCKETS = [1, 2, 4, 8]
 STEP = {1: 7.7e-3, 2: 7.9e-3, 4: 9.0e-3, 8: 11.9e-3}                  # plain steps (s)
@@ -129,13 +130,13 @@ def test_speculation_turns_off_when_no_draft_is_kept_and_stays_on_when_all_are(c
     """The engine's steps as they run, with the GPU's proportions for their times (on the CPU a tiny model's round
     costs ~3.4 plain steps, and the machine's load moves that: the choice would follow the noise): a plain step as
     in STEP, a round of k drafts 1.2 + 0.05 k of it."""
-    real = engine.speculation.Speculation.step_done
+    real = engine.spec.speculation.Speculation.step_done
 
     def step_done(self, k, seqs, seconds):
         plain = STEP[self.policy.bucket(len(seqs))]
         real(self, k, seqs, plain * (1.2 + 0.05 * k) if k else plain)
 
-    monkeypatch.setattr(engine.speculation.Speculation, "step_done", step_done)
+    monkeypatch.setattr(engine.spec.speculation.Speculation, "step_done", step_done)
     n = 120
     prompts, want = prompts_and_plain(ckpt, c, n)
     runs = {tuple(p): p + w for p, w in zip(prompts, want)}
@@ -158,7 +159,7 @@ class StubDecodeGraphs:
     """The plain decode graphs, not captured (the CPU has none): steps run eagerly; each bucket has a warm time."""
 
     def __init__(self, model, pools, device, max_batch, max_context, scratch_slot):
-        self.buckets = engine.runner.batch_buckets(max_batch)
+        self.buckets = engine.core.runner.batch_buckets(max_batch)
         self.seconds = {b: 5e-3 + 1e-4 * b for b in self.buckets}
 
     def fits(self, seqs, query_lens):
@@ -192,9 +193,9 @@ class StubRoundGraphs:
 
 
 def test_every_round_is_captured_at_load_and_none_on_a_requests_path(ckpt, monkeypatch):
-    monkeypatch.setattr(engine.engine, "graphs_on", lambda device: True)
-    monkeypatch.setattr(engine.runner, "DecodeGraphs", StubDecodeGraphs)
-    monkeypatch.setattr(engine.speculation, "RoundGraphs", StubRoundGraphs)
+    monkeypatch.setattr(engine.core.build, "graphs_on", lambda device: True)
+    monkeypatch.setattr(engine.core.runner, "DecodeGraphs", StubDecodeGraphs)
+    monkeypatch.setattr(engine.spec.speculation, "RoundGraphs", StubRoundGraphs)
     StubRoundGraphs.captured, StubRoundGraphs.ran = [], []
     stages = []
     with Engine(EngineConfig(model=ckpt, device="cpu", dtype="float32", profile="C4", max_context=640, page_size=16,

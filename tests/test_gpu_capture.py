@@ -1,4 +1,4 @@
-"""engine/device.capture_graph: the engine captures a CUDA graph (a speculative round on its first use) while the
+"""engine/core/device.capture_graph: the engine captures a CUDA graph (a speculative round on its first use) while the
 disk tier's writer thread waits on its copies' events. In CUDA's default capture mode that wait fails the capture
 (the GPU soak hit it: `operation not permitted when stream is capturing`); captured thread-locally it does not."""
 
@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from engine.device import capture_graph
+from engine.core.device import capture_graph
 
 
 def captures_beside_a_waiting_thread(capture, rounds: int = 40) -> int:

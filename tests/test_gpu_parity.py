@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine.api import Engine, EngineConfig, SamplingParams
-from engine.random_model import text_config
-from engine.config import parse_model_config
+from engine.bench.random_model import text_config
+from engine.model.config import parse_model_config
 from engine.model.qwen3_5 import Qwen3_5Model
 from engine.weights.loader import load_state_dict
 
@@ -104,7 +104,7 @@ def test_27b_shapes_one_forward_is_as_close_to_fp32_as_transformers_bf16():
 
 
 def _tokenizer():
-    from engine.random_model import bench_tokenizer
+    from engine.bench.random_model import bench_tokenizer
     return bench_tokenizer()
 
 

@@ -44,11 +44,11 @@ def test_on_demand_tower_leaves_the_gpu_after_encoding(checkpoint):
 
 def test_row_chunks_on_cuda_stay_close_and_the_peak_is_planned(checkpoint, monkeypatch):
     """An image of 4,096 patches through the tower on CUDA as the engine encodes it: its peak under the planner's
-    estimate (engine/memory.vision_encode_bytes); in chunks of a few hundred patches (cuBLAS picks kernels per row
+    estimate (engine/core/memory.vision_encode_bytes); in chunks of a few hundred patches (cuBLAS picks kernels per row
     count) close to one pass."""
-    from engine.config import load_model_config
-    from engine.memory import vision_encode_bytes
-    from engine.model import load_model
+    from engine.model.config import load_model_config
+    from engine.core.memory import vision_encode_bytes
+    from engine.model.load import load_model
     from engine.vision import tower as tower_module
     from engine.vision.encoder import ImageEncoder
     from engine.vision.processor import ProcessedImage

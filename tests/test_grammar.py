@@ -237,7 +237,7 @@ def test_masks_match_the_reference_bit_layout(eng):
 
 def test_model_rows_past_the_tokenizer_are_never_allowed(eng):
     """Qwen's LM head has more rows (248,320) than its tokenizer has tokens (248,077): those never pass a mask."""
-    from engine.grammar import Grammars
+    from engine.text.grammar import Grammars
     n = eng.tokenizer.vocab_size
     grammars = Grammars(eng.tokenizer, n + 100)
     mask = grammars.masks([grammars.matcher(Constraint(json_schema={"type": "string"}), in_reasoning=False)])

@@ -5,9 +5,9 @@ spilling GPU evictions into it and restoring a hit from it."""
 import pytest
 import torch
 
-from engine.cache_manager import CacheManager, PrefixHit
-from engine.host_cache import HostCache
-from engine.kv_cache import CacheTensors
+from engine.cache.manager import CacheManager, PrefixHit
+from engine.cache.host import HostCache
+from engine.cache.pages import CacheTensors
 
 
 def pools(num_pages=6, num_slots=5, page_size=4, int8=False, seed=0) -> CacheTensors:
@@ -62,7 +62,7 @@ def test_the_budget_bounds_the_slabs_and_the_least_recently_used_go_first():
 
 def test_a_budget_of_part_slabs_is_used_to_the_last_block(monkeypatch):
     p = pools(num_pages=8)
-    monkeypatch.setattr("engine.host_cache.SLAB_BYTES", 3 * p.page_nbytes)      # slabs of 3 blocks, budget 7
+    monkeypatch.setattr("engine.cache.host.SLAB_BYTES", 3 * p.page_nbytes)      # slabs of 3 blocks, budget 7
     host = HostCache(p, budget_bytes=7 * p.page_nbytes)
     keys = [bytes([i]) for i in range(7)]
     host.put_pages(keys[:6], list(range(6)))
@@ -158,7 +158,7 @@ def test_on_the_gpu_pinned_copies_keep_stream_order(tmp_path):
     """Pools on the GPU: the host tier's blocks are pinned and its copies queued without waiting; a page overwritten
     right after its spill, and a block reused right after a restore, still give the right bytes. The disk tier's
     write waits for its copy out of the GPU."""
-    from engine.disk_cache import DiskCache, namespace
+    from engine.cache.disk import DiskCache, namespace
     cpu = pools(num_pages=8, int8=True)
     p = CacheTensors(**{name: (getattr(cpu, name).cuda() if name != "page_size" else cpu.page_size)
                         for name in ("k", "v", "k_scale", "v_scale", "conv", "ssm", "page_size")})
@@ -183,8 +183,8 @@ def test_on_the_gpu_pinned_copies_keep_stream_order(tmp_path):
 def three_pages_on_disk(tmp_path, snapshots: dict[int, int]):
     """(source pools, 13 tokens, the chain hashes of their 3 pages, a DiskCache holding those pages and a snapshot
     after page i (0-based) from the source's state slot snapshots[i])."""
-    from engine.cache_manager import chain_hashes
-    from engine.disk_cache import DiskCache, namespace
+    from engine.cache.manager import chain_hashes
+    from engine.cache.disk import DiskCache, namespace
     src = pools(num_pages=4, num_slots=5, seed=1)
     tokens = list(range(13))
     keys = chain_hashes(tokens[:12], 4)

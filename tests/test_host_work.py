@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from engine.api import Engine, EngineConfig, SamplingParams
-from engine.config import parse_model_config
-from engine.random_model import bench_tokenizer, text_config
-from engine.sequence import Sequence
+from engine.model.config import parse_model_config
+from engine.bench.random_model import bench_tokenizer, text_config
+from engine.core.sequence import Sequence
 
 CHUNK, PAGE = 1024, 64
 SHORT, LONG = 8192, 131072
@@ -69,7 +69,7 @@ def engine(request):
 def step_times(eng, prompt_len: int, new_tokens: int, seed: int) -> tuple[list[float], list[float]]:
     """(host seconds of each full prefill chunk but the first, of each decode step but the first two) of one request.
     Each call needs its own `seed`: a prompt seen before is a prefix-cache hit, with no prefill chunks to time."""
-    prefill, decode, real = [], [], eng._step
+    prefill, decode, real = [], [], eng._loop.step
 
     def timed():
         running = eng._scheduler.running
@@ -83,12 +83,12 @@ def step_times(eng, prompt_len: int, new_tokens: int, seed: int) -> tuple[list[f
         elif len(seq.output) > 2 and seq.finish_reason is None:
             decode.append(time.perf_counter() - t0)
 
-    eng._step = timed
+    eng._loop.step = timed
     try:
         prompt = torch.randint(1, VOCAB, (prompt_len,), generator=torch.Generator().manual_seed(seed)).tolist()
         out = eng.generate(prompt, SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True))
     finally:
-        del eng._step
+        del eng._loop.step
     assert len(out.token_ids) == new_tokens and len(prefill) >= prompt_len // CHUNK - 3 and len(decode) >= 16
     return prefill, decode
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine.api import Engine, EngineConfig, SamplingParams
-from engine.device import probe
-from engine.memory import plan_for
+from engine.core.device import probe
+from engine.core.memory import plan_for
 
 
 def make(path, **kw):

@@ -33,9 +33,9 @@ def test_the_app_imports_the_engine_only_through_its_api():
 
 
 def test_the_server_takes_the_engine_from_its_api():
-    """Its command line (server/cli.py, the program on top) also shares the argument checks of engine/cli_args.py
+    """Its command line (server/cli.py, the program on top) also shares the argument checks of engine/commands/args.py
     with qwendesk-chat."""
-    allowed = {("engine/server/cli.py", "engine.cli_args")}
+    allowed = {("engine/server/cli.py", "engine.commands.args")}
     bad = [(f, m) for f, m in imports("engine/server") if top(m) in ("engine", "qwendesk_kernels") and m != "engine.api"
            and not m.startswith("engine.server") and (f, m) not in allowed]
     assert bad == []

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from engine.config import parse_model_config
-from engine.memory import GIB, plan_memory
-from engine.params import EngineConfig
+from engine.model.config import parse_model_config
+from engine.core.memory import GIB, plan_memory
+from engine.core.params import EngineConfig
 from engine.model.shapes import model_tensor_shapes
 from engine.weights.policy import DEFAULT_POLICY, policy_bytes
-from engine.random_model import text_config
+from engine.bench.random_model import text_config
 
 CFG = parse_model_config(text_config("27b"))
 INT4 = policy_bytes(model_tensor_shapes(CFG, with_mtp=False, with_vision=False), DEFAULT_POLICY)["total"]
@@ -92,9 +92,9 @@ def test_35b_a3b_on_a_24gib_card_c1_64k_and_c8_8k_each_with_vision_on_demand():
     """The 35B-A3B (config as published: MoE text config, the vision tower, MTP) as the app loads it on a 24 GiB card:
     int4, MTP drafts, the tower on demand (the largest image's encode in the workspace); C1 with at least 64K tokens
     of context and C8 with at least 8K each."""
-    from engine.device import DeviceInfo
-    from engine.memory import plan_for
-    from engine.random_model import wrapper_config
+    from engine.core.device import DeviceInfo
+    from engine.core.memory import plan_for
+    from engine.bench.random_model import wrapper_config
 
     cfg = parse_model_config(wrapper_config("35b-a3b"))
     card = DeviceInfo("cuda", "RTX 3090", 24 * GIB, int(23.5 * GIB))
@@ -110,8 +110,8 @@ def test_35b_a3b_on_a_24gib_card_c1_64k_and_c8_8k_each_with_vision_on_demand():
 def test_vision_on_a_24gib_card_is_on_demand_and_keeps_32k_at_c1():
     """The published 27B with its vision tower (config.json as shipped), int4 and MTP as the app loads it: the tower
     stays on the host and borrows the workspace to encode the largest image (16.7 megapixels)."""
-    from engine.memory import DEFAULT_MAX_PIXELS, plan_for, vision_encode_bytes
-    from engine.device import DeviceInfo
+    from engine.core.memory import DEFAULT_MAX_PIXELS, plan_for, vision_encode_bytes
+    from engine.core.device import DeviceInfo
     from tests.test_quantize import QWEN36_27B
 
     cfg = parse_model_config(QWEN36_27B)
@@ -138,8 +138,8 @@ def test_27b_on_a_desktop_3090_keeps_64k_of_int8_kv_at_c1(free_gib):
     """A 24 GiB card that also drives a display has ~22.5 GiB free (23.5 headless): the published 27B as the app
     loads it there (int4, MTP drafts, the tower on demand) still plans at least 64K tokens of int8 KV at C1, and C8
     8K each with int8 KV; within what is free. (C8 with 8K each of bf16 KV needs ~22.9 GiB: headless cards only.)"""
-    from engine.device import DeviceInfo
-    from engine.memory import plan_for
+    from engine.core.device import DeviceInfo
+    from engine.core.memory import plan_for
     from tests.test_quantize import QWEN36_27B
 
     cfg = parse_model_config(QWEN36_27B)
@@ -154,8 +154,8 @@ def test_27b_on_a_desktop_3090_keeps_64k_of_int8_kv_at_c1(free_gib):
 
 def test_a_display_costs_context_not_the_plan():
     """A GiB less free (the display's) is a GiB less KV, never a plan that no longer fits."""
-    from engine.device import DeviceInfo
-    from engine.memory import plan_for
+    from engine.core.device import DeviceInfo
+    from engine.core.memory import plan_for
     from tests.test_quantize import QWEN36_27B
 
     cfg = parse_model_config(QWEN36_27B)

@@ -9,7 +9,7 @@ import torch
 from transformers import Qwen3_5MoeForCausalLM
 
 from engine.api import Engine, EngineConfig, SamplingParams
-from engine.config import parse_model_config
+from engine.model.config import parse_model_config
 from engine.model.linear import Build
 from engine.model.moe import SparseMoE
 from engine.model.layers import MLP

@@ -4,8 +4,8 @@ exists for it: checked against the plain-torch restatement of the published desi
 import torch
 from safetensors.torch import load_file
 
-from engine.kv_cache import CacheTensors
-from engine.model import load_model
+from engine.cache.pages import CacheTensors
+from engine.model.load import load_model
 from engine.model.batch import build_batch
 from tests.mtp_distill import mtp_restated
 

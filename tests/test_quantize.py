@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine.config import parse_model_config
+from engine.model.config import parse_model_config
 from engine.model.shapes import model_tensor_shapes
 from engine.weights import quantize
 from engine.weights.policy import DEFAULT_POLICY, QuantPolicy, policy_bytes, scheme_bytes

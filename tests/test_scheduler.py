@@ -2,10 +2,10 @@
 order and what blocks it, reservations back to zero, the snapshot boundary, chunked prefill planning and prefix reuse
 across requests. The tests do what the engine does around it: advance num_computed as the runner would, index pages."""
 
-from engine.cache_manager import CacheManager
-from engine.params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.cache.manager import CacheManager
+from engine.core.params import SamplingParams
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence
 from qwendesk_kernels.gdn import RECURRENT_MAX_TOKENS
 
 PAGE = 4
@@ -202,7 +202,7 @@ def test_a_request_whose_prefix_is_loading_steps_aside_and_is_looked_up_again_on
                                                                                                  monkeypatch):
     """A loading hit (the disk tier reading its prefix) keeps the request's place while the one behind it is
     admitted; it is not looked up again (a whole prompt's hashes) until some read has finished."""
-    from engine.cache_manager import PrefixHit
+    from engine.cache.manager import PrefixHit
     sched = scheduler(tiny_pools)
     restored, behind = seq(0, 12), seq(1, 8)
     lookups, loading = [], {restored.id}

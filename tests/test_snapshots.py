@@ -3,7 +3,7 @@ forgotten with their page, and the rolling snapshot promoted or given back."""
 
 import pytest
 
-from engine.snapshots import Snapshots
+from engine.cache.snapshots import Snapshots
 
 A, B, C = b"page-a", b"page-b", b"page-c"
 

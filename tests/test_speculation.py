@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from engine.api import Constraint, Engine, EngineConfig, SamplingParams
-from engine.speculative import DraftOracle
+from engine.bench.oracle import DraftOracle
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 

@@ -1,11 +1,11 @@
-"""engine/staging_ring.py: the disk tier's write staging. Pieces never overlap and stay inside the buffer, space comes
+"""engine/cache/staging.py: the disk tier's write staging. Pieces never overlap and stay inside the buffer, space comes
 back as pieces are given back (oldest first or not), and a piece that does not fit now is refused, not waited for."""
 
 import random
 
 import pytest
 
-from engine.staging_ring import StagingRing
+from engine.cache.staging import StagingRing
 
 
 def test_pieces_follow_each_other_and_wrap_past_the_oldest():

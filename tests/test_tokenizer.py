@@ -6,8 +6,8 @@ import unicodedata
 
 import pytest
 
-from engine.detokenizer import StreamDetokenizer
-from engine.tokenizer import Tokenizer
+from engine.text.detokenizer import StreamDetokenizer
+from engine.text.tokenizer import Tokenizer
 from tests.fixtures.tokenizer import ADDED_TOKENS, QWEN3_5_PATTERN, TINY_CORPUS, write_tokenizer
 
 TEXTS = (

@@ -13,7 +13,7 @@ from PIL import Image
 from transformers import Qwen3_5ForConditionalGeneration
 
 from engine.api import Engine, EngineConfig, ImageInputError, SamplingParams, split_images
-from engine.speculative import DraftOracle
+from engine.bench.oracle import DraftOracle
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 

@@ -9,10 +9,10 @@ from PIL import Image
 from transformers import Qwen3_5ForConditionalGeneration
 
 from engine.chat.template import ChatTemplate
-from engine.kv_cache import CacheTensors
-from engine.model import load_model
+from engine.cache.pages import CacheTensors
+from engine.model.load import load_model
 from engine.model.batch import build_batch
-from engine.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 from engine.vision.positions import mrope_positions
 from engine.vision.processor import load_processor_config, preprocess
 from engine.vision.tokens import expand_image_placeholders, image_rows

@@ -9,9 +9,9 @@ import torch
 from PIL import Image
 from transformers import Qwen3_5ForConditionalGeneration
 
-from engine.cache_manager import chain_hashes
-from engine.config import UnsupportedModelError, VisionConfig, load_model_config, parse_model_config
-from engine.model import load_model
+from engine.cache.manager import chain_hashes
+from engine.model.config import UnsupportedModelError, VisionConfig, load_model_config, parse_model_config
+from engine.model.load import load_model
 from engine.model.batch import build_batch
 from engine.model.linear import Build
 from engine.vision.positions import mrope_positions

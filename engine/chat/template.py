@@ -21,7 +21,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from engine.tokenizer import read_json
+from engine.text.tokenizer import read_json
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 

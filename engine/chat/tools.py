@@ -12,7 +12,7 @@ Qwen3.5 writes a call in the form its chat template teaches:
 
 and earlier Qwen models as JSON: `<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>`.
 
-`ToolCallParser.feed(delta)` takes the reply's text as it streams and returns events (engine/params.py):
+`ToolCallParser.feed(delta)` takes the reply's text as it streams and returns events (engine/core/params.py):
 `Text` to show, `CallStart` (a call's name, as soon as it is known), then `CallArgs` pieces whose
 concatenation is the call's arguments as one JSON object. Parameter values are typed by the tool's JSON
 schema: a string parameter streams as it arrives; a number, boolean, object or array is parsed when its
@@ -30,7 +30,7 @@ import ast
 import json
 import re
 
-from engine.params import CallArgs, CallStart, Text
+from engine.core.params import CallArgs, CallStart, Text
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 FUNC_OPEN, FUNC_CLOSE = "<function=", "</function>"

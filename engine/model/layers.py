@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
 from engine.model.batch import ForwardBatch
 from engine.model.linear import Build, Linear, param
 from engine.model.moe import SparseMoE

@@ -91,7 +91,7 @@ class Linear(nn.Module):
 
     def first_rows(self, x, n: int):
         """x W[:n]^T: only the first n output rows (n a multiple of 16, the int4 row tile), reading only their
-        weights: the draft head over the most frequent tokens (engine/speculative.py)."""
+        weights: the draft head over the most frequent tokens (engine/spec/rounds.py)."""
         if n >= self.shape[0]:
             return self(x)
         assert n % 16 == 0, "the first rows are taken in whole 16-row tiles"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
 from engine.model.layers import DecoderLayer, RMSNorm
 from engine.model.linear import Build, Linear
 

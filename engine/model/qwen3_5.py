@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.config import ModelConfig
-from engine.kv_cache import CacheTensors
+from engine.model.config import ModelConfig
+from engine.cache.pages import CacheTensors
 from engine.model.batch import ForwardBatch
 from engine.model.layers import DecoderLayer, RMSNorm
 from engine.model.linear import Build, Embedding, Linear

@@ -6,7 +6,7 @@ from functools import lru_cache
 
 import torch
 
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
 from engine.model.qwen3_5 import Qwen3_5Model
 
 

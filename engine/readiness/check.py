@@ -80,11 +80,11 @@ class Job:
 
 def weights_for(shape: str) -> tuple[str, ...]:
     """int4, and 16-bit where the memory plan fits those weights on a 24 GiB card (the 9B; not the 27B's 54 GB)."""
-    from engine.config import parse_model_config
-    from engine.device import DeviceInfo
-    from engine.memory import GIB, plan_for
-    from engine.params import EngineConfig
-    from engine.random_model import text_config
+    from engine.model.config import parse_model_config
+    from engine.core.device import DeviceInfo
+    from engine.core.memory import GIB, plan_for
+    from engine.core.params import EngineConfig
+    from engine.bench.random_model import text_config
     card = DeviceInfo("cuda", "24 GiB card", 24 * GIB, int(23.5 * GIB))
     bf16 = plan_for(EngineConfig(model="", weights="bf16"), card, model=parse_model_config(text_config(shape)))
     return ("int4", "bf16") if bf16.fits else ("int4",)

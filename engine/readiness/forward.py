@@ -1,13 +1,13 @@
 """The forwards the readiness check records: each model shape's prefill chunk, decode steps and speculative rounds,
-run by the engine's own code (Qwen3_5Model, Speculator, the sampler) on the meta device inside `recording`."""
+run by the engine's own code (Qwen3_5Model, RoundRunner, the sampler) on the meta device inside `recording`."""
 
 from __future__ import annotations
 
 import torch
 
-from engine.params import EngineConfig
+from engine.core.params import EngineConfig
 from engine.readiness.launches import Recorder
-from engine.runner import BUCKETS
+from engine.core.runner import BUCKETS
 from qwendesk_kernels.gdn import RECURRENT_MAX_TOKENS
 
 DEFAULTS = EngineConfig(model="")
@@ -19,18 +19,18 @@ DRAFTS = tuple(range(1, DEFAULTS.drafts(on_gpu=True) + 1))   # verify rows k + 1
 
 
 def model_on_meta(shape: str, weights: str, layers: int = 4):
-    """`shape` (engine.random_model.SHAPES) with its real widths and `layers` layers (one of each kind) and MTP."""
-    from engine.config import parse_model_config
+    """`shape` (engine.bench.random_model.SHAPES) with its real widths and `layers` layers (one of each kind) and MTP."""
+    from engine.model.config import parse_model_config
     from engine.model.qwen3_5 import Qwen3_5Model
-    from engine.params import EngineConfig
-    from engine.random_model import text_config
+    from engine.core.params import EngineConfig
+    from engine.bench.random_model import text_config
     raw = dict(text_config(shape), num_hidden_layers=layers)
     cfg = parse_model_config(raw)
     return Qwen3_5Model(cfg, torch.bfloat16, "meta", with_mtp=True, policy=EngineConfig(model="").policy(weights))
 
 
 def pools_on_meta(model, kv_int8: bool, slots: int = 9):
-    from engine.kv_cache import CacheTensors
+    from engine.cache.pages import CacheTensors
     pages = max(BUCKETS) * (CONTEXT + 2 * PAGE) // PAGE
     return CacheTensors.allocate(model.cfg, pages, PAGE, slots, torch.bfloat16, "meta", mtp_layers=1, kv_int8=kv_int8)
 
@@ -80,8 +80,8 @@ def _sample(logits):
 
 
 def _rounds(rec: Recorder, tag: str, model, pools, tables) -> None:
-    from engine.speculative import RoundRequest, Speculator, round_inputs
-    spec = Speculator(model, pools, max(DRAFTS), max(BUCKETS), CONTEXT + PAGE)
+    from engine.spec.rounds import RoundRequest, RoundRunner, round_inputs
+    spec = RoundRunner(model, pools, max(DRAFTS), max(BUCKETS), CONTEXT + PAGE)
     for n in BUCKETS:
         reqs = [RoundRequest(i, CONTEXT, 0, tables[i], CONTEXT + PAGE, -1, 8, 0.7, 20, 0.9, 0.0, 1, 0, False)
                 for i in range(n)]

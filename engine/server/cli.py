@@ -17,7 +17,7 @@ from typing import NoReturn
 
 import uvicorn
 
-from engine.cli_args import Parser, checked, model_arg, model_name, port_arg, resolve_model
+from engine.commands.args import Parser, checked, model_arg, model_name, port_arg, resolve_model
 from engine.api import DEFAULT_PORT, DTYPE_NAMES, KV_DTYPES, PROFILES, VISION, EngineConfig, listen_socket
 from engine.server.connections import LimitedServer, uvicorn_config
 

@@ -1,7 +1,7 @@
 """Request preparation off the event loop: body parsing, chat templates, tokenizing, image decoding and schema checks
 run on a small pool of threads of its own. Its queue is bounded: a request that finds it full is refused at once
 (503 with retry-after), so heavy requests cannot pile up without end, and the event loop (every stream, /health) never
-waits for them. The tokenizer releases the GIL while it works (engine/tokenizer.py), so one 30 MB prompt being
+waits for them. The tokenizer releases the GIL while it works (engine/text/tokenizer.py), so one 30 MB prompt being
 tokenized leaves the loop free."""
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.core.device import pinned
 from engine.vision.processor import ProcessedImage
 from engine.vision.tower import VisionTower
 
@@ -28,13 +29,11 @@ class ImageEncoder:
         self._open = 0                             # encodings in progress (on demand: the weights are up meanwhile)
         self._host: list[tuple[dict, str, torch.Tensor]] = []
         if placement == "on_demand":
-            pin = torch.cuda.is_available()
             for module in tower.modules():
                 for table in (module._parameters, module._buffers):
                     for name, t in table.items():
                         if t is not None:
-                            host = t.detach().cpu()
-                            self._host.append((table, name, host.pin_memory() if pin else host))
+                            self._host.append((table, name, pinned(t.detach().cpu())))
             self._place(lambda host: host)
 
     def _place(self, fn) -> None:

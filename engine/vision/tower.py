@@ -8,7 +8,7 @@ consecutive rows. The linears are engine Linears: 16-bit, or int4 / int8 where t
 
 Everything but the attention works on CHUNK_ROWS patches at a time (each row's arithmetic as in one pass), so a large
 image's activations are about five [patches, hidden] tensors (the residual, q, k, v, the attention output) plus one
-chunk's temporaries: the largest image (65,536 patches) needs ~0.9 GiB, not ~2.8 (engine/memory.py counts it).
+chunk's temporaries: the largest image (65,536 patches) needs ~0.9 GiB, not ~2.8 (engine/core/memory.py counts it).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import UnsupportedModelError, VisionConfig
+from engine.model.config import UnsupportedModelError, VisionConfig
 from engine.model.linear import Build, Linear, param
 from engine.weights.checkpoint import CheckpointError
 
@@ -218,7 +218,7 @@ def _bilinear_taps(index: torch.Tensor, size: torch.Tensor, side: int) -> tuple[
 
 
 def load_vision_tower(cfg: VisionConfig, tensors: dict, dtype: torch.dtype, device, policy=None) -> VisionTower:
-    """Build the tower and fill it from the loader's vision tensors (engine.model.load_model's second result: names
+    """Build the tower and fill it from the loader's vision tensors (engine.model.load.load_model's second result: names
     without `model.visual.`, float or quantized per `policy`), emptying `tensors` on the way so the two never both
     hold all the weights. Raises CheckpointError naming missing, unexpected or wrongly shaped tensors."""
     tower = VisionTower(cfg, Build(dtype, device, policy))

@@ -1,0 +1,47 @@
+"""DraftOracle: speculative drafts right at a chosen rate, whatever the weights (random weights predict nothing).
+It reaches the engine through one hook: Engine.set_draft_oracle (engine/spec/rounds.py DraftHook)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.spec.rounds import RoundInputs
+from qwendesk_kernels.sampling import random_uniform_ref
+
+
+@dataclass
+class DraftOracle:
+    """A measuring instrument (qwendesk-bench --draft-oracle P, and tests): the MTP still drafts, then draft j is
+    replaced by the true greedy continuation with probability p if drafts 1 .. j - 1 were true, else by a wrong
+    token; a round then yields 1 + p + ... + p^k tokens on average, whatever the weights. Greedy requests only (a
+    replaced draft has no draft distribution). `continuations` maps a prompt to its plain greedy run (prompt +
+    output); `table` holds each live slot's, from `Speculation.start`."""
+    p: float | tuple[float, ...]                      # or one rate per draft position (the last one for the rest)
+    continuations: dict[tuple[int, ...], list[int]]
+    table: torch.Tensor | None = None                 # [num_slots, max_context] int64
+    rate: torch.Tensor | None = None                  # [k] p per position on the device: captured rounds read it
+
+    def attach(self, previous: "DraftOracle | None", slots: int, max_context: int, k: int, device) -> None:
+        """Its tables: a previous oracle's (captured rounds read those tensors), else new ones; its rates set."""
+        if previous is not None:
+            self.table, self.rate = previous.table, previous.rate
+        else:
+            self.table = torch.zeros(slots, max_context, dtype=torch.int64, device=device)
+            self.rate = torch.zeros(k, device=device)
+        rates = list(self.p) if isinstance(self.p, tuple) else [self.p]
+        self.rate.copy_(torch.tensor((rates + rates[-1:] * k)[:k]))
+
+    def assign(self, slot: int, prompt: list[int]) -> None:
+        tokens = self.continuations.get(tuple(prompt), [])[:self.table.shape[1]]
+        self.table[slot].fill_(0)
+        self.table[slot, :len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
+
+    def apply(self, drafts: torch.Tensor, inp: RoundInputs, vocab: int) -> torch.Tensor:
+        k = drafts.shape[1]
+        pos = (inp.base[:, None] + 1 + torch.arange(k, device=drafts.device)).clamp(max=self.table.shape[1] - 1)
+        true = self.table[inp.slots[:, None], pos]
+        u = random_uniform_ref(inp.sampling.seeds, 4 * inp.base + 3, k)
+        right = (u < self.rate[:k]).int().cumprod(1).bool()
+        return torch.where(right, true, (true + 1) % vocab)

@@ -1,0 +1,212 @@
+"""Speculative decoding at real shapes with random weights: `qwendesk-bench --draft-oracle 1,0.9,0.82,0.6,0.3,0`.
+
+Random weights predict nothing, so drafts come from a DraftOracle (engine/bench/oracle.py): draft j is the true greedy
+continuation, from a plain run of the same prompt, with probability P if the drafts before it were, else a wrong
+token; a round then yields 1 + P + ... + P^k tokens on average (P = 0.82, k = 3: 3.04, the 3090 reference engine's
+measured figure). The MTP layer still runs, so every cost is real. Per profile: plain greedy runs (the reference
+output and plain tok/s), then per k and P two speculative runs whose output must equal the plain one, with their
+tokens per round, round time and tok/s: the drafts policy off (every round drafts k) and on (the default path: the
+policy picks 0..k drafts per step from measured step times and acceptance). Every run starts with its prompts in the
+prefix cache, so tok/s compares decoding, not a prefill that only the first run pays. Components, at C1: a plain decode step, one draft step (MTP row + draft head), one verify forward of
+k + 1 rows (main model + full head), each replayed from a CUDA graph of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from engine.bench.random_model import bench_tokenizer, rand_ids
+
+
+def _generate(eng, prompts, n):
+    """Greedy runs of all prompts at once: (outputs, aggregate decode tok/s, finish events). The aggregate is the sum
+    of each stream's rate from its first token to its last: the streams' prefills, admitted one after another, stay
+    out of it (a span from the first first token to the last finish counted them at C8)."""
+    from engine.api import SamplingParams
+    handles = [eng.submit(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)) for p in prompts]
+    outs, fins = [], []
+    for h in handles:
+        ids = []
+        for ev in h:
+            ids += ev.token_ids
+            if ev.kind == "finish":
+                fins.append(ev)
+        outs.append(ids)
+    return outs, sum(f.timings.decode_tok_s for f in fins), fins
+
+
+def _graph_ms(fn, iters: int = 30) -> float:
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def components(eng, k: int, context: int) -> dict:
+    """Times of one draft step and one verify forward of k + 1 rows for one sequence at `context` tokens (CUDA graphs
+    of their own over the engine's model and pools, on the scratch slot; what they write is never read)."""
+    from engine.spec.rounds import RoundRequest, round_inputs, rows_batch
+    spec, cache = eng._spec.spec, eng._cache
+    model, pools, page = spec.model, spec.pools, cache.page_size
+    pages = list(range(-(-(context + k + 1) // page)))
+    req = RoundRequest(cache.scratch_slot, context, 1, pages, 0, -1, cache.scratch_slot, 0.0, 0, 1.0, 0.0, 0, 0,
+                       False)
+    inp = round_inputs([req], eng._spec.max_pages, pools.conv.device)
+    h = spec.draft_hidden[inp.slots]
+
+    def draft():
+        m = model.mtp_forward(inp.last, h, rows_batch(inp, 0, 1, page, spec.max_seq_len), pools)
+        spec.draft_logits(m).argmax(-1)
+
+    rows = spec.rows.first(1, k + 1)
+
+    def verify():
+        batch = rows_batch(inp, 0, k + 1, page, spec.max_seq_len, verify=rows)
+        model.logits(model(inp.last.repeat(k + 1), batch, pools))
+
+    with torch.inference_mode():
+        return {"draft_ms": _graph_ms(draft), "verify_ms": _graph_ms(verify)}
+
+
+def bench_speculation(model, args) -> dict:
+    """The table of module docstring: rows of dict per (profile, k, P)."""
+    from engine.api import Engine, EngineConfig
+    from engine.bench.oracle import DraftOracle
+    tok = bench_tokenizer()
+    out = {"rows": []}
+
+    device = next(model.parameters()).device.type
+
+    def engine(profile, ctx, k):
+        return Engine.from_model(EngineConfig(model="", device=device, profile=profile, max_context=ctx,
+                                              prefill_chunk=args.prefill_chunk, max_queue=16, speculative_tokens=k,
+                                              kv_dtype=args.kv_dtype), model, tok)
+
+    for profile in args.profiles:
+        c = int(profile[1:])
+        prompt_len = args.spec_context
+        prompts = [rand_ids(prompt_len, 300 + i) for i in range(c)]
+        ctx = prompt_len + args.decode_tokens + 64
+        t0 = time.perf_counter()
+        eng = engine(profile, ctx, 0)
+        plain_load_s = time.perf_counter() - t0
+        _generate(eng, prompts, 8)              # warm this batch size; the prompts in the prefix cache, as for every row
+        plain, plain_rate, fins = _generate(eng, prompts, args.decode_tokens)
+        eng.close()
+        step_ms = 1e3 / (sum(f.timings.decode_tok_s for f in fins) / c)
+        out[f"plain_{profile}_tok_s"], out[f"plain_{profile}_step_ms"] = plain_rate, step_ms
+        print(f"{profile} plain: {plain_rate:.1f} tok/s, step {step_ms:.2f} ms", flush=True)
+        runs = {tuple(p): p + o for p, o in zip(prompts, plain)}
+        for k in args.drafts:
+            t0 = time.perf_counter()
+            eng = engine(profile, ctx, k)
+            out[f"load_{profile}_k{k}_s"] = load_s = time.perf_counter() - t0
+            print(f"{profile} k={k}: load {load_s:.1f} s (plain {plain_load_s:.1f} s; the rounds' capture at load)",
+                  flush=True)
+            if c == 1:
+                comp = components(eng, k, prompt_len)
+                out[f"draft_{profile}_k{k}_ms"], out[f"verify_{profile}_k{k}_ms"] = comp["draft_ms"], comp["verify_ms"]
+                print(f"{profile} k={k}: draft step {comp['draft_ms']:.3f} ms ({comp['draft_ms'] / step_ms:.3f}x a "
+                      f"step), verify of {k + 1} rows {comp['verify_ms']:.3f} ms "
+                      f"({comp['verify_ms'] / step_ms:.3f}x)", flush=True)
+            _generate(eng, prompts, 1)   # the prompts in the prefix cache, as for plain (one token: no round runs)
+            for p, adaptive in [(p, a) for p in args.draft_oracle for a in (False, True)]:
+                eng.set_draft_oracle(DraftOracle(p, runs), adaptive=adaptive)
+                before, retries = eng.stats(), torch.cuda.memory_stats().get("num_alloc_retries", 0)
+                with timed_rounds(eng) as times:
+                    outs, rate, fins = _generate(eng, prompts, args.decode_tokens)
+                after = eng.stats()
+                rounds = after["spec_rounds"] - before["spec_rounds"]
+                row = dict(profile=profile, k=k, p=p, adaptive=adaptive, tok_s=rate, vs_plain=rate / plain_rate,
+                           exact=outs == plain, rounds=rounds,
+                           tokens_per_round=sum(f.usage.speculation.tokens_per_round for f in fins
+                                                if f.usage.speculation) / c,
+                           round_ms=c * (after["spec_round_ms_total"] - before["spec_round_ms_total"])
+                           / max(rounds, 1),   # rounds counts each sequence's
+                           round_ms_quartiles=_quartiles(times), first_round_ms=times[0] if times else 0.0,
+                           alloc_retries=torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries)
+                out["rows"].append(row)
+                print(row, flush=True)
+            if args.profile_rounds:
+                eng.set_draft_oracle(DraftOracle(args.draft_oracle[0], runs), adaptive=False)
+                profile_rounds(eng, prompts, args.decode_tokens)
+            eng.close()
+    return out
+
+
+def _quartiles(values: list[float]) -> list[float]:
+    """min, quartiles, max."""
+    v = sorted(values) or [0.0]
+    return [round(v[round(q * (len(v) - 1))], 2) for q in (0, 0.25, 0.5, 0.75, 1)]
+
+
+@contextlib.contextmanager
+def timed_rounds(eng):
+    """The wall time of each round (ms, the host waiting for its tokens) while the block runs. The GPU finishes the
+    work queued before the round first (a prefill chunk of a stream being admitted), so that a round's time is its
+    own: unsynchronized, the round after a prefill chunk took the chunk's 100-600 ms at C8."""
+    spec, times = eng._spec, []
+    plain = spec.round
+
+    def round_(seqs, k):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = plain(seqs, k)
+        times.append(1e3 * (time.perf_counter() - t0))
+        return out
+    spec.round = round_
+    try:
+        yield times
+    finally:
+        del spec.round
+
+
+def profile_rounds(eng, prompts, n: int) -> None:
+    """GPU time per speculative round by kernel (CUPTI sees the kernels inside the round's CUDA graph): the run's
+    kernels over its rounds (prefill included, a small share at short prompts), and the wall time per round."""
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    totals = defaultdict(lambda: [0.0, 0])
+    before = eng.stats()["spec_rounds"]
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        _generate(eng, prompts, n)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    rounds = (eng.stats()["spec_rounds"] - before) / len(prompts)   # the batch's rounds
+    for k in prof.key_averages():
+        totals[k.key][0] += k.self_device_time_total
+        totals[k.key][1] += k.count
+    busy = sum(us for us, _ in totals.values())
+    print(f"{len(prompts)} sequences, {rounds:.0f} rounds: wall {wall / rounds * 1e3:.2f} ms per round, kernels "
+          f"{busy / rounds / 1e3:.2f} ms busy, {sum(c for _, c in totals.values()) / rounds:.0f} launches", flush=True)
+    for name, (us, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:20]:
+        print(f"  {us / rounds:8.1f} us  {count / rounds:6.1f}x  {name[:90]}", flush=True)
+
+
+def report(r: dict) -> None:
+    print(f"\n{'profile':7s} {'k':>2s} {'P':>14s} {'adapt':>5s} {'tok/s':>8s} {'x plain':>7s} {'tok/rnd':>7s} "
+          f"{'round ms':>8s} {'first':>7s} {'median':>7s} {'max':>7s} exact")
+    for row in r["rows"]:
+        p = row["p"] if isinstance(row["p"], float) else "/".join(f"{x:.2f}" for x in row["p"])
+        q = row["round_ms_quartiles"]
+        print(f"{row['profile']:7s} {row['k']:2d} {p:>14} {str(row['adaptive']):>5s} {row['tok_s']:8.1f} "
+              f"{row['vs_plain']:7.2f} {row['tokens_per_round']:7.2f} {row['round_ms']:8.2f} "
+              f"{row['first_round_ms']:7.2f} {q[2]:7.2f} {q[4]:7.2f} {row['exact']}")
+    print({k: round(v, 3) for k, v in r.items() if isinstance(v, float)})
+

@@ -1,0 +1,156 @@
+"""Cache memory: the paged KV pool of the full-attention layers and the GDN state slots.
+
+Full-attention layers keep K/V in fixed-size pages ([num_pages, page_size, Hkv, D] per layer);
+a sequence owns a list of pages (its page table). Gated DeltaNet layers keep a fixed-size state
+per sequence (conv window [W-1, C] and recurrent state [Hv, K, V] fp32) in numbered slots.
+These tensors are passed around as `pools`; what holds which page and slot is the cache
+(engine.cache.manager.CacheManager).
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+
+import torch
+
+from engine.model.config import ModelConfig
+
+
+class PageTable(array):
+    """A sequence's KV pages in order: int32 in one block of memory, so that a step copies it to the GPU in one go
+    whatever its length (engine/model/batch.py page_table); equal to a list of the same pages."""
+
+    def __new__(cls, pages=()):
+        return super().__new__(cls, "i", pages)
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other)
+
+
+@dataclass
+class CacheTensors:
+    """Layer-stacked pools; index [layer] gives one layer's contiguous view.
+    Slots hold live sequences' GDN state and, above them, prefix-reuse snapshots of it (engine.cache.snapshots)."""
+    k: torch.Tensor             # [n_attn, num_pages, page_size, Hkv, D] (MTP layers last)
+    v: torch.Tensor
+    k_scale: torch.Tensor | None  # int8 KV: [n_attn, num_pages, page_size, Hkv] fp32 per token and head
+    v_scale: torch.Tensor | None
+    conv: torch.Tensor          # [n_gdn, num_slots, W-1, conv_dim]
+    ssm: torch.Tensor           # [n_gdn, num_slots, Hv, K, V] fp32
+    page_size: int
+
+    @staticmethod
+    def allocate(cfg: ModelConfig, num_pages: int, page_size: int, num_slots: int,
+                 dtype: torch.dtype, device, mtp_layers: int = 0, kv_int8: bool = False) -> "CacheTensors":
+        n_attn = len(cfg.full_attention_layers) + mtp_layers
+        n_gdn = len(cfg.linear_attention_layers)
+        kv_shape = (n_attn, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
+        kv_dtype = torch.int8 if kv_int8 else dtype
+        scales = (lambda: torch.ones(kv_shape[:-1], dtype=torch.float32, device=device)) if kv_int8 else (lambda: None)
+        return CacheTensors(
+            k=torch.zeros(kv_shape, dtype=kv_dtype, device=device),
+            v=torch.zeros(kv_shape, dtype=kv_dtype, device=device),
+            k_scale=scales(),
+            v_scale=scales(),
+            conv=torch.zeros(n_gdn, num_slots, cfg.conv_kernel - 1, cfg.conv_dim, dtype=dtype, device=device),
+            ssm=torch.zeros(n_gdn, num_slots, cfg.linear_num_v_heads, cfg.linear_k_head_dim,
+                            cfg.linear_v_head_dim, dtype=torch.float32, device=device),
+            page_size=page_size,
+        )
+
+    def attention_layer(self, i: int) -> tuple:
+        """(k, v, k_scale, v_scale) pools of full-attention layer i."""
+        ks = self.k_scale[i] if self.k_scale is not None else None
+        vs = self.v_scale[i] if self.v_scale is not None else None
+        return self.k[i], self.v[i], ks, vs
+
+    def gdn_layer(self, i: int) -> tuple:
+        """(conv, recurrent) state pools of GDN layer i."""
+        return self.conv[i], self.ssm[i]
+
+    @property
+    def num_pages(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def num_slots(self) -> int:
+        return self.conv.shape[1]
+
+    def copy_state(self, src: int, dst: int) -> None:
+        """Copy one slot's GDN state (every layer) into another slot."""
+        self.conv[:, dst].copy_(self.conv[:, src])
+        self.ssm[:, dst].copy_(self.ssm[:, src])
+
+    # ---- pages and states as bytes: what the host and disk tiers store --------------------------
+    def _page_parts(self) -> list[torch.Tensor]:
+        return [t for t in (self.k, self.v, self.k_scale, self.v_scale) if t is not None]
+
+    @property
+    def page_nbytes(self) -> int:
+        """Bytes of one page: K and V of every attention layer (and their int8 scales)."""
+        return sum(t[:, 0].numel() * t.element_size() for t in self._page_parts())
+
+    @property
+    def state_nbytes(self) -> int:
+        """Bytes of one slot's GDN state (conv window and recurrent state of every layer)."""
+        return sum(t[:, 0].numel() * t.element_size() for t in (self.conv, self.ssm))
+
+    def read_pages(self, pages: list[int]) -> torch.Tensor:
+        """Pages as bytes, [len(pages), page_nbytes] uint8 on the pools' device (a gather: a new tensor)."""
+        idx = torch.tensor(pages, dtype=torch.long, device=self.k.device)
+        return torch.cat([t.index_select(1, idx).transpose(0, 1).reshape(len(pages), -1).view(torch.uint8)
+                          for t in self._page_parts()], dim=1)
+
+    def write_pages(self, pages: list[int], data: torch.Tensor) -> None:
+        """Inverse of read_pages: `data` [len(pages), page_nbytes] uint8 on the pools' device into those pages."""
+        idx = torch.tensor(pages, dtype=torch.long, device=self.k.device)
+        offset = 0
+        for t in self._page_parts():
+            shape = t[:, 0].shape
+            n = t[:, 0].numel() * t.element_size()
+            part = data[:, offset:offset + n].contiguous().view(t.dtype).view(len(pages), *shape)
+            t.index_copy_(1, idx, part.transpose(0, 1))
+            offset += n
+
+    def read_state(self, slot: int) -> torch.Tensor:
+        """One slot's GDN state as bytes, [state_nbytes] uint8 on the pools' device."""
+        return torch.cat([t[:, slot].contiguous().view(-1).view(torch.uint8) for t in (self.conv, self.ssm)])
+
+    def write_state(self, slot: int, data: torch.Tensor) -> None:
+        """Inverse of read_state."""
+        offset = 0
+        for t in (self.conv, self.ssm):
+            n = t[:, slot].numel() * t.element_size()
+            t[:, slot].copy_(data[offset:offset + n].view(t.dtype).view(t[:, slot].shape))
+            offset += n
+
+    def layout(self) -> dict:
+        """What the stored bytes of a page and a state mean: shapes and dtypes of the pools (per page / slot)."""
+        return {name: [list(t[:, 0].shape), str(t.dtype)] for name, t in
+                (("k", self.k), ("v", self.v), ("k_scale", self.k_scale), ("v_scale", self.v_scale),
+                 ("conv", self.conv), ("ssm", self.ssm)) if t is not None}
+
+
+class IdPool:
+    """A free list of integer ids (pages or state slots)."""
+
+    def __init__(self, n: int):
+        self.size = n
+        self._free = list(range(n - 1, -1, -1))
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    @property
+    def used(self) -> int:
+        return self.size - len(self._free)
+
+    def take(self, n: int = 1) -> list[int]:
+        if n > len(self._free):
+            raise MemoryError(f"need {n} but only {len(self._free)} of {self.size} are free")
+        return [self._free.pop() for _ in range(n)]
+
+    def give(self, ids) -> None:
+        self._free.extend(ids)

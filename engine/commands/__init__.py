@@ -1,0 +1,1 @@
+"""Command lines: qwendesk-chat, and the argument checks it shares with qwendesk-serve and qwendesk-bench."""

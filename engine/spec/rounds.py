@@ -1,0 +1,301 @@
+"""Speculative decoding with the checkpoint's MTP head, up to k drafts per round (engine/spec/policy.py chooses how
+many each round), exact.
+
+A round, for B sequences at once, runs on the device with no host sync (one CUDA graph per batch bucket, number of
+drafts, greedy / sampled: all captured at load):
+  1. drafts 2..k: the MTP layer, one row per sequence, from the previous draft and the MTP's own last hidden
+     state; its head reads only the first `draft_vocab` rows of the LM head (the most frequent tokens): verify
+     uses the full head, so what is kept stays exact
+  2. verify: the main model over [last token, d_1 .. d_k] (k + 1 rows per sequence); GDN layers keep the
+     round's start state in the slot and only note each row's inputs (qwendesk_kernels/gdn.py VerifyRows)
+  3. accept (engine/spec/acceptance.py): the leading drafts kept and the token after them
+  4. replay: every GDN layer's state advanced by the kept rows, one launch (qwendesk_kernels/gdn.py gdn_replay); a page
+     boundary inside them also fills the sequence's rolling prefix-cache snapshot
+  5. catch-up: the MTP layer over the same k + 1 rows with the kept tokens and the verify's hidden states (its
+     KV at those positions made with the true hidden states); the row after the last kept one drafts d_1 of
+     the next round.
+Between rounds each sequence keeps d_1 and the MTP hidden state it came from, in its live state slot's row of
+`draft_tokens` / `draft_hidden`. The prompt's MTP KV is made during prefill (`prompt_mtp`) and d_1 of the first
+round when its first token is sampled (`first_draft`). MTP KV only steers drafts: where it is stale (a prefix
+boundary of a cached prompt, steps decoded without speculation) acceptance may drop, outputs never change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from engine.spec.acceptance import Sampling, accept, pick_draft
+from engine.core.device import capture_graph, pinned
+from engine.core.params import EngineConfig
+from engine.cache.pages import CacheTensors
+from engine.model.batch import ForwardBatch, page_table
+from engine.model.qwen3_5 import Qwen3_5Model
+from qwendesk_kernels.gdn import VerifyRows, gdn_replay
+
+
+class DraftHook(Protocol):
+    """Drafts replaced inside each round, for measuring (engine/bench/oracle.py DraftOracle, and tests)."""
+
+    def attach(self, previous: "DraftHook | None", slots: int, max_context: int, k: int, device) -> None:
+        """Its device tensors (a previous hook's, which captured rounds read, else new ones), before any round."""
+
+    def assign(self, slot: int, prompt: list[int]) -> None:
+        """A sequence starts drafting in this state slot (Speculation.start)."""
+
+    def apply(self, drafts: torch.Tensor, inp: "RoundInputs", vocab: int) -> torch.Tensor:
+        """The round's drafts [B, k] -> the ones it verifies (on the device, no host sync: captured)."""
+
+
+@dataclass
+class RoundInputs:
+    """One round's per-sequence inputs on the device ([B] unless said; static buffers when graphed)."""
+    slots: torch.Tensor          # int64 live state slot (also the row of the draft buffers)
+    base: torch.Tensor           # int64 tokens already in the cache (n): the verify rows sit at n .. n + k
+    last: torch.Tensor           # int64 the last token, not yet in the cache (x_n)
+    block_tables: torch.Tensor   # int32 [B, max_pages]
+    limit: torch.Tensor          # int64 positions below this have pages (rows past it write no KV)
+    snap_rows: torch.Tensor      # int32 verify row after which to snapshot the GDN state (-1: none)
+    snap_slots: torch.Tensor     # int64 where (the scratch slot where none)
+    delta: torch.Tensor          # int64 rotary position of row p: p + delta (below 0 after a prompt's images)
+    stop: torch.Tensor           # int64 a token that ends the round where it is kept (-1: none)
+    sampling: Sampling
+
+
+@dataclass
+class RoundOutputs:
+    kept: torch.Tensor           # [B] leading drafts kept (0 .. k)
+    tokens: torch.Tensor         # [B, k + 1]: tokens[:, :kept + 1] are the new tokens
+
+
+def rows_batch(inp: RoundInputs, offset: int, rows: int, page_size: int, max_seq_len: int,
+               verify: VerifyRows | None = None) -> ForwardBatch:
+    """The ForwardBatch of `rows` rows per sequence at positions base + offset ..., built on the device."""
+    B = inp.base.shape[0]
+    dev = inp.base.device
+    pos = inp.base[:, None] + offset + torch.arange(rows, device=dev)                  # [B, rows]
+    page = (pos // page_size).clamp(max=inp.block_tables.shape[1] - 1)
+    slot = inp.block_tables.gather(1, page).long() * page_size + pos % page_size
+    slot = torch.where(pos < inp.limit[:, None], slot, torch.full_like(slot, -1))
+    return ForwardBatch(positions=(pos + inp.delta[:, None]).reshape(1, -1).expand(3, -1), cu_seqlens=torch.arange(
+        B + 1, device=dev, dtype=torch.int32) * rows, seq_lens=(pos[:, -1] + 1).int(),
+        has_state=torch.ones(B, dtype=torch.bool, device=dev), state_slots=inp.slots,
+        block_tables=inp.block_tables, slot_mapping=slot.reshape(-1), logits_rows=None, decode_len=rows,
+        max_seq_len=max_seq_len, verify=verify)
+
+
+class RoundRunner:
+    def __init__(self, model: Qwen3_5Model, pools: CacheTensors, k: int, max_batch: int, max_context: int,
+                 draft_vocab: int = EngineConfig.draft_vocab):
+        """k: the most drafts a round makes (buffers are sized for it)."""
+        cfg = model.cfg
+        assert model.mtp is not None and 1 <= k
+        self.model, self.pools, self.k = model, pools, k
+        self.max_context = max_context
+        self.max_seq_len = max_context + k + 1     # verify rows may run k + 1 past the context (writing nothing there)
+        self.draft_vocab = min(draft_vocab, cfg.vocab_size) // 16 * 16 or cfg.vocab_size
+        dev, dtype = pools.conv.device, pools.conv.dtype
+        self.rows = VerifyRows.allocate(len(cfg.linear_attention_layers), max_batch, k + 1, cfg.conv_dim,
+                                        cfg.linear_num_v_heads, dtype, dev)
+        # per state slot (graph padding rows use the scratch slot: every slot has a row)
+        self.draft_tokens = torch.zeros(pools.num_slots, dtype=torch.int64, device=dev)
+        self.draft_hidden = torch.zeros(pools.num_slots, cfg.hidden_size, dtype=dtype, device=dev)
+        self.oracle: DraftHook | None = None
+
+    def set_oracle(self, oracle: DraftHook | None) -> bool:
+        """Replace drafts per a DraftHook (None: back to the MTP's own). Returns whether captured rounds must be
+        captured again: a round with an oracle runs other kernels; one oracle after another shares its tensors."""
+        if oracle is not None:
+            oracle.attach(self.oracle, self.draft_tokens.shape[0], self.max_context, self.k, self.draft_tokens.device)
+        recapture = (oracle is None) != (self.oracle is None)
+        self.oracle = oracle
+        return recapture
+
+    # ---- outside rounds (eager) ----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prompt_mtp(self, hidden: torch.Tensor, next_ids: torch.Tensor, batch: ForwardBatch) -> None:
+        """The MTP layer over a prefill step's rows (hidden [T, H], the token after each row in next_ids), for its
+        KV: rows whose next token is not known yet (the prompt's last) must have slot_mapping -1."""
+        self.model.mtp_forward(next_ids, hidden, batch, self.pools)
+
+    @torch.inference_mode()
+    def first_draft(self, inp: RoundInputs, hidden: torch.Tensor) -> None:
+        """After a prompt's first token x_n is sampled: the MTP row at n - 1 (x_n with the main model's last hidden
+        state) drafts d_1. inp.base holds n - 1 and inp.last x_n."""
+        batch = rows_batch(inp, 0, 1, self.pools.page_size, self.max_seq_len)
+        m = self.model.mtp_forward(inp.last, hidden, batch, self.pools)
+        d1, _ = pick_draft(self.draft_logits(m), inp.sampling, 1, bool((inp.sampling.temperature > 0).any()))
+        self.draft_tokens[inp.slots] = d1
+        self.draft_hidden[inp.slots] = m
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head.first_rows(hidden, self.draft_vocab).float()
+
+    # ---- one round ------------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def round(self, inp: RoundInputs, sampled: bool, k: int) -> RoundOutputs:
+        """One speculative round of k drafts (1 .. self.k) for B = len(inp.slots) sequences (see the module
+        docstring). sampled: some rows sample (else every row is greedy: no probabilities are made)."""
+        assert 1 <= k <= self.k
+        model, pools = self.model, self.pools
+        page, B = pools.page_size, inp.slots.shape[0]
+        s = inp.sampling
+        d, h, qs = [self.draft_tokens[inp.slots]], self.draft_hidden[inp.slots], []
+        if sampled:                               # q of d_1 was made last round from these logits
+            qs.append(pick_draft(self.draft_logits(h), s, 1, True)[1])
+        for j in range(1, k):                     # d_{j+1} from the MTP row at n + j - 1
+            batch = rows_batch(inp, j - 1, 1, page, self.max_seq_len)
+            h = model.mtp_forward(d[-1], h, batch, pools)
+            token, q = pick_draft(self.draft_logits(h), s, j + 1, sampled)
+            d.append(token)
+            qs.append(q)
+        drafts = torch.stack(d, 1)                                                       # [B, k]
+        if self.oracle is not None:
+            drafts = self.oracle.apply(drafts, inp, model.cfg.vocab_size)
+        rows = self.rows.first(B, k + 1)
+        verify = rows_batch(inp, 0, k + 1, page, self.max_seq_len, verify=rows)
+        hidden = model(torch.cat([inp.last[:, None], drafts], 1).reshape(-1), verify, pools)   # [B (k+1), H]
+        logits = model.logits(hidden).view(B, k + 1, -1)
+        kept, tokens = accept(drafts, logits, s, torch.stack(qs, 1) if sampled else None)
+        kept = cut_at_stop(kept, tokens, inp.stop)
+        gdn_replay(pools.conv, pools.ssm, inp.slots, (kept + 1).int(), rows, inp.snap_rows, inp.snap_slots)
+        catch_up = rows_batch(inp, 0, k + 1, page, self.max_seq_len)
+        m = model.mtp_forward(tokens.reshape(-1), hidden, catch_up, pools).view(B, k + 1, -1)
+        m = m[torch.arange(B, device=m.device), kept]
+        next_s = Sampling(s.temperature, s.top_k, s.top_p, s.min_p, s.seeds, s.steps + kept + 1, s.seeded)
+        self.draft_tokens[inp.slots] = pick_draft(self.draft_logits(m), next_s, 1, sampled)[0]
+        self.draft_hidden[inp.slots] = m
+        return RoundOutputs(kept, tokens)
+
+
+def cut_at_stop(kept: torch.Tensor, tokens: torch.Tensor, stop: torch.Tensor) -> torch.Tensor:
+    """kept [B] shortened so that a row's new tokens (tokens[:, :kept + 1]) end at the first `stop` among them: the
+    tokens after it would have been drawn under rules that the stop token changes (a grammar that starts there).
+    Taking fewer tokens of a round is exact: each one kept was drawn exactly as plain decoding draws it."""
+    hit = tokens == stop[:, None]                                                     # stop -1 matches nothing
+    first = torch.where(hit.any(1), hit.int().argmax(1), torch.full_like(kept, tokens.shape[1]))
+    return torch.minimum(kept, first)
+
+
+@dataclass
+class RoundRequest:
+    """What the host knows of one sequence for a round (lists become RoundInputs)."""
+    slot: int
+    base: int
+    last: int
+    pages: list[int]
+    limit: int
+    snap_row: int
+    snap_slot: int
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    seed: int
+    steps: int
+    seeded: bool
+    delta: int = 0
+    stop: int = -1
+
+    @classmethod
+    def padding(cls, slot: int, temperature: float = 0.0) -> "RoundRequest":
+        """A row that writes nothing (limit 0) on `slot`: a batch padded to its bucket, or a graph's capture."""
+        return cls(slot, 0, 0, [], 0, -1, slot, temperature, 0, 1.0, 0.0, 0, 0, False)
+
+
+def round_inputs(reqs: list[RoundRequest], max_pages: int, device, pad_to: int = 0, pad_slot: int = 0,
+                 out: RoundInputs | None = None) -> RoundInputs:
+    """Host lists -> RoundInputs (into `out`'s buffers when given: a graph's static inputs), padded to pad_to rows
+    with rows that write nothing (limit 0) on pad_slot. Copies go from page-locked memory: no wait for the GPU."""
+    pad = max(0, pad_to - len(reqs))
+    reqs = reqs + [RoundRequest.padding(pad_slot)] * pad
+    tables = page_table([r.pages for r in reqs], max_pages)
+    col = lambda name, dtype: torch.tensor([getattr(r, name) for r in reqs], dtype=dtype)  # noqa: E731
+    host = RoundInputs(col("slot", torch.int64), col("base", torch.int64), col("last", torch.int64), tables,
+                       col("limit", torch.int64), col("snap_row", torch.int32), col("snap_slot", torch.int64),
+                       col("delta", torch.int64), col("stop", torch.int64),
+                       Sampling(col("temperature", torch.float32), col("top_k", torch.int64),
+                                col("top_p", torch.float32), col("min_p", torch.float32), col("seed", torch.int64),
+                                col("steps", torch.int64), col("seeded", torch.bool)))
+    if out is None:
+        return _map(host, lambda t: pinned(t).to(device, non_blocking=True))
+    _zip(out, host, lambda dst, src: dst.copy_(pinned(src), non_blocking=True))
+    return out
+
+
+def _fields(inp: RoundInputs) -> list[torch.Tensor]:
+    s = inp.sampling
+    return [inp.slots, inp.base, inp.last, inp.block_tables, inp.limit, inp.snap_rows, inp.snap_slots, inp.delta,
+            inp.stop, s.temperature, s.top_k, s.top_p, s.min_p, s.seeds, s.steps, s.seeded]
+
+
+def _from_fields(t: list[torch.Tensor]) -> RoundInputs:
+    return RoundInputs(*t[:9], Sampling(*t[9:]))
+
+
+def _map(inp: RoundInputs, fn) -> RoundInputs:
+    return _from_fields([fn(t) for t in _fields(inp)])
+
+
+def _zip(dst: RoundInputs, src: RoundInputs, fn) -> None:
+    for a, b in zip(_fields(dst), _fields(src)):
+        fn(a, b)
+
+
+class RoundGraphs:
+    """Speculative rounds captured per (batch bucket, drafts, greedy / sampled) over static inputs, and timed: all of
+    them at load (engine/spec/speculation.py `capture`); running one that was not captured is a bug, not a capture on a
+    request's path (that stalled every stream for seconds)."""
+
+    def __init__(self, spec: RoundRunner, buckets: list[int], max_pages: int, scratch_slot: int, pool=None):
+        self.spec, self.buckets, self.max_pages, self.scratch = spec, buckets, max_pages, scratch_slot
+        self.pool = pool
+        self.graphs: dict[tuple[int, int, bool], tuple] = {}
+        self.seconds: dict[tuple[int, int, bool], float] = {}       # a replay's GPU time, at capture
+
+    def capture(self, b: int, k: int, sampled: bool) -> None:
+        dev = self.spec.pools.conv.device
+        reqs = [RoundRequest.padding(self.scratch, temperature=0.5)] * b
+        inp = round_inputs(reqs, self.max_pages, dev)
+        for _ in range(2):                                   # compile, tune, initialise outside the capture
+            self.spec.round(inp, sampled, k)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with capture_graph(graph, pool=self.pool):
+            out = self.spec.round(inp, sampled, k)
+        self.pool = graph.pool()
+        self.graphs[(b, k, sampled)] = (graph, inp, out)
+        self.seconds[(b, k, sampled)] = replay_seconds(graph)
+
+    def clear(self) -> None:
+        """Drop the captured rounds (and their memory pool: a pool whose graphs are gone cannot be captured into)."""
+        self.graphs.clear()
+        self.seconds.clear()
+        self.pool = None
+
+    def fits(self, n: int) -> bool:
+        return n <= self.buckets[-1]
+
+    def run(self, reqs: list[RoundRequest], k: int, sampled: bool) -> RoundOutputs:
+        n = len(reqs)
+        b = next(x for x in self.buckets if x >= n)
+        graph, inp, out = self.graphs[(b, k, sampled)]
+        round_inputs(reqs, self.max_pages, inp.slots.device, pad_to=b, pad_slot=self.scratch, out=inp)
+        graph.replay()
+        return RoundOutputs(out.kept[:n], out.tokens[:n])
+
+
+def replay_seconds(graph, replays: int = 3) -> float:
+    """A captured graph's GPU time per replay (the median of a few, after one not timed)."""
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return sorted(times)[len(times) // 2]

@@ -1,0 +1,168 @@
+"""The engine's side of speculative decoding: which steps speculate and with how many drafts, a round's inputs from
+the sequences, the tokens a round commits, the rolling prefix-cache snapshot inside a round, and what it did per
+request.
+
+A decode step speculates when every running sequence can: its sampling needs no host work per token (no logits
+processors, penalties or logprobs), no forced token is pending, and no thinking budget can run out inside the round.
+How many drafts (0: a plain step, EngineLoop._decode) is engine/spec/policy.py's choice, from measured times and the
+running acceptance. The round itself is engine/spec/rounds.py; its CUDA graphs (every batch bucket, number of drafts,
+greedy and sampled) are captured and timed at load (`capture`), never on a request's path.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine.cache.manager import CacheManager
+from engine.spec.policy import DraftPolicy
+from engine.core.params import SpeculationStats
+from engine.core.sequence import Sequence
+from engine.spec.rounds import RoundGraphs, RoundRequest, RoundRunner, round_inputs
+
+
+class Speculation:
+    def __init__(self, speculator: RoundRunner, cache: CacheManager, buckets: list[int], graphs: bool,
+                 plain_times: dict[int, float] | None = None):
+        """buckets: the batch sizes decode steps and rounds run at (padded up); graphs: rounds replay CUDA graphs
+        (captured by `capture`); plain_times: {bucket: seconds} of the plain decode graphs (the policy's start)."""
+        self.spec, self.cache, self.max_k = speculator, cache, speculator.k
+        self.buckets = buckets
+        self.max_pages = -(-speculator.max_seq_len // cache.page_size)     # block tables cover every verify row
+        self.graphs = RoundGraphs(speculator, buckets, self.max_pages, cache.scratch_slot) if graphs else None
+        self.plain_times = dict(plain_times or {})
+        self.policy = self._new_policy()
+        self.adaptive = True                      # off: every eligible step makes max_k drafts (measurements)
+        self.totals = SpeculationStats()          # every sequence's rounds together
+        self.round_ms = 0.0                       # time in rounds (host view, waiting for their tokens)
+        self._last: tuple[int, tuple[int, ...]] | None = None   # the last decode step: (drafts, sequence ids)
+
+    def capture(self, progress=None) -> None:
+        """Capture (and time) every round the engine can run: each batch bucket, 1 .. max_k drafts, greedy and
+        sampled; kernels compile and tune in the runs before each capture. progress(done, total)."""
+        if self.graphs is None:
+            return
+        variants = [(b, k, sampled) for b in self.buckets for k in range(1, self.max_k + 1) for sampled in (False, True)]
+        for i, (b, k, sampled) in enumerate(variants):
+            if progress is not None:
+                progress(i, len(variants))
+            self.graphs.capture(b, k, sampled)
+        self.policy = self._new_policy()
+
+    def _new_policy(self) -> DraftPolicy:
+        warm = {(0, b): t for b, t in self.plain_times.items()}
+        if self.graphs is not None:
+            warm.update({(k, b): t for (b, k, sampled), t in self.graphs.seconds.items() if not sampled})
+        return DraftPolicy(self.max_k, self.buckets, warm if self.graphs is not None else None)
+
+    def use_oracle(self, oracle, adaptive: bool = True) -> None:
+        """Drafts from a DraftOracle (engine/bench/oracle.py; None: the MTP's own); the rounds are captured again when
+        the oracle comes or goes. adaptive False: every eligible step makes max_k drafts, paying or not (to time
+        rounds)."""
+        recapture = self.spec.set_oracle(oracle)
+        self.adaptive = adaptive
+        if self.graphs is not None and recapture:
+            self.graphs.clear()
+            self.capture()
+        self.policy = self._new_policy()
+
+    # ---- which steps speculate ------------------------------------------------------------------------------------
+    def eligible(self, seq: Sequence, k: int) -> bool:
+        p = seq.params
+        m = seq.matcher           # a grammar needs each token before the next mask; one waiting for its trigger
+        if not seq.sampled_on_device or (m is not None and (m.active or m.banned)):   # (<tool_call>) ends the round
+            return False
+        stream = seq.stream
+        return not (p.thinking_budget is not None and stream.in_reasoning
+                    and stream.reasoning_tokens + k + 1 >= p.thinking_budget)
+
+    def drafts(self, seqs: list[Sequence]) -> int:
+        """Drafts each sequence makes in the next decode step: 0 for a plain step."""
+        if not seqs:
+            return 0
+        k = self.policy.choose(len(seqs), max(s.num_computed for s in seqs)) if self.adaptive else self.max_k
+        return k if k and all(self.eligible(s, k) for s in seqs) else 0
+
+    def step_done(self, k: int, seqs: list[Sequence], seconds: float) -> None:
+        """A step that only decoded these sequences (k drafts each; 0: plain) took `seconds` of wall time: measured
+        unless the step before was of another kind or batch (its GPU work was still finishing during this one)."""
+        now = (k, tuple(s.id for s in seqs))
+        if self._last == now and seqs:
+            self.policy.step_time(k, len(seqs), max(s.num_computed for s in seqs), seconds)
+        self._last = now
+
+    def step_mixed(self) -> None:
+        """A step that also prefilled or encoded: the next decode step is not measured either."""
+        self._last = None
+
+    # ---- drafts of a new sequence ---------------------------------------------------------------------------------
+    def start(self, seqs: list[Sequence], hidden: torch.Tensor) -> None:
+        """Sequences whose first token was just sampled from their prompt's last hidden states [N, H]: draft d_1."""
+        reqs = [self._request(s, base=s.num_computed - 1) for s in seqs]
+        self.spec.first_draft(round_inputs(reqs, self.max_pages, hidden.device), hidden)
+        if self.spec.oracle is not None:
+            for s in seqs:
+                self.spec.oracle.assign(s.state_slot, s.prompt)
+
+    # ---- one round ------------------------------------------------------------------------------------------------
+    def round(self, seqs: list[Sequence], k: int) -> list[list[int]]:
+        """One round of k drafts over these sequences (their pages grown for its rows first); returns each one's new
+        tokens (1 .. k + 1), which the caller commits one by one (EngineLoop._commit), calling `passed` when a
+        sequence's committed tokens reach the page boundary the round snapshotted, and `round_over` at the end."""
+        page = self.cache.page_size
+        reqs = []
+        for s in seqs:
+            self.cache.grow(s.pages, min(s.num_computed + k + 1, s.max_total))
+            boundary = (s.num_computed + k + 1) // page * page
+            slot = self.cache.snapshots.take() if boundary > s.num_computed else -1
+            s.spec_snapshot = (boundary, slot) if slot >= 0 else None
+            row = boundary - s.num_computed - 1 if slot >= 0 else -1
+            reqs.append(self._request(s, base=s.num_computed, snap_row=row, snap_slot=slot))
+        sampled = any(s.params.temperature > 0 for s in seqs)
+        started = time.perf_counter()
+        if self.graphs is not None and self.graphs.fits(len(seqs)):
+            out = self.graphs.run(reqs, k, sampled)
+        else:
+            out = self.spec.round(round_inputs(reqs, self.max_pages, self.spec.pools.conv.device), sampled, k)
+        kept, tokens = out.kept.tolist(), out.tokens.tolist()
+        self.round_ms += 1e3 * (time.perf_counter() - started)
+        self.policy.kept_drafts(k, kept)
+        for s, n in zip(seqs, kept):
+            s.spec_counts.add(k, n)
+            self.totals.add(k, n)
+        return [t[:n + 1] for t, n in zip(tokens, kept)]
+
+    def boundary(self, seq: Sequence) -> int:
+        """The page boundary whose state the round snapshotted for this sequence (-1: none)."""
+        return seq.spec_snapshot[0] if seq.spec_snapshot else -1
+
+    def passed(self, seq: Sequence) -> int:
+        """The sequence's committed tokens reached the round's snapshot boundary: the slot holding the state there
+        (the loop makes it the rolling snapshot: EngineLoop._page_passed)."""
+        _, slot = seq.spec_snapshot
+        seq.spec_snapshot = None
+        return slot
+
+    def round_over(self, seq: Sequence) -> None:
+        """A snapshot whose boundary the committed tokens did not reach holds nothing of use: give its slot back."""
+        if seq.spec_snapshot:
+            self.cache.snapshots.drop(seq.spec_snapshot[1])
+            seq.spec_snapshot = None
+
+    def _request(self, s: Sequence, base: int, snap_row: int = -1, snap_slot: int = -1) -> RoundRequest:
+        p = s.params
+        return RoundRequest(slot=s.state_slot, base=base, last=s.tokens[base], pages=s.pages,
+                            limit=len(s.pages) * self.cache.page_size, snap_row=snap_row,
+                            snap_slot=snap_slot if snap_row >= 0 else self.cache.scratch_slot,
+                            temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, seed=s.seed,
+                            steps=len(s.output), seeded=p.seed is not None, delta=s.position_delta,
+                            stop=-1 if s.matcher is None or s.matcher.trigger is None else s.matcher.trigger)
+
+    def stats(self) -> dict:
+        t = self.totals
+        now = self.policy.last if self.adaptive else self.max_k
+        return {"spec_drafts": self.max_k, "spec_drafts_now": now, "spec_on": bool(now), "spec_rounds": t.rounds,
+                "spec_drafted_tokens": t.drafted, "spec_accepted_tokens": t.accepted,
+                "spec_tokens_per_round": round(t.tokens_per_round, 3),
+                "spec_position_rates": [round(r, 3) for r in t.position_rates], "spec_round_ms_total": self.round_ms}

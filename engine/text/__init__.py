@@ -1,0 +1,2 @@
+"""Tokens and text: the tokenizer, streaming detokenization, stop strings, a reply's labelled pieces, and grammar
+constraints."""
