@@ -6,9 +6,9 @@ one-line refusals of a drafter made for another model."""
 import pytest
 import torch
 
-from engine.config import parse_model_config
+from engine.model.config import parse_model_config
 from engine.model.dflash import Drafter, DrafterMismatch, check_drafter, parse_drafter_config
-from engine.random_model import text_config
+from engine.bench.random_model import text_config
 
 dflash_model = pytest.importorskip("dflash.model")
 transformers = pytest.importorskip("transformers")

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
 from engine.weights.checkpoint import TensorReader, list_tensors
 
 VARIANTS = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
