@@ -22,6 +22,7 @@ from engine.core.runner import ModelRunner, batch_buckets
 from engine.core.scheduler import Scheduler
 from engine.model.load import load_model
 from engine.model.config import ModelConfig, load_model_config
+from engine.model.layers import MLP
 from engine.model.linear import Embedding, Linear
 from engine.model.moe import SparseMoE
 from engine.spec.rounds import RoundRunner
@@ -159,7 +160,7 @@ def cache_identity(config: EngineConfig, weights: str, dtype: torch.dtype, pools
 def warm_up_linears(model, dtype: torch.dtype, device: torch.device, prefill_chunk: int, progress) -> None:
     """Run each quantized weight shape at WARM_UP_ROWS (2 .. FUSED_MAX_M rows: a prompt's last step, a short chat
     turn): the int4 GEMV's build for M > 1 and the autotuned kernels' M buckets, which otherwise compile and tune
-    on first use (seconds each); and each kind of MoE layer at 1 token, at WARM_UP_ROWS and at the token counts
+    on first use (seconds each), and the int4 MLPs' SwiGLU in the GEMV's epilogue at those rows; and each kind of MoE layer at 1 token, at WARM_UP_ROWS and at the token counts
     that reach each block size of the grouped kernels (qwendesk_kernels/moe_grouped.warm_up_tokens; the routing, decode and
     grouped kernels' builds serve every T; int8 experts: the sorted loop's GEMMs). Before the loop thread starts:
     the model is not yet shared."""
@@ -170,11 +171,15 @@ def warm_up_linears(model, dtype: torch.dtype, device: torch.device, prefill_chu
     shapes = {(m.int4_tiles, m.quantized().shape): m for m in linears + [model.lm_head]
               if m.scheme != "float"}
     kinds = {(m.gate_up.scheme, m.down.scheme): m for m in moes}
+    mlps = {m.gate_up.quantized().shape: m for m in model.modules() if isinstance(m, MLP) and m.gate_up.scheme == "int4"}
     with torch.inference_mode():
         for i, linear in enumerate(shapes.values()):
             progress("Tuning kernels", i, len(shapes))
             for rows in WARM_UP_ROWS:
                 linear(torch.zeros(rows, linear.shape[1], dtype=dtype, device=device))
+        for mlp in mlps.values():
+            for rows in WARM_UP_ROWS:
+                mlp(torch.zeros(rows, mlp.gate_up.shape[1], dtype=dtype, device=device))
         for moe in kinds.values():
             experts = moe.gate_up.shape[0] // (2 * moe.inter)                 # (+ the stacked shared one)
             grouped = warm_up_tokens(moe.pairs, experts, prefill_chunk)
