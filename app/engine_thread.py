@@ -3,8 +3,8 @@
 The GUI calls load / unload / generate / set_endpoint; they queue commands the thread runs in
 order, and results come back as signals. cancel() goes straight to the engine (thread-safe), so
 a reply streaming on this thread stops at once; cancel_load() sets the load's cancel event, which
-the engine checks at each step it reports (a new load or an unload cancels the one in progress). Failures become signals with a message; nothing
-here raises into the GUI.
+the engine checks at each step it reports (a new load or an unload cancels the one in progress). Failures become
+signals with a message; nothing here raises into the GUI.
 """
 
 from __future__ import annotations

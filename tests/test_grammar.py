@@ -159,15 +159,17 @@ def test_json_object(eng):
         logits[closing] += 4.0
         return logits
     for seed in range(4):
-        out = eng.generate([9, 9], SamplingParams(max_tokens=300, temperature=1.0, seed=seed, logits_processors=[favour],
-                                                  constraint=Constraint(json_schema={"type": "object"})))
+        params = SamplingParams(max_tokens=300, temperature=1.0, seed=seed, logits_processors=[favour],
+                                constraint=Constraint(json_schema={"type": "object"}))
+        out = eng.generate([9, 9], params)
         assert out.finish_reason == "stop" and isinstance(json.loads(out.text), dict)
 
 
 def test_a_text_parameters_pattern_is_enforced_in_tool_calls(eng):
     """pydantic's Field(pattern=...) on a string parameter: the call's raw-text value matches it (anchored or not)."""
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-        "code": {"type": "string", "pattern": "^[A-C]{2}-[0-9]{3}$"}, "tag": {"type": "string", "pattern": "^v[0-9]/[0-9]$"}},
+        "code": {"type": "string", "pattern": "^[A-C]{2}-[0-9]{3}$"},
+        "tag": {"type": "string", "pattern": "^v[0-9]/[0-9]$"}},
         "required": ["code", "tag"]}}}]
     for seed in range(3):
         out = eng.generate([{"role": "user", "content": "x"}], SamplingParams(

@@ -370,7 +370,8 @@ class ChatSession(QObject):
             self.active = ActiveReply(message, f"m{message.id}v{message.version}")
             self.message_changed.emit(message)
         elif continuing is None:
-            message = self.store.add_message(self.current.id, "assistant", status="streaming", metrics={"model": writer})
+            message = self.store.add_message(self.current.id, "assistant", status="streaming",
+                                             metrics={"model": writer})
             self.active = ActiveReply(message, f"m{message.id}")
             self.message_added.emit(message)
         else:
@@ -504,6 +505,7 @@ class ChatSession(QObject):
         elif self.current is not None:
             for m in reversed(self.store.messages(self.current.id)):
                 if m.role == "assistant" and "prompt_tokens" in m.metrics:
-                    used = m.metrics.get("context_tokens", m.metrics["prompt_tokens"] + m.metrics.get("output_tokens", 0))
+                    written = m.metrics["prompt_tokens"] + m.metrics.get("output_tokens", 0)
+                    used = m.metrics.get("context_tokens", written)
                     break
         self.context_changed.emit(used, total, self.left_out)
