@@ -2,8 +2,8 @@
 
 It keeps the conversation in the store, builds the history a backend needs, streams a reply
 into the store (saved every few seconds while it streams, and at the end) and tells the page
-what changed through signals. A backend is the EngineThread or a RemoteBackend: both take
-generate(request_id, messages, params, template_kwargs) / cancel(request_id) / count_tokens(messages,
+what changed through signals. A backend (app/backend.py ChatBackend) is the EngineThread or a RemoteBackend: both
+take generate(request_id, messages, params, template_kwargs) / cancel(request_id) / count_tokens(messages,
 template_kwargs) and answer with delta (with the number of tokens it carries) and reply_finished signals.
 Before a reply starts, the history is fitted into the context (context_fit.py); a reply cut short by its
 token limit can be continued in the same message.
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from app.backend import ChatBackend
 from app.chat.blocks import extract_tool_calls
 from app.chat.context_fit import fit_history, prompt_budget
 from app.chat.presets import apply_overrides
@@ -85,7 +86,7 @@ class ChatSession(QObject):
         super().__init__(parent)
         self.store = store
         self.settings = settings
-        self.backend = None
+        self.backend: ChatBackend | None = None
         self.current: Conversation | None = None
         self.active: ActiveReply | None = None
         self._editing: Message | None = None
@@ -97,21 +98,19 @@ class ChatSession(QObject):
         self._refresh.timeout.connect(self._emit_update)
 
     # ---- backend -------------------------------------------------------------------------------
-    def set_backend(self, backend) -> None:
+    def set_backend(self, backend: ChatBackend | None) -> None:
         if backend is self.backend:
             return
         self.stop()
         if self.backend is not None:
             self.backend.delta.disconnect(self._on_delta)
             self.backend.reply_finished.disconnect(self._on_finished)
-            if hasattr(self.backend, "warmed"):
-                self.backend.warmed.disconnect(self.cache_warmed)
+            self.backend.warmed.disconnect(self.cache_warmed)
         self.backend = backend
         if backend is not None:
             backend.delta.connect(self._on_delta)
             backend.reply_finished.connect(self._on_finished)
-            if hasattr(backend, "warmed"):
-                backend.warmed.connect(self.cache_warmed)
+            backend.warmed.connect(self.cache_warmed)
         self._emit_context()
 
     @property
@@ -390,9 +389,10 @@ class ChatSession(QObject):
 
     def _fit(self, history: list[dict], kwargs: dict):
         """The history that fits the context (context_fit.py), or None after saying why nothing is sent."""
-        total, count = getattr(self.backend, "max_context", None), getattr(self.backend, "count_tokens", None)
-        if not total or count is None:
+        total = self.backend.max_context
+        if not total:
             return fit_history(history, lambda _: None, 0)
+        count = self.backend.count_tokens
         budget = prompt_budget(total, self.reply_settings().max_tokens)
         tokens = count(history, kwargs)
         if tokens is not None and tokens > budget and self.context_policy() == "stop":
@@ -498,7 +498,7 @@ class ChatSession(QObject):
     def _emit_context(self) -> None:
         """What the context holds: while a reply streams, its prompt and the tokens so far; else what the
         last reply's request held."""
-        total = getattr(self.backend, "max_context", None) if self.backend is not None else None
+        total = self.backend.max_context if self.backend is not None else None
         used = 0
         if self.active is not None and self.active.prompt_tokens is not None:
             used = self.active.prompt_tokens + self.active.tokens
