@@ -782,8 +782,9 @@ class Engine:
             if n_out > 1:
                 t.decode_tok_s = (n_out - 1) / max(now - seq.t_first, 1e-9)
         seq.finish_reason = reason
-        with self._lock:
+        with self._lock:            # stats() agrees with the events: a request whose finish is out is not counted
             self._active -= 1
+            self._stats = self._collect_stats()
         seq.emit(StreamEvent("finish", pieces, finish_reason=reason, stop_sequence=seq.stream.stop_sequence,
                              usage=usage, timings=t, error=error))
 

@@ -225,6 +225,15 @@ def test_bad_constraints_are_refused_at_submit(eng, constraint, words):
     assert wait_idle(eng)["running"] == 0      # (a test before may have just finished)
 
 
+def test_stats_stop_counting_a_request_once_its_finish_is_out(eng):
+    """stats() agrees with the event stream: when generate() has returned (its finish event is out), the request is no
+    longer counted as running and its pages are back (the refused-constraint test above counts on it)."""
+    for seed in range(20):
+        out = eng.generate([3, 4, 5], SamplingParams(max_tokens=4 + seed % 3, temperature=1.0, seed=seed))
+        s = eng.stats()
+        assert out.finish_reason in ("stop", "length") and (s["running"], s["waiting"]) == (0, 0), s
+
+
 def test_masks_match_the_reference_bit_layout(eng):
     """Grammars.masks writes llguidance's layout: bit t % 32 of word t // 32; a row without a grammar is all ones."""
     grammars = eng._grammars
