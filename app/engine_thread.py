@@ -25,8 +25,8 @@ from app.endpoint import EndpointSettings, EndpointStatus, start_endpoint
 from app.server_log import ServerLog
 from app.formatting import weights_words
 from app.generation import ReplyResult, metrics_from_engine
-from engine.api import (ContextLengthError, Engine, EngineConfig, LoadCancelled, MemoryPlan, QueueFullError, add_calls,
-                        plan_for)
+from engine.api import (ContextLengthError, Engine, EngineConfig, LoadCancelled, MemoryPlan, QueueFullError,
+                        RequestHandle, ToolCall, add_calls, plan_for)
 
 log = logging.getLogger("qwendesk.app")
 
@@ -89,7 +89,7 @@ class EngineThread(QThread):
         self._server = None
         self._endpoint: EndpointSettings | None = None
         self.server_log = ServerLog()            # the endpoint's last lines, for Settings
-        self._handles: dict[str, object] = {}
+        self._handles: dict[str, RequestHandle] = {}
         self._cancelled: set[str] = set()        # cancelled before their reply started
         self._finished: set[str] = set()         # ended before submit returned (an engine closing meanwhile)
         self._handles_lock = threading.Lock()
@@ -280,7 +280,7 @@ class EngineThread(QThread):
     def _reply_events(self, request_id: str):
         """The reply's event handler: it runs on the engine's own thread, as each event comes, so that this thread
         goes on serving commands (a cancel, an unload, another load, the next reply) while the reply streams."""
-        calls = []                                      # the engine's parsed calls (requests with tools)
+        calls: list[ToolCall] = []                      # the engine's parsed calls (requests with tools)
 
         def on_event(event) -> None:
             try:
