@@ -1,12 +1,16 @@
 # Developer entry points. `make app` and `make test` each install whatever is missing
-# into .venv (first run only, when pyproject.toml changes, or when TORCH does) and then do their job.
+# into .venv (first run only, when pyproject.toml or constraints.txt changes, or when TORCH does) and then do their job.
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 # torch==2.13.0 is the CPU build on these machines; TORCH=torch lets pip pick your platform's default
 # build. The venv remembers the TORCH it has (.venv/.torch): later runs keep it, a different TORCH replaces it.
-TORCH ?= $(or $(shell cat $(VENV)/.torch 2>/dev/null),torch==2.13.0)
+PINNED_TORCH := torch==2.13.0
+TORCH ?= $(or $(shell cat $(VENV)/.torch 2>/dev/null),$(PINNED_TORCH))
+# Installs take the versions the suite passed with (constraints.txt, written by `make lock`), with the torch they were
+# tested with; another TORCH installs the newest of everything, as `make test-latest` does.
+LOCK  ?= $(if $(filter $(PINNED_TORCH),$(TORCH)),-c constraints.txt)
 
-.PHONY: app test check-consumer soak check-plans package appimage test-package clean FORCE
+.PHONY: app test test-latest lock lint check-consumer soak check-plans package appimage test-package clean FORCE
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -16,20 +20,20 @@ $(PY):
 $(VENV)/.torch: FORCE | $(PY)
 	@if [ "$$(cat $@ 2>/dev/null)" != "$(TORCH)" ]; then \
 		set -e; [ ! -f $@ ] || $(PY) -m pip uninstall -q -y torch; \
-		$(PY) -m pip install -q "$(TORCH)"; echo "$(TORCH)" > $@; fi
+		$(PY) -m pip install -q $(LOCK) "$(TORCH)"; echo "$(TORCH)" > $@; fi
 
-$(VENV)/.app: pyproject.toml $(VENV)/.torch
-	$(PY) -m pip install -q -e .
+$(VENV)/.app: pyproject.toml constraints.txt $(VENV)/.torch
+	$(PY) -m pip install -q $(LOCK) -e .
 	touch $@
 
 # dflash: the block drafter's reference (tests/test_dflash.py), without its exact pins of datasets, tqdm and requests
-$(VENV)/.test: pyproject.toml $(VENV)/.torch
-	$(PY) -m pip install -q -e ".[test]"
+$(VENV)/.test: pyproject.toml constraints.txt $(VENV)/.torch
+	$(PY) -m pip install -q $(LOCK) -e ".[test]"
 	$(PY) -m pip install -q --no-deps dflash==0.1.0
 	touch $@
 
-$(VENV)/.package: pyproject.toml $(VENV)/.torch
-	$(PY) -m pip install -q -e ".[test,package]"
+$(VENV)/.package: pyproject.toml constraints.txt $(VENV)/.torch
+	$(PY) -m pip install -q $(LOCK) -e ".[test,package]"
 	touch $@
 
 app: $(VENV)/.app
@@ -37,6 +41,22 @@ app: $(VENV)/.app
 
 test: $(VENV)/.test
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q
+
+# The suite against the newest release of every dependency (TORCH aside), in its own venv upgraded at each run: what
+# the next lock would pin. When it passes, `make lock VENV=.venv-latest` writes those versions to constraints.txt.
+test-latest:
+	[ -x .venv-latest/bin/python ] || python3 -m venv .venv-latest
+	.venv-latest/bin/python -m pip install -q --upgrade pip
+	.venv-latest/bin/python -m pip install -q --upgrade --upgrade-strategy eager "$(TORCH)" -e ".[test]"
+	QT_QPA_PLATFORM=offscreen .venv-latest/bin/python -m pytest -q
+
+# constraints.txt: the versions installed in $(VENV) of everything the project and its tests need (.ci/lock.py)
+lock:
+	$(PY) .ci/lock.py > constraints.txt.new && mv constraints.txt.new constraints.txt
+
+# ruff over the files that follow its rules so far (app/ and tests/; the rest joins as it is cleaned)
+lint: $(VENV)/.test
+	$(VENV)/bin/ruff check app tests
 
 # The consumer-GPU readiness check (minutes, no GPU): every Triton launch of the 27B / 9B / 35B-A3B forwards
 # compiled for sm_86, sm_89 and sm_120 and checked against those cards (engine/readiness/check.py says what).

@@ -1,10 +1,11 @@
 """EngineThread: the QThread that owns the Engine (and the local endpoint's server).
 
 The GUI calls load / unload / generate / set_endpoint; they queue commands the thread runs in
-order, and results come back as signals. cancel() goes straight to the engine (thread-safe), so
-a reply streaming on this thread stops at once; cancel_load() sets the load's cancel event, which
-the engine checks at each step it reports (a new load or an unload cancels the one in progress). Failures become signals with a message; nothing
-here raises into the GUI.
+order, and results come back as signals. A reply's events are passed on from the engine's own thread as they come
+(Engine.submit's on_event), so a command queued while a reply streams (an unload, a load, another reply) runs at
+once. cancel() goes straight to the engine (thread-safe); cancel_load() sets the load's cancel event, which
+the engine checks at each step it reports (a new load or an unload cancels the one in progress). Failures become
+signals with a message; nothing here raises into the GUI.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from app.endpoint import EndpointSettings, EndpointStatus, start_endpoint
 from app.server_log import ServerLog
 from app.formatting import weights_words
 from app.generation import ReplyResult, metrics_from_engine
-from engine.api import (ContextLengthError, Engine, EngineConfig, LoadCancelled, MemoryPlan, QueueFullError, add_calls,
-                        plan_for)
+from engine.api import (ContextLengthError, Engine, EngineConfig, LoadCancelled, MemoryPlan, QueueFullError,
+                        RequestHandle, ToolCall, add_calls, plan_for)
 
 log = logging.getLogger("qwendesk.app")
 
@@ -88,8 +89,9 @@ class EngineThread(QThread):
         self._server = None
         self._endpoint: EndpointSettings | None = None
         self.server_log = ServerLog()            # the endpoint's last lines, for Settings
-        self._handles: dict[str, object] = {}
+        self._handles: dict[str, RequestHandle] = {}
         self._cancelled: set[str] = set()        # cancelled before their reply started
+        self._finished: set[str] = set()         # ended before submit returned (an engine closing meanwhile)
         self._handles_lock = threading.Lock()
         self._cancel_load = threading.Event()
         self.model: LoadedModel | None = None
@@ -263,31 +265,42 @@ class EngineThread(QThread):
         if self._engine is None:
             self.reply_finished.emit(request_id, ReplyResult("error", error="No model is loaded."))
             return
+        on_event = self._reply_events(request_id)
         try:
-            handle = self._engine.submit(engine_messages(messages), params, **template_kwargs)
+            handle = self._engine.submit(engine_messages(messages), params, on_event=on_event, **template_kwargs)
         except (ContextLengthError, QueueFullError, ValueError, RuntimeError) as e:
             self.reply_finished.emit(request_id, ReplyResult("error", error=str(e)))
             return
         with self._handles_lock:
-            self._handles[request_id] = handle
+            if request_id not in self._finished:          # (a reply can end before submit returns: an engine closing)
+                self._handles[request_id] = handle
+            self._finished.discard(request_id)
             if request_id in self._cancelled:           # cancelled while it was being submitted
                 self._cancelled.discard(request_id)
                 handle.cancel()
-        calls = []                                      # the engine's parsed calls (requests with tools)
-        try:
-            for event in handle:
+
+    def _reply_events(self, request_id: str):
+        """The reply's event handler: it runs on the engine's own thread, as each event comes, so that this thread
+        goes on serving commands (a cancel, an unload, another load, the next reply) while the reply streams."""
+        calls: list[ToolCall] = []                      # the engine's parsed calls (requests with tools)
+
+        def on_event(event) -> None:
+            try:
                 add_calls(calls, event.pieces)
                 if event.kind == "delta":
                     if event.text or event.reasoning or event.token_ids:
                         self.delta.emit(request_id, event.text, event.reasoning, len(event.token_ids))
-                else:
-                    self.reply_finished.emit(request_id, ReplyResult(
-                        event.finish_reason, error=event.error or "", text=event.text, reasoning=event.reasoning,
-                        tool_calls=[{"name": c.name, "arguments": c.arguments} for c in calls],
-                        metrics=metrics_from_engine(event.usage, event.timings)))
-        finally:
-            with self._handles_lock:
-                self._handles.pop(request_id, None)
+                    return
+                with self._handles_lock:
+                    if self._handles.pop(request_id, None) is None:
+                        self._finished.add(request_id)
+                self.reply_finished.emit(request_id, ReplyResult(
+                    event.finish_reason, error=event.error or "", text=event.text, reasoning=event.reasoning,
+                    tool_calls=[{"name": c.name, "arguments": c.arguments} for c in calls],
+                    metrics=metrics_from_engine(event.usage, event.timings)))
+            except Exception:       # never into the engine's step (it would fail every request in flight)
+                log.exception("passing on an event of reply %s failed", request_id)
+        return on_event
 
     def _restart_endpoint(self) -> None:
         self._stop_endpoint()

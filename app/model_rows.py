@@ -239,7 +239,8 @@ class LocalModelRow(QFrame):
         self.redownload.clicked.connect(lambda: self.redownload_requested.emit(model))
         self.redownload.setVisible(bool(model.problem) and model.deletable)
         row.addWidget(self.redownload)
-        self.delete = icon_button("trash", "Delete this model from disk", icons.DANGER if model.problem else icons.MUTED)
+        colour = icons.DANGER if model.problem else icons.MUTED
+        self.delete = icon_button("trash", "Delete this model from disk", colour)
         self.delete.clicked.connect(lambda: self.delete_requested.emit(model))
         keep_place = self.delete.sizePolicy()
         keep_place.setRetainSizeWhenHidden(True)              # Load buttons line up down the list

@@ -28,6 +28,7 @@ class RemoteError(Exception):
 class RemoteBackend(QObject):
     delta = Signal(str, str, str, int)      # request id, content text, reasoning text, tokens (a chunk: one)
     reply_finished = Signal(str, object)    # request id, ReplyResult
+    warmed = Signal(int)                    # never sent: what a remote server keeps cached is its own
 
     supports_vision = True                  # the server decides; images are sent as data URLs
     max_context = None

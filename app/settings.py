@@ -5,14 +5,12 @@ Secrets (HF token, API keys) are kept out of repr() so they never reach a log li
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from engine.api import DEFAULT_PORT, EngineConfig, SamplingParams
 
 SETTINGS_KEY = "app_settings"
 
-# changing one of these needs the engine reloaded
-RELOAD_FIELDS = ("device", "weights", "profile", "kv_dtype", "max_context", "speculative_tokens")
 ENDPOINT_FIELDS = ("endpoint_enabled", "endpoint_host", "endpoint_port", "endpoint_api_key", "endpoint_special_tokens")
 REMOTE_FIELDS = ("remote_enabled", "remote_base_url", "remote_api_key", "remote_model")
 
@@ -27,21 +25,30 @@ SPECIAL_TOKENS = {"auto": "Automatic: plain text unless the host is this compute
 THINKING_BUDGETS = {"low": 1024, "medium": 4096, "high": None}
 
 
+def default_of(cls, name: str):
+    """The default of an engine dataclass's field (EngineConfig, SamplingParams): the app's setting of the same name
+    starts from it, so that the engine's default is defined once."""
+    default = cls.__dataclass_fields__[name].default
+    assert default is not MISSING, f"{cls.__name__}.{name} has no plain default"
+    return default
+
+
 @dataclass
 class AppSettings:
-    # engine
-    device: str = "auto"                 # auto | cuda | cpu
-    weights: str = "auto"                # auto (the engine decides: 16-bit if it fits, else int4) | bf16 | int4
-    profile: str = "C1"
-    kv_dtype: str = "bf16"               # bf16 | int8
-    max_context: int | None = None       # None: as much as memory allows
-    speculative_tokens: int | None = None  # MTP drafts per round: None automatic (3 on a GPU), 0 off, 1..5
-    # generation defaults
+    # engine: the EngineConfig fields the app lets one change, under their names (engine_config passes each on)
+    device: str = default_of(EngineConfig, "device")                # auto | cuda | cpu
+    weights: str = default_of(EngineConfig, "weights")              # auto (16-bit if it fits, else int4) | bf16 | int4
+    profile: str = default_of(EngineConfig, "profile")
+    kv_dtype: str = default_of(EngineConfig, "kv_dtype")            # bf16 | int8
+    max_context: int | None = default_of(EngineConfig, "max_context")    # None: as much as memory allows
+    speculative_tokens: int | None = default_of(EngineConfig, "speculative_tokens")   # None: the engine decides
+    # generation defaults: the app's own for chat, near Qwen's recommended sampling (the engine's SamplingParams
+    # defaults are neutral: temperature 1, no top-p / top-k, 256 tokens); the rest as SamplingParams has them
     temperature: float = 0.7
     top_p: float = 0.95
     top_k: int = 20
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
+    min_p: float = default_of(SamplingParams, "min_p")
+    presence_penalty: float = default_of(SamplingParams, "presence_penalty")
     max_tokens: int = 4096
     thinking: bool = True
     reasoning_effort: str = "high"       # low | medium | high
@@ -83,11 +90,16 @@ class AppSettings:
         return {f.name for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)}
 
     def engine_config(self, model_path: str) -> EngineConfig:
-        return EngineConfig(model=model_path, device=self.device, weights=self.weights, profile=self.profile,
-                            kv_dtype=self.kv_dtype, max_context=self.max_context,
-                            speculative_tokens=self.speculative_tokens, disk_cache=True)
+        """The engine's config: every setting named as an EngineConfig field, the disk cache on."""
+        engine = {f.name for f in fields(EngineConfig)}
+        return EngineConfig(model=model_path, disk_cache=True,
+                            **{f.name: getattr(self, f.name) for f in fields(self) if f.name in engine})
 
     def sampling_params(self, thinking: bool) -> SamplingParams:
         return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
                               top_k=self.top_k, min_p=self.min_p, presence_penalty=self.presence_penalty,
                               thinking_budget=THINKING_BUDGETS[self.reasoning_effort] if thinking else None)
+
+
+# the settings that are EngineConfig fields: changing one needs the engine reloaded
+RELOAD_FIELDS = frozenset(f.name for f in fields(AppSettings)) & frozenset(f.name for f in fields(EngineConfig))

@@ -125,7 +125,7 @@ class MainWindow(QMainWindow):
         column.addSpacing(14)
         self.nav = QButtonGroup(self)
         self.nav_buttons = {}
-        for number, (name, icon_name) in enumerate(zip(PAGES, ("chat", "models", "settings")), 1):
+        for name, icon_name in zip(PAGES, ("chat", "models", "settings")):
             button = QToolButton()
             button.setObjectName("navButton")
             button.setText(name.capitalize())

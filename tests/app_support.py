@@ -319,9 +319,11 @@ class ScriptedBackend:
         class Signals(QObject):
             delta = Signal(str, str, str, int)
             reply_finished = Signal(str, object)
+            warmed = Signal(int)
 
         self._signals = Signals()
         self.delta, self.reply_finished = self._signals.delta, self._signals.reply_finished
+        self.warmed = self._signals.warmed
         self.script, self.metrics, self.tool_calls = script, metrics or {}, tool_calls or []
 
     def writer(self) -> dict:
@@ -347,3 +349,6 @@ class ScriptedBackend:
 
     def cancel(self, request_id):
         pass
+
+    def count_tokens(self, messages, template_kwargs):
+        return None

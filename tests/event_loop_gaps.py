@@ -83,7 +83,9 @@ def main() -> None:
     window.session.stop()
     window.close()
     gaps.sort()
-    q = lambda p: gaps[min(len(gaps) - 1, int(p * len(gaps)))]
+
+    def q(p):
+        return gaps[min(len(gaps) - 1, int(p * len(gaps)))]
     print(f"guard={'old (full gc each second)' if args.old else 'new'} ballast={args.ballast} "
           f"replies={replies} ticks={len(gaps)} gap ms: p50={statistics.median(gaps):.2f} p99={q(0.99):.2f} "
           f"p999={q(0.999):.2f} max={gaps[-1]:.2f}  tracked objects={len(gc.get_objects())}")

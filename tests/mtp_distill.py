@@ -68,7 +68,8 @@ def _sequences(path: str, n: int, prompt_len: int, new: int) -> list[list[int]]:
         out = []
         for _ in range(n):
             ids = torch.randint(0, 600, (prompt_len,), generator=gen).tolist()
-            out.append(ids + e.generate(ids, SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)).token_ids)
+            params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
+            out.append(ids + e.generate(ids, params).token_ids)
     return out
 
 

@@ -220,7 +220,8 @@ def test_models_page_shows_downloads_and_the_result(app_env, qtbot, hub, monkeyp
     screenshot(window, "models_download_paused")
     hub.delay = 0.0
     row.resume.click()
-    wait_ready = lambda: window.engine.model is not None
+    def wait_ready():
+        return window.engine.model is not None
     qtbot.waitUntil(wait_ready, timeout=30_000)
     # the engine thread reports the load through a queued signal: wait for the page to show it
     qtbot.waitUntil(lambda: page.cards[0].state.text() == "Loaded", timeout=10_000)
@@ -334,7 +335,8 @@ def test_a_damaged_checkpoint_says_why_and_downloads_again(app_env, qtbot, hub, 
     row.redownload.click()
     qtbot.waitUntil(lambda: any(m.name == REPO and not m.problem for m in page.local), timeout=30_000)
     (row,) = page.local_rows
-    assert not row.load.isHidden() and row.redownload.isHidden() and row.problem.isHidden()   # the page may be behind the chat
+    # (the page may be behind the chat)
+    assert not row.load.isHidden() and row.redownload.isHidden() and row.problem.isHidden()
 
 
 def test_check_checkpoint_names_what_is_missing(tmp_path, checkpoint):

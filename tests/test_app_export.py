@@ -57,7 +57,8 @@ def test_markdown_and_json_round_trip(tmp_path):
     assert [m.role for m in again] == ["user", "assistant", "notice"]
     assert list(kept.values()) == [image.read_bytes()] and again[0].attachments == list(kept)
     assert (again[1].content, again[1].version, again[1].versions[0]["content"]) == ("It is red.", 1, "Red.")
-    assert again[1].tool_calls == [] and again[1].versions[0]["tool_calls"] == [{"name": "lookup", "arguments": {"q": "red"}}]
+    assert again[1].tool_calls == []
+    assert again[1].versions[0]["tool_calls"] == [{"name": "lookup", "arguments": {"q": "red"}}]
 
 
 @pytest.mark.parametrize("data, why", [

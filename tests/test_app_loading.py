@@ -1,6 +1,7 @@
 """Loading a model: the header names it, the status bar shows the engine's stage with a determinate bar,
 Cancel stops the engine thread's load cleanly, Eject unloads; closing the window mid-load writes nothing."""
 
+import threading
 import time
 
 import pytest
@@ -17,7 +18,27 @@ def slow_weights(monkeypatch):
     monkeypatch.setattr(loader, "_copy", lambda *args: (time.sleep(0.03), copy(*args)))
 
 
-def test_loading_shows_progress_and_cancel_stops_it(app_env, qtbot, checkpoint, slow_weights):
+@pytest.fixture
+def held_weights(monkeypatch):
+    """The load stops before a weight once 3 KiB of them are in (the status shows a share) and waits there until the
+    test sets the event it yields: a load the test cancels cannot have finished meanwhile, however slow the machine.
+    (Slowed by sleeps alone, the load ended ~1.9 s after the progress showed, and a busy CI machine's two screenshots
+    before Cancel could take that long.)"""
+    from engine.weights import loader
+
+    copy, copied, go = loader._copy, [0], threading.Event()
+
+    def held(target, row, shape, value):
+        if copied[0] >> 10 >= 3:
+            go.wait(timeout=60)
+        copy(target, row, shape, value)
+        copied[0] += value.numel()
+    monkeypatch.setattr(loader, "_copy", held)
+    yield go
+    go.set()
+
+
+def test_loading_shows_progress_and_cancel_stops_it(app_env, qtbot, checkpoint, held_weights):
     path = str(checkpoint("base"))
     window = open_window(qtbot, make_context(app_env), autoload=False)
     states = []
@@ -35,6 +56,7 @@ def test_loading_shows_progress_and_cancel_stops_it(app_env, qtbot, checkpoint, 
     row = window.models.local_rows[0] if window.models.local_rows else None
     screenshot(window, "loading_models_page")
     status.cancel.click()
+    held_weights.set()                                   # the load goes on to its next report, and stops there
     qtbot.waitUntil(lambda: window.engine.state == "idle" and not window.loading_path, timeout=10_000)
     assert window.engine.model is None and "cancelled" in status.text.text()
     assert not status.cancel.isVisible() and window.chat.model_badge.text() == "No model loaded"

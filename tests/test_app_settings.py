@@ -182,6 +182,30 @@ def test_speculation_setting_reaches_the_engine_config(app_env, qtbot):
     assert AppSettings.load(window.context.store).engine_config("x").speculative_tokens == 5
 
 
+def test_engine_settings_start_from_the_engines_defaults_and_reach_its_config():
+    """An app setting named as an EngineConfig field starts at the engine's default and reaches engine_config: a new
+    engine setting is one line in AppSettings (here, `vision` in a subclass)."""
+    from dataclasses import dataclass, fields
+
+    from app.settings import RELOAD_FIELDS, AppSettings, default_of
+    from engine.api import EngineConfig
+
+    engine_defaults = {f.name: f.default for f in fields(EngineConfig)}
+    assert RELOAD_FIELDS == {"device", "weights", "profile", "kv_dtype", "max_context", "speculative_tokens"}
+    for name in RELOAD_FIELDS:
+        assert getattr(AppSettings(), name) == engine_defaults[name], name
+    chosen = dict(device="cpu", weights="int4", profile="C4", kv_dtype="int8", max_context=4096, speculative_tokens=2)
+    config = AppSettings(**chosen).engine_config("m")
+    assert {name: getattr(config, name) for name in chosen} == chosen and config.model == "m" and config.disk_cache
+
+    @dataclass
+    class WithVision(AppSettings):
+        vision: str = default_of(EngineConfig, "vision")
+
+    assert WithVision().engine_config("m").vision == engine_defaults["vision"]
+    assert WithVision(vision="off").engine_config("m").vision == "off"
+
+
 def test_settings_without_a_model_show_each_profiles_memory_and_no_reload_warning(app_env, qtbot, checkpoint):
     context = make_context(app_env, last_model=str(checkpoint("base")))
     w = open_window(qtbot, context, autoload=False)

@@ -12,7 +12,8 @@ def test_old_database_gains_the_new_columns(tmp_path):
     db.executescript("""
         CREATE TABLE conversations (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL, created REAL NOT NULL,
                                     updated REAL NOT NULL);
-        CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, conversation_id INTEGER NOT NULL, role TEXT NOT NULL,
+        CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, conversation_id INTEGER NOT NULL,
+            role TEXT NOT NULL,
             content TEXT NOT NULL DEFAULT '', reasoning TEXT NOT NULL DEFAULT '', tool_calls TEXT NOT NULL DEFAULT '[]',
             attachments TEXT NOT NULL DEFAULT '[]', metrics TEXT NOT NULL DEFAULT '{}',
             status TEXT NOT NULL DEFAULT 'complete', error TEXT NOT NULL DEFAULT '', created REAL NOT NULL);

@@ -226,6 +226,7 @@ def test_continue_final_message_matches_transformers(pair):
 def test_continue_a_reply_cut_short_while_thinking(pair):
     ours, _ = pair
     thinking = [ASK, {"role": "assistant", "content": "", "reasoning_content": "First Paris, then"}]
-    assert ours.render(thinking, continue_final_message=True).endswith("<|im_start|>assistant\n<think>\nFirst Paris, then")
+    rendered = ours.render(thinking, continue_final_message=True)
+    assert rendered.endswith("<|im_start|>assistant\n<think>\nFirst Paris, then")
     with pytest.raises(ChatTemplateError, match="continue_final_message"):
         ours.render([ASK, {"role": "assistant", "content": ""}], continue_final_message=True)

@@ -67,3 +67,23 @@ def test_signal_emits_keep_their_references():
         source.fired.emit(i)
     assert len(seen) == 200 and app is not None
     assert sys.getrefcount(True) >= before - 20      # a real leak loses 200
+
+
+def test_constraints_pin_every_requirement_within_its_range():
+    """constraints.txt (`make lock`) pins each requirement of the app and its tests, at a version the requirement
+    allows: a requirement added or raised in pyproject.toml without a new lock fails here, not in a CI install."""
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text(encoding="utf-8").splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[normalised(name)] = version
+    for text in project["dependencies"] + project["optional-dependencies"]["test"]:
+        req = Requirement(text)
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        name = normalised(req.name)
+        assert name in pins, f"{req.name} is not in constraints.txt: run `make lock`"
+        assert req.specifier.contains(pins[name], prereleases=True), f"constraints.txt pins {name}=={pins[name]}: {req}"

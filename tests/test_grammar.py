@@ -159,15 +159,17 @@ def test_json_object(eng):
         logits[closing] += 4.0
         return logits
     for seed in range(4):
-        out = eng.generate([9, 9], SamplingParams(max_tokens=300, temperature=1.0, seed=seed, logits_processors=[favour],
-                                                  constraint=Constraint(json_schema={"type": "object"})))
+        params = SamplingParams(max_tokens=300, temperature=1.0, seed=seed, logits_processors=[favour],
+                                constraint=Constraint(json_schema={"type": "object"}))
+        out = eng.generate([9, 9], params)
         assert out.finish_reason == "stop" and isinstance(json.loads(out.text), dict)
 
 
 def test_a_text_parameters_pattern_is_enforced_in_tool_calls(eng):
     """pydantic's Field(pattern=...) on a string parameter: the call's raw-text value matches it (anchored or not)."""
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-        "code": {"type": "string", "pattern": "^[A-C]{2}-[0-9]{3}$"}, "tag": {"type": "string", "pattern": "^v[0-9]/[0-9]$"}},
+        "code": {"type": "string", "pattern": "^[A-C]{2}-[0-9]{3}$"},
+        "tag": {"type": "string", "pattern": "^v[0-9]/[0-9]$"}},
         "required": ["code", "tag"]}}}]
     for seed in range(3):
         out = eng.generate([{"role": "user", "content": "x"}], SamplingParams(
@@ -221,6 +223,15 @@ def test_bad_constraints_are_refused_at_submit(eng, constraint, words):
         eng.submit([1, 2], SamplingParams(constraint=constraint))
     assert words in str(e.value) and "\n" not in str(e.value)
     assert wait_idle(eng)["running"] == 0      # (a test before may have just finished)
+
+
+def test_stats_stop_counting_a_request_once_its_finish_is_out(eng):
+    """stats() agrees with the event stream: when generate() has returned (its finish event is out), the request is no
+    longer counted as running and its pages are back (the refused-constraint test above counts on it)."""
+    for seed in range(20):
+        out = eng.generate([3, 4, 5], SamplingParams(max_tokens=4 + seed % 3, temperature=1.0, seed=seed))
+        s = eng.stats()
+        assert out.finish_reason in ("stop", "length") and (s["running"], s["waiting"]) == (0, 0), s
 
 
 def test_masks_match_the_reference_bit_layout(eng):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from qwendesk_kernels.activation import silu_mul, silu_mul_ref, silu_mul_triton
-from qwendesk_kernels.norm import (add_rms_norm, add_rms_norm_ref, add_rms_norm_triton, gated_rms_norm, gated_rms_norm_ref,
-                          gated_rms_norm_triton, rms_norm, rms_norm_ref, rms_norm_triton)
+from qwendesk_kernels.norm import (add_rms_norm, add_rms_norm_ref, add_rms_norm_triton, gated_rms_norm,
+                                   gated_rms_norm_ref, gated_rms_norm_triton, rms_norm, rms_norm_ref, rms_norm_triton)
 from qwendesk_kernels.rope import (apply_rope_ref, inv_freq, mrope_axis, qk_norm_rope, qk_rope, qk_rope_triton,
                           rope_cos_sin)
 
@@ -81,7 +81,8 @@ def mrope_positions(T, device, start=0):
 
 
 def qk_views(T, HQ, HK, D, dtype, device):
-    """q [T, HQ, D] interleaved with its gate per head and k [T, HK, D] after it, as the qkv projection lays them out."""
+    """q [T, HQ, D] interleaved with its gate per head and k [T, HK, D] after it, as the qkv projection lays them
+    out."""
     buf = torch.randn(T, 2 * HQ * D + 2 * HK * D, dtype=dtype, device=device) * 2
     q = buf[:, :2 * HQ * D].view(T, HQ, 2 * D)[..., :D]
     k = buf[:, 2 * HQ * D:2 * HQ * D + HK * D].view(T, HK, D)

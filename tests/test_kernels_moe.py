@@ -1,4 +1,5 @@
-"""The MoE routing and decode kernels against their torch references, and the dispatch of qwendesk_kernels/ops.moe_experts.
+"""The MoE routing and decode kernels against their torch references, and the dispatch of
+qwendesk_kernels/ops.moe_experts.
 
 CPU: the Triton kernels run in the interpreter (fp32 / fp16, small odd shapes: K past a whole 128-k block, groups
 of 32 / 64 / 128, 16-bit and int4 weights, with and without the shared expert's pair, split and unsplit). GPU

@@ -17,7 +17,8 @@ from qwendesk_kernels.activation import silu_mul, silu_mul_ref
 from qwendesk_kernels.gemv_mma import gemv, gemv_mma_configs, gemv_mma_grid
 from qwendesk_kernels.quant import (int4_linear, int4_linear_triton, int4_swiglu, int8_embedding, int8_embedding_triton,
                            int8_linear, int8_linear_triton)
-from qwendesk_kernels.quant_format import (dequantize_int4_ref, dequantize_int8_ref, int4_linear_ref, int8_embedding_ref,
+from qwendesk_kernels.quant_format import (dequantize_int4_ref, dequantize_int8_ref, int4_linear_ref,
+                                  int8_embedding_ref,
                                   int8_linear_ref, pack_int4, pack_int4_codes, pack_int8, pack_int8_as_int4,
                                   tile_group_params,
                                   unpack_int4, unpack_int4_codes, untile_group_params, write_group_param_rows,

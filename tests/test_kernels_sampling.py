@@ -9,7 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from qwendesk_kernels.sampling import (Penalties, _log, apply_penalties_ref, filtered_probs_ref, random_uniform_ref, sample,
+from qwendesk_kernels.sampling import (Penalties, _log, apply_penalties_ref, filtered_probs_ref, random_uniform_ref,
+                              sample,
                               token_mask, token_mask_ref, token_mask_triton,
                               sample_ref, sample_triton, token_logprobs, token_logprobs_triton, top_logprobs_ref)
 

@@ -41,7 +41,8 @@ def test_the_server_takes_the_engine_from_its_api():
     assert bad == []
 
 
-@pytest.mark.parametrize("package, banned", [("engine", ("app", "PySide6")), ("qwendesk_kernels", ("app", "engine", "PySide6"))])
+@pytest.mark.parametrize("package, banned", [("engine", ("app", "PySide6")),
+                                             ("qwendesk_kernels", ("app", "engine", "PySide6"))])
 def test_lower_floors_never_import_upper_ones(package, banned):
     bad = [(f, m) for f, m in imports(package) if top(m) in banned]
     assert bad == []

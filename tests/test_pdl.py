@@ -1,5 +1,5 @@
-"""Programmatic dependent launch (qwendesk_kernels/pdl.py): off where it cannot run; on the GPU a chain of the decode step's
-kernels replayed from a CUDA graph with PDL gives bit for bit what the same kernels give launched one after the
+"""Programmatic dependent launch (qwendesk_kernels/pdl.py): off where it cannot run; on the GPU a chain of the decode
+step's kernels replayed from a CUDA graph with PDL gives bit for bit what the same kernels give launched one after the
 other without it (a kernel that read its input before waiting for the one before would read stale values)."""
 
 import pytest

@@ -1,5 +1,6 @@
 """qwendesk-serve stopped with Ctrl-C while it streams: each open stream ends as its protocol ends (OpenAI: an
-error chunk, then `data: [DONE]`; the Responses API: `response.failed`; Anthropic: an `error` event), and the process exits at once, cleanly."""
+error chunk, then `data: [DONE]`; the Responses API: `response.failed`; Anthropic: an `error` event), and
+the process exits at once, cleanly."""
 
 import http.client
 import json

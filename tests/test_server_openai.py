@@ -308,7 +308,7 @@ def test_unknown_model_is_404(client):
 
 
 def test_invalid_json_and_wrong_types_are_400(server):
-    lone_surrogate = ('{"model": "%s", "messages": [{"role": "user", "content": "\\ud800"}]}' % MODEL).encode()
+    lone_surrogate = ('{"model": "' + MODEL + '", "messages": [{"role": "user", "content": "\\ud800"}]}').encode()
     for body in (b"{not json", b"", b"[1, 2]", b"\xff\xfe{}", b"[" * 100_000, lone_surrogate,
                  {"model": MODEL, "messages": "hi"}, {"model": MODEL}):
         status, _, out = raw(server, "POST", "/v1/chat/completions", body)

@@ -110,7 +110,8 @@ def test_images_encoded_a_stage_per_step_equal_transformers(checkpoint, hf, monk
     monkeypatch.setattr(encoder, "TOWER_PATCHES_PER_STEP", 1)
     e = make(checkpoint("gqa3_ratio3"), profile="C4")
     try:
-        text = e.submit([{"role": "user", "content": "Tell me about the sea."}], SamplingParams(max_tokens=12, **GREEDY))
+        text = e.submit([{"role": "user", "content": "Tell me about the sea."}],
+                        SamplingParams(max_tokens=12, **GREEDY))
         assert run(e, SEVERAL).token_ids == reference(hf, e, SEVERAL, 8)
         assert len([t for ev in text for t in ev.token_ids]) == 12
         image = prompt_of(e, ONE)[1][0]

@@ -493,7 +493,8 @@ class ChatPage(QWidget):
         if conversation is None:
             return
         suffix, filter_ = (".md", "Markdown (*.md)") if kind == "markdown" else (".json", "JSON (*.json)")
-        path = dialogs.save_path(self, "Export conversation", export.safe_file_name(conversation.title) + suffix, filter_)
+        name = export.safe_file_name(conversation.title) + suffix
+        path = dialogs.save_path(self, "Export conversation", name, filter_)
         if not path:
             return
         messages = self.session.store.messages(conversation_id)

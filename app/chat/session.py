@@ -2,8 +2,8 @@
 
 It keeps the conversation in the store, builds the history a backend needs, streams a reply
 into the store (saved every few seconds while it streams, and at the end) and tells the page
-what changed through signals. A backend is the EngineThread or a RemoteBackend: both take
-generate(request_id, messages, params, template_kwargs) / cancel(request_id) / count_tokens(messages,
+what changed through signals. A backend (app/backend.py ChatBackend) is the EngineThread or a RemoteBackend: both
+take generate(request_id, messages, params, template_kwargs) / cancel(request_id) / count_tokens(messages,
 template_kwargs) and answer with delta (with the number of tokens it carries) and reply_finished signals.
 Before a reply starts, the history is fitted into the context (context_fit.py); a reply cut short by its
 token limit can be continued in the same message.
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from app.backend import ChatBackend
 from app.chat.attachments import keep_bytes
 from app.chat.blocks import ShownCall, extract_tool_calls
 from app.chat.context_fit import fit_history, prompt_budget
@@ -116,7 +117,7 @@ class ChatSession(QObject):
         super().__init__(parent)
         self.store = store
         self.settings = settings
-        self.backend = None
+        self.backend: ChatBackend | None = None
         self.current: Conversation | None = None
         self.active: ActiveReply | None = None
         self.toolbox = None                    # app.tools.toolbox.ToolBox (the window's), or None: no tools
@@ -130,21 +131,19 @@ class ChatSession(QObject):
         self._refresh.timeout.connect(self._emit_update)
 
     # ---- backend -------------------------------------------------------------------------------
-    def set_backend(self, backend) -> None:
+    def set_backend(self, backend: ChatBackend | None) -> None:
         if backend is self.backend:
             return
         self.stop()
         if self.backend is not None:
             self.backend.delta.disconnect(self._on_delta)
             self.backend.reply_finished.disconnect(self._on_finished)
-            if hasattr(self.backend, "warmed"):
-                self.backend.warmed.disconnect(self.cache_warmed)
+            self.backend.warmed.disconnect(self.cache_warmed)
         self.backend = backend
         if backend is not None:
             backend.delta.connect(self._on_delta)
             backend.reply_finished.connect(self._on_finished)
-            if hasattr(backend, "warmed"):
-                backend.warmed.connect(self.cache_warmed)
+            backend.warmed.connect(self.cache_warmed)
         self._emit_context()
 
     @property
@@ -531,7 +530,8 @@ class ChatSession(QObject):
             self.active = ActiveReply(message, f"m{message.id}v{message.version}")
             self.message_changed.emit(message)
         elif continuing is None:
-            message = self.store.add_message(self.current.id, "assistant", status="streaming", metrics={"model": writer})
+            message = self.store.add_message(self.current.id, "assistant", status="streaming",
+                                             metrics={"model": writer})
             self.active = ActiveReply(message, f"m{message.id}")
             self.message_added.emit(message)
         else:
@@ -560,9 +560,10 @@ class ChatSession(QObject):
 
     def _fit(self, history: list[dict], kwargs: dict):
         """The history that fits the context (context_fit.py), or None after saying why nothing is sent."""
-        total, count = getattr(self.backend, "max_context", None), getattr(self.backend, "count_tokens", None)
-        if not total or count is None:
+        total = self.backend.max_context
+        if not total:
             return fit_history(history, lambda _: None, 0)
+        count = self.backend.count_tokens
         budget = prompt_budget(total, self.reply_settings().max_tokens)
         tokens = count(history, kwargs)
         if tokens is not None and tokens > budget and self.context_policy() == "stop":
@@ -680,13 +681,14 @@ class ChatSession(QObject):
     def _emit_context(self) -> None:
         """What the context holds: while a reply streams, its prompt and the tokens so far; else what the
         last reply's request held."""
-        total = getattr(self.backend, "max_context", None) if self.backend is not None else None
+        total = self.backend.max_context if self.backend is not None else None
         used = 0
         if self.active is not None and self.active.prompt_tokens is not None:
             used = self.active.prompt_tokens + self.active.tokens
         elif self.current is not None:
             for m in reversed(self.store.messages(self.current.id)):
                 if m.role == "assistant" and "prompt_tokens" in m.metrics:
-                    used = m.metrics.get("context_tokens", m.metrics["prompt_tokens"] + m.metrics.get("output_tokens", 0))
+                    written = m.metrics["prompt_tokens"] + m.metrics.get("output_tokens", 0)
+                    used = m.metrics.get("context_tokens", written)
                     break
         self.context_changed.emit(used, total, self.left_out)

@@ -351,8 +351,10 @@ class EngineLoop:
         if self._encoding is not None and self._encoding[0] is seq:
             self._encoding[2].close()
             self._encoding = None
-        with self.requests.lock:
+        stats = self._collect_stats()
+        with self.requests.lock:        # stats() agrees with the events: a request whose finish is out is not counted
             self.requests.active -= 1
+            self._stats = stats
 
     def fail_all(self, reason: FinishReason, error: str | None) -> None:
         self._in_flight = None
