@@ -107,7 +107,7 @@ class _Connection:
 
     def reason(self, error: BaseException) -> str:
         """Why the server failed, in one line: the innermost error, and the last line it wrote to stderr."""
-        while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        while getattr(error, "exceptions", None):          # an exception group (BaseExceptionGroup: Python 3.11+)
             error = error.exceptions[0]
         text = str(error) or type(error).__name__
         if isinstance(error, TimeoutError):
