@@ -4,8 +4,8 @@ checkpoint written to disk.
     python -m tests.random_serve --weights int4 --model DIR [qwendesk-serve's options]
 
 DIR holds what a checkpoint holds besides its weights: the config.json of a shape
-(engine.bench.random_model.text_config) and the tokenizer files with the chat template (`write_model_dir`: the real Qwen3.5 vocabulary and template of
-tests/fixtures/tokenizer.py). The weights are engine.bench.random_model's, seeded, built on the device in place (int4:
+(engine.bench.random_model.text_config) and the tokenizer files with the chat template (`write_model_dir`: the real
+Qwen3.5 vocabulary and template of tests/fixtures/tokenizer.py). The weights are engine.bench.random_model's, seeded, built on the device in place (int4:
 random codes and scales; bf16: the activation dtype), with the MTP module when the engine speculates. The rest is
 qwendesk-serve's own path: its arguments and their checks, its HTTP app and shutdown, an engine with its memory plan,
 warm-up, cache tiers and metrics (Engine.from_model).
