@@ -5,10 +5,10 @@ checkpoint written to disk.
 
 DIR holds what a checkpoint holds besides its weights: the config.json of a shape
 (engine.bench.random_model.text_config) and the tokenizer files with the chat template (`write_model_dir`: the real
-Qwen3.5 vocabulary and template of tests/fixtures/tokenizer.py). The weights are engine.bench.random_model's, seeded, built on the device in place (int4:
-random codes and scales; bf16: the activation dtype), with the MTP module when the engine speculates. The rest is
-qwendesk-serve's own path: its arguments and their checks, its HTTP app and shutdown, an engine with its memory plan,
-warm-up, cache tiers and metrics (Engine.from_model).
+Qwen3.5 vocabulary and template of tests/fixtures/tokenizer.py). The weights are engine.bench.random_model's, seeded,
+built on the device in place (int4: random codes and scales; bf16: the activation dtype), with the MTP module when the
+engine speculates. The rest is qwendesk-serve's own path: its arguments and their checks, its HTTP app and shutdown,
+an engine with its memory plan, warm-up, cache tiers and metrics (Engine.from_model).
 """
 
 from __future__ import annotations
