@@ -58,7 +58,7 @@ def restore_gbps(eng, n_pages: int) -> tuple[float, float]:
     from engine.host_cache import HostCache
     from engine.kv_cache import CacheTensors
     pools = CacheTensors.allocate(eng.model_config, n_pages, eng.config.page_size, 2, eng._dtype, eng.device,
-                                  kv_int8=eng.config.kv_dtype == "int8")
+                                  kv_dtype=eng.config.kv_dtype)
     host = HostCache(pools, (n_pages + 1) * pools.page_nbytes)
     keys = [i.to_bytes(16, "little") for i in range(n_pages)]
     host.put_pages(keys, list(range(n_pages)))

@@ -183,7 +183,7 @@ class Engine:
         self._pools = CacheTensors.allocate(self.model_config, self._plan.num_pages, config.page_size,
                                             self._plan.num_slots, self._dtype, self.device,
                                             mtp_layers=1 if self._model.mtp is not None else 0,
-                                            kv_int8=config.kv_dtype == "int8")
+                                            kv_dtype=self._plan.kv_dtype)
         host = HostCache(self._pools, self._plan.host_cache_bytes) if self._plan.host_cache_bytes else None
         self._cache = CacheManager(self._pools, num_seq_slots=config.max_running, host=host)
         self._disk = DiskCache(config.disk_cache_dir or default_root(), namespace(self._cache_identity()),
