@@ -33,7 +33,7 @@ class AppSettings:
     device: str = "auto"                 # auto | cuda | cpu
     weights: str = "auto"                # auto (the engine decides: 16-bit if it fits, else int4) | bf16 | int4
     profile: str = "C1"
-    kv_dtype: str = "bf16"               # bf16 | int8
+    kv_dtype: str = "bf16"               # engine/params.py KV_DTYPES: bf16 | int8 | k8v4 | k4v4 | auto
     max_context: int | None = None       # None: as much as memory allows
     speculative_tokens: int | None = None  # MTP drafts per round: None automatic (3 on a GPU), 0 off, 1..5
     # generation defaults
