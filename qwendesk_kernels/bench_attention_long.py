@@ -1,0 +1,95 @@
+"""Decode attention at long context, per KV format (GPU):
+`python -m qwendesk_kernels.bench_attention_long [--lengths 32768,131072,262144] [--batch 1] [--splits 0,64,128]`.
+
+27B shapes (Hq 24, Hkv 4, D 256, page 64, shuffled pages), one query row per sequence, replayed from a CUDA graph
+as the engine runs it. Counted by the bytes the format must read (K, V and their scales) against the card's
+device-to-device copy bandwidth (read + write, qwendesk_kernels.bench.ceilings). For k8v4 / k4v4 two rows: the
+kernels alone (decode_attention4 on a rotated q) and the layer's call (ops.paged_attention: + the rotation of q and
+of the output). --splits: context splits to try besides the engine's choice (attention.decode_num_splits; 0 = it).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from engine.kv_cache import kv_layouts
+from qwendesk_kernels import attention_kv4 as kv4
+from qwendesk_kernels.attention import decode_attention, decode_num_splits
+from qwendesk_kernels.bench import ceilings, graph_replay, time_us
+from qwendesk_kernels.runtime import sm_count
+
+HQ, HKV, D, PAGE = 24, 4, 256, 64
+DEV = "cuda"
+
+
+def pools(kv: str, batch: int, length: int) -> tuple[list, int]:
+    """Random pools of format `kv` (engine/kv_cache.py kv_layouts) for `batch` sequences of `length` tokens, and the
+    bytes decode reads."""
+    lead = (batch * -(-length // PAGE), PAGE, HKV)
+    out, nbytes = [], 0
+    for spec in kv_layouts(kv, D, torch.bfloat16):
+        if spec is None:
+            out.append(None)
+            continue
+        shape, dtype = lead + spec[0], spec[1]
+        if dtype == torch.bfloat16:
+            t = torch.randn(shape, dtype=dtype, device=DEV)
+        elif dtype in (torch.int8, torch.uint8):
+            t = torch.randint(-127 if dtype == torch.int8 else 0, 128 if dtype == torch.int8 else 256, shape,
+                              dtype=dtype, device=DEV)
+        else:
+            t = (0.01 + 0.01 * torch.rand(shape, device=DEV)).to(dtype)
+        out.append(t)
+        nbytes += batch * length * HKV * t[0, 0, 0].numel() * t.element_size()
+    return out, nbytes
+
+
+def measure(kv: str, batch: int, length: int, splits: int, layer_call: bool) -> tuple[float, int]:
+    """(microseconds per decode step, bytes read)."""
+    (k, v, ks, vs), nbytes = pools(kv, batch, length)
+    pages = -(-length // PAGE)
+    tables = torch.randperm(batch * pages, device=DEV).int().view(batch, pages)
+    seq_lens = torch.full((batch,), length, dtype=torch.int32, device=DEV)
+    cu = torch.arange(batch + 1, dtype=torch.int32, device=DEV)
+    q = torch.randn(batch, HQ, D, dtype=torch.bfloat16, device=DEV)
+    if layer_call:
+        def fn():
+            return kv4.paged_attention(q, k, v, tables, cu, seq_lens, D ** -0.5, k_scale=ks, v_scale=vs,
+                                       decode_q_len=1, max_seq_len=length)
+    elif kv4.is_kv4(v):
+        def fn():
+            return kv4.decode_attention4(q, k, v, tables, seq_lens, D ** -0.5, 1, splits, ks, vs)
+    else:
+        def fn():
+            return decode_attention(q, k, v, tables, seq_lens, D ** -0.5, 1, splits, k_scale=ks, v_scale=vs)
+    return time_us(graph_replay(fn)), nbytes
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lengths", default="32768,131072,262144")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--splits", default="0", help="comma-separated; 0: the engine's choice")
+    ap.add_argument("--formats", default="bf16,int8,k8v4,k4v4")
+    args = ap.parse_args(argv)
+    copy = ceilings()["copy_tbps"] * 1e3
+    print(f"{torch.cuda.get_device_name()}, {sm_count(torch.device(DEV))} SMs, copy {copy:.0f} GB/s")
+    print("| KV | call | batch | context | splits | us | GB/s | of copy bw |")
+    print("|---|---|---|---|---|---|---|---|")
+    for length in [int(x) for x in args.lengths.split(",")]:
+        for kv in args.formats.split(","):
+            for splits in [int(x) for x in args.splits.split(",")]:
+                s = splits or decode_num_splits(args.batch, HKV, length, sm_count(torch.device(DEV)))
+                calls = ["kernels", "layer"] if kv in ("k8v4", "k4v4") and not splits else ["kernels"]
+                for call in calls:
+                    us, nbytes = measure(kv, args.batch, length, s, call == "layer")
+                    gbps = nbytes / us / 1e3
+                    print(f"| {kv} | {call} | {args.batch} | {length} | {s} | {us:.1f} | {gbps:.0f} | {gbps / copy:.0%} |",
+                          flush=True)
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
