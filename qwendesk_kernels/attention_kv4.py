@@ -11,8 +11,8 @@ Rotation: K and V are stored as x @ H, H the normalized Sylvester-Hadamard matri
 symmetric). A channel 10-50x larger than the rest (real models have a few) is spread over all D channels, so it no
 longer sets the scale of its group while the others round to zero. Scores are unchanged when q is rotated too
 ((qH)(kH)^T = q k^T), and softmax @ (V H) = o H, so o = (o H) H. The rotations are torch matmuls around the kernels
-(new K/V rows before the store; q before and o after attention: [T, Hq, D] @ [D, D]), so the kernels see plain
-quantized pools. docs/performance.md (KV formats) has the error measured with and without it.
+(new K/V rows before the store; q before and o after attention: [T, Hq, D] @ [D, D] in the activation dtype), so
+the kernels see plain quantized pools. docs/performance.md (KV formats) has the error measured with and without it.
 """
 
 import functools
@@ -44,14 +44,14 @@ def _hadamard_cpu(d: int) -> torch.Tensor:
 
 
 @functools.cache
-def hadamard(d: int, device) -> torch.Tensor:
-    """H [d, d] fp32, orthogonal and symmetric (H @ H = I)."""
-    return _hadamard_cpu(d).to(device)
+def hadamard(d: int, device, dtype=torch.float32) -> torch.Tensor:
+    """H [d, d], orthogonal and symmetric (H @ H = I); its entries +-1/sqrt(d) are exact in bf16 for d = 4^k."""
+    return _hadamard_cpu(d).to(device, dtype)
 
 
 def rotate(x: torch.Tensor) -> torch.Tensor:
-    """x @ H over the last dim, in x's dtype (its own inverse)."""
-    return (x.float() @ hadamard(x.shape[-1], x.device)).to(x.dtype)
+    """x @ H over the last dim (its own inverse): a matmul in x's dtype, fp32 accumulation, no fp32 copy of x."""
+    return x @ hadamard(x.shape[-1], x.device, x.dtype)
 
 
 def quantize_int4_ref(x: torch.Tensor, group: int):
