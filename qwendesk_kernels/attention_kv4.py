@@ -365,13 +365,16 @@ def decode_attention4(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len,
     group = hq // hkv
     block_n = min(page, max(16, 16384 // d))       # 64 keys at D = 256: 16 KB of int8 K, 8 KB of 4-bit V
     block_m = max(16, triton.next_power_of_2(q_len * group))
+    # verify rows (block_m 32+: L 3-5 x the 27B's group 6) spill at 4 warps on sm_86 (24-136 B of stack, make
+    # check-consumer); 8 warps there
+    warps = 8 if block_m >= 32 else 4
     o_part = torch.empty((T, hq, num_splits, d), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((T, hq, num_splits), dtype=torch.float32, device=q.device)
     _decode4_split_kernel[(num_splits, hkv, n)](
         q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, o_part, lse_part, scale * LOG2E,
         q.stride(0), q.stride(1), block_tables.stride(0), *_pool_strides(k_cache, v_cache, k_scale, v_scale),
         L=q_len, GROUP=group, D=d, G=_group(v_cache, v_scale), PAGE=page, BLOCK_M=block_m, BLOCK_N=block_n,
-        K4=k_cache.dtype == torch.uint8, DOT_PRECISION=_dot_precision(q.dtype), num_warps=4, num_stages=3,
+        K4=k_cache.dtype == torch.uint8, DOT_PRECISION=_dot_precision(q.dtype), num_warps=warps, num_stages=3,
         **pdl.launch_args(q.device))
     o = torch.empty((T, hq, d), dtype=q.dtype, device=q.device)
     block_d = min(d, 64)
