@@ -89,14 +89,6 @@ def test_the_prefill_attention_as_pruned_passes_on_a_3090():
     assert run_check_code(FORCED.format(force=False, kv=("int8", "bf16"))) == []
 
 
-def test_the_4bit_kv_kernels_pass_on_a_3090():
-    """k8v4 and k4v4: the store, decode and prefill kernels (every prefill tile its pruning keeps) compile within 99 KB
-    per block, without decode-path spills, on sm_86."""
-    code = FORCED.replace("{force}", "False").format(kv=("k8v4", "k4v4")).replace(
-        '{"_prefill_kernel"}', '{"_prefill4_kernel", "_decode4_split_kernel", "_store_kv4_kernel"}')
-    assert run_check_code(code) == []
-
-
 @pytest.mark.parametrize("smem, page, kv_size", [(101_376, 64, 2), (101_376, 64, 1), (232_448, 64, 2),
                                                  (101_376, 16, 2)])
 def test_prefill_pruning_keeps_the_tiles_that_fit_the_card(smem, page, kv_size):
