@@ -14,35 +14,30 @@ import argparse
 
 import torch
 
-from engine.kv_cache import kv_layouts
 from qwendesk_kernels import attention_kv4 as kv4
 from qwendesk_kernels.attention import decode_attention, decode_num_splits
 from qwendesk_kernels.bench import ceilings, graph_replay, time_us
 from qwendesk_kernels.runtime import sm_count
 
 HQ, HKV, D, PAGE = 24, 4, 256, 64
+GROUP = 64                      # engine/kv_cache.py KV4_GROUP
 DEV = "cuda"
 
 
 def pools(kv: str, batch: int, length: int) -> tuple[list, int]:
-    """Random pools of format `kv` (engine/kv_cache.py kv_layouts) for `batch` sequences of `length` tokens, and the
-    bytes decode reads."""
+    """Random (k, v, k_scale, v_scale) pools of format `kv` as engine/kv_cache.py kv_layouts makes them, holding `batch`
+    sequences of `length` tokens, and the bytes decode reads."""
     lead = (batch * -(-length // PAGE), PAGE, HKV)
-    out, nbytes = [], 0
-    for spec in kv_layouts(kv, D, torch.bfloat16):
-        if spec is None:
-            out.append(None)
-            continue
-        shape, dtype = lead + spec[0], spec[1]
-        if dtype == torch.bfloat16:
-            t = torch.randn(shape, dtype=dtype, device=DEV)
-        elif dtype in (torch.int8, torch.uint8):
-            t = torch.randint(-127 if dtype == torch.int8 else 0, 128 if dtype == torch.int8 else 256, shape,
-                              dtype=dtype, device=DEV)
-        else:
-            t = (0.01 + 0.01 * torch.rand(shape, device=DEV)).to(dtype)
-        out.append(t)
-        nbytes += batch * length * HKV * t[0, 0, 0].numel() * t.element_size()
+    bf16 = lambda: torch.randn(lead + (D,), dtype=torch.bfloat16, device=DEV)                    # noqa: E731
+    int8 = lambda: torch.randint(-127, 128, lead + (D,), dtype=torch.int8, device=DEV)           # noqa: E731
+    int4 = lambda: torch.randint(0, 256, lead + (D // 2,), dtype=torch.uint8, device=DEV)        # noqa: E731
+    row_scale = lambda: 0.01 + 0.01 * torch.rand(lead, device=DEV)                              # noqa: E731
+    group_scale = lambda: (0.01 + 0.01 * torch.rand(lead + (D // GROUP,), device=DEV)).half()   # noqa: E731
+    out = {"bf16": lambda: [bf16(), bf16(), None, None],
+           "int8": lambda: [int8(), int8(), row_scale(), row_scale()],
+           "k8v4": lambda: [int8(), int4(), row_scale(), group_scale()],
+           "k4v4": lambda: [int4(), int4(), group_scale(), group_scale()]}[kv]()
+    nbytes = sum(batch * length * HKV * t[0, 0, 0].numel() * t.element_size() for t in out if t is not None)
     return out, nbytes
 
 
