@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib.util
 import math
 import os
 import sysconfig
@@ -204,7 +205,9 @@ def main(argv=None) -> None:
     print("attention output vs fp32, K/V with outlier channels (D 256, 4096 keys, 64 queries, 3 draws)")
     for name, err in study_attention():
         print(f"{name:<28} {err:.4f}")
-    if args.steps:
+    if args.steps and importlib.util.find_spec("transformers") is None:
+        print("note: skipping the tiny model (parts 2-3): they need the transformers package (a test extra)")
+    elif args.steps:
         study_model(args.steps, args.gen_tokens, args.prompts)
 
 
