@@ -20,7 +20,7 @@ from engine.config import ModelConfig
 KV4_GROUP = 64     # channels per fp16 scale of 4-bit K / V (docs/performance.md, KV formats: group 32 vs 64 vs 128)
 
 
-def kv_layouts(kv_dtype: str, head_dim: int, dtype: torch.dtype) -> list[tuple[tuple, torch.dtype]] | None:
+def kv_layouts(kv_dtype: str, head_dim: int, dtype: torch.dtype) -> list[tuple[tuple, torch.dtype] | None]:
     """Per token and kv head: (trailing shape, dtype) of the k, v, k_scale, v_scale pools (scales None for bf16).
     The one place a KV format's layout is decided; the planner counts its bytes from it. k8v4 / k4v4 are
     qwendesk_kernels/attention_kv4.py's (Hadamard-rotated, two 4-bit channels a byte, fp16 group scales)."""
