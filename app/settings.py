@@ -39,7 +39,7 @@ class AppSettings:
     device: str = default_of(EngineConfig, "device")                # auto | cuda | cpu
     weights: str = default_of(EngineConfig, "weights")              # auto (16-bit if it fits, else int4) | bf16 | int4
     profile: str = default_of(EngineConfig, "profile")
-    kv_dtype: str = default_of(EngineConfig, "kv_dtype")            # bf16 | int8
+    kv_dtype: str = default_of(EngineConfig, "kv_dtype")            # KV_DTYPES: bf16 | int8 | k8v4 | k4v4 | auto
     max_context: int | None = default_of(EngineConfig, "max_context")    # None: as much as memory allows
     speculative_tokens: int | None = default_of(EngineConfig, "speculative_tokens")   # None: the engine decides
     # generation defaults: the app's own for chat, near Qwen's recommended sampling (the engine's SamplingParams

@@ -4,7 +4,7 @@ on CUDA, the torch references (`*_ref`) elsewhere."""
 import torch
 
 from qwendesk_kernels.activation import silu_mul
-from qwendesk_kernels.attention import paged_attention, store_kv
+from qwendesk_kernels.attention_kv4 import paged_attention, store_kv   # bf16 / int8 pools: attention.py
 from qwendesk_kernels.conv1d import causal_conv1d
 from qwendesk_kernels.gdn import gated_delta_rule, gdn_decode, gdn_gating, gdn_replay
 from qwendesk_kernels.moe_decode import MOE_DECODE_MAX_T, moe_decode, moe_decode_ref, moe_decode_supports

@@ -30,7 +30,7 @@ def same(a, b):
     assert max(abs(x.logprob - y.logprob) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
 
 
-@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8", "k8v4"])
 def test_host_and_disk_hits_equal_a_cold_run(ckpt, tmp_path, kv_dtype):
     params = SamplingParams(max_tokens=10, **GREEDY)
     tiers = dict(kv_dtype=kv_dtype, host_cache_gb=0.01, disk_cache=True, disk_cache_dir=str(tmp_path))

@@ -14,7 +14,7 @@ tomllib = pytest.importorskip("tomllib")     # Python 3.11 on
 
 SHIPPED = ("app", "engine", "qwendesk_kernels")
 # imports of a test extra, each only in a benchmark that says so and goes on without it
-OPTIONAL = {"transformers": {"engine/bench/suite.py"}}
+OPTIONAL = {"transformers": {"engine/bench/suite.py", "engine/bench/kv_quality.py"}}
 
 
 def normalised(name: str) -> str:

@@ -34,8 +34,9 @@ from engine.readiness.launches import recording
 out = {}
 for card in (CARDS[0], CARDS[2]):
     with recording(card.capability, card.sms, card.smem_per_block) as rec:
-        run_all(rec, "27b", "int4", True)
-        run_all(rec, "9b", "bf16", False)
+        run_all(rec, "27b", "int4", "int8")
+        run_all(rec, "27b", "int4", "k8v4")
+        run_all(rec, "9b", "bf16", "bf16")
     out[card.name] = dict(names=sorted({la.name for la in rec.launches}),
                           wheres=sorted({la.where.split(" KV ")[1].split(" N=")[0] for la in rec.launches}),
                           pdl=sorted({bool(la.options.get("launch_pdl")) for la in rec.launches if "PDL" in la.args}))
@@ -53,7 +54,7 @@ def test_the_launches_come_from_the_engines_forward(recorded):
     found = recorded["RTX 3090"]
     for kernel in ("_gemv_mma_kernel", "_decode_split_kernel", "_prefill_kernel", "_replay_kernel", "_gemv_kernel",
                    "chunk_gated_delta_rule_fwd_kernel_h_blockdim64", "chunk_fwd_kernel_o", "_int8_embedding_kernel",
-                   "_select_kernel"):
+                   "_select_kernel", "_decode4_split_kernel", "_prefill4_kernel", "_store_kv4_kernel"):
         assert kernel in found["names"]
     assert {"decode", "verify", "prefill 2048", "prefill 512", "prefill 3"} <= {w.split(" k=")[0]
                                                                                 for w in found["wheres"]}
@@ -78,14 +79,14 @@ print(json.dumps(check.check(check.CARDS[0], ("27b",), ("int4",), {kv}, workers=
 
 
 def test_the_check_fails_when_a_config_over_99kb_is_forced():
-    found = run_check_code(FORCED.format(force=True, kv=(False,)))
+    found = run_check_code(FORCED.format(force=True, kv=("bf16",)))
     assert any("shared memory 147,456 B > 101,376" in f for f in found), found
     assert any("no config of _prefill_kernel fits" in f for f in found), found
 
 
 def test_the_prefill_attention_as_pruned_passes_on_a_3090():
     """What its pruning keeps on a 99 KB card compiles within 99 KB, with bf16 and int8 KV (the estimate holds)."""
-    assert run_check_code(FORCED.format(force=False, kv=(True, False))) == []
+    assert run_check_code(FORCED.format(force=False, kv=("int8", "bf16"))) == []
 
 
 @pytest.mark.parametrize("smem, page, kv_size", [(101_376, 64, 2), (101_376, 64, 1), (232_448, 64, 2),

@@ -148,7 +148,7 @@ def test_batched_with_prefix_hits_and_stop_strings(ckpt, plain):
         e.close()
 
 
-@pytest.mark.parametrize("kw", [dict(kv_dtype="int8"), dict(weights="int4", quant_group=64)])
+@pytest.mark.parametrize("kw", [dict(kv_dtype="int8"), dict(kv_dtype="k8v4"), dict(weights="int4", quant_group=64)])
 def test_int8_kv_and_int4_weights(ckpt, kw):
     ids = prompt(40, 21)
     ref = make(ckpt, 0, **kw)

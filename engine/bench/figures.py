@@ -45,7 +45,8 @@ def bench_engine(model, args, profile: str, context: int, speculative_tokens: in
     from engine.api import Engine, EngineConfig
     return Engine.from_model(EngineConfig(model="", device="cuda", profile=profile, max_context=context,
                                           prefill_chunk=args.prefill_chunk, max_queue=16,
-                                          speculative_tokens=speculative_tokens), model, bench_tokenizer())
+                                          speculative_tokens=speculative_tokens, kv_dtype=args.kv_dtype), model,
+                              bench_tokenizer())
 
 
 def prefill_figures(eng, n: int) -> dict:

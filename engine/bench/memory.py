@@ -34,6 +34,8 @@ class Scenario(NamedTuple):
 DENSE = [
     Scenario("C1, bf16 KV, 32K context", dict(profile="C1", max_context=32768), 30000, 1),
     Scenario("C1, int8 KV, largest context", dict(profile="C1", kv_dtype="int8"), 4096, 1),
+    # issue 49: the native 262,144 tokens (kv_dtype auto picks k4v4 on a 24 GiB card)
+    Scenario("C1, auto KV, the native context", dict(profile="C1", kv_dtype="auto"), 4096, 1, context=262144),
     Scenario("C8, bf16 KV, 8K context each", dict(profile="C8", max_context=8192), 2048, 8),
     Scenario("C1, the largest image", dict(profile="C1"), 100, 1, image=True),
 ]

@@ -24,7 +24,7 @@ import torch
 from engine.bench.figures import (bench_engine, copy_bandwidth, decode_figures, prefill_figures, profile_decode, run,
                                   weight_bytes)
 from engine.commands.args import Parser, positive_int
-from engine.core.params import PROFILES
+from engine.core.params import KV_DTYPES, PROFILES
 from engine.bench.random_model import SHAPES, bench_tokenizer, build_random_model, rand_ids, text_config
 
 
@@ -203,7 +203,7 @@ def main(argv=None) -> int:
     ap.add_argument("--spec-context", type=positive_int, default=512, help="prompt tokens (--draft-oracle)")
     ap.add_argument("--profile-rounds", action="store_true",
                     help="(--draft-oracle) also profile the rounds of the first rate by kernel")
-    ap.add_argument("--kv-dtype", default="bf16", choices=["bf16", "int8"], help="KV cache (--draft-oracle)")
+    ap.add_argument("--kv-dtype", default="bf16", choices=KV_DTYPES, help="KV cache of the engines measured")
     ap.add_argument("--moe-goals", action="store_true",
                     help="instead of the speed runs: issue 30's figures, the 35B-A3B int4 (C1 and C8 decode, prefill "
                     "8K, bytes per decode step, launches per step) against the 27B int4 in the same run "
@@ -300,9 +300,10 @@ def token_counts(value: str) -> list[int]:
 
 def kv_dtypes(value: str) -> list[str]:
     names = [v.strip() for v in value.split(",") if v.strip()]
-    bad = [v for v in names if v not in ("bf16", "int8")]
+    formats = [kv for kv in KV_DTYPES if kv != "auto"]
+    bad = [v for v in names if v not in formats]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"{bad[0] if bad else value!r} is not a KV dtype (bf16, int8)")
+        raise argparse.ArgumentTypeError(f"{bad[0] if bad else value!r} is not a KV dtype ({', '.join(formats)})")
     return names
 
 

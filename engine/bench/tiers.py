@@ -22,6 +22,9 @@ from pathlib import Path
 import torch
 
 from engine.cache.disk import READ_THREADS
+from engine.core.params import KV_DTYPES
+
+KV_FORMATS = [kv for kv in KV_DTYPES if kv != "auto"]     # what a report lists, when measured
 
 RESTORE_DECODE_TOKENS = 512     # the stream decoding while a restored request's reads run (~3 s at 27B int4 C1)
 
@@ -58,7 +61,7 @@ def restore_gbps(eng, n_pages: int) -> tuple[float, float]:
     from engine.cache.host import HostCache
     from engine.cache.pages import CacheTensors
     pools = CacheTensors.allocate(eng.model_config, n_pages, eng.config.page_size, 2, eng._dtype, eng.device,
-                                  kv_int8=eng.config.kv_dtype == "int8")
+                                  kv_dtype=eng.config.kv_dtype)
     host = HostCache(pools, (n_pages + 1) * pools.page_nbytes)
     keys = [i.to_bytes(16, "little") for i in range(n_pages)]
     host.put_pages(keys, list(range(n_pages)))
@@ -182,7 +185,7 @@ def report(res: dict) -> None:
     print("| KV | cold TTFT | restart TTFT (disk) | ratio | warmed TTFT | ratio | warm() | restore GB/s | pinned copy GB/s "
           f"| disk read GB/s (1 / {READ_THREADS} files at a time) | disk MB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for kv in ("int8", "bf16"):
+    for kv in KV_FORMATS:
         if kv not in res:
             continue
         r = res[kv]
@@ -190,7 +193,7 @@ def report(res: dict) -> None:
               f"| {r['restart_vs_cold']:.1%} | {r['warmed_ttft_ms']:.0f} ms | {r['warmed_vs_cold']:.1%} "
               f"| {r['warm_ms']:.0f} ms | {r['restore_gbps']:.1f} | {r['pinned_copy_gbps']:.1f} "
               f"| {r['disk_read_gbps']:.2f} / {r['disk_read_parallel_gbps']:.2f} | {r['disk_bytes'] / 1e6:.0f} |")
-    for kv in ("int8", "bf16"):
+    for kv in KV_FORMATS:
         if kv in res:
             r = res[kv]
             print(f"{kv} KV: decode of one stream while a restored request's reads run {r['decode_during_restore_tok_s']:.1f}"

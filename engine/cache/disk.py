@@ -45,7 +45,7 @@ from engine.cache.staging import StagingRing
 
 log = logging.getLogger("qwendesk.engine")
 
-FORMAT_VERSION = 2            # 2: the CRC-32 check (1: blake2b)
+FORMAT_VERSION = 3            # 3: the k8v4 / k4v4 KV formats (rotated); 2: the CRC-32 check (1: blake2b)
 CACHE_ENV = "QWENDESK_CACHE_DIR"
 MAGIC = b"QDKV"
 HEADER = struct.Struct("<4sIB3x16s16sQI")       # magic, version, kind, key, namespace, payload bytes, CRC-32

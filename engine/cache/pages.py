@@ -17,6 +17,28 @@ import torch
 from engine.model.config import ModelConfig
 
 
+KV4_GROUP = 64     # channels per fp16 scale of 4-bit K / V (docs/performance.md, KV formats: group 32 vs 64 vs 128)
+
+
+def kv_layouts(kv_dtype: str, head_dim: int, dtype: torch.dtype) -> list[tuple[tuple, torch.dtype] | None]:
+    """Per token and kv head: (trailing shape, dtype) of the k, v, k_scale, v_scale pools (scales None for bf16).
+    The one place a KV format's layout is decided; the planner counts its bytes from it. k8v4 / k4v4 are
+    qwendesk_kernels/attention_kv4.py's (Hadamard-rotated, two 4-bit channels a byte, fp16 group scales)."""
+    int4 = ((head_dim // 2,), torch.uint8)
+    int4_scale = ((head_dim // min(KV4_GROUP, head_dim // 2),), torch.float16)    # small test heads: 2 groups
+    int8, int8_scale = ((head_dim,), torch.int8), ((), torch.float32)
+    return {"bf16": [((head_dim,), dtype)] * 2 + [None] * 2,
+            "int8": [int8, int8, int8_scale, int8_scale],
+            "k8v4": [int8, int4, int8_scale, int4_scale],
+            "k4v4": [int4, int4, int4_scale, int4_scale]}[kv_dtype]
+
+
+def kv_bytes_per_head_token(kv_dtype: str, head_dim: int, dtype: torch.dtype) -> int:
+    """K and V bytes (scales included) of one token in one kv head."""
+    return sum(torch.Size(shape).numel() * dt.itemsize for shape, dt in
+               filter(None, kv_layouts(kv_dtype, head_dim, dtype)))
+
+
 class PageTable(array):
     """A sequence's KV pages in order: int32 in one block of memory, so that a step copies it to the GPU in one go
     whatever its length (engine/model/batch.py page_table); equal to a list of the same pages."""
@@ -34,7 +56,7 @@ class CacheTensors:
     Slots hold live sequences' GDN state and, above them, prefix-reuse snapshots of it (engine.cache.snapshots)."""
     k: torch.Tensor             # [n_attn, num_pages, page_size, Hkv, D] (MTP layers last)
     v: torch.Tensor
-    k_scale: torch.Tensor | None  # int8 KV: [n_attn, num_pages, page_size, Hkv] fp32 per token and head
+    k_scale: torch.Tensor | None  # int8 KV: [n_attn, num_pages, page_size, Hkv] fp32 per token and head (kv_layouts)
     v_scale: torch.Tensor | None
     conv: torch.Tensor          # [n_gdn, num_slots, W-1, conv_dim]
     ssm: torch.Tensor           # [n_gdn, num_slots, Hv, K, V] fp32
@@ -42,17 +64,18 @@ class CacheTensors:
 
     @staticmethod
     def allocate(cfg: ModelConfig, num_pages: int, page_size: int, num_slots: int,
-                 dtype: torch.dtype, device, mtp_layers: int = 0, kv_int8: bool = False) -> "CacheTensors":
+                 dtype: torch.dtype, device, mtp_layers: int = 0, kv_dtype: str = "bf16") -> "CacheTensors":
         n_attn = len(cfg.full_attention_layers) + mtp_layers
         n_gdn = len(cfg.linear_attention_layers)
-        kv_shape = (n_attn, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
-        kv_dtype = torch.int8 if kv_int8 else dtype
-        scales = (lambda: torch.ones(kv_shape[:-1], dtype=torch.float32, device=device)) if kv_int8 else (lambda: None)
+        lead = (n_attn, num_pages, page_size, cfg.num_kv_heads)
+        k, v, k_scale, v_scale = [None if spec is None else
+                                  (torch.zeros if i < 2 else torch.ones)(lead + spec[0], dtype=spec[1], device=device)
+                                  for i, spec in enumerate(kv_layouts(kv_dtype, cfg.head_dim, dtype))]
         return CacheTensors(
-            k=torch.zeros(kv_shape, dtype=kv_dtype, device=device),
-            v=torch.zeros(kv_shape, dtype=kv_dtype, device=device),
-            k_scale=scales(),
-            v_scale=scales(),
+            k=k,
+            v=v,
+            k_scale=k_scale,
+            v_scale=v_scale,
             conv=torch.zeros(n_gdn, num_slots, cfg.conv_kernel - 1, cfg.conv_dim, dtype=dtype, device=device),
             ssm=torch.zeros(n_gdn, num_slots, cfg.linear_num_v_heads, cfg.linear_k_head_dim,
                             cfg.linear_v_head_dim, dtype=torch.float32, device=device),

@@ -11,6 +11,7 @@ profile means, and whether the weights load as 16-bit or int4, before anything i
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -19,7 +20,8 @@ from engine.model.config import ModelConfig, load_model_config
 from engine.core.device import DeviceInfo, host_ram_bytes, probe, resolve_dtype
 from engine.cache.disk import MAX_PENDING_BYTES
 from engine.model.shapes import model_tensor_shapes, vision_tensor_shapes
-from engine.core.params import PROFILES, EngineConfig
+from engine.cache.pages import kv_bytes_per_head_token
+from engine.core.params import KV_DTYPES, PROFILES, EngineConfig, one_of
 from engine.vision.tower import CHUNK_ROWS
 from engine.weights.policy import policy_bytes
 
@@ -42,6 +44,7 @@ class MemoryPlan:
     num_slots: int
     snapshots: int
     kv_bytes_per_token: int
+    kv_dtype: str                # the KV format (engine/params.py KV_DTYPES), "auto" decided
     state_bytes_per_slot: int
     weights: str = "bf16"       # bf16 (16-bit) | int4: what the weights are loaded as
     weight_bits: int = 16        # bits of each weight left unquantized: the activation dtype's (32 on the CPU)
@@ -84,12 +87,11 @@ def host_cache_bytes(config: EngineConfig) -> int:
     return min(cap, int(host_ram_bytes() * share))
 
 
-def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype, mtp: bool, int8: bool = False) -> int:
-    """K and V of every full-attention layer (the MTP layer's too when it is loaded); int8 adds one fp32 scale per
-    token and head."""
+def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype, mtp: bool, kv_dtype: str = "bf16") -> int:
+    """K and V of every full-attention layer (the MTP layer's too when it is loaded), with their scales
+    (engine/kv_cache.py kv_layouts)."""
     layers = len(cfg.full_attention_layers) + (1 if mtp else 0)
-    per_head = cfg.head_dim + 4 if int8 else cfg.head_dim * dtype.itemsize
-    return layers * 2 * cfg.num_kv_heads * per_head
+    return layers * cfg.num_kv_heads * kv_bytes_per_head_token(kv_dtype, cfg.head_dim, dtype)
 
 
 def state_bytes_per_slot(cfg: ModelConfig, dtype: torch.dtype) -> int:
@@ -204,10 +206,11 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
     a message saying what would fit. weights_bytes: the language model's; a resident vision tower adds its own. The
     tower encodes between forward passes, so its activations (and its weights, on demand) share the workspace."""
     C, page = config.max_running, config.page_size
-    if config.kv_dtype not in ("bf16", "int8"):
-        raise ValueError(f"kv_dtype must be bf16 or int8, not {config.kv_dtype!r}")
-    int8 = config.kv_dtype == "int8"
-    per_tok = kv_bytes_per_token(cfg, dtype, drafts > 0, int8=int8)
+    one_of("kv_dtype", config.kv_dtype, KV_DTYPES)
+    if config.kv_dtype == "auto":
+        return _plan_auto_kv(cfg, config, dtype, weights_bytes=weights_bytes, budget_bytes=budget_bytes,
+                             drafts=drafts, on_gpu=on_gpu, explain=explain, vision=vision)
+    per_tok = kv_bytes_per_token(cfg, dtype, drafts > 0, config.kv_dtype)
     per_slot = state_bytes_per_slot(cfg, dtype)
     spec = speculation_bytes(cfg, dtype, drafts, C)
     work = workspace_bytes(cfg, dtype, config.prefill_chunk, C) + spec
@@ -233,7 +236,8 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
         return MemoryPlan(budget_bytes=budget_bytes, weights_bytes=weights_bytes, kv_bytes=pages * page * per_tok,
                           state_bytes=(C + snapshots + 1) * per_slot, workspace_bytes=work, margin_bytes=margin,
                           max_context=ctx, num_pages=pages, num_slots=C + snapshots + 1, snapshots=snapshots,
-                          kv_bytes_per_token=per_tok, state_bytes_per_slot=per_slot, drafts=drafts,
+                          kv_bytes_per_token=per_tok, kv_dtype=config.kv_dtype, state_bytes_per_slot=per_slot,
+                          drafts=drafts,
                           speculation_bytes=spec, vision=vision.placement, weight_bits=dtype.itemsize * 8,
                           vision_bytes=vision.weights_bytes + vision.encode_bytes if vision.placement != "off" else 0,
                           host_cache_bytes=host_cache_bytes(config),
@@ -260,10 +264,22 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
     return plan
 
 
+def _plan_auto_kv(cfg, config, dtype, **kwargs) -> MemoryPlan:
+    """kv_dtype="auto": the most precise KV format whose plan reaches config.max_context (None: the model's limit);
+    where none does, the smallest format's plan (the longest context, or the refusal saying what fits)."""
+    formats = [kv for kv in KV_DTYPES if kv != "auto"]
+    for kv in formats:
+        plan = plan_memory(cfg, dataclasses.replace(config, kv_dtype=kv), dtype,
+                           **{**kwargs, "explain": kwargs["explain"] and kv == formats[-1]})
+        if plan.fits and (config.max_context is not None or plan.max_context >= cfg.max_position_embeddings):
+            return plan
+    return plan
+
+
 def _alternatives(cfg, config, dtype, weights_bytes, budget_bytes, drafts, on_gpu, vision) -> list[str]:
     out = []
     for profile in PROFILES:
-        for kv in ("bf16", "int8"):
+        for kv in [kv for kv in KV_DTYPES if kv != "auto"]:
             alt = EngineConfig(**{**config.__dict__, "profile": profile, "kv_dtype": kv, "max_context": None})
             p = plan_memory(cfg, alt, dtype, weights_bytes=weights_bytes, budget_bytes=budget_bytes, drafts=drafts,
                             on_gpu=on_gpu, explain=False, vision=vision)

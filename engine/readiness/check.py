@@ -50,7 +50,7 @@ class Card:
 CARDS = (Card("RTX 3090", (8, 6), 82, 101_376), Card("RTX 4090", (8, 9), 128, 101_376),
          Card("RTX 5090", (12, 0), 170, 101_376))
 MODELS = ("27b", "9b", "35b-a3b")
-KV = (True, False)              # int8 KV, bf16 KV
+KV = ("int8", "bf16", "k8v4", "k4v4")   # engine/params.py KV_DTYPES but auto
 # A kernel launched with a register cap (maxnreg: the mma GEMVs' 128, so that 16 one-warp programs stay resident per
 # SM) may keep this much stack: they have 8-16 B at that cap on the H100 too, where the cap was measured faster.
 CAPPED_STACK = 16
@@ -97,8 +97,8 @@ def record(card: Card, models=MODELS, weights=None, kv=KV) -> list[Launch]:
     with recording(card.capability, card.sms, card.smem_per_block) as rec:
         for shape in models:
             for w in weights or weights_for(shape):
-                for kv_int8 in kv:
-                    run_all(rec, shape, w, kv_int8)
+                for kv_dtype in kv:
+                    run_all(rec, shape, w, kv_dtype)
         for launch in rec.launches:
             if launch.autotuner is not None:
                 launch.configs = kept_configs(launch)    # (pruning sees the card too)

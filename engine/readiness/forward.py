@@ -29,19 +29,19 @@ def model_on_meta(shape: str, weights: str, layers: int = 4):
     return Qwen3_5Model(cfg, torch.bfloat16, "meta", with_mtp=True, policy=EngineConfig(model="").policy(weights))
 
 
-def pools_on_meta(model, kv_int8: bool, slots: int = 9):
+def pools_on_meta(model, kv_dtype: str, slots: int = 9):
     from engine.cache.pages import CacheTensors
     pages = max(BUCKETS) * (CONTEXT + 2 * PAGE) // PAGE
-    return CacheTensors.allocate(model.cfg, pages, PAGE, slots, torch.bfloat16, "meta", mtp_layers=1, kv_int8=kv_int8)
+    return CacheTensors.allocate(model.cfg, pages, PAGE, slots, torch.bfloat16, "meta", mtp_layers=1, kv_dtype=kv_dtype)
 
 
 @torch.inference_mode()
-def run_all(rec: Recorder, shape: str, weights: str, kv_int8: bool) -> None:
+def run_all(rec: Recorder, shape: str, weights: str, kv_dtype: str) -> None:
     """Record the prefill steps, decode steps and greedy / sampled speculative rounds of every batch bucket."""
     from engine.model.batch import build_batch
     model = model_on_meta(shape, weights)
-    pools = pools_on_meta(model, kv_int8)
-    tag = f"{shape} {weights} {'int8' if kv_int8 else 'bf16'} KV"
+    pools = pools_on_meta(model, kv_dtype)
+    tag = f"{shape} {weights} {kv_dtype} KV"
     per_seq = (CONTEXT + 2 * PAGE) // PAGE
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(max(BUCKETS))]
 
