@@ -6,7 +6,7 @@ import torch
 
 from engine.api import Engine, SamplingParams
 from engine.model.config import parse_model_config
-from engine.device import DeviceInfo
+from engine.core.device import DeviceInfo
 from engine.cache.pages import CacheTensors, kv_bytes_per_head_token
 from engine.core.memory import GIB, plan_for
 from engine.core.params import EngineConfig

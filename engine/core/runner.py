@@ -39,7 +39,7 @@ class ModelRunner:
         self.graphs = None
         self.speculator: RoundRunner | None = None   # set by the engine when it speculates: prompts feed its MTP KV
         self.last_hidden: torch.Tensor | None = None  # a prefill step's hidden states at its logits rows
-        if cuda_graphs:                             # (the engine decides: engine.device.graphs_on)
+        if cuda_graphs:                             # (the engine decides: engine.core.device.graphs_on)
             self.graphs = DecodeGraphs(model, pools, device, max_batch, max_context, scratch_slot)
 
     @torch.inference_mode()
