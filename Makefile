@@ -6,7 +6,7 @@ PY    := $(VENV)/bin/python
 # build. The venv remembers the TORCH it has (.venv/.torch): later runs keep it, a different TORCH replaces it.
 TORCH ?= $(or $(shell cat $(VENV)/.torch 2>/dev/null),torch==2.13.0)
 
-.PHONY: app test check-consumer soak check-plans package appimage test-package clean FORCE
+.PHONY: app test check-consumer project-consumer soak check-plans package appimage test-package clean FORCE
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -40,6 +40,11 @@ test: $(VENV)/.test
 # compiled for sm_86, sm_89 and sm_120 and checked against those cards (engine/readiness/check.py says what).
 check-consumer: $(VENV)/.test
 	$(PY) -m engine.readiness.check
+
+# PROJECTED RTX 3090 / 4090 / 5090 figures (seconds, no GPU): the cost model calibrated on the measured H100/H200
+# rows, its error on them, and where a step goes on each card (engine/readiness/projection.py).
+project-consumer: $(VENV)/.test
+	$(PY) -m engine.readiness.projection
 
 # The full soak (2,000 mixed requests against qwendesk-serve on a tiny CPU model; docs/reliability.md)
 soak: $(VENV)/.test
