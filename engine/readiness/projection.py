@@ -311,11 +311,16 @@ def breakdown(step: Step, gpu_key: str, cal: Calibration) -> list[str]:
         merged.setdefault(t.name, []).append(t)
     for name, ts in sorted(merged.items(), key=lambda kv: -sum(t.seconds for t in kv[1])):
         s = sum(t.seconds for t in ts)
-        lines.append(f"    {name:16s} {s * 1e3:7.2f} ms {100 * s / total:5.1f}%  ({ts[0].bound}-bound; "
-                     f"read {sum(t.read for t in ts) * 1e3:.2f}, math {sum(t.math for t in ts) * 1e3:.2f}, "
-                     f"unpack {sum(t.unpack for t in ts) * 1e3:.2f} ms)")
+        read, math, unpack = (sum(getattr(t, f) for t in ts) for f in ("read", "math", "unpack"))
+        bound = "unpack" if unpack > max(read, math) else "math" if math > read else "memory"
+        lines.append(f"    {name:16s} {s * 1e3:7.2f} ms {100 * s / total:5.1f}%  ({bound}-bound; read {read * 1e3:.2f}, "
+                     f"math {math * 1e3:.2f}, unpack {unpack * 1e3:.2f} ms)")
     gaps = step.launches * gpu.launch
     lines.append(f"    {'launch gaps':16s} {gaps * 1e3:7.2f} ms {100 * gaps / total:5.1f}%  ({step.launches} launches)")
+    fixed = (cal.round_seconds if step.round else 0.0) + step.moe_layers * cal.moe_layer_seconds
+    if fixed:
+        lines.append(f"    {'fixed (fitted)':16s} {fixed * 1e3:7.2f} ms {100 * fixed / total:5.1f}%  (a round's own time, "
+                     f"MoE layers')")
     return lines
 
 
@@ -337,9 +342,11 @@ def main(argv=None) -> int:
         print(f"\nPROJECTED, {GPUS[key].name} ({GPUS[key].source}); nothing was run on this card:")
         for name, value, unit in projections(key, cal):
             print(f"  {name:50s} {value:9,.1f} {unit}")
-        print("  where a 27B int4 C1 decode step goes:")
-        for line in breakdown(decode_step(model_facts("27b", "int4"), 1), key, cal):
-            print(line)
+        i4 = model_facts("27b", "int4")
+        for what, step in (("C1 decode step", decode_step(i4, 1)), ("C8 round, k = 3", spec_round(i4, 8, 3, 3.04))):
+            print(f"  where a 27B int4 {what} goes:")
+            for line in breakdown(step, key, cal):
+                print(line)
     return 0
 
 
