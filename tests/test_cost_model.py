@@ -54,7 +54,7 @@ def test_fit_recovers_the_constants_the_rows_were_made_with():
 def test_gemv_flops_follow_the_kernels_padding():
     from engine.readiness.projection import Group, gemv_flops
     int4 = Group(bytes=0.5, params=1, int4=1)
-    assert [gemv_flops(int4, m) for m in (1, 8, 9, 16, 17, 32)] == [24, 24, 32, 32, 64, 64]
+    assert [gemv_flops(int4, m) for m in (1, 8, 9, 16, 17, 32, 48)] == [24, 24, 32, 32, 64, 64, 128]
     assert gemv_flops(Group(bytes=2, params=1), 5) == 10               # a 16-bit weight: 2 per row
 
 

@@ -92,8 +92,10 @@ def expert_share(cfg, tokens: int) -> float:
 def gemv_flops(g: Group, rows: int) -> float:
     """Tensor FLOPs a GEMV of `rows` rows issues over `g`: an int4 weight costs 24 up to 8 rows (the mma GEMV's
     m16n8k16 with x padded to 8 columns, 16 per weight and 8 for the x sums: qwendesk_kernels/gemv_mma.py), else
-    2 per row padded to 16 (the dot GEMV's tl.dot); a 16-bit one 2 per row."""
-    per_int4 = 24 if rows <= 8 else 2 * -(-rows // 16) * 16
+    2 per row padded to its M bucket (the dot GEMV's tl.dot: 16, 32, then M tiles of up to 64 / 128); a 16-bit one
+    2 per row."""
+    from qwendesk_kernels.gemv_dot import m_bucket
+    per_int4 = 24 if rows <= 8 else 2 * m_bucket(rows)
     return g.int4 * per_int4 + 2 * (g.params - g.int4) * rows
 
 
