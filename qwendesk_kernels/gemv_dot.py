@@ -143,9 +143,11 @@ def m_bucket(M: int) -> int:
 
 def _prune_configs(configs, named_args, **kwargs):
     """Keep the configs with BM = the M bucket (a GEMV: split-K up to ~8 programs per SM and within the split-K
-    scratch), or, above 32 rows, M tiles of BM <= the bucket without split-K. At BM = 32, a card without warpgroup
-    MMA (all but sm_90) keeps the tiles of 32 weight rows per warp: 64 spill there (255 registers and 16-224 B of
-    stack on sm_86 / sm_89 / sm_120, `make check-consumer`), and sm_90 keeps the tiles it was tuned with."""
+    scratch), or, above 32 rows, M tiles of BM <= the bucket without split-K. A card without warpgroup MMA (all but
+    sm_90) keeps, at BM = 32, the tiles of 32 weight rows per warp (64 spill there: 255 registers and 16-224 B of
+    stack on sm_86 / sm_89 / sm_120, `make check-consumer`), and M tiles of at most 32 floats per thread in each
+    of their two accumulators (64 x 128 on 4 warps spilled 8 B on sm_86 in a C8 round of 5 drafts); sm_90 keeps
+    the configs it was tuned with."""
     args = {**named_args, **kwargs}
     bucket, N = args["M_BUCKET"], args["N"]
     sms = sm_count(args["y_ptr"].device)
@@ -159,8 +161,9 @@ def _prune_configs(configs, named_args, **kwargs):
         if bucket in GEMV_BUCKETS:
             ok = bm == bucket and (split == 1 or (tiles * split <= 8 * sms and split * bm * N <= SPLITK_FLOATS
                                                    and tiles <= SPLITK_COUNTERS))
-        else:
-            ok = bm not in GEMV_BUCKETS and bm <= bucket and split == 1
+        else:                               # (without wgmma: at most 32 floats per thread in each accumulator)
+            ok = (bm not in GEMV_BUCKETS and bm <= bucket and split == 1
+                  and (wgmma or bn * bm <= 32 * 32 * cfg.num_warps))
         if ok:
             kept.append(cfg)
     return kept

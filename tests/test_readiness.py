@@ -132,8 +132,9 @@ def test_the_check_flags_a_gemv_config_that_spills():
 
 
 @pytest.mark.parametrize("cap", [(8, 6), (8, 9), (12, 0), (9, 0)])
-def test_gemv_dot_pruning_keeps_32_rows_per_warp_at_bm32_without_wgmma(cap, monkeypatch):
-    """At BM = 32 a consumer card keeps tiles of 32 weight rows per warp (64 spill there); sm_90 keeps its own."""
+def test_gemv_dot_pruning_keeps_what_does_not_spill_without_wgmma(cap, monkeypatch):
+    """At BM = 32 a consumer card keeps tiles of 32 weight rows per warp (64 spill there), above 32 rows M tiles of
+    at most 32 floats per thread in each accumulator; sm_90 keeps its own."""
     from qwendesk_kernels import gemv_dot
     monkeypatch.setattr(gemv_dot, "capability", lambda device: cap)
     monkeypatch.setattr(gemv_dot, "sm_count", lambda device: 82)
@@ -146,6 +147,9 @@ def test_gemv_dot_pruning_keeps_32_rows_per_warp_at_bm32_without_wgmma(cap, monk
             assert tiles == set(gemv_dot._TILES)
         else:
             assert tiles == {(32, 1), (64, 2), (128, 4)}
+    kept = gemv_dot._prune_configs(gemv_dot._CONFIGS, dict(M_BUCKET=64, N=5120, y_ptr=y))   # 33-64 rows: M tiles
+    tiles = {(c.kwargs["BM"], c.kwargs["BN"], c.num_warps) for c in kept}
+    assert tiles == ({(64, 64, 4), (64, 128, 4), (64, 128, 8)} if cap == (9, 0) else {(64, 64, 4), (64, 128, 8)})
 
 
 VISION = """
