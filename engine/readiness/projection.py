@@ -16,7 +16,7 @@ from functools import lru_cache
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.readiness.cost_model import GPUS, Calibration, Measured, Phase, Step, fit
+from engine.readiness.cost_model import GPUS, Calibration, Measured, Phase, PhaseTime, Step, fit
 
 DECODE_CONTEXT = 576          # the bench's decode: 512-token prompts, mean context over its 128 tokens
 BENCH_CHUNK = 8192            # the bench's --prefill-chunk (the measured TTFTs)
@@ -313,16 +313,15 @@ def breakdown(step: Step, gpu_key: str, cal: Calibration) -> list[str]:
         merged.setdefault(t.name, []).append(t)
     for name, ts in sorted(merged.items(), key=lambda kv: -sum(t.seconds for t in kv[1])):
         s = sum(t.seconds for t in ts)
-        read, math, unpack = (sum(getattr(t, f) for t in ts) for f in ("read", "math", "unpack"))
-        bound = "unpack" if unpack > max(read, math) else "math" if math > read else "memory"
-        lines.append(f"    {name:16s} {s * 1e3:7.2f} ms {100 * s / total:5.1f}%  ({bound}-bound; read {read * 1e3:.2f}, "
-                     f"math {math * 1e3:.2f}, unpack {unpack * 1e3:.2f} ms)")
+        sums = PhaseTime(name, *(sum(getattr(t, f) for t in ts) for f in ("read", "math", "unpack")))
+        lines.append(f"    {name:16s} {s * 1e3:7.2f} ms {100 * s / total:5.1f}%  ({sums.bound}-bound; read "
+                     f"{sums.read * 1e3:.2f}, math {sums.math * 1e3:.2f}, unpack {sums.unpack * 1e3:.2f} ms)")
     gaps = step.launches * gpu.launch
     lines.append(f"    {'launch gaps':16s} {gaps * 1e3:7.2f} ms {100 * gaps / total:5.1f}%  ({step.launches} launches)")
     fixed = (cal.round_seconds if step.round else 0.0) + step.moe_layers * cal.moe_layer_seconds
     if fixed:
-        lines.append(f"    {'fixed (fitted)':16s} {fixed * 1e3:7.2f} ms {100 * fixed / total:5.1f}%  (a round's own time, "
-                     f"MoE layers')")
+        lines.append(f"    {'fixed (fitted)':16s} {fixed * 1e3:7.2f} ms {100 * fixed / total:5.1f}%  "
+                     f"(a round's own time, MoE layers')")
     return lines
 
 
