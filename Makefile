@@ -10,7 +10,7 @@ TORCH ?= $(or $(shell cat $(VENV)/.torch 2>/dev/null),$(PINNED_TORCH))
 # tested with; another TORCH installs the newest of everything, as `make test-latest` does.
 LOCK  ?= $(if $(filter $(PINNED_TORCH),$(TORCH)),-c constraints.txt)
 
-.PHONY: app test test-latest lock lint check-consumer soak check-plans package appimage test-package clean FORCE
+.PHONY: app test test-latest lock lint check-consumer project-consumer soak check-plans package appimage test-package clean FORCE
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -62,6 +62,11 @@ lint: $(VENV)/.test
 # compiled for sm_86, sm_89 and sm_120 and checked against those cards (engine/readiness/check.py says what).
 check-consumer: $(VENV)/.test
 	$(PY) -m engine.readiness.check
+
+# PROJECTED RTX 3090 / 4090 / 5090 figures (seconds, no GPU): the cost model calibrated on the measured H100/H200
+# rows, its error on them, and where a step goes on each card (engine/readiness/projection.py).
+project-consumer: $(VENV)/.test
+	$(PY) -m engine.readiness.projection
 
 # The full soak (2,000 mixed requests against qwendesk-serve on a tiny CPU model; docs/reliability.md)
 soak: $(VENV)/.test

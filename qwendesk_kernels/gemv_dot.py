@@ -19,7 +19,7 @@ import triton.language as tl
 
 from qwendesk_kernels import pdl
 from qwendesk_kernels.quant_format import group_param_offs, int4_row_words, pair_as_float
-from qwendesk_kernels.runtime import INTERPRET, sm_count
+from qwendesk_kernels.runtime import INTERPRET, capability, sm_count
 from qwendesk_kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, splitk_scratch, store_tile
 
 
@@ -143,19 +143,27 @@ def m_bucket(M: int) -> int:
 
 def _prune_configs(configs, named_args, **kwargs):
     """Keep the configs with BM = the M bucket (a GEMV: split-K up to ~8 programs per SM and within the split-K
-    scratch), or, above 32 rows, M tiles of BM <= the bucket without split-K."""
+    scratch), or, above 32 rows, M tiles of BM <= the bucket without split-K. A card without warpgroup MMA (all but
+    sm_90) keeps, at BM = 32, the tiles of 32 weight rows per warp (64 spill there: 255 registers and 16-224 B of
+    stack on sm_86 / sm_89 / sm_120, `make check-consumer`), and M tiles of at most 32 floats per thread in each
+    of their two accumulators (64 x 128 on 4 warps spilled 8 B on sm_86 in a C8 round of 5 drafts); sm_90 keeps
+    the configs it was tuned with."""
     args = {**named_args, **kwargs}
     bucket, N = args["M_BUCKET"], args["N"]
     sms = sm_count(args["y_ptr"].device)
+    wgmma = capability(args["y_ptr"].device)[0] == 9
     kept = []
     for cfg in configs:
         bm, bn, split = cfg.kwargs["BM"], cfg.kwargs["BN"], cfg.kwargs["SPLIT_K"]
         tiles = triton.cdiv(N, bn)
+        if bm == 32 and (bn, cfg.num_warps) not in (_TILES if wgmma else _TILES_NARROW + [(32, 1)]):
+            continue
         if bucket in GEMV_BUCKETS:
             ok = bm == bucket and (split == 1 or (tiles * split <= 8 * sms and split * bm * N <= SPLITK_FLOATS
                                                    and tiles <= SPLITK_COUNTERS))
-        else:
-            ok = bm not in GEMV_BUCKETS and bm <= bucket and split == 1
+        else:                               # (without wgmma: at most 32 floats per thread in each accumulator)
+            ok = (bm not in GEMV_BUCKETS and bm <= bucket and split == 1
+                  and (wgmma or bn * bm <= 32 * 32 * cfg.num_warps))
         if ok:
             kept.append(cfg)
     return kept
@@ -169,8 +177,11 @@ def _bench_quick(fn, quantiles):
 # (BN, warps): 64 weight rows per warp balance the A-operand extraction, x^T reuse and registers; 4 warps x 64 rows
 # run Hopper's warpgroup MMA. Two pipeline depths for the decode bucket (M <= 8), where latency hiding matters most.
 _TILES = [(32, 1), (64, 1), (128, 2), (256, 4)]
+# 32 weight rows per warp at BM = 32, for cards without warpgroup MMA (pruned to them: _prune_configs)
+_TILES_NARROW = [(64, 2), (128, 4)]
 _CONFIGS = [triton.Config(dict(BM=bm, BN=bn, SPLIT_K=sk), num_warps=nw, num_stages=st)
-            for bm in GEMV_BUCKETS for bn, nw in _TILES for sk in (1, 2, 4, 8) for st in ((2, 3) if bm == 8 else (2,))]
+            for bm in GEMV_BUCKETS for bn, nw in _TILES + (_TILES_NARROW if bm == 32 else [])
+            for sk in (1, 2, 4, 8) for st in ((2, 3) if bm == 8 else (2,))]
 # M tiles (a short prefill step): two [BN, BM] fp32 accumulators per program, at most 128 registers per thread
 _CONFIGS += [triton.Config(dict(BM=bm, BN=bn, SPLIT_K=1), num_warps=nw, num_stages=st)
              for bm, bn, nw in ((64, 64, 4), (64, 128, 4), (64, 128, 8), (128, 64, 4), (128, 64, 8), (128, 128, 8))

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import triton
 
 from qwendesk_kernels import attention
@@ -111,3 +112,66 @@ def test_prefill_estimate_is_what_triton_compiles():
     for (m, n, kv), compiled in {(128, 64, 2): 147_460, (64, 64, 2): 106_496, (128, 16, 2): 86_016,
                                  (128, 64, 1): 115_204}.items():
         assert 0 <= attention.prefill_smem_bytes(m, n, 256, 2, kv) - compiled <= 16
+
+
+SPILLING_GEMV = """
+import json, triton
+from engine.readiness import check
+from qwendesk_kernels import gemv_dot
+tuner = gemv_dot.gemv_tuned
+# BM = 32 with 64 weight rows per warp, the pruning bypassed: 255 registers and 208 B of stack on sm_86
+tuner.configs = [triton.Config(dict(BM=32, BN=256, SPLIT_K=1), num_warps=4, num_stages=2)]
+tuner.early_config_prune = None
+print(json.dumps(check.check(check.CARDS[0], ("27b",), ("int4",), (True,), workers=1, kernels={"_gemv_kernel"})))
+"""
+
+
+def test_the_check_flags_a_gemv_config_that_spills():
+    """The dot GEMV's autotuner times the configs it keeps and may pick any: one that spills is a finding."""
+    found = run_check_code(SPILLING_GEMV)
+    assert any("_gemv_kernel keeps 1 config(s) that spill" in f and "verify" in f for f in found), found
+
+
+@pytest.mark.parametrize("cap", [(8, 6), (8, 9), (12, 0), (9, 0)])
+def test_gemv_dot_pruning_keeps_what_does_not_spill_without_wgmma(cap, monkeypatch):
+    """At BM = 32 a consumer card keeps tiles of 32 weight rows per warp (64 spill there), above 32 rows M tiles of
+    at most 32 floats per thread in each accumulator; sm_90 keeps its own."""
+    from qwendesk_kernels import gemv_dot
+    monkeypatch.setattr(gemv_dot, "capability", lambda device: cap)
+    monkeypatch.setattr(gemv_dot, "sm_count", lambda device: 82)
+    y = torch.empty(32, 5120, device="meta")
+    for bucket in (16, 32):
+        kept = gemv_dot._prune_configs(gemv_dot._CONFIGS, dict(M_BUCKET=bucket, N=5120, y_ptr=y))
+        tiles = {(c.kwargs["BN"], c.num_warps) for c in kept}
+        assert tiles and all(c.kwargs["BM"] == bucket for c in kept)
+        if bucket == 16 or cap == (9, 0):
+            assert tiles == set(gemv_dot._TILES)
+        else:
+            assert tiles == {(32, 1), (64, 2), (128, 4)}
+    kept = gemv_dot._prune_configs(gemv_dot._CONFIGS, dict(M_BUCKET=64, N=5120, y_ptr=y))   # 33-64 rows: M tiles
+    tiles = {(c.kwargs["BM"], c.kwargs["BN"], c.num_warps) for c in kept}
+    assert tiles == ({(64, 64, 4), (64, 128, 4), (64, 128, 8)} if cap == (9, 0) else {(64, 64, 4), (64, 128, 8)})
+
+
+VISION = """
+import json
+from engine.readiness.forward import run_vision
+from engine.readiness.launches import recording
+from engine.weights.policy import QuantPolicy
+out = {}
+for name, policy in (("engine", None), ("int8 tower", QuantPolicy(vision="int8"))):
+    with recording() as rec:
+        run_vision(rec, "27b", "int4", policy)
+    out[name] = sorted({(la.name, la.where) for la in rec.launches})
+print(json.dumps(out))
+"""
+
+
+def test_the_vision_towers_launches_are_recorded():
+    """The tower as the engine loads it runs on torch (16-bit linears on cuBLAS, SDPA): no Triton launch to check;
+    a tower with quantized linears (not a policy the engine offers) shows that its launches would be recorded."""
+    found = run_check_code(VISION)
+    assert found["engine"] == []
+    # (int8 weights held as two int4 planes: dequantized for the blocks' rows, the fused GEMM for the merger's 64)
+    assert {name for name, _ in found["int8 tower"]} == {"_int4_dequant_kernel", "_gemv_kernel"}
+    assert {where for _, where in found["int8 tower"]} == {"27b int4 vision 256x256", "27b int4 vision 512x512"}

@@ -1,6 +1,6 @@
 """The consumer-GPU readiness check (`make check-consumer`): every Triton launch the engine makes for the 27B, 9B and
-35B-A3B forwards, compiled for the RTX 3090 (sm_86), 4090 (sm_89) and 5090 (sm_120) by Triton's own compiler with no
-GPU, and checked against what those cards can run.
+35B-A3B forwards and their vision tower, compiled for the RTX 3090 (sm_86), 4090 (sm_89) and 5090 (sm_120) by
+Triton's own compiler with no GPU, and checked against what those cards can run.
 
 For each card, the launches are recorded with the engine seeing that card (engine/readiness/launches.py: its
 capability and SM count, so PDL and per-architecture choices are the card's), deduplicated (one compile per distinct
@@ -8,7 +8,8 @@ kernel, specialization and options), compiled in a fresh cache, and checked:
 - it compiles;
 - shared memory per block <= the card's opt-in maximum (101,376 B on all three);
 - decode-path kernels (decode steps and speculative rounds) have no stack frame (spills) where cuobjdump reports it
-  (up to CAPPED_STACK under a deliberate register cap); a decode-path autotuned kernel needs one config without;
+  (up to CAPPED_STACK under a deliberate register cap); our decode-path autotuned kernels keep no config that spills
+  after pruning on the card (their autotuner times the configs and may pick one), a library's needs one without;
 - every autotuned kernel keeps at least one config that fits after its own pruning, and ours keep none that does not
   (fla's configs are not ours to prune: they are compiled one at a time until one fits, as its autotuner skips the
   others);
@@ -93,12 +94,13 @@ def weights_for(shape: str) -> tuple[str, ...]:
 def record(card: Card, models=MODELS, weights=None, kv=KV) -> list[Launch]:
     """Every launch of the forwards of `models` x `weights` (default: weights_for each) x `kv`, as the engine makes
     them on `card`."""
-    from engine.readiness.forward import run_all
+    from engine.readiness.forward import run_all, run_vision
     with recording(card.capability, card.sms, card.smem_per_block) as rec:
         for shape in models:
             for w in weights or weights_for(shape):
                 for kv_dtype in kv:
                     run_all(rec, shape, w, kv_dtype)
+            run_vision(rec, shape, (weights or weights_for(shape))[0])   # (the tower's linears: 16-bit either way)
         for launch in rec.launches:
             if launch.autotuner is not None:
                 launch.configs = kept_configs(launch)    # (pruning sees the card too)
@@ -274,7 +276,12 @@ def findings(jobs: dict[str, Job], tuned: dict[str, Tuned], card: Card) -> list[
             bad.append(f"no config of {t.launch.name} fits after pruning ({t.launch.where})")
         elif ours(t.launch) and len(fits) < len(t.keys):
             bad.append(f"{t.launch.name} keeps {len(t.keys) - len(fits)} config(s) that do not fit ({t.launch.where})")
-        if is_decode(t.launch) and fits and all(jobs[k].result.stack for k in fits):
+        spills = [k for k in fits if jobs[k].result.stack]
+        if is_decode(t.launch) and spills and ours(t.launch):      # (its autotuner times them, it may pick one)
+            r = jobs[spills[0]].result
+            bad.append(f"{t.launch.name} keeps {len(spills)} config(s) that spill (e.g. {r.stack} B of stack, {r.regs} "
+                       f"registers{_config_text(jobs[spills[0]].config)}) ({t.launch.where})")
+        elif is_decode(t.launch) and fits and len(spills) == len(fits):
             bad.append(f"every config of {t.launch.name} spills ({t.launch.where})")
     return bad
 

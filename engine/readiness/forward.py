@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.core.params import EngineConfig
+from engine.core.params import MAX_DRAFTS, EngineConfig
 from engine.readiness.launches import Recorder
 from engine.core.runner import BUCKETS
 from qwendesk_kernels.gdn import RECURRENT_MAX_TOKENS
@@ -15,7 +15,7 @@ PAGE = DEFAULTS.page_size
 CONTEXT = 4096            # the context every sequence has cached (shapes only: nothing is allocated)
 # a full chunk (fla's chunked GDN), a prompt's shorter last step (Triton's recurrent GDN) and one of a few rows
 PREFILLS = (DEFAULTS.prefill_chunk, RECURRENT_MAX_TOKENS, 3)
-DRAFTS = tuple(range(1, DEFAULTS.drafts(on_gpu=True) + 1))   # verify rows k + 1 per sequence: 2-32 over the BUCKETS
+DRAFTS = tuple(range(1, MAX_DRAFTS + 1))     # verify rows k + 1 per sequence: 2-48 over the BUCKETS (k > 3: opt-in)
 
 
 def model_on_meta(shape: str, weights: str, layers: int = 4):
@@ -59,6 +59,27 @@ def run_all(rec: Recorder, shape: str, weights: str, kv_dtype: str) -> None:
         hidden = model(torch.zeros(n, dtype=torch.int64, device="meta"), batch, pools)
         _sample(model.logits(hidden))
     _rounds(rec, tag, model, pools, tables)
+
+
+# Images the tower encodes: the smallest the processor makes (65,536 px: 16 x 16 patches) and a 512 x 512 one
+VISION_GRIDS = ((1, 16, 16), (1, 32, 32))
+
+
+@torch.inference_mode()
+def run_vision(rec: Recorder, shape: str, weights: str, policy=None) -> None:
+    """The vision tower's forward as the engine loads it under `weights` (or under a QuantPolicy `policy`). The
+    engine's policies keep the tower's linears 16-bit (cuBLAS, SDPA and torch ops): it makes no Triton launch as of
+    now; any it makes later is recorded and checked."""
+    from engine.model.config import parse_model_config
+    from engine.model.linear import Build
+    from engine.bench.random_model import wrapper_config
+    from engine.vision.tower import VisionTower
+    vision = parse_model_config(wrapper_config(shape)).vision
+    tower = VisionTower(vision, Build(torch.bfloat16, "meta", policy or DEFAULTS.policy(weights)))
+    patch = vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2
+    for grid in VISION_GRIDS:
+        rec.where = f"{shape} {weights} vision {grid[1] * vision.patch_size}x{grid[2] * vision.patch_size}"
+        tower(torch.zeros(grid[0] * grid[1] * grid[2], patch, device="meta"), [grid])
 
 
 def _fla_index(batch, cu: list[int]) -> None:
