@@ -56,7 +56,7 @@ lock:
 
 # ruff over the files that follow its rules so far (app/ and tests/; the rest joins as it is cleaned)
 lint: $(VENV)/.test
-	$(VENV)/bin/ruff check app tests
+	$(VENV)/bin/ruff check app engine qwendesk_kernels tests
 
 # The consumer-GPU readiness check (minutes, no GPU): every Triton launch of the 27B / 9B / 35B-A3B forwards
 # compiled for sm_86, sm_89 and sm_120 and checked against those cards (engine/readiness/check.py says what).

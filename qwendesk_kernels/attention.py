@@ -360,9 +360,11 @@ def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len, 
     kv_bytes = k_cache.element_size()
     block_n = min(page, max(16, 16384 // (d * kv_bytes)))     # ~16 KB K tile (+ 16 KB V) per pipeline stage
     block_m = max(16, triton.next_power_of_2(q_len * group))
-    # sm_120's ptxas spills the int8 tiles at 4 warps (255 registers and 32 B of stack, every L and group; sm_86, 89
-    # and 90 do not): 8 warps there (221-255 registers, none). make check-consumer found it; no sm_120 card ran it.
-    warps = 8 if quant and q.is_cuda and capability(q.device) >= (12, 0) else 4
+    # 8 warps where 4 spill (make check-consumer found them; no consumer card ran either): sm_120's int8 tiles (255
+    # registers and 32 B of stack, every L and group), and below sm_90 tiles of 64 query rows (a round of 5 drafts:
+    # 6 rows x 6 heads of the 27B, 5 x 8 of the 35B-A3B; 255 registers and 8 B of stack on sm_86 and sm_89).
+    cap = capability(q.device) if q.is_cuda else (9, 0)
+    warps = 8 if (quant and cap >= (12, 0)) or (block_m >= 64 and cap < (9, 0)) else 4
     o_part = torch.empty((T, hq, num_splits, d), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((T, hq, num_splits), dtype=torch.float32, device=q.device)
     scale_strides = k_scale.stride() if quant else (0, 0, 0)

@@ -401,7 +401,7 @@ def prefill4_smem_bytes(block_m: int, block_n: int, d: int, q_size: int, k_bytes
 
 def _prune_prefill4(configs, named_args, **kwargs):
     args = {**named_args, **kwargs}
-    q, k, d = args["q_ptr"], args["k_ptr"], args["D"]
+    q, d = args["q_ptr"], args["D"]
     k_row = d // 2 + d // 8 if args["K4"] else d + 4
     smem = smem_per_block(q.device)
     return [c for c in configs if c.kwargs["BLOCK_N"] <= args["PAGE"]

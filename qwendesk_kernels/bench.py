@@ -14,7 +14,7 @@ import json
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

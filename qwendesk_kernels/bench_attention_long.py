@@ -81,8 +81,8 @@ def main(argv=None) -> None:
                 for call in calls:
                     us, nbytes = measure(kv, args.batch, length, s, call == "layer")
                     gbps = nbytes / us / 1e3
-                    print(f"| {kv} | {call} | {args.batch} | {length} | {s} | {us:.1f} | {gbps:.0f} | {gbps / copy:.0%} |",
-                          flush=True)
+                    print(f"| {kv} | {call} | {args.batch} | {length} | {s} | {us:.1f} | {gbps:.0f} "
+                          f"| {gbps / copy:.0%} |", flush=True)
                 torch.cuda.empty_cache()
 
 

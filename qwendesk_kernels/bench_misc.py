@@ -11,7 +11,8 @@ import torch
 
 from qwendesk_kernels.activation import silu_mul, silu_mul_ref
 from qwendesk_kernels.bench import Case
-from qwendesk_kernels.norm import add_rms_norm, add_rms_norm_ref, gated_rms_norm, gated_rms_norm_ref, rms_norm, rms_norm_ref
+from qwendesk_kernels.norm import (add_rms_norm, add_rms_norm_ref, gated_rms_norm, gated_rms_norm_ref, rms_norm,
+                                   rms_norm_ref)
 from qwendesk_kernels.rope import apply_rope_ref, inv_freq, mrope_axis, qk_norm_rope, rope_cos_sin
 
 HIDDEN, HQ, HK, HD, ROTARY, SECTION, EPS = 5120, 24, 4, 256, 64, (11, 11, 10), 1e-6

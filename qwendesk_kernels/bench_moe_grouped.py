@@ -1,4 +1,5 @@
-"""The grouped MoE experts (qwendesk_kernels/moe_grouped.py) at the 35B-A3B shape: `python -m qwendesk_kernels.bench_moe_grouped`.
+"""The grouped MoE experts (qwendesk_kernels/moe_grouped.py) at the 35B-A3B shape: `python -m
+qwendesk_kernels.bench_moe_grouped`.
 
 One layer's routed experts (hidden 2048, expert width 512, 256 routed experts + the shared one as expert 256, 8 + 1
 pairs per token, the router's distinct top-8 drawn at random) for T tokens, int4 (G = 128) and bf16, each case
@@ -6,8 +7,8 @@ checked against the torch reference first. Columns: ms per call, eager (five lau
 from a CUDA graph (the GPU's time: what a captured verify step or the launch-free prefill would see); TFLOP/s of
 the real work (6 T P H I flops: no padding rows, no skipped blocks); the weight bytes of the experts the routing
 touched (each read at least once) and that over the graph time. Baselines at the largest T: the per-expert loop of
-the torch path before it (qwendesk_kernels.quant / torch matmuls per expert with pairs: host syncs, one GEMM each) and the
-torch reference (moe_grouped_ref).
+the torch path before it (qwendesk_kernels.quant / torch matmuls per expert with pairs: host syncs, one GEMM each) and
+the torch reference (moe_grouped_ref).
 --sweep: every config of sweep_configs per case as well (graph time), to choose default_config's table.
 """
 

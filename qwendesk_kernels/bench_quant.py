@@ -10,8 +10,8 @@ Cold L2 here means just after do_bench's L2 flush, whose dirty lines are written
 GEMV numbers read low (bf16 cuBLAS included); the engine's decode step is the measure that counts. `layer` cases
 replay one CUDA graph of the four projections of a GDN or full-attention layer, per variant (int4 against bf16).
 `decode GEMVs` cases replay the 64 projections of 16 layers (12 GDN, 4 attention, each with weights of its own:
-nothing stays in L2) from one graph, with and without programmatic dependent launch (qwendesk_kernels/pdl.py): the closest
-to the decode step's GEMVs, and the L2 flush is small next to them.
+nothing stays in L2) from one graph, with and without programmatic dependent launch (qwendesk_kernels/pdl.py): the
+closest to the decode step's GEMVs, and the L2 flush is small next to them.
 Prefill cases (dequantise + cuBLAS) are counted by flops, with the issue's target of 60% of bf16's speed as a time
 budget measured in the same run.
 """

@@ -1,5 +1,5 @@
-"""int4 GEMV time by rows M at the 27B's projection shapes (`python3 -m qwendesk_kernels.bench_rows`): what a speculative
-verify of M = c x (k + 1) rows costs against a decode step's M = c. Each case is replayed from a CUDA graph
+"""int4 GEMV time by rows M at the 27B's projection shapes (`python3 -m qwendesk_kernels.bench_rows`): what a
+speculative verify of M = c x (k + 1) rows costs against a decode step's M = c. Each case is replayed from a CUDA graph
 (triton.testing.do_bench); A is the dot GEMV (with the config its autotuner picked), C the mma GEMV (M <= 32: column
 tiles of 8 rows past 8, their weight words shared through L1; "C-L2" the same with the words read around L1), above 32
 rows the fused GEMM."""

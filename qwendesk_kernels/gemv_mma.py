@@ -235,7 +235,8 @@ def _block_c(f0, f1, xs, a00, a01, a02, a03, a10, a11, a12, a13, zero, one, G: t
 @triton.jit
 def store_swiglu(total, rows, cols, y_ptr, M, N, stride_ym):
     """y [M, N] = silu(gate) * up from the fp32 sums [..., 2 (gate / up)], with the unfused path's roundings: both
-    rounded to y's dtype as the projection's output, silu rounded before the product (qwendesk_kernels/activation.py)."""
+    rounded to y's dtype as the projection's output, silu rounded before the product
+    (qwendesk_kernels/activation.py)."""
     dtype = y_ptr.dtype.element_ty
     gate, up = tl.split(total)
     gate = gate.to(dtype).to(tl.float32)
@@ -272,8 +273,8 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, 
     M <= 8 kernel does for rows 8c..8c + 7 on the same row groups and runs (so each row of y has the same bits
     whatever M is); the program's NT copies of a weight word are read once from memory and then from L1.
 
-    PDL (qwendesk_kernels/pdl.py): lets the next kernel start at once, loads its first weights, then waits for the kernel
-    before it, before it reads x or writes anything. X_TWICE: x has K / 2 columns, read for each half of W."""
+    PDL (qwendesk_kernels/pdl.py): lets the next kernel start at once, loads its first weights, then waits for the
+    kernel before it, before it reads x or writes anything. X_TWICE: x has K / 2 columns, read for each half of W."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -337,7 +338,8 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, 
             tl.debug_barrier()
             a00, a01, a02, a03, a10, a11, a12, a13 = _block_c(
                 f0, f1, xs, a00, a01, a02, a03, a10, a11, a12, a13, zero, one, G, FP16, R, MAGIC, BIAS, EMULATE)
-        cols = tl.join(tl.join(col0 + 2 * t, col0 + 2 * t + 1), tl.join(col0 + 2 * t, col0 + 2 * t + 1))  # [32 NW NT, 2, 2]
+        c0, c1 = col0 + 2 * t, col0 + 2 * t + 1
+        cols = tl.join(tl.join(c0, c1), tl.join(c0, c1))            # [32 NW NT, 2 (row g / g + 8), 2]
         rows = tl.join(tl.join(row0, row0), tl.join(row0 + 8, row0 + 8))
         y = tl.join(tl.join(a00, a01), tl.join(a02, a03))
         first = row_group * blocks // per                     # the programs with blocks of this row group
@@ -382,7 +384,7 @@ def gemv_mma_supports(x2: torch.Tensor, w: Int4Weight) -> bool:
             and (not x2.is_cuda or _capability(x2.device) >= (8, 0)))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _capability(device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 

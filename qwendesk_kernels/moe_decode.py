@@ -37,7 +37,8 @@ from qwendesk_kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, arrive, spli
 
 MOE_DECODE_MAX_T = 8            # tokens up to which the decode kernels run (above: the grouped path)
 # BN: rows of I (gate_up: each with its gate and up rows) or H (down) per program; PER_SM: the splits aim at this
-# many programs per SM (the best of qwendesk_kernels/bench_moe.py's sweep on the H200 at the 35B-A3B shape, docs/performance.md)
+# many programs per SM (the best of qwendesk_kernels/bench_moe.py's sweep on the H200 at the 35B-A3B shape,
+# docs/performance.md)
 DEFAULT_CONFIG = dict(GATE_UP_BN=64, GATE_UP_WARPS=4, DOWN_BN=32, DOWN_WARPS=2, PER_SM=8)
 
 

@@ -1,7 +1,7 @@
-"""The int4 MoE decode kernels on the mma GEMV's machinery (qwendesk_kernels/gemv_mma.py): the same inline-PTX mma.sync on
-the packed words, the same stream-K one-wave grid, SwiGLU in the epilogue; ops.moe_experts' path for int4 experts and up to 8
-tokens (0.92-2.2 TB/s at the 35B-A3B shape on the H200, against 0.52-0.87 for qwendesk_kernels/moe_decode.py's tl.dot tiles:
-`python -m qwendesk_kernels.bench_moe`). Same signature, same torch reference (moe_decode_ref).
+"""The int4 MoE decode kernels on the mma GEMV's machinery (qwendesk_kernels/gemv_mma.py): the same inline-PTX mma.sync
+on the packed words, the same stream-K one-wave grid, SwiGLU in the epilogue; ops.moe_experts' path for int4 experts and
+up to 8 tokens (0.92-2.2 TB/s at the 35B-A3B shape on the H200, against 0.52-0.87 for qwendesk_kernels/moe_decode.py's
+tl.dot tiles: `python -m qwendesk_kernels.bench_moe`). Same signature, same torch reference (moe_decode_ref).
 
 Slots. The mma's B operand has 8 columns: column c is token c (x rows for gate_up, h rows for down). A slot is one
 expert and the tokens it serves: at T = 1 (and below GROUP_MIN_T) the slots are the pairs, each serving its own
@@ -18,12 +18,13 @@ sized for T P slots; each program reads the slot count and takes its share of th
 - down: units = (row group of NW warps x R tiles of H, slot, K block of 128 of I): a row group's units are those of
   every slot, so a run sums over slots as over K. Column c's B operand is h of the pair (c, slot's expert); at the
   end of each slot's blocks the run adds them times the routing weight of each column's pair (nothing for a token
-  without a pair there) into its sums, which are out[token, rows] summed over the token's pairs. Row groups split over programs: splitk's
-  store_tile, the partials summed in order by the last to arrive (deterministic, one launch, no per-pair buffer).
+  without a pair there) into its sums, which are out[token, rows] summed over the token's pairs. Row groups split over
+  programs: splitk's store_tile, the partials summed in order by the last to arrive (deterministic, one launch, no
+  per-pair buffer).
 Both wait for the kernel before them first (pdl.enter): the experts they read come from it. The configs
-(MOE_MMA_CONFIG, GROUP_MIN_T included) are the best of qwendesk_kernels/bench_moe.py's sweep on the H200 (DOWN_R 1; grouping
-pays from T = 4 on and is even at T = 2). The plan could come out of the routing launch (qwendesk_kernels/moe_route.py)
-instead of a launch of its own.
+(MOE_MMA_CONFIG, GROUP_MIN_T included) are the best of qwendesk_kernels/bench_moe.py's sweep on the H200 (DOWN_R 1;
+grouping pays from T = 4 on and is even at T = 2). The plan could come out of the routing launch
+(qwendesk_kernels/moe_route.py) instead of a launch of its own.
 """
 
 from __future__ import annotations

@@ -215,7 +215,7 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, z_ptr, pairs_ptr, block_expert_ptr, num
         h_ptrs = h_ptr + slot[:, None] * I + cols[None, :]
         h_mask = cols[None, :] < I
     dtype = h_ptr.dtype.element_ty
-    gate = gate.to(dtype).to(tl.float32)                      # the projection's output, then qwendesk_kernels/activation.py
+    gate = gate.to(dtype).to(tl.float32)                      # the projection's output, then activation.py
     silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
     tl.store(h_ptrs, (silu * up.to(dtype).to(tl.float32)).to(dtype), mask=h_mask)
 

@@ -1,8 +1,8 @@
 """MoE routing: router logits -> each token's (expert id, weight) pairs, in one launch.
 
 logits [T, E] (or [T, E + 1], the shared expert's gate logit last) -> ids int32 [T, P], weights fp32 [T, P], pair
-p = t P + j (qwendesk_kernels/moe_decode.py reads them so). The routed pairs: a float32 softmax over the E experts, the k
-largest (ties: the lower expert id first), renormalised to sum to 1 and rounded to the logits' dtype (what the
+p = t P + j (qwendesk_kernels/moe_decode.py reads them so). The routed pairs: a float32 softmax over the E experts, the
+k largest (ties: the lower expert id first), renormalised to sum to 1 and rounded to the logits' dtype (what the
 model multiplies by: transformers' Qwen3_5MoeSparseMoeBlock). With `shared`, P = k + 1 and the last pair is the
 shared expert, stored as expert E, weighted by sigmoid(its gate logit), rounded the same way.
 """

@@ -15,7 +15,8 @@ Weight = torch.Tensor | Int4Weight | Int8Weight
 
 def moe_sorted(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: Weight, down: Weight,
                inter: int) -> torch.Tensor:
-    """sum over j of weights[t, j] * expert_{ids[t, j]}(x[t]) for x [T, H] (qwendesk_kernels/moe_decode.py: the layout)."""
+    """sum over j of weights[t, j] * expert_{ids[t, j]}(x[t]) for x [T, H] (qwendesk_kernels/moe_decode.py: the
+    layout)."""
     P = ids.shape[1]
     flat = ids.flatten().long()
     order = torch.argsort(flat, stable=True)

@@ -20,8 +20,8 @@ from qwendesk_kernels.rope import qk_norm_rope
 def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up, down, inter: int) -> torch.Tensor:
     """sum over j of weights[t, j] * expert_{ids[t, j]}(x[t]) for x [T, H] (qwendesk_kernels/moe_decode.py: the layout).
     16-bit or int4 experts: the decode kernels up to MOE_DECODE_MAX_T tokens (int4 on the mma GEMV's machinery,
-    qwendesk_kernels/moe_decode_mma.py, where it applies: 1.8-2.5x the tl.dot ones at the 35B-A3B shape on the H200), the
-    grouped kernels above (prefill, a speculative round's verify rows); none syncs with the host, so all run in CUDA
+    qwendesk_kernels/moe_decode_mma.py, where it applies: 1.8-2.5x the tl.dot ones at the 35B-A3B shape on the H200),
+    the grouped kernels above (prefill, a speculative round's verify rows); none syncs with the host, so all run in CUDA
     graphs; elsewhere than CUDA their references. Int8 experts: the sorted torch loop (a host sync)."""
     if not moe_decode_supports(gate_up, down):
         return moe_sorted(x, ids, weights, gate_up, down, inter)

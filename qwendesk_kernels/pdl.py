@@ -23,7 +23,7 @@ from qwendesk_kernels.runtime import INTERPRET
 ENABLED = True
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def supported(device: torch.device) -> bool:
     """A CUDA device that can (`capable`); never under the interpreter."""
     if device.type != "cuda" or INTERPRET:

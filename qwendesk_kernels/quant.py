@@ -173,8 +173,8 @@ def int8_embedding_triton(ids: torch.Tensor, w: Int8Weight) -> torch.Tensor:
 
 def int4_swiglu(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     """silu(x @ gate^T) * (x @ up^T) for W = gate | up stacked by rows (the MLP's fused gate_up), [..., N / 2]. On
-    CUDA where the mma GEMV runs (decode and verify, M <= 32) in the GEMV's epilogue: one launch, and N / 2 outputs written instead
-    of N; elsewhere the linear, then silu_mul (the same roundings either way)."""
+    CUDA where the mma GEMV runs (decode and verify, M <= 32) in the GEMV's epilogue: one launch, and N / 2 outputs
+    written instead of N; elsewhere the linear, then silu_mul (the same roundings either way)."""
     N, K = w.shape
     x2 = _rows(x, K)
     if x.is_cuda and x2.shape[0] > 0 and gemv_mma.gemv_mma_supports(x2, w) and N % 32 == 0:     # (supports: M <= 32)

@@ -9,17 +9,17 @@ import torch
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def capability(device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def smem_per_block(device) -> int:
     """Bytes of shared memory one block may use on `device` (the opt-in maximum: 227 KB on an H100, 99 KB on
     an RTX 3090 / 4090 / 5090), as Triton's launcher sees it."""

@@ -125,7 +125,8 @@ def step_bytes(model, c, args) -> tuple[float, float]:
     ctx = args.decode_prompt + args.decode_tokens // 2
     held, read = routed_expert_bytes(model, c)
     return (weight_bytes(model) - held + read,
-            c * ctx * kv_bytes_per_token(cfg, torch.bfloat16, False) + 2 * c * state_bytes_per_slot(cfg, torch.bfloat16))
+            c * ctx * kv_bytes_per_token(cfg, torch.bfloat16, False)
+            + 2 * c * state_bytes_per_slot(cfg, torch.bfloat16))
 
 
 def decode_bytes(model, c, args) -> float:

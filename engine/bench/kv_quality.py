@@ -192,7 +192,8 @@ def study_model(steps: int, gen_tokens: int, prompts: int):
     print(f"{'KV':<20} {'loss':>7} {'/ bf16':>7} {'same tokens':>12} {'first diff (mean)':>18}")
     for name, loss in losses.items():
         same = sum(a == b for g, h in zip(gens[name], base) for a, b in zip(g, h)) / (prompts * gen_tokens)
-        first = [next((i for i, (a, b) in enumerate(zip(g, h)) if a != b), gen_tokens) for g, h in zip(gens[name], base)]
+        first = [next((i for i, (a, b) in enumerate(zip(g, h)) if a != b), gen_tokens)
+                 for g, h in zip(gens[name], base)]
         print(f"{name:<20} {loss:7.4f} {loss / losses['bf16']:7.4f} {same:12.1%} {sum(first) / len(first):18.0f}")
 
 

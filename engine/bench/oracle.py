@@ -23,7 +23,7 @@ class DraftOracle:
     table: torch.Tensor | None = None                 # [num_slots, max_context] int64
     rate: torch.Tensor | None = None                  # [k] p per position on the device: captured rounds read it
 
-    def attach(self, previous: "DraftOracle | None", slots: int, max_context: int, k: int, device) -> None:
+    def attach(self, previous: DraftOracle | None, slots: int, max_context: int, k: int, device) -> None:
         """Its tables: a previous oracle's (captured rounds read those tensors), else new ones; its rates set."""
         if previous is not None:
             self.table, self.rate = previous.table, previous.rate

@@ -7,8 +7,9 @@ measured figure). The MTP layer still runs, so every cost is real. Per profile: 
 output and plain tok/s), then per k and P two speculative runs whose output must equal the plain one, with their
 tokens per round, round time and tok/s: the drafts policy off (every round drafts k) and on (the default path: the
 policy picks 0..k drafts per step from measured step times and acceptance). Every run starts with its prompts in the
-prefix cache, so tok/s compares decoding, not a prefill that only the first run pays. Components, at C1: a plain decode step, one draft step (MTP row + draft head), one verify forward of
-k + 1 rows (main model + full head), each replayed from a CUDA graph of its own.
+prefix cache, so tok/s compares decoding, not a prefill that only the first run pays. Components, at C1: a plain decode
+step, one draft step (MTP row + draft head), one verify forward of k + 1 rows (main model + full head), each replayed
+from a CUDA graph of its own.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def bench_speculation(model, args) -> dict:
         t0 = time.perf_counter()
         eng = engine(profile, ctx, 0)
         plain_load_s = time.perf_counter() - t0
-        _generate(eng, prompts, 8)              # warm this batch size; the prompts in the prefix cache, as for every row
+        _generate(eng, prompts, 8)          # warm this batch size; the prompts in the prefix cache, as for every row
         plain, plain_rate, fins = _generate(eng, prompts, args.decode_tokens)
         eng.close()
         step_ms = 1e3 / (sum(f.timings.decode_tok_s for f in fins) / c)

@@ -213,9 +213,11 @@ def main(argv=None) -> int:
     ap.add_argument("--tokenizer", metavar="DIR", help="a byte-level tokenizer's folder (--json-schema)")
     ap.add_argument("--cache-tiers", action="store_true",
                     help="instead of the speed runs: the host and disk cache tiers (engine/bench/tiers.py): next-turn "
-                    "TTFT after a restart, warm vs cold, int8 and bf16 KV; restore bandwidth; decode during a disk write")
+                    "TTFT after a restart, warm vs cold, per KV dtype (--tiers-kv); restore bandwidth; decode during a "
+                    "disk write")
     ap.add_argument("--tiers-context", type=positive_int, default=32768, help="conversation tokens (--cache-tiers)")
-    ap.add_argument("--tiers-kv", default="int8,bf16", type=kv_dtypes, help="KV dtypes, comma-separated (--cache-tiers)")
+    ap.add_argument("--tiers-kv", default="int8,bf16", type=kv_dtypes,
+                    help="KV dtypes, comma-separated (--cache-tiers)")
     ap.add_argument("--tiers-decode", action=argparse.BooleanOptionalAction, default=True,
                     help="(--cache-tiers) also decode during a background disk write")
     ap.add_argument("--json", help="write the results here")

@@ -182,8 +182,8 @@ def bench_tiers(model, args) -> dict:
 
 def report(res: dict) -> None:
     print(f"\ncache tiers, {res['context']}-token conversation:")
-    print("| KV | cold TTFT | restart TTFT (disk) | ratio | warmed TTFT | ratio | warm() | restore GB/s | pinned copy GB/s "
-          f"| disk read GB/s (1 / {READ_THREADS} files at a time) | disk MB |")
+    print("| KV | cold TTFT | restart TTFT (disk) | ratio | warmed TTFT | ratio | warm() | restore GB/s "
+          f"| pinned copy GB/s | disk read GB/s (1 / {READ_THREADS} files at a time) | disk MB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for kv in KV_FORMATS:
         if kv not in res:
@@ -196,9 +196,9 @@ def report(res: dict) -> None:
     for kv in KV_FORMATS:
         if kv in res:
             r = res[kv]
-            print(f"{kv} KV: decode of one stream while a restored request's reads run {r['decode_during_restore_tok_s']:.1f}"
-                  f" tok/s against {r['decode_alone_tok_s']:.1f} alone ({r['decode_restore_ratio']:.3f}x; the request "
-                  f"then had {r['restore_cached']} tokens cached)")
+            print(f"{kv} KV: decode of one stream while a restored request's reads run "
+                  f"{r['decode_during_restore_tok_s']:.1f} tok/s against {r['decode_alone_tok_s']:.1f} alone "
+                  f"({r['decode_restore_ratio']:.3f}x; the request then had {r['restore_cached']} tokens cached)")
     if "decode_ratio" not in res:
         return
     print(f"decode tok/s alone {res['decode_alone_tok_s']:.1f}, during a background disk write "

@@ -85,7 +85,7 @@ class CacheManager:
                                    on_evict=host.put_state if host is not None else None)
         self.hits = 0                                              # prefix tokens reused so far
         self._loads: list[tuple] = []                              # (Future, reserved entries): disk reads in flight
-        self.reads_done = 0       # read batches kept so far: a lookup that said `loading` can change only after this does
+        self.reads_done = 0       # read batches kept so far: a lookup that said `loading` changes only after this does
 
     # ---- accounting ----------------------------------------------------------------------
     @property

@@ -64,7 +64,7 @@ class CacheTensors:
 
     @staticmethod
     def allocate(cfg: ModelConfig, num_pages: int, page_size: int, num_slots: int,
-                 dtype: torch.dtype, device, mtp_layers: int = 0, kv_dtype: str = "bf16") -> "CacheTensors":
+                 dtype: torch.dtype, device, mtp_layers: int = 0, kv_dtype: str = "bf16") -> CacheTensors:
         n_attn = len(cfg.full_attention_layers) + mtp_layers
         n_gdn = len(cfg.linear_attention_layers)
         lead = (n_attn, num_pages, page_size, cfg.num_kv_heads)

@@ -107,7 +107,8 @@ def _raw_text(schema, where: str) -> str:
             raise ValueError(f"{where}: enum is empty")
         return "(" + " | ".join(_lit(t) for t in texts) + ")"
     lo, hi = schema.get("minLength", 0), schema.get("maxLength")
-    if not isinstance(lo, int) or (hi is not None and not isinstance(hi, int)) or lo < 0 or (hi is not None and hi < lo):
+    bad_hi = hi is not None and (not isinstance(hi, int) or isinstance(lo, int) and hi < lo)
+    if not isinstance(lo, int) or lo < 0 or bad_hi:
         raise ValueError(f"{where}: minLength / maxLength must be integers with minLength <= maxLength")
     length = "*" if lo == 0 and hi is None else f"{{{lo},{'' if hi is None else hi}}}"
     pattern = schema.get("pattern")

@@ -143,8 +143,8 @@ def assemble(config: EngineConfig, loaded: Loaded, memory: MemoryPlan, device: t
         runner.speculator = speculator
         spec = Speculation(speculator, cache, batch_buckets(config.max_running), graphs=graphs,
                            plain_times=runner.graphs.seconds if graphs else None)
-    return Parts(pools, cache, disk, scheduler, runner, spec, Grammars(loaded.tokenizer, loaded.model_config.vocab_size),
-                 graphs)
+    grammars = Grammars(loaded.tokenizer, loaded.model_config.vocab_size)
+    return Parts(pools, cache, disk, scheduler, runner, spec, grammars, graphs)
 
 
 def cache_identity(config: EngineConfig, weights: str, dtype: torch.dtype, pools: CacheTensors) -> dict:
@@ -160,10 +160,10 @@ def cache_identity(config: EngineConfig, weights: str, dtype: torch.dtype, pools
 def warm_up_linears(model, dtype: torch.dtype, device: torch.device, prefill_chunk: int, progress) -> None:
     """Run each quantized weight shape at WARM_UP_ROWS (2 .. FUSED_MAX_M rows: a prompt's last step, a short chat
     turn): the int4 GEMV's build for M > 1 and the autotuned kernels' M buckets, which otherwise compile and tune
-    on first use (seconds each), and the int4 MLPs' SwiGLU in the GEMV's epilogue at those rows; and each kind of MoE layer at 1 token, at WARM_UP_ROWS and at the token counts
-    that reach each block size of the grouped kernels (qwendesk_kernels/moe_grouped.warm_up_tokens; the routing, decode and
-    grouped kernels' builds serve every T; int8 experts: the sorted loop's GEMMs). Before the loop thread starts:
-    the model is not yet shared."""
+    on first use (seconds each), and the int4 MLPs' SwiGLU in the GEMV's epilogue at those rows; and each kind of MoE
+    layer at 1 token, at WARM_UP_ROWS and at the token counts that reach each block size of the grouped kernels
+    (qwendesk_kernels/moe_grouped.warm_up_tokens; the routing, decode and grouped kernels' builds serve every T; int8
+    experts: the sorted loop's GEMMs). Before the loop thread starts: the model is not yet shared."""
     moes = [m for m in model.modules() if isinstance(m, SparseMoE)]
     stacked = {id(lin) for m in moes for lin in (m.gate_up, m.down)}     # run by their layer, never whole
     linears = [m for m in model.modules()
@@ -171,7 +171,8 @@ def warm_up_linears(model, dtype: torch.dtype, device: torch.device, prefill_chu
     shapes = {(m.int4_tiles, m.quantized().shape): m for m in linears + [model.lm_head]
               if m.scheme != "float"}
     kinds = {(m.gate_up.scheme, m.down.scheme): m for m in moes}
-    mlps = {m.gate_up.quantized().shape: m for m in model.modules() if isinstance(m, MLP) and m.gate_up.scheme == "int4"}
+    mlps = {m.gate_up.quantized().shape: m for m in model.modules()
+            if isinstance(m, MLP) and m.gate_up.scheme == "int4"}
     with torch.inference_mode():
         for i, linear in enumerate(shapes.values()):
             progress("Tuning kernels", i, len(shapes))

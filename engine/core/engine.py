@@ -32,7 +32,7 @@ __all__ = ["NO_VISION", "Engine", "LoadCancelled", "RequestHandle"]
 class RequestHandle:
     """Iterate to receive a request's StreamEvents; the last one has kind "finish"."""
 
-    def __init__(self, engine: "Engine", seq: Sequence):
+    def __init__(self, engine: Engine, seq: Sequence):
         self.id = seq.id
         self.prompt_tokens = len(seq.prompt)
         self._engine = engine
@@ -127,7 +127,7 @@ class Engine:
                           SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
 
     @classmethod
-    def from_model(cls, config: EngineConfig, model, tokenizer, template=None, vision=None) -> "Engine":
+    def from_model(cls, config: EngineConfig, model, tokenizer, template=None, vision=None) -> Engine:
         """An engine around an already built model (benchmarks with random weights). vision: (VisionTower, its
         ImageProcessorConfig, placement: resident | on_demand); the tower on the device when resident, else on the
         CPU."""

@@ -40,7 +40,7 @@ class StepInFlight:
     ready: torch.cuda.Event | None = None     # recorded after the copy (None on the CPU)
 
     @classmethod
-    def launch(cls, seqs: list[Sequence], ids: torch.Tensor) -> "StepInFlight":
+    def launch(cls, seqs: list[Sequence], ids: torch.Tensor) -> StepInFlight:
         if not ids.is_cuda:
             return cls(seqs, ids, ids)
         host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True).copy_(ids, non_blocking=True)

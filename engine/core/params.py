@@ -13,7 +13,7 @@ DEVICES = ("auto", "cuda", "cpu")                       # "cuda:N" picks one GPU
 DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32")
 KV_DTYPES = ("bf16", "int8", "k8v4", "k4v4", "auto")   # most precise first (engine/kv_cache.py KV_LAYOUTS)
 WEIGHTS = ("auto", "bf16", "int4")
-VISION = ("auto", "resident", "on_demand", "off")   # where the vision tower lives (engine/core/memory.py vision_placement)
+VISION = ("auto", "resident", "on_demand", "off")   # where the vision tower lives (core/memory.py vision_placement)
 
 
 @dataclass
@@ -38,12 +38,13 @@ class EngineConfig:
     draft_vocab: int = 32768        # draft head rows: Qwen's ids are in merge order, so the first ones are the most
     #                                 frequent tokens (verify uses the full head)
     vision: str = "auto"            # the vision tower: auto (on demand on cards <= 24 GiB, else resident) | resident
-    #                                 (on the GPU always) | on_demand (host memory; on the GPU only while encoding) | off
+    #                                 (on the GPU always) | on_demand (host memory; on the GPU only while
+    #                                 encoding) | off
     max_images: int = 16            # images per request
     max_image_bytes: int = 20 << 20  # encoded bytes of one image (the file as sent)
     host_cache_gb: float | None = None  # host-RAM tier for KV pages / snapshots evicted from the GPU; None:
                                         # min(8 GiB, 25% of RAM); 0: off
-    disk_cache: bool = False        # write each finished request's KV pages and snapshots to disk (found after restarts)
+    disk_cache: bool = False        # write each finished request's KV pages and snapshots to disk (read after restarts)
     disk_cache_gb: float = 20.0     # the disk tier's bound (least recently used files go first)
     disk_cache_dir: str | None = None   # None: QWENDESK_CACHE_DIR/kv, else the user cache folder's qwendesk/kv
 

@@ -6,7 +6,8 @@ import queue
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from engine.cache.pages import PageTable
 from engine.core.params import FinishReason, SamplingParams, SpeculationStats, StreamEvent, TokenLogprob

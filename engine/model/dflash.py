@@ -109,7 +109,8 @@ def parse_drafter_config(raw: dict) -> DrafterConfig:
         variant=variant, vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
         intermediate_size=int(raw["intermediate_size"]), num_layers=layers, num_heads=heads,
         num_kv_heads=int(raw.get("num_key_value_heads", heads)),
-        head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads), rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         rope_theta=float(rope.get("rope_theta", raw.get("rope_theta", 10000.0))),
         attention_bias=bool(raw.get("attention_bias", False)),
         layer_types=tuple(raw.get("layer_types") or ["full_attention"] * layers),
@@ -146,7 +147,7 @@ def check_drafter(cfg: DrafterConfig, target: ModelConfig) -> None:
         raise DrafterMismatch("DFlash2 drafter config lacks its convolution or selector sizes")
 
 
-# ---- layers -----------------------------------------------------------------------------------------------------------
+# ---- layers ----------------------------------------------------------------------------------------------------
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Qwen3's RMSNorm (weight x, not (1 + weight) x), in fp32."""
@@ -226,7 +227,7 @@ class Attention(nn.Module):
 @dataclass
 class DrafterCache:
     """One sequence's context K / V per layer ([kv_heads, L, D] for positions 0 .. L - 1): the projected target
-    features of every token before the current anchor. (Sliding layers would need only their window: kept whole here.)"""
+    features of every token before the current anchor (sliding layers would need only their window)."""
     k: list[torch.Tensor]
     v: list[torch.Tensor]
 

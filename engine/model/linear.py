@@ -45,8 +45,9 @@ def param(tensor: torch.Tensor) -> nn.Parameter:
 class Linear(nn.Module):
     """y = x W^T with W [out, in] stacked from checkpoint tensors `parts` (name suffix -> rows).
     scheme "float": W in the model dtype; "int4": packed codes with per-group scales and zeros;
-    "int8": codes with per-group scales, held as two int4 planes over 2K (qwendesk_kernels/quant_format.int8_as_int4_planes:
-    exact, and the int4 GEMV reads them faster than an int8 GEMV reads int8) where int8_held_as_planes says."""
+    "int8": codes with per-group scales, held as two int4 planes over 2K
+    (qwendesk_kernels/quant_format.int8_as_int4_planes: exact, and the int4 GEMV reads them faster than an int8 GEMV
+    reads int8) where int8_held_as_planes says."""
 
     int8_planes = True      # the Embedding gathers rows: row-major int8
 

@@ -13,10 +13,10 @@ row, and routing gives every token k + 1 pairs, the last (E, sigmoid(gate)): one
 MLP of its own.
 
 The routed path is qwendesk_kernels/ops.moe_route + moe_experts: for 16-bit or int4 experts, steps of up to
-MOE_DECODE_MAX_T tokens run the decode kernels (qwendesk_kernels/moe_decode.py), which read only the chosen experts' weights,
-and larger steps the grouped kernels (qwendesk_kernels/moe_grouped.py), neither with a host sync, so the engine captures MoE
-models' decode steps in CUDA graphs. Int8 experts take a torch loop that learns each expert's token count on the
-host: the engine runs a model with int8 experts without CUDA graphs (engine/core/build.py).
+MOE_DECODE_MAX_T tokens run the decode kernels (qwendesk_kernels/moe_decode.py), which read only the chosen experts'
+weights, and larger steps the grouped kernels (qwendesk_kernels/moe_grouped.py), neither with a host sync, so the engine
+captures MoE models' decode steps in CUDA graphs. Int8 experts take a torch loop that learns each expert's token count
+on the host: the engine runs a model with int8 experts without CUDA graphs (engine/core/build.py).
 """
 
 from __future__ import annotations

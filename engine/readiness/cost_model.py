@@ -150,5 +150,7 @@ def fit(rows: dict[str, Measured], order: tuple[tuple[str, str, float, float], .
     """The calibration, one constant at a time: (Calibration field, the measured row it is solved on, its range)."""
     cal = Calibration()
     for name, key, lo, hi in order:
-        cal = replace(cal, **{name: solve(lambda v: rows[key].error(replace(cal, **{name: v})), lo, hi)})
+        def error(v, cal=cal, name=name, key=key):
+            return rows[key].error(replace(cal, **{name: v}))
+        cal = replace(cal, **{name: solve(error, lo, hi)})
     return cal

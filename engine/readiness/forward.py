@@ -19,7 +19,7 @@ DRAFTS = tuple(range(1, MAX_DRAFTS + 1))     # verify rows k + 1 per sequence: 2
 
 
 def model_on_meta(shape: str, weights: str, layers: int = 4):
-    """`shape` (engine.bench.random_model.SHAPES) with its real widths and `layers` layers (one of each kind) and MTP."""
+    """`shape` (engine.bench.random_model.SHAPES): its real widths, `layers` layers (one of each kind) and MTP."""
     from engine.model.config import parse_model_config
     from engine.model.qwen3_5 import Qwen3_5Model
     from engine.core.params import EngineConfig

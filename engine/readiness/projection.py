@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -59,7 +59,7 @@ def tensor_group(tensors) -> Group:
     return g
 
 
-@lru_cache(maxsize=None)
+@cache
 def model_facts(shape: str, weights: str) -> ModelFacts:
     from engine.model.moe import SparseMoE
     from engine.readiness.forward import model_on_meta
@@ -118,7 +118,8 @@ def weight_phases(m: ModelFacts, seqs: int, rows: int) -> list[Phase]:
 def attention(name: str, m: ModelFacts, layers: int, seqs: int, rows: int, context: int, kv_int8: bool) -> Phase:
     """Attention of `layers` layers over each sequence's KV at `context` tokens (read once for its rows)."""
     from engine.core.memory import kv_bytes_per_token
-    per_layer = kv_bytes_per_token(m.cfg, torch.bfloat16, False, "int8" if kv_int8 else "bf16") / len(m.cfg.full_attention_layers)
+    kv = kv_bytes_per_token(m.cfg, torch.bfloat16, False, "int8" if kv_int8 else "bf16")
+    per_layer = kv / len(m.cfg.full_attention_layers)
     return Phase(name, layers * seqs * context * per_layer,
                  4 * layers * seqs * rows * context * m.cfg.num_heads * m.cfg.head_dim)
 
@@ -191,7 +192,7 @@ class _KernelOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@lru_cache(maxsize=None)
+@cache
 def launches(what: str, shape: str, weights: str, seqs: int, drafts: int) -> int:
     """Kernel launches of one decode step of `seqs` sequences, one round of `drafts` drafts, or one prefill chunk
     of 2,048 tokens, recorded from the engine's forward at the model's full depth on the meta device."""

@@ -10,7 +10,8 @@ break them for nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jsonschema
 from jsonschema.validators import validator_for

@@ -1,8 +1,9 @@
 """Generation: one engine request seen from asyncio, as output events.
 
 The engine tells the event loop when a request has new events (`Wakeups`: one wake-up per engine step for
-all of them) and the generation reads what its handle holds. The engine's pieces (Text, Reasoning, CallStart, CallArgs: it parses the calls when the request
-has tools) pass straight through, with the logprobs of the tokens the engine labelled content. Leaving
+all of them) and the generation reads what its handle holds. The engine's pieces (Text, Reasoning, CallStart, CallArgs:
+it parses the calls when the request has tools) pass straight through, with the logprobs of the tokens the engine
+labelled content. Leaving
 `events()` early (the client went away) cancels the engine request, which frees its cache pages at once.
 
 The tokens a generation used are counted in the metrics when the engine finishes it, whether or not anyone

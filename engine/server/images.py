@@ -52,7 +52,8 @@ class ImageParts:
         if isinstance(url, dict):
             url = url.get("url")
         if not isinstance(url, str) or not url:
-            raise APIError(400, "an image part needs image_url.url (a data: URL, or http(s) where allowed)", param=where)
+            raise APIError(400, "an image part needs image_url.url (a data: URL, or http(s) where allowed)",
+                           param=where)
         if url[:5].lower() == "data:":
             match = _DATA_URL.fullmatch(url.strip())
             if match is None:

@@ -76,7 +76,7 @@ class Outcome:
     reply is an error: the engine failed, or shut down), abandoned (the client left before a reply that is
     not streamed), dropped (the client cut a stream midway). Started = the four + those in flight."""
 
-    def __init__(self, metrics: "Metrics"):
+    def __init__(self, metrics: Metrics):
         self.metrics = metrics
         self.failed = False                     # a generation of it finished with an error
         self.ended: str | None = None

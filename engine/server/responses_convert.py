@@ -51,7 +51,7 @@ class Prepared:
     chat: ChatRequest
     items: list[dict]           # the conversation so far as Responses items (earlier turns', then this input)
     tools: list[dict]           # the tools as given, checked (echoed in the Response)
-    renames: "Renames"          # for the errors that rendering and submitting the chat request raise
+    renames: Renames          # for the errors that rendering and submitting the chat request raise
 
 
 def prepare(body: ResponsesRequest, history: list[dict], vocab_size: int, images: ImageOptions) -> Prepared:

@@ -6,8 +6,8 @@ min(1, p_j(d_j) / q_j(d_j)), p_j the target's distribution at that position afte
 top-p and min-p; at the first rejection the token is drawn from max(0, p_j - q_j) renormalised, and when every draft
 is kept a bonus token is drawn from the last row's p. The kept tokens are then distributed exactly as tokens sampled
 one by one from p (Leviathan et al., Chen et al. 2023). Seeded rows instead draw each position's token from p with
-the very uniforms plain decoding uses at that step (qwendesk_kernels/sampling.py) and keep the drafts that equal them: the
-output is the plain seeded one, whatever the drafts (which depend on the cache: a prefix hit changes the MTP's KV at
+the very uniforms plain decoding uses at that step (qwendesk_kernels/sampling.py) and keep the drafts that equal them:
+the output is the plain seeded one, whatever the drafts (which depend on the cache: a prefix hit changes the MTP's KV at
 its boundary), at a lower acceptance (sum p q instead of sum min(p, q)).
 """
 
@@ -34,7 +34,7 @@ class Sampling:
     steps: torch.Tensor          # tokens the request has generated before this round
     seeded: torch.Tensor         # bool: the request gave a seed (its output must reproduce)
 
-    def rows(self, index: torch.Tensor) -> "Sampling":
+    def rows(self, index: torch.Tensor) -> Sampling:
         return Sampling(*(t[index] for t in (self.temperature, self.top_k, self.top_p, self.min_p, self.seeds,
                                              self.steps, self.seeded)))
 

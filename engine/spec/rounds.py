@@ -39,13 +39,13 @@ from qwendesk_kernels.gdn import VerifyRows, gdn_replay
 class DraftHook(Protocol):
     """Drafts replaced inside each round, for measuring (engine/bench/oracle.py DraftOracle, and tests)."""
 
-    def attach(self, previous: "DraftHook | None", slots: int, max_context: int, k: int, device) -> None:
+    def attach(self, previous: DraftHook | None, slots: int, max_context: int, k: int, device) -> None:
         """Its device tensors (a previous hook's, which captured rounds read, else new ones), before any round."""
 
     def assign(self, slot: int, prompt: list[int]) -> None:
         """A sequence starts drafting in this state slot (Speculation.start)."""
 
-    def apply(self, drafts: torch.Tensor, inp: "RoundInputs", vocab: int) -> torch.Tensor:
+    def apply(self, drafts: torch.Tensor, inp: RoundInputs, vocab: int) -> torch.Tensor:
         """The round's drafts [B, k] -> the ones it verifies (on the device, no host sync: captured)."""
 
 
@@ -200,7 +200,7 @@ class RoundRequest:
     stop: int = -1
 
     @classmethod
-    def padding(cls, slot: int, temperature: float = 0.0) -> "RoundRequest":
+    def padding(cls, slot: int, temperature: float = 0.0) -> RoundRequest:
         """A row that writes nothing (limit 0) on `slot`: a batch padded to its bucket, or a graph's capture."""
         return cls(slot, 0, 0, [], 0, -1, slot, temperature, 0, 1.0, 0.0, 0, 0, False)
 

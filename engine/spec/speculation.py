@@ -43,7 +43,8 @@ class Speculation:
         sampled; kernels compile and tune in the runs before each capture. progress(done, total)."""
         if self.graphs is None:
             return
-        variants = [(b, k, sampled) for b in self.buckets for k in range(1, self.max_k + 1) for sampled in (False, True)]
+        variants = [(b, k, sampled) for b in self.buckets for k in range(1, self.max_k + 1)
+                    for sampled in (False, True)]
         for i, (b, k, sampled) in enumerate(variants):
             if progress is not None:
                 progress(i, len(variants))

@@ -1,9 +1,9 @@
 """Grammar-constrained decoding with llguidance: a request's Constraint -> a Matcher per sequence -> token masks.
 
 The engine asks for the masks of a step's sequences after it has fed each one the tokens before (engine/core/loop.py
-_decode), and the sampler sets the tokens a mask leaves out to -inf on the device (qwendesk_kernels/sampling.py token_mask)
-before penalties, temperature and the filters. A Matcher starts at once, or on its trigger token: </think> (the
-thinking stays free; the grammar then begins with an optional blank line, the one the chat template puts there), or
+_decode), and the sampler sets the tokens a mask leaves out to -inf on the device (qwendesk_kernels/sampling.py
+token_mask) before penalties, temperature and the filters. A Matcher starts at once, or on its trigger token: </think>
+(the thinking stays free; the grammar then begins with an optional blank line, the one the chat template puts there), or
 <tool_call> in the content (tool_choice auto: the call is constrained once the model opens it). When the grammar
 cannot go on, the request ends (finish_reason stop); where it may end, the end-of-sequence tokens are allowed.
 
@@ -108,7 +108,7 @@ class Grammars:
             rules.append(f"json_body: %json {json.dumps({**c.json_schema, 'x-guidance': JSON_OPTIONS})}")
             content.insert(0, "json_body")
         if c.tools and c.tool_mode == "auto" and c.json_schema is None:     # free text until the model opens a call
-            more = f' ("\\n" call)*' if c.parallel else ""
+            more = ' ("\\n" call)*' if c.parallel else ""
             return llguidance.LLMatcher.grammar_from_lark("\n".join([f"start: call_body{more}"] + rules)), open_id
         think_end = tok.think_end_id if in_reasoning else None
         body = content[0] if len(content) == 1 else f"({' | '.join(content)})"

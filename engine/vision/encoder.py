@@ -52,7 +52,7 @@ class ImageEncoder:
         return out
 
     @torch.inference_mode()
-    def start(self, image: ProcessedImage) -> "Encoding":
+    def start(self, image: ProcessedImage) -> Encoding:
         if self.placement == "on_demand" and self._open == 0:
             self._place(lambda host: host.to(self.device, non_blocking=True))
         self._open += 1

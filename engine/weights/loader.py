@@ -9,7 +9,7 @@ parameter and dropped, so host and device never hold the checkpoint twice.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

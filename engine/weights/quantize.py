@@ -1,6 +1,7 @@
 """Weight-only quantization to the engine's int4 / int8 formats, and the policy saying which tensor gets which.
 
-Canonical forms (what pack_int4 / pack_int8 of qwendesk_kernels/quant_format.py take), groups of G along K (the input dim):
+Canonical forms (what pack_int4 / pack_int8 of qwendesk_kernels/quant_format.py take), groups of G along K (the input
+dim):
   int4: q uint8 [N, K] in 0..15, scales and zeros [N, K/G], float zero points: W ~ (q - zeros) * scales
   int8: q int8 [N, K], scales [N, K/G], symmetric: W ~ q * scales
 
