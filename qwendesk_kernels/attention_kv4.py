@@ -366,8 +366,11 @@ def decode_attention4(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len,
     block_n = min(page, max(16, 16384 // d))       # 64 keys at D = 256: 16 KB of int8 K, 8 KB of 4-bit V
     block_m = max(16, triton.next_power_of_2(q_len * group))
     # verify rows (block_m 32+: L 3-5 x the 27B's group 6) spill at 4 warps on sm_86 (24-136 B of stack, make
-    # check-consumer); 8 warps there
+    # check-consumer); 8 warps there, and tiles of 64 rows (5 drafts) take fewer keys per block: half (k8v4), a
+    # quarter (k4v4: its K unpacks too) of 64 (at 64 keys: 8-80 B of stack at 8 warps, 88-536 B at 16)
     warps = 8 if block_m >= 32 else 4
+    if block_m >= 64:
+        block_n = max(16, block_n // (4 if k_cache.dtype == torch.uint8 else 2))
     o_part = torch.empty((T, hq, num_splits, d), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((T, hq, num_splits), dtype=torch.float32, device=q.device)
     _decode4_split_kernel[(num_splits, hkv, n)](

@@ -122,7 +122,7 @@ tuner = gemv_dot.gemv_tuned
 # BM = 32 with 64 weight rows per warp, the pruning bypassed: 255 registers and 208 B of stack on sm_86
 tuner.configs = [triton.Config(dict(BM=32, BN=256, SPLIT_K=1), num_warps=4, num_stages=2)]
 tuner.early_config_prune = None
-print(json.dumps(check.check(check.CARDS[0], ("27b",), ("int4",), (True,), workers=1, kernels={"_gemv_kernel"})))
+print(json.dumps(check.check(check.CARDS[0], ("27b",), ("int4",), ("int8",), workers=1, kernels={"_gemv_kernel"})))
 """
 
 
@@ -175,3 +175,22 @@ def test_the_vision_towers_launches_are_recorded():
     # (int8 weights held as two int4 planes: dequantized for the blocks' rows, the fused GEMM for the merger's 64)
     assert {name for name, _ in found["int8 tower"]} == {"_int4_dequant_kernel", "_gemv_kernel"}
     assert {where for _, where in found["int8 tower"]} == {"27b int4 vision 256x256", "27b int4 vision 512x512"}
+
+
+def test_opt_in_rounds_may_keep_a_little_stack_the_default_ones_none():
+    """A decode kernel built for the verify rows of 4-5 drafts (opt-in) may keep OPT_IN_STACK bytes of stack; one of
+    the default 3-draft rounds, a decode step or an opt-in kernel past that bound is a finding."""
+    from types import SimpleNamespace
+
+    from engine.readiness.check import CARDS, OPT_IN_STACK, Compiled, Job, findings
+    from engine.readiness.launches import Launch
+
+    def finds(where: str, stack: int) -> list[str]:
+        launch = Launch(fn=SimpleNamespace(__name__="_decode4_split_kernel"), args={}, options={}, where=where)
+        job = Job(launch, None, "k", Compiled(stack=stack, regs=255))
+        return findings({"k": job}, {}, CARDS[0])
+
+    assert finds("27b int4 k4v4 KV verify N=8 k=5 sampled", OPT_IN_STACK) == []
+    assert finds("27b int4 k4v4 KV verify N=8 k=5 sampled", OPT_IN_STACK + 8)
+    assert finds("27b int4 k4v4 KV verify N=8 k=3 sampled", 8)
+    assert finds("27b int4 k4v4 KV decode N=8", 8)
