@@ -56,9 +56,10 @@ KV = ("int8", "bf16", "k8v4", "k4v4")   # engine/params.py KV_DTYPES but auto
 # SM) may keep this much stack: they have 8-16 B at that cap on the H100 too, where the cap was measured faster.
 CAPPED_STACK = 16
 # Rounds of more than 3 drafts are opt-in (speculative_tokens 4-5): a decode kernel built for their verify rows only
-# (its query rows are a constexpr) may keep this much stack: 64-row tiles of 4-bit KV on sm_86 / sm_89 keep 8-24 B
-# (docs/performance.md, 2026-12-06). The default rounds of 3 drafts may keep none.
-OPT_IN_STACK = 32
+# (its query rows are a constexpr) may keep this much stack: 64-row tiles of k4v4 KV keep 8-24 B on sm_86 / sm_89 and
+# 48 B on sm_120 (docs/performance.md, 2026-12-06; the fix is two programs per 64-row tile). The default rounds of 3
+# drafts may keep none.
+OPT_IN_STACK = 48
 OPT_IN_ROUND = re.compile(r"verify N=\d+ k=([4-9])")
 BELOW_SM90_PTX = re.compile(r"griddepcontrol|wgmma|cp\.async\.bulk|setmaxnreg|\.e4m3|\.e5m2")
 
