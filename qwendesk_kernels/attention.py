@@ -375,14 +375,21 @@ def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len, 
         L=q_len, GROUP=group, D=d, PAGE=page, BLOCK_M=block_m,
         BLOCK_N=block_n, QUANT=quant, DOT_PRECISION=_dot_precision(q.dtype), num_warps=warps, num_stages=3,
         **pdl.launch_args(q.device))
-    o = torch.empty((T, hq, d), dtype=q.dtype, device=q.device)
+    return combine_splits(o_part, lse_part, q.dtype, gate)
+
+
+def combine_splits(o_part, lse_part, dtype, gate=None):
+    """The decode's splits [T, Hq, splits, D] (and their log-sum-exps) merged into o [T, Hq, D] of `dtype`, times
+    sigmoid(gate) if given."""
+    T, hq, num_splits, d = o_part.shape
+    o = torch.empty((T, hq, d), dtype=dtype, device=o_part.device)
     gate_ptr, gate_t, gate_h = _gate_args(gate, o)
     block_d = min(d, 64)
     _decode_combine_kernel[(T, hq, d // block_d)](
         o_part, lse_part, o, gate_ptr, o.stride(0), o.stride(1), gate_t, gate_h, num_splits,
         D=d, BLOCK_D=block_d, ALL_SPLITS=triton.next_power_of_2(num_splits), CHUNK=16, GATE=gate is not None,
         num_warps=2,
-        **pdl.launch_args(q.device))
+        **pdl.launch_args(o_part.device))
     return o
 
 

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from qwendesk_kernels import attention, pdl
-from qwendesk_kernels.attention import (LOG2E, _decode_combine_kernel, _dot_precision, _store_rows, decode_num_splits,
+from qwendesk_kernels.attention import (LOG2E, _dot_precision, _store_rows, decode_num_splits,
                                         gather_kv)
 from qwendesk_kernels.runtime import INTERPRET, smem_per_block, sm_count
 
@@ -300,7 +300,7 @@ def _attend_range4(acc_lo, acc_hi, l_i, m_i, q_lo, q_hi, lo, mid, hi, last_key, 
 
 
 # ---------------------------------------------------------------------------------------------
-# decode: split-K over the context; attention._decode_combine_kernel merges the splits
+# decode: split-K over the context; attention.combine_splits merges the splits
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
@@ -379,13 +379,7 @@ def decode_attention4(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len,
         L=q_len, GROUP=group, D=d, G=_group(v_cache, v_scale), PAGE=page, BLOCK_M=block_m, BLOCK_N=block_n,
         K4=k_cache.dtype == torch.uint8, DOT_PRECISION=_dot_precision(q.dtype), num_warps=warps, num_stages=3,
         **pdl.launch_args(q.device))
-    o = torch.empty((T, hq, d), dtype=q.dtype, device=q.device)
-    block_d = min(d, 64)
-    _decode_combine_kernel[(T, hq, d // block_d)](
-        o_part, lse_part, o, o, o.stride(0), o.stride(1), 0, 0, num_splits,
-        D=d, BLOCK_D=block_d, ALL_SPLITS=triton.next_power_of_2(num_splits), CHUNK=16, GATE=False, num_warps=2,
-        **pdl.launch_args(q.device))
-    return o
+    return attention.combine_splits(o_part, lse_part, q.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
