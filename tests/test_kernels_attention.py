@@ -47,9 +47,9 @@ def slots_of(tables, page, ranges):
                          for i, (a, b) in enumerate(ranges) for t in range(a, b)], dtype=torch.int64)
 
 
-def paged_kv(lens, page, hkv, d, dtype=torch.float32, quant=False, seed=0, device=DEVICE):
-    """Random K/V for sequences of `lens` tokens, written by the reference store into shuffled pages."""
-    g = torch.Generator().manual_seed(seed)
+def shuffled_tables(lens, page, g):
+    """(block tables [sequences, pages + 2], pages in all) for sequences of `lens` tokens on shuffled pages, each
+    table padded with a spare page."""
     counts = [-(-n // page) for n in lens]
     num_pages = sum(counts) + 1
     ids = torch.randperm(num_pages, generator=g)
@@ -58,6 +58,13 @@ def paged_kv(lens, page, hkv, d, dtype=torch.float32, quant=False, seed=0, devic
     for i, c in enumerate(counts):
         tables[i, :c] = ids[start:start + c]
         start += c
+    return tables, num_pages
+
+
+def paged_kv(lens, page, hkv, d, dtype=torch.float32, quant=False, seed=0, device=DEVICE):
+    """Random K/V for sequences of `lens` tokens, written by the reference store into shuffled pages."""
+    g = torch.Generator().manual_seed(seed)
+    tables, num_pages = shuffled_tables(lens, page, g)
     slots = slots_of(tables, page, [(0, n) for n in lens])
     k = torch.randn(len(slots), hkv, d, generator=g).to(dtype)
     v = torch.randn(len(slots), hkv, d, generator=g).to(dtype)

@@ -10,6 +10,7 @@ import torch
 
 from qwendesk_kernels import attention_kv4 as kv4
 from qwendesk_kernels.attention import paged_attention_ref
+from tests.test_kernels_attention import shuffled_tables, slots_of
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -29,15 +30,8 @@ def paged_kv4(lens, page, hkv, d, group, k4, seed=0, device=DEVICE):
     """Random K/V (rotated basis) for sequences of `lens` tokens, stored by the reference into shuffled pages;
     also the same K/V in fp32 pools, for the error against full precision."""
     g = torch.Generator().manual_seed(seed)
-    counts = [-(-n // page) for n in lens]
-    num_pages = sum(counts) + 1
-    ids = torch.randperm(num_pages, generator=g)
-    tables = torch.full((len(lens), max(counts) + 2), int(ids[-1]), dtype=torch.int32)
-    start = 0
-    for i, c in enumerate(counts):
-        tables[i, :c] = ids[start:start + c]
-        start += c
-    slots = torch.tensor([int(tables[i, t // page]) * page + t % page for i, n in enumerate(lens) for t in range(n)])
+    tables, num_pages = shuffled_tables(lens, page, g)
+    slots = slots_of(tables, page, [(0, n) for n in lens])
     k = torch.randn(len(slots), hkv, d, generator=g)
     v = torch.randn(len(slots), hkv, d, generator=g)
     pools = empty_pools4(num_pages, page, hkv, d, group, k4, device)
