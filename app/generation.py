@@ -25,7 +25,8 @@ def metrics_from_engine(usage, timings) -> dict:
                        output_tokens=usage.completion_tokens, reasoning_tokens=usage.reasoning_tokens)
         spec = usage.speculation
         if spec is not None and spec.rounds:
-            metrics.update(tokens_per_round=spec.tokens_per_round, drafts_kept=spec.accepted / max(spec.drafted, 1))
+            metrics.update(tokens_per_round=spec.tokens_per_round, drafts_kept=spec.accepted / max(spec.drafted, 1),
+                           draft_method=spec.method)
     if timings is not None:
         metrics.update(ttft_ms=timings.ttft_ms, tok_s=timings.decode_tok_s, total_ms=timings.total_ms)
     return metrics

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from engine.model.config import parse_model_config
-from engine.model.dflash import Drafter, DrafterMismatch, check_drafter, parse_drafter_config
+from engine.model.dflash import Drafter
+from engine.model.drafter_config import DrafterMismatch, check_drafter, parse_drafter_config
 from engine.bench.random_model import text_config
 
 dflash_model = pytest.importorskip("dflash.model")

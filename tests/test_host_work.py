@@ -41,6 +41,7 @@ class HostOnlyModel(torch.nn.Module):
         super().__init__()
         self.cfg = parse_model_config({**text_config("tiny"), "vocab_size": VOCAB})
         self.mtp = torch.nn.Identity()
+        self.drafter = None                                   # no block drafter
         self.lm_head = _Head(VOCAB)
         self.anchor = torch.nn.Parameter(torch.zeros(1))      # a parameter, so that the engine finds a dtype
 

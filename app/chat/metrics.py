@@ -14,8 +14,9 @@ def metrics_line(metrics: dict, finish_reason: str = "") -> str:
     if metrics.get("tok_s"):
         parts.append(f"{metrics['tok_s']:.1f} tok/s")
     if metrics.get("tokens_per_round"):
+        by = {"dflash": "block drafter", "mtp": "MTP"}.get(metrics.get("draft_method", ""))
         parts.append(f"{metrics['tokens_per_round']:.2f} tokens per draft round ({metrics['drafts_kept']:.0%} of "
-                     f"drafts kept)")
+                     f"drafts kept{', ' + by if by else ''})")
     if "prompt_tokens" in metrics:
         prompt = f"{human_tokens(metrics['prompt_tokens'])} prompt"
         if metrics.get("cached_tokens"):

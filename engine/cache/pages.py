@@ -61,17 +61,24 @@ class CacheTensors:
     conv: torch.Tensor          # [n_gdn, num_slots, W-1, conv_dim]
     ssm: torch.Tensor           # [n_gdn, num_slots, Hv, K, V] fp32
     page_size: int
+    draft_k: torch.Tensor | None = None   # a block drafter's context K / V (engine/model/dflash.py), 16-bit, at the
+    draft_v: torch.Tensor | None = None   # same pages as the target's: [n_draft_layers, num_pages, page_size, Hkv, D]
 
     @staticmethod
     def allocate(cfg: ModelConfig, num_pages: int, page_size: int, num_slots: int,
-                 dtype: torch.dtype, device, mtp_layers: int = 0, kv_dtype: str = "bf16") -> CacheTensors:
+                 dtype: torch.dtype, device, mtp_layers: int = 0, kv_dtype: str = "bf16",
+                 drafter: tuple[int, int, int] | None = None) -> CacheTensors:
+        """drafter: (layers, kv heads, head dim) of a block drafter whose context K / V live in these pages."""
         n_attn = len(cfg.full_attention_layers) + mtp_layers
         n_gdn = len(cfg.linear_attention_layers)
         lead = (n_attn, num_pages, page_size, cfg.num_kv_heads)
         k, v, k_scale, v_scale = [None if spec is None else
                                   (torch.zeros if i < 2 else torch.ones)(lead + spec[0], dtype=spec[1], device=device)
                                   for i, spec in enumerate(kv_layouts(kv_dtype, cfg.head_dim, dtype))]
+        draft = None if drafter is None else (drafter[0], num_pages, page_size, drafter[1], drafter[2])
         return CacheTensors(
+            draft_k=None if draft is None else torch.zeros(draft, dtype=dtype, device=device),
+            draft_v=None if draft is None else torch.zeros(draft, dtype=dtype, device=device),
             k=k,
             v=v,
             k_scale=k_scale,
@@ -107,11 +114,11 @@ class CacheTensors:
 
     # ---- pages and states as bytes: what the host and disk tiers store --------------------------
     def _page_parts(self) -> list[torch.Tensor]:
-        return [t for t in (self.k, self.v, self.k_scale, self.v_scale) if t is not None]
+        return [t for t in (self.k, self.v, self.k_scale, self.v_scale, self.draft_k, self.draft_v) if t is not None]
 
     @property
     def page_nbytes(self) -> int:
-        """Bytes of one page: K and V of every attention layer (and their int8 scales)."""
+        """Bytes of one page: K and V of every attention layer (and their scales; a block drafter's K and V)."""
         return sum(t[:, 0].numel() * t.element_size() for t in self._page_parts())
 
     @property
@@ -152,7 +159,8 @@ class CacheTensors:
         """What the stored bytes of a page and a state mean: shapes and dtypes of the pools (per page / slot)."""
         return {name: [list(t[:, 0].shape), str(t.dtype)] for name, t in
                 (("k", self.k), ("v", self.v), ("k_scale", self.k_scale), ("v_scale", self.v_scale),
-                 ("conv", self.conv), ("ssm", self.ssm)) if t is not None}
+                 ("conv", self.conv), ("ssm", self.ssm), ("draft_k", self.draft_k), ("draft_v", self.draft_v))
+                if t is not None}
 
 
 class IdPool:

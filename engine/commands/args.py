@@ -90,3 +90,33 @@ def checked(parser: argparse.ArgumentParser, settings):
     except ValueError as e:
         parser.error(str(e))
     return settings
+
+
+def drafter_arg(value: str) -> str:
+    """argparse type of --drafter: a DFlash / DFlash2 drafter checkpoint directory with a config.json the engine reads
+    (whether it fits the model is checked with the model: EngineConfig, the plan)."""
+    from engine.model.drafter_config import read_drafter_config
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value} is not a directory (a drafter checkpoint is a folder)")
+    try:
+        read_drafter_config(path)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return str(path)
+
+
+def add_speculation_args(ap: argparse.ArgumentParser) -> None:
+    """--speculation, --drafter and --speculative-tokens (EngineConfig's fields of the same names)."""
+    from engine.core.params import SPECULATION
+    ap.add_argument("--speculation", default="auto", choices=SPECULATION,
+                    help="how to draft: the block drafter when --drafter is given, else the model's MTP head (auto)")
+    ap.add_argument("--drafter", type=drafter_arg, default=None, metavar="DIR",
+                    help="a DFlash / DFlash2 drafter checkpoint made for this model")
+    ap.add_argument("--speculative-tokens", type=int, default=None, metavar="K",
+                    help="most drafts per decode round, 0 to 5 (0: off; default on a GPU: 3 with MTP, 5 with a "
+                         "drafter; 0 on the CPU)")
+
+
+def speculation_settings(args: argparse.Namespace) -> dict:
+    return dict(speculation=args.speculation, drafter=args.drafter, speculative_tokens=args.speculative_tokens)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from engine.commands.args import Parser, checked, model_arg, resolve_model
+from engine.commands.args import Parser, add_speculation_args, checked, model_arg, resolve_model, speculation_settings
 from engine.core.params import DTYPE_NAMES, EngineConfig, SamplingParams
 
 DIM, RESET = ("\033[2m", "\033[0m") if sys.stdout.isatty() else ("", "")
@@ -16,8 +16,7 @@ def chat_main(argv: list[str] | None = None) -> int:
                     help="checkpoint directory, or a Hugging Face repo id to download")
     ap.add_argument("--device", default="auto", help="auto | cuda | cuda:N | cpu")
     ap.add_argument("--dtype", default="auto", choices=DTYPE_NAMES)
-    ap.add_argument("--speculative-tokens", type=int, default=None, metavar="K",
-                    help="MTP drafts per decode round, 0 to 5 (0: off; default: 3 on a GPU, 0 on the CPU)")
+    add_speculation_args(ap)
     ap.add_argument("--max-tokens", type=int, default=1024)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--top-p", type=float, default=0.95)
@@ -27,7 +26,7 @@ def chat_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-think", action="store_true", help="turn the model's thinking off")
     args = ap.parse_args(argv)
     config = checked(ap, EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
-                                      speculative_tokens=args.speculative_tokens))
+                                      **speculation_settings(args)))
     params = checked(ap, SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                         top_k=args.top_k, seed=args.seed, skip_special_tokens=False))
 

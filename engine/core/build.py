@@ -20,11 +20,13 @@ from engine.core.memory import MemoryPlan, budget_for, checkpoint_max_pixels, pl
 from engine.core.params import EngineConfig
 from engine.core.runner import ModelRunner, batch_buckets
 from engine.core.scheduler import Scheduler
+from engine.model.dflash import load_drafter
 from engine.model.load import load_model
 from engine.model.config import ModelConfig, load_model_config
 from engine.model.layers import MLP
 from engine.model.linear import Embedding, Linear
 from engine.model.moe import SparseMoE
+from engine.spec.block_rounds import BlockRoundRunner
 from engine.spec.rounds import RoundRunner
 from engine.spec.speculation import Speculation
 from engine.text.grammar import Grammars
@@ -71,8 +73,11 @@ def load(config: EngineConfig, device: torch.device, dtype: torch.dtype, progres
         raise MemoryError(check.message)
     weights = check.weights
     placement = check.vision
-    model, vision_weights = load_model(config.model, device, dtype, mtp=check.drafts > 0, vision=placement != "off",
+    method = config.method(has_mtp=model_config.num_mtp_layers > 0) if check.drafts else "off"
+    model, vision_weights = load_model(config.model, device, dtype, mtp=method == "mtp", vision=placement != "off",
                                        policy=config.policy(weights), progress=progress)
+    if method == "dflash":
+        model.attach_drafter(load_drafter(config.drafter, model_config, device, dtype))
     loaded = Loaded(model, model_config, Tokenizer.from_checkpoint(config.model),
                     ChatTemplate.from_checkpoint(config.model), weights)
     if placement != "off":                  # on demand: the tower is built in host memory
@@ -119,9 +124,11 @@ def assemble(config: EngineConfig, loaded: Loaded, memory: MemoryPlan, device: t
     """The cache pools and tiers, the scheduler, the runner (its decode graphs captured) and speculation (its
     rounds not yet captured: Speculation.capture)."""
     model = loaded.model
+    drafter = model.drafter.cfg if drafts and model.drafter is not None else None
     pools = CacheTensors.allocate(loaded.model_config, memory.num_pages, config.page_size, memory.num_slots, dtype,
                                   device, mtp_layers=1 if model.mtp is not None else 0,
-                                  kv_dtype=memory.kv_dtype)
+                                  kv_dtype=memory.kv_dtype, drafter=drafter and (drafter.num_layers,
+                                                                                drafter.num_kv_heads, drafter.head_dim))
     host = HostCache(pools, memory.host_cache_bytes) if memory.host_cache_bytes else None
     cache = CacheManager(pools, num_seq_slots=config.max_running, host=host)
     disk = DiskCache(config.disk_cache_dir or default_root(),
@@ -139,8 +146,12 @@ def assemble(config: EngineConfig, loaded: Loaded, memory: MemoryPlan, device: t
                          scratch_slot=cache.scratch_slot, cuda_graphs=graphs)
     spec = None
     if drafts:
-        speculator = RoundRunner(model, pools, drafts, config.max_running, memory.max_context, config.draft_vocab)
-        runner.speculator = speculator
+        if drafter is not None:
+            speculator = BlockRoundRunner(model, pools, drafts, config.max_running, memory.max_context,
+                                          config.draft_vocab)
+        else:
+            speculator = runner.speculator = RoundRunner(model, pools, drafts, config.max_running,
+                                                         memory.max_context, config.draft_vocab)
         spec = Speculation(speculator, cache, batch_buckets(config.max_running), graphs=graphs,
                            plain_times=runner.graphs.seconds if graphs else None)
     grammars = Grammars(loaded.tokenizer, loaded.model_config.vocab_size)

@@ -363,6 +363,6 @@ class EngineLoop:
 
     def _collect_stats(self) -> dict:
         s = self.scheduler
-        spec = self.spec.stats() if self.spec is not None else {"spec_drafts": 0}
+        spec = self.spec.stats() if self.spec is not None else {"spec_method": "off", "spec_drafts": 0}
         images = {"images_encoded": self.encoder.encoded} if self.encoder is not None else {}
         return {"running": len(s.running), "waiting": len(s.waiting), **self.cache.stats(), **spec, **images}

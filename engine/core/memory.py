@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.model.config import ModelConfig, load_model_config
+from engine.model.drafter_config import (DrafterConfig, check_drafter, drafter_kv_bytes_per_token,
+                                         drafter_parameters, read_drafter_config)
 from engine.core.device import DeviceInfo, host_ram_bytes, probe, resolve_dtype
 from engine.cache.disk import MAX_PENDING_BYTES
 from engine.model.shapes import model_tensor_shapes, vision_tensor_shapes
@@ -48,7 +50,7 @@ class MemoryPlan:
     state_bytes_per_slot: int
     weights: str = "bf16"       # bf16 (16-bit) | int4: what the weights are loaded as
     weight_bits: int = 16        # bits of each weight left unquantized: the activation dtype's (32 on the CPU)
-    drafts: int = 0              # MTP drafts per speculative round (0: none, no MTP module)
+    drafts: int = 0              # most drafts per speculative round (0: none: no MTP module, no drafter)
     speculation_bytes: int = 0   # of the workspace: each running sequence's verify rows and round logits
     vision: str = "off"          # the vision tower: off | resident (its weights in weights_bytes) | on_demand (on the
     #                              GPU only while encoding: its weights are in the workspace, which the two share)
@@ -130,15 +132,22 @@ def workspace_bytes(cfg: ModelConfig, dtype: torch.dtype, prefill_chunk: int, ma
     return chunk + logits + 256 * (1 << 20) + AUTOTUNE_BYTES
 
 
-def speculation_bytes(cfg: ModelConfig, dtype: torch.dtype, drafts: int, max_batch: int) -> int:
+def speculation_bytes(cfg: ModelConfig, dtype: torch.dtype, drafts: int, max_batch: int,
+                      drafter: DrafterConfig | None = None, prefill_chunk: int = 0) -> int:
     """What speculation adds per round, for max_batch sequences: each GDN layer's verify rows (raw row, fp32 conv
     outputs, g and beta per row: O(k), never a copy of the state), and the k + 1 rows of fp32 logits (with the
-    probabilities of sampled rounds: three copies)."""
+    probabilities of sampled rounds: three copies); with a block drafter, a prefill chunk's tapped features and
+    their context rows, and each block's activations."""
     if not drafts:
         return 0
     rows = max_batch * (drafts + 1)
     per_row = cfg.conv_dim * (dtype.itemsize + 4) + 2 * cfg.linear_num_v_heads * 4
-    return len(cfg.linear_attention_layers) * rows * per_row + rows * cfg.vocab_size * 4 * 3
+    total = len(cfg.linear_attention_layers) * rows * per_row + rows * cfg.vocab_size * 4 * 3
+    if drafter is not None:
+        taps = len(drafter.target_layer_ids) + 1
+        block = max_batch * drafter.block_size * (6 * drafter.hidden_size + 3 * drafter.intermediate_size)
+        total += (prefill_chunk * taps * cfg.hidden_size + block) * dtype.itemsize
+    return total
 
 
 # The official checkpoints' preprocessor_config.json: images are resized to at most this many pixels.
@@ -195,8 +204,13 @@ def vision_cost(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, devi
 
 def model_drafts(config: EngineConfig, on_gpu: bool, has_mtp: bool) -> int:
     """Drafts per round the engine will use: the config's (or the device's default), if the model has an MTP module
-    (the planner asks of the checkpoint's config, the engine of the model it loaded)."""
-    return config.drafts(on_gpu) if has_mtp else 0
+    or a drafter is given (the planner asks of the checkpoint's config, the engine of the model it loaded)."""
+    return config.drafts(on_gpu, config.method(has_mtp))
+
+
+def planned_drafter(config: EngineConfig, drafts: int) -> DrafterConfig | None:
+    """The block drafter's config when the engine drafts with it (its weights and context K / V are planned)."""
+    return read_drafter_config(config.drafter) if drafts and config.method(has_mtp=False) == "dflash" else None
 
 
 def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, weights_bytes: int,
@@ -210,9 +224,13 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
     if config.kv_dtype == "auto":
         return _plan_auto_kv(cfg, config, dtype, weights_bytes=weights_bytes, budget_bytes=budget_bytes,
                              drafts=drafts, on_gpu=on_gpu, explain=explain, vision=vision)
-    per_tok = kv_bytes_per_token(cfg, dtype, drafts > 0, config.kv_dtype)
+    drafter = planned_drafter(config, drafts)
+    if drafter is not None:
+        check_drafter(drafter, cfg)
+    per_tok = kv_bytes_per_token(cfg, dtype, drafts > 0 and drafter is None, config.kv_dtype) + \
+        (drafter_kv_bytes_per_token(drafter, dtype.itemsize) if drafter is not None else 0)
     per_slot = state_bytes_per_slot(cfg, dtype)
-    spec = speculation_bytes(cfg, dtype, drafts, C)
+    spec = speculation_bytes(cfg, dtype, drafts, C, drafter, config.prefill_chunk)
     work = workspace_bytes(cfg, dtype, config.prefill_chunk, C) + spec
     on_demand = vision.placement == "on_demand"
     work = max(work, vision.encode_bytes + (vision.weights_bytes if on_demand else 0))
@@ -306,13 +324,17 @@ def budget_for(config: EngineConfig, device: DeviceInfo, held_bytes: int = 0) ->
 
 
 def weight_bytes(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, weights: str, drafts: int) -> int:
-    """Device bytes of the language model's weights (MTP only with speculation; the vision tower is VisionCost's)
-    under `weights` (bf16: 16-bit, or int4 per the default policy), from the model's tensor shapes."""
-    shapes = model_tensor_shapes(cfg, with_mtp=drafts > 0, with_vision=False)
+    """Device bytes of the language model's weights (MTP only when it drafts; a block drafter's, 16-bit, when it
+    does; the vision tower is VisionCost's) under `weights` (bf16: 16-bit, or int4 per the default policy), from the
+    model's tensor shapes."""
+    drafter = planned_drafter(config, drafts)
+    shapes = model_tensor_shapes(cfg, with_mtp=drafts > 0 and drafter is None, with_vision=False)
+    extra = drafter_parameters(drafter) * dtype.itemsize if drafter is not None else 0
     if weights == "int4":
-        return policy_bytes(shapes, config.policy("int4"))["total"]
+        return policy_bytes(shapes, config.policy("int4"))["total"] + extra
     # a tensor listed at 16 bits takes the activation dtype; fp32 ones (A_log, ...) stay fp32
-    return sum(torch.Size(shape).numel() * (dtype.itemsize if size == 2 else size) for shape, size in shapes.values())
+    return extra + sum(torch.Size(shape).numel() * (dtype.itemsize if size == 2 else size)
+                       for shape, size in shapes.values())
 
 
 def checkpoint_max_pixels(path: str) -> int:

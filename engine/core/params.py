@@ -13,6 +13,7 @@ DEVICES = ("auto", "cuda", "cpu")                       # "cuda:N" picks one GPU
 DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32")
 KV_DTYPES = ("bf16", "int8", "k8v4", "k4v4", "auto")   # most precise first (engine/kv_cache.py KV_LAYOUTS)
 WEIGHTS = ("auto", "bf16", "int4")
+SPECULATION = ("auto", "mtp", "dflash", "off")     # auto: the block drafter when one is given, else the MTP head
 VISION = ("auto", "resident", "on_demand", "off")   # where the vision tower lives (core/memory.py vision_placement)
 
 
@@ -34,7 +35,10 @@ class EngineConfig:
     page_size: int = 64             # tokens per KV page
     snapshots: int | None = None    # GDN state snapshots kept for prefix reuse (None: from memory)
     cuda_graphs: bool = True        # capture decode in CUDA graphs (CUDA only)
-    speculative_tokens: int | None = None  # MTP drafts per round (1..5; 0 off); None: 3 on a GPU, 0 on the CPU
+    speculation: str = "auto"       # auto | mtp (the checkpoint's MTP head) | dflash (the block drafter) | off
+    drafter: str | None = None      # a DFlash / DFlash2 drafter checkpoint folder for this model (model/dflash.py)
+    speculative_tokens: int | None = None  # most drafts per round (1..5; 0 off); None on a GPU: 3 with MTP, 5 with
+    #                                        the block drafter; None on the CPU: 0
     draft_vocab: int = 32768        # draft head rows: Qwen's ids are in merge order, so the first ones are the most
     #                                 frequent tokens (verify uses the full head)
     vision: str = "auto"            # the vision tower: auto (on demand on cards <= 24 GiB, else resident) | resident
@@ -55,12 +59,24 @@ class EngineConfig:
         one_of("weights", weights, WEIGHTS)
         return QuantPolicy(group_size=self.quant_group, method=self.quant_method) if weights == "int4" else None
 
-    def drafts(self, on_gpu: bool) -> int:
-        """MTP drafts per speculative round on this device (0: no speculation, and no MTP module loaded)."""
-        k = (3 if on_gpu else 0) if self.speculative_tokens is None else self.speculative_tokens
+    def method(self, has_mtp: bool) -> str:
+        """How this engine drafts (the one place it is decided): "dflash" with a drafter (auto or asked for), "mtp"
+        when the checkpoint has its MTP head, else "off"."""
+        one_of("speculation", self.speculation, SPECULATION)
+        if self.speculation == "dflash" and not self.drafter:
+            raise ValueError("speculation 'dflash' needs a drafter (EngineConfig.drafter: the drafter's folder)")
+        if self.speculation in ("auto", "dflash") and self.drafter:
+            return "dflash"
+        return "mtp" if self.speculation in ("auto", "mtp") and has_mtp else "off"
+
+    def drafts(self, on_gpu: bool, method: str = "mtp") -> int:
+        """Most drafts per speculative round on this device with `method` (0: no speculation, no MTP module and no
+        drafter loaded)."""
+        default = (MAX_DRAFTS if method == "dflash" else 3) if on_gpu else 0
+        k = default if self.speculative_tokens is None else self.speculative_tokens
         if not 0 <= k <= MAX_DRAFTS:
             raise ValueError(f"speculative_tokens must be between 0 and {MAX_DRAFTS}, not {k}")
-        return k
+        return 0 if method == "off" else k
 
     def validate(self) -> None:
         """Refuse settings no engine can run with (a one-line ValueError), before anything loads."""
@@ -74,6 +90,7 @@ class EngineConfig:
         if self.max_images < 0 or self.max_image_bytes < 1:
             raise ValueError("max_images must be >= 0 and max_image_bytes >= 1")
         self.drafts(on_gpu=False)
+        self.method(has_mtp=True)
         if self.max_context is not None and self.max_context < 1:
             raise ValueError(f"max_context must be at least 1 token, not {self.max_context}")
         if self.max_queue < 0:
@@ -188,6 +205,7 @@ class SpeculationStats:
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
+    method: str = ""                 # how the drafts were made: mtp | dflash
     accepted_at: list[int] = field(default_factory=list)     # [j]: rounds whose draft j + 1 was kept
     drafted_at: list[int] = field(default_factory=list)      # [j]: rounds that made a draft j + 1
 
@@ -218,7 +236,7 @@ class Usage:
     completion_tokens: int = 0
     cached_tokens: int = 0          # prompt tokens reused from the prefix cache
     reasoning_tokens: int = 0       # completion tokens spent thinking
-    speculation: SpeculationStats | None = None   # when the request decoded with MTP drafts
+    speculation: SpeculationStats | None = None   # when the request decoded with drafts (MTP or a block drafter)
 
 
 @dataclass

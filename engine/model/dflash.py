@@ -13,14 +13,22 @@ config sets `is_causal`). DFlash2 adds, in each layer, a 2-tap grouped dynamic c
 around attention and around the MLP, and picks the drafts with a candidate selector (the top-k of each row re-scored
 left to right with low-rank predecessor / successor codebooks).
 
-This file is the model in plain torch, one sequence at a time, checked against the reference
-(tests/test_dflash.py); the engine's rounds (batched, paged, graphed) build on it.
+Two ways through the same layers:
+- one sequence over a `DrafterCache` (`extend`, `forward`): the reference's way, checked against it in
+  tests/test_dflash.py;
+- the engine's way (`write_context`, `draft`): the context K / V live in pages of the engine's CacheTensors
+  (`draft_k` / `draft_v`, one pool per drafter layer) at the same page and slot as the target's KV of that token, so a
+  sequence's page table, the prefix cache and its tiers carry them with no bookkeeping of their own. The target's
+  forward writes them for every row it computes (Qwen3_5Model.forward: prefill, decode and verify); a round's block
+  writes its own K / V at its rows' slots (past the committed tokens: overwritten by the verify that follows) and
+  attends over the pages. A sliding layer's window starts at the page holding its first key (up to page_size - 1
+  older keys seen: drafts only, never the output).
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,126 +36,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model.config import ModelConfig
+from engine.model.drafter_config import DrafterConfig, DrafterMismatch, check_drafter, read_drafter_config
 from engine.weights.checkpoint import TensorReader, list_tensors
+from qwendesk_kernels import ops
 
-VARIANTS = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]   # (q, k, v) of a layer -> its output
 
-
-class DrafterMismatch(ValueError):
-    """A drafter that cannot serve this target (one line, for the user)."""
-
-
-@dataclass(frozen=True)
-class DrafterConfig:
-    variant: str                          # "dflash" | "dflash2"
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    attention_bias: bool
-    layer_types: tuple[str, ...]          # "full_attention" | "sliding_attention" per layer
-    sliding_window: int | None
-    is_causal: bool | None                # None: the reference's rule (sliding layers causal, full ones not)
-    target_layer_ids: tuple[int, ...]
-    num_target_layers: int | None
-    block_size: int
-    mask_token_id: int
-    embedding_scale: float = 1.0          # the target's embeddings of the block are multiplied by this
-    output_multiplier: float = 1.0        # and the draft logits by this
-    logit_softcap: float | None = None
-    conv_kernel: int = 0                  # DFlash2: the dynamic convolution's taps and channel group
-    conv_group: int = 0
-    selector_rank: int = 0                # DFlash2: the candidate selector's codebook rank and candidates per row
-    selector_top_k: int = 0
-    extra: dict = field(default_factory=dict, compare=False)
-
-    def causal(self, layer: int) -> bool:
-        sliding = self.layer_types[layer] == "sliding_attention"
-        return sliding if self.is_causal is None else self.is_causal
-
-    def window(self, layer: int) -> int | None:
-        return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
-
-
-def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """The reference's taps when a config names none: evenly from layer 1 to num_target_layers - 3."""
-    if num_draft_layers == 1:
-        return [num_target_layers // 2]
-    span = num_target_layers - 4
-    return [round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
-
-
-def parse_drafter_config(raw: dict) -> DrafterConfig:
-    """DrafterConfig from a drafter checkpoint's config.json (the `dflash_config` block overrides top-level keys)."""
-    arch = (raw.get("architectures") or [""])[0]
-    if arch not in VARIANTS:
-        raise DrafterMismatch(f"not a DFlash drafter: architecture {arch or 'missing'!r} (supported: "
-                              f"{', '.join(VARIANTS)})")
-    extra = dict(raw.get("dflash_config") or {})
-
-    def value(name, default=None):
-        return extra.get(name, raw.get(name, default))
-
-    layers = int(raw["num_hidden_layers"])
-    heads = int(raw["num_attention_heads"])
-    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    if rope.get("rope_type", "default") != "default":
-        raise DrafterMismatch(f"drafter RoPE type {rope['rope_type']!r} is not supported")
-    mask = value("mask_token_id")
-    if mask is None:
-        raise DrafterMismatch("drafter config has no mask_token_id")
-    n_target = value("num_target_layers")
-    taps = value("target_layer_ids") or default_target_layer_ids(int(n_target), layers)
-    softcap = value("final_logit_softcapping")
-    variant = VARIANTS[arch]
-    return DrafterConfig(
-        variant=variant, vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
-        intermediate_size=int(raw["intermediate_size"]), num_layers=layers, num_heads=heads,
-        num_kv_heads=int(raw.get("num_key_value_heads", heads)),
-        head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(rope.get("rope_theta", raw.get("rope_theta", 10000.0))),
-        attention_bias=bool(raw.get("attention_bias", False)),
-        layer_types=tuple(raw.get("layer_types") or ["full_attention"] * layers),
-        sliding_window=raw.get("sliding_window"), is_causal=raw.get("is_causal"),
-        target_layer_ids=tuple(int(i) for i in taps), num_target_layers=None if n_target is None else int(n_target),
-        block_size=int(value("block_size", 16)), mask_token_id=int(mask),
-        embedding_scale=float(value("input_embedding_scale", 1.0)),
-        output_multiplier=float(value("output_multiplier", 1.0)),
-        logit_softcap=float(softcap) if softcap else None,
-        conv_kernel=int(value("conv_kernel_size", 0)) if variant == "dflash2" else 0,
-        conv_group=int(value("conv_group_size", 0)) if variant == "dflash2" else 0,
-        selector_rank=int(value("selector_rank", 0)) if variant == "dflash2" else 0,
-        selector_top_k=int(value("selector_top_k", 0)) if variant == "dflash2" else 0,
-        extra=extra)
-
-
-def check_drafter(cfg: DrafterConfig, target: ModelConfig) -> None:
-    """Refuse, in one line, a drafter that was not made for this target."""
-    if cfg.hidden_size != target.hidden_size:
-        raise DrafterMismatch(f"the drafter has hidden size {cfg.hidden_size}, the model {target.hidden_size}: it is "
-                              f"for another model")
-    if cfg.vocab_size != target.vocab_size:
-        raise DrafterMismatch(f"the drafter has a vocabulary of {cfg.vocab_size}, the model {target.vocab_size}")
-    if cfg.num_target_layers is not None and cfg.num_target_layers != target.num_layers:
-        raise DrafterMismatch(f"the drafter is for a model of {cfg.num_target_layers} layers, this one has "
-                              f"{target.num_layers}")
-    if not cfg.target_layer_ids or max(cfg.target_layer_ids) >= target.num_layers or min(cfg.target_layer_ids) < 0:
-        raise DrafterMismatch(f"the drafter reads layers {list(cfg.target_layer_ids)}, the model has "
-                              f"{target.num_layers}")
-    if not 0 <= cfg.mask_token_id < target.vocab_size:
-        raise DrafterMismatch(f"the drafter's mask token {cfg.mask_token_id} is outside the vocabulary")
-    if cfg.variant == "dflash2" and not (cfg.conv_kernel and cfg.conv_group and cfg.selector_rank
-                                         and cfg.selector_top_k):
-        raise DrafterMismatch("DFlash2 drafter config lacks its convolution or selector sizes")
-
-
-# ---- layers ----------------------------------------------------------------------------------------------------
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Qwen3's RMSNorm (weight x, not (1 + weight) x), in fp32."""
@@ -166,18 +60,18 @@ class RMSNorm(nn.Module):
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding over the whole head (rotate-half), x [..., T, D] at positions [T]."""
+    """Rotary embedding over the whole head (rotate-half), x [T, heads, D] at positions [T]."""
     d = x.shape[-1]
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
     angles = positions.float()[:, None] * inv[None, :]
-    cos, sin = torch.cat([angles, angles], -1).cos().to(x.dtype), torch.cat([angles, angles], -1).sin().to(x.dtype)
+    angles = torch.cat([angles, angles], -1)[:, None, :]
     half = d // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
-    return x * cos + rotated * sin
+    return x * angles.cos().to(x.dtype) + rotated * angles.sin().to(x.dtype)
 
 
 class DynamicCausalConv(nn.Module):
-    """DFlash2's grouped dynamic causal convolution over the block's rows: y[t] = sum_o (base[o] + dyn[t, o]) x[t - o]
+    """DFlash2's grouped dynamic causal convolution over each block's rows: y[t] = sum_o (base[o] + dyn[t, o]) x[t - o]
     per channel group; `prepare` makes the kernels from its input and applies the first, `finish` the second."""
 
     def __init__(self, hidden: int, taps: int, group: int):
@@ -186,30 +80,32 @@ class DynamicCausalConv(nn.Module):
         self.base_kernel = nn.Parameter(torch.zeros(2, taps, hidden))
         self.kernel_projection = nn.Linear(hidden, 2 * taps * (hidden // group), bias=False)
 
-    def _convolve(self, x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-        B, H = x.shape
+    def _convolve(self, x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor, block: int) -> torch.Tensor:
+        """x [N * block, H] (N blocks back to back; the shift stays inside each), dynamic [N * block, taps, groups]."""
+        R, H = x.shape
         groups = H // self.group
-        blocks = x.view(B, groups, self.group)
+        blocks = x.view(R // block, block, groups, self.group)
+        dyn = dynamic.view(R // block, block, self.taps, groups, 1)
         out = torch.zeros_like(blocks)
         for o in range(self.taps):
-            shifted = blocks if o == 0 else F.pad(blocks[:-o], (0, 0, 0, 0, o, 0))
+            shifted = blocks if o == 0 else F.pad(blocks[:, :-o], (0, 0, 0, 0, o, 0))
             out = out + base[o].view(groups, self.group).to(x.dtype) * shifted
-            out = out + dynamic[:, o].view(B, groups, 1) * shifted
-        return out.view(B, H)
+            out = out + dyn[:, :, o] * shifted
+        return out.view(R, H)
 
-    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def prepare(self, x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
         dynamic = self.kernel_projection(x).view(x.shape[0], 2, self.taps, x.shape[1] // self.group)
-        return self._convolve(x, dynamic[:, 0], self.base_kernel[0]), dynamic[:, 1]
+        return self._convolve(x, dynamic[:, 0], self.base_kernel[0], block), dynamic[:, 1]
 
-    def finish(self, x: torch.Tensor, dynamic: torch.Tensor) -> torch.Tensor:
-        return self._convolve(x, dynamic, self.base_kernel[1])
+    def finish(self, x: torch.Tensor, dynamic: torch.Tensor, block: int) -> torch.Tensor:
+        return self._convolve(x, dynamic, self.base_kernel[1], block)
 
 
 class Attention(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         h, d, bias = cfg.hidden_size, cfg.head_dim, cfg.attention_bias
-        self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
+        self.heads, self.kv_heads, self.head_dim, self.theta = cfg.num_heads, cfg.num_kv_heads, d, cfg.rope_theta
         self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=bias)
         self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=bias)
         self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=bias)
@@ -217,23 +113,26 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
-    def kv(self, x: torch.Tensor, positions: torch.Tensor, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """(K roped, V) [kv_heads, T, D] of rows x [T, H] at `positions`."""
-        k = self.k_norm(self.k_proj(x).view(x.shape[0], self.kv_heads, self.head_dim)).transpose(0, 1)
-        v = self.v_proj(x).view(x.shape[0], self.kv_heads, self.head_dim).transpose(0, 1)
-        return rope(k, positions, theta), v
+    def q(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Queries [T, heads, D] of rows x [T, H], roped at `positions`."""
+        return rope(self.q_norm(self.q_proj(x).view(x.shape[0], self.heads, self.head_dim)), positions, self.theta)
+
+    def kv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K roped, V) [T, kv_heads, D] of rows x [T, H] at `positions`."""
+        k = self.k_norm(self.k_proj(x).view(x.shape[0], self.kv_heads, self.head_dim))
+        return rope(k, positions, self.theta), self.v_proj(x).view(x.shape[0], self.kv_heads, self.head_dim)
 
 
 @dataclass
 class DrafterCache:
-    """One sequence's context K / V per layer ([kv_heads, L, D] for positions 0 .. L - 1): the projected target
-    features of every token before the current anchor (sliding layers would need only their window)."""
+    """One sequence's context K / V per layer ([L, kv_heads, D] for positions 0 .. L - 1): the projected target
+    features of every token before the current anchor."""
     k: list[torch.Tensor]
     v: list[torch.Tensor]
 
     @property
     def length(self) -> int:
-        return self.k[0].shape[1]
+        return self.k[0].shape[0]
 
 
 class DrafterLayer(nn.Module):
@@ -266,34 +165,28 @@ class DrafterLayer(nn.Module):
                 visible &= k - q < self.window
         return visible
 
-    def forward(self, x: torch.Tensor, ctx_k: torch.Tensor, ctx_v: torch.Tensor, start: int,
-                theta: float) -> torch.Tensor:
-        """x [B, H]: the block's rows at positions start .. start + B - 1, over the context K / V [kv, start, D]."""
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attend: Attend, block: int) -> torch.Tensor:
+        """x [N * block, H]: N blocks' rows at `positions`; attend(q, k, v) -> [rows, heads, D] over this layer's
+        context and the block's own K / V (q [rows, heads, D], k / v [rows, kv_heads, D], roped)."""
         attn = self.self_attn
         residual = x
         h = self.input_layernorm(x)
         kernel = None
         if self.attention_conv is not None:
-            h, kernel = self.attention_conv.prepare(h)
-        positions = start + torch.arange(x.shape[0], device=x.device)
-        q = attn.q_norm(attn.q_proj(h).view(x.shape[0], attn.heads, attn.head_dim)).transpose(0, 1)
-        q = rope(q, positions, theta)
-        k, v = attn.kv(h, positions, theta)
-        k, v = torch.cat([ctx_k, k], 1), torch.cat([ctx_v, v], 1)
-        groups = attn.heads // attn.kv_heads
-        k, v = k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask(start, x.shape[0], k.shape[1], x.device))
-        h = attn.o_proj(out.transpose(0, 1).reshape(x.shape[0], -1))
+            h, kernel = self.attention_conv.prepare(h, block)
+        k, v = attn.kv(h, positions)
+        out = attend(attn.q(h, positions), k, v)
+        h = attn.o_proj(out.reshape(x.shape[0], -1))
         if kernel is not None:
-            h = self.attention_conv.finish(h, kernel)
+            h = self.attention_conv.finish(h, kernel, block)
         x = residual + h
         residual = x
         h = self.post_attention_layernorm(x)
         if self.mlp_conv is not None:
-            h, kernel = self.mlp_conv.prepare(h)
+            h, kernel = self.mlp_conv.prepare(h, block)
         h = self.mlp(h)
         if self.mlp_conv is not None:
-            h = self.mlp_conv.finish(h, kernel)
+            h = self.mlp_conv.finish(h, kernel, block)
         return residual + h
 
 
@@ -319,17 +212,25 @@ class CandidateSelector(nn.Module):
         self.successor_codebook = nn.Parameter(torch.zeros(cfg.vocab_size, cfg.selector_rank))
         self.hidden_projection = nn.Linear(cfg.hidden_size, cfg.selector_rank, bias=False)
 
+    def candidates(self, hidden: torch.Tensor, logits: torch.Tensor):
+        """(unary logits [..., k], candidate ids [..., k], projected hidden [..., rank]) of rows hidden / logits."""
+        unary, candidates = torch.topk(logits.float(), self.top_k, dim=-1, sorted=False)
+        return unary, candidates, self.hidden_projection(hidden).float()
+
+    def scores(self, unary, candidates, projected, previous: torch.Tensor) -> torch.Tensor:
+        """One row's candidate scores given the token before it (batched over a leading dim, or not)."""
+        pred = self.predecessor_codebook[previous].float() * projected
+        return unary + (self.successor_codebook[candidates].float() @ pred[..., None])[..., 0]
+
     def select(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: int,
                generator: torch.Generator | None = None, temperature: float = 0.0):
         """hidden [R, H], logits [R, V] of the draft rows -> (drafts [R], candidates [R, k], the selector's
         probabilities [R, k] when sampling, else None)."""
-        unary, candidates = torch.topk(logits.float(), self.top_k, dim=-1, sorted=False)
-        projected = self.hidden_projection(hidden).float()
+        unary, candidates, projected = self.candidates(hidden, logits)
         pred = torch.tensor(anchor, device=hidden.device)
         drafts, probs = [], []
         for r in range(hidden.shape[0]):
-            scores = unary[r] + (self.successor_codebook[candidates[r]].float()
-                                 @ (self.predecessor_codebook[pred].float() * projected[r]))
+            scores = self.scores(unary[r], candidates[r], projected[r], pred)
             if temperature > 0:
                 q = torch.softmax(scores / temperature, -1)
                 index = torch.multinomial(q, 1, generator=generator)[0]
@@ -342,7 +243,7 @@ class CandidateSelector(nn.Module):
 
 
 class Drafter(nn.Module):
-    """The drafter's weights (checkpoint names) and its forward over one sequence's block."""
+    """The drafter's weights (checkpoint names) and its forwards (see the module docstring)."""
 
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -352,10 +253,16 @@ class Drafter(nn.Module):
         self.layers = nn.ModuleList(DrafterLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.candidate_selector = CandidateSelector(cfg) if cfg.variant == "dflash2" else None
+        self.taps = {layer: i for i, layer in enumerate(cfg.target_layer_ids)}   # target layer -> its slice of fc
 
+    def context(self, features: torch.Tensor) -> torch.Tensor:
+        """Tapped target features [T, len(taps) x H] -> the context rows [T, H] every layer's k / v read."""
+        return self.hidden_norm(self.fc(features))
+
+    # ---- one sequence, the reference's way -------------------------------------------------------------------------
     def new_cache(self, device=None, dtype=None) -> DrafterCache:
         p = self.fc.weight
-        empty = torch.empty(self.cfg.num_kv_heads, 0, self.cfg.head_dim, device=device or p.device,
+        empty = torch.empty(0, self.cfg.num_kv_heads, self.cfg.head_dim, device=device or p.device,
                             dtype=dtype or p.dtype)
         return DrafterCache([empty] * self.cfg.num_layers, [empty] * self.cfg.num_layers)
 
@@ -364,18 +271,54 @@ class Drafter(nn.Module):
         context: projected, then each layer's K / V of them appended."""
         if features.shape[0] == 0:
             return
-        ctx = self.hidden_norm(self.fc(features))
+        ctx = self.context(features)
         positions = cache.length + torch.arange(features.shape[0], device=features.device)
         for i, layer in enumerate(self.layers):
-            k, v = layer.self_attn.kv(ctx, positions, self.cfg.rope_theta)
-            cache.k[i], cache.v[i] = torch.cat([cache.k[i], k], 1), torch.cat([cache.v[i], v], 1)
+            k, v = layer.self_attn.kv(ctx, positions)
+            cache.k[i], cache.v[i] = torch.cat([cache.k[i], k]), torch.cat([cache.v[i], v])
 
     def forward(self, block: torch.Tensor, cache: DrafterCache) -> torch.Tensor:
         """block [B, H]: the target's embeddings of [anchor, MASK x (B - 1)] (times embedding_scale) at positions
         cache.length ..; -> the final-normed hidden states [B, H] (rows 1 .. B - 1 make the drafts)."""
-        x, start = block, cache.length
+        x, start, rows = block, cache.length, block.shape[0]
+        positions = start + torch.arange(rows, device=x.device)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cache.k[i], cache.v[i], start, self.cfg.rope_theta)
+            def attend(q, k, v, i=i, layer=layer):
+                k, v = torch.cat([cache.k[i], k]).transpose(0, 1), torch.cat([cache.v[i], v]).transpose(0, 1)
+                groups = q.shape[1] // k.shape[0]
+                k, v = k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0)
+                mask = layer.mask(start, rows, k.shape[1], q.device)
+                return F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask).transpose(0, 1)
+            x = layer(x, positions, attend, rows)
+        return self.norm(x)
+
+    def crop(self, cache: DrafterCache, length: int) -> None:
+        """Forget the context past `length` tokens (a cancelled or rewound sequence)."""
+        cache.k = [k[:length] for k in cache.k]
+        cache.v = [v[:length] for v in cache.v]
+
+    # ---- the engine's way: context in pages ----------------------------------------------------------------------
+    def write_context(self, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, pools) -> None:
+        """The context K / V of rows the target just computed (features [T, len(taps) x H] at rotary `positions` [T])
+        into the drafter's pages at their KV `slots` [T] (-1: written nowhere). pools: CacheTensors."""
+        ctx = self.context(features)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.kv(ctx, positions)
+            ops.store_kv(k, v.contiguous(), pools.draft_k[i], pools.draft_v[i], slots)
+
+    def draft(self, x: torch.Tensor, positions: torch.Tensor, rows: BlockRows, pools) -> torch.Tensor:
+        """N blocks at once: x [N * B, H] the target's embeddings of each [anchor, MASK x (B - 1)] (times
+        embedding_scale) at rotary `positions` [N * B], over the context in `pools`' pages; -> final-normed hidden
+        states [N * B, H]."""
+        B, page = rows.block, pools.page_size
+        scale = self.cfg.head_dim ** -0.5
+        for i, layer in enumerate(self.layers):
+            def attend(q, k, v, i=i, layer=layer):
+                ops.store_kv(k, v.contiguous(), pools.draft_k[i], pools.draft_v[i], rows.slots)
+                seq_lens, tables = rows.keys(layer.causal, layer.window, page)
+                return ops.paged_attention(q.contiguous(), pools.draft_k[i], pools.draft_v[i], tables, rows.cu_seqlens,
+                                           seq_lens, scale, decode_q_len=1, max_seq_len=rows.max_seq_len)
+            x = layer(x, positions, attend, B)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor, head) -> torch.Tensor:
@@ -386,21 +329,41 @@ class Drafter(nn.Module):
             logits = torch.tanh(logits / self.cfg.logit_softcap) * self.cfg.logit_softcap
         return logits
 
-    def crop(self, cache: DrafterCache, length: int) -> None:
-        """Forget the context past `length` tokens (a cancelled or rewound sequence)."""
-        cache.k = [k[:, :length] for k in cache.k]
-        cache.v = [v[:, :length] for v in cache.v]
+
+@dataclass
+class BlockRows:
+    """Where N blocks of B rows sit in their sequences' pages, for the drafter's attention: each row is a query of
+    its own (decode attention with one query row), whose keys end where its layer's mask says."""
+    index: torch.Tensor          # [N * B] int64 token index of each row (anchor at the sequence's base)
+    base: torch.Tensor           # [N * B] int64 its block's first token index
+    limit: torch.Tensor          # [N * B] int64 positions below this have pages (and so K / V)
+    tables: torch.Tensor         # [N * B, max_pages] int32 its sequence's page table
+    slots: torch.Tensor          # [N * B] int64 KV slot of each row (-1: none)
+    block: int
+    max_seq_len: int
+
+    @property
+    def cu_seqlens(self) -> torch.Tensor:
+        return torch.arange(self.index.shape[0] + 1, device=self.index.device, dtype=torch.int32)
+
+    def keys(self, causal: bool, window: int | None, page: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(key count [N * B] int32, page tables) of each row under a layer's mask: causal rows see up to themselves,
+        others the whole block; a window starts at the page holding the row's first key."""
+        end = self.index + 1 if causal else self.base + self.block
+        end = torch.minimum(end, self.limit).clamp(min=1)
+        if window is None:
+            return end.int(), self.tables
+        first = ((self.index - window + 1).clamp(min=0) // page).clamp(max=self.tables.shape[1] - 1)
+        cols = (first[:, None] + torch.arange(self.tables.shape[1], device=first.device)).clamp(
+            max=self.tables.shape[1] - 1)
+        return (end - first * page).clamp(min=1).int(), self.tables.gather(1, cols)
 
 
 def load_drafter(path, target: ModelConfig, device="cpu", dtype: torch.dtype = torch.bfloat16) -> Drafter:
     """The drafter checkpoint at `path` (config.json + safetensors, as z-lab publishes them) for `target`: refused in
     one line (DrafterMismatch) when it was made for another model or lacks a weight."""
     path = Path(path)
-    try:
-        raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise DrafterMismatch(f"no readable drafter config.json in {path}: {e}") from None
-    cfg = parse_drafter_config(raw)
+    cfg = read_drafter_config(path)
     check_drafter(cfg, target)
     with torch.device("meta"):
         drafter = Drafter(cfg)

@@ -9,6 +9,8 @@ from torch import nn
 from engine.model.config import ModelConfig
 from engine.cache.pages import CacheTensors
 from engine.model.batch import ForwardBatch
+from engine.model.dflash import Drafter
+from engine.model.drafter_config import check_drafter
 from engine.model.layers import DecoderLayer, RMSNorm
 from engine.model.linear import Build, Embedding, Linear
 from engine.model.mtp import MTP
@@ -43,6 +45,7 @@ class Qwen3_5Model(nn.Module):
             Linear(cfg.hidden_size, {"lm_head": cfg.vocab_size}, build, prefix="")
         self.rotary = Rotary(cfg, device)
         self.mtp = MTP(cfg, build) if with_mtp and cfg.num_mtp_layers else None
+        self.drafter: Drafter | None = None      # a block drafter: every forward writes its context (attach_drafter)
         # where each layer's pools are: index into CacheTensors.k/v (attention) or .conv/.ssm (GDN)
         self._pool_index = []
         n_attn = n_gdn = 0
@@ -66,14 +69,27 @@ class Qwen3_5Model(nn.Module):
             x = x.index_copy(0, batch.image_rows, batch.image_embeds.to(x.dtype))
         rope = self.rotary()
         residual = None
-        for layer, idx in zip(self.layers, self._pool_index):
+        taps = self.drafter.taps if self.drafter is not None else {}
+        features = x.new_empty(x.shape[0], len(taps) * x.shape[1]) if taps else None
+        for i, (layer, idx) in enumerate(zip(self.layers, self._pool_index)):
             if layer.kind == "full_attention":
                 x, residual = layer(x, residual, batch, rope, pools.attention_layer(idx))
             else:
                 verify = batch.verify.layer(idx) if batch.verify is not None else None
                 x, residual = layer(x, residual, batch, rope, pools.gdn_layer(idx), verify)
+            if i in taps:                          # the residual stream after layer i (HF's hidden_states[i + 1])
+                H = x.shape[1]
+                torch.add(x, residual, out=features[:, taps[i] * H:(taps[i] + 1) * H])
+        if features is not None:
+            self.drafter.write_context(features, batch.positions[0], batch.slot_mapping, pools)
         h, _ = self.norm.add_forward(x, residual)
         return h
+
+    def attach_drafter(self, drafter: Drafter) -> None:
+        """From now on every forward (prefill, decode, verify) also writes the drafter's context K / V of its rows
+        (engine/model/dflash.py), inside the same CUDA graphs."""
+        check_drafter(drafter.cfg, self.cfg)
+        self.drafter = drafter
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -17,7 +17,8 @@ from typing import NoReturn
 
 import uvicorn
 
-from engine.commands.args import Parser, checked, model_arg, model_name, port_arg, resolve_model
+from engine.commands.args import (Parser, add_speculation_args, checked, model_arg, model_name, port_arg, resolve_model,
+                                  speculation_settings)
 from engine.api import DEFAULT_PORT, DTYPE_NAMES, KV_DTYPES, PROFILES, VISION, EngineConfig, listen_socket
 from engine.server.connections import LimitedServer, uvicorn_config
 
@@ -41,8 +42,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, EngineConfig]:
     ap.add_argument("--device", default="auto", help="auto | cuda | cuda:N | cpu")
     ap.add_argument("--dtype", default="auto", choices=DTYPE_NAMES)
     ap.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond the profile before 429/529")
-    ap.add_argument("--speculative-tokens", type=int, default=None, metavar="K",
-                    help="MTP drafts per decode round, 0 to 5 (0: off; default: 3 on a GPU, 0 on the CPU)")
+    add_speculation_args(ap)
     ap.add_argument("--host-cache-gb", type=float, default=None, metavar="GB",
                     help="host-RAM tier for KV pages evicted from the GPU (default: min(8, a quarter of RAM); 0: off)")
     ap.add_argument("--disk-cache", action="store_true",
@@ -79,7 +79,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, EngineConfig]:
             ap.error(f"argument --{name.replace('_', '-')}: must be more than 0, not {getattr(args, name)}")
     config = checked(ap, EngineConfig(model=args.model, device=args.device, dtype=args.dtype, profile=args.profile,
                                       kv_dtype=args.kv_dtype, max_context=args.max_context,
-                                      max_queue=args.max_queue, speculative_tokens=args.speculative_tokens,
+                                      max_queue=args.max_queue, **speculation_settings(args),
                                       vision=args.vision, max_images=args.max_images,
                                       max_image_bytes=max(1, int(args.max_image_mb * 2**20)),
                                       host_cache_gb=args.host_cache_gb, disk_cache=args.disk_cache,

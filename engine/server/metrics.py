@@ -16,7 +16,8 @@ ENGINE_GAUGES = (  # engine.stats() key, metric, help
     ("kv_pages_total", "qwendesk_kv_pages_total", "KV cache pages in the pool."),
     ("state_slots_used", "qwendesk_state_slots_used", "GDN state slots held by running requests."),
     ("snapshots_cached", "qwendesk_snapshots_cached", "GDN state snapshots kept for prefix reuse."),
-    ("spec_drafts", "qwendesk_speculative_drafts", "MTP drafts per speculative round (0: no speculation)."),
+    ("spec_drafts", "qwendesk_speculative_drafts",
+     "Most drafts per speculative round, MTP or block drafter (0: no speculation)."),
     ("spec_on", "qwendesk_speculating", "1 while rounds pay (else plain steps for a while)."),
     ("host_pages", "qwendesk_host_cache_pages", "KV pages kept in the host-RAM tier."),
     ("host_snapshots", "qwendesk_host_cache_snapshots", "GDN snapshots kept in the host-RAM tier."),
@@ -148,6 +149,9 @@ class Metrics:
                 for key, name, text in table:
                     value = int(engine_stats.get(key, 0))
                     out += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+            method = engine_stats.get("spec_method", "off")
+            out += ["# HELP qwendesk_speculation_method How the engine drafts: mtp, dflash (a block drafter) or off.",
+                    "# TYPE qwendesk_speculation_method gauge", f'qwendesk_speculation_method{{method="{method}"}} 1']
         out += ["# HELP qwendesk_ready 1 once the model is loaded.", "# TYPE qwendesk_ready gauge",
                 f"qwendesk_ready {int(engine_stats is not None)}"]
         return "\n".join(out) + "\n"

@@ -234,7 +234,8 @@ def usage_json(u: Usage) -> dict:
 
 def speculation_json(s) -> dict:
     return {"rounds": s.rounds, "drafted_tokens": s.drafted, "accepted_tokens": s.accepted,
-            "tokens_per_round": round(s.tokens_per_round, 3), "position_rates": [round(r, 3) for r in s.position_rates]}
+            "method": s.method, "tokens_per_round": round(s.tokens_per_round, 3),
+            "position_rates": [round(r, 3) for r in s.position_rates]}
 
 
 def samples_usage(usages: list[Usage]) -> Usage:

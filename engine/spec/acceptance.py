@@ -55,8 +55,13 @@ def pick_draft(logits: torch.Tensor, s: Sampling, j: int, sampled: bool) -> tupl
     if not sampled:
         return greedy, None
     q = draft_probs(logits, s)
-    race = race_ref(q, _uniforms(s, j, DRAFT, q.shape[-1]))
-    return torch.where(s.temperature > 0, race, greedy), q
+    return draw_draft(q, s, j, greedy), q
+
+
+def draw_draft(q: torch.Tensor, s: Sampling, j: int, greedy: torch.Tensor) -> torch.Tensor:
+    """Draft token j (1-based) of each row: a draw from q [B, Vd] (its own counter stream) where the row samples,
+    `greedy` where it does not."""
+    return torch.where(s.temperature > 0, race_ref(q, _uniforms(s, j, DRAFT, q.shape[-1])), greedy)
 
 
 def accept(drafts: torch.Tensor, target_logits: torch.Tensor, s: Sampling, q: torch.Tensor | None):

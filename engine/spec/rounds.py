@@ -86,32 +86,75 @@ def rows_batch(inp: RoundInputs, offset: int, rows: int, page_size: int, max_seq
         max_seq_len=max_seq_len, verify=verify)
 
 
-class RoundRunner:
+class Rounds:
+    """What every drafter's rounds share: the verify of k + 1 rows per sequence, acceptance and the GDN replay (steps
+    2-4 above), the draft head, and the DraftHook that may replace drafts. RoundRunner drafts with the MTP head,
+    engine/spec/block_rounds.py BlockRoundRunner with a block drafter."""
+    method: str                   # how it drafts: "mtp" | "dflash" (EngineConfig.method)
+
     def __init__(self, model: Qwen3_5Model, pools: CacheTensors, k: int, max_batch: int, max_context: int,
-                 draft_vocab: int = EngineConfig.draft_vocab):
-        """k: the most drafts a round makes (buffers are sized for it)."""
+                 draft_vocab: int, reach: int):
+        """k: the most drafts a round makes (buffers are sized for it); reach: the rows past a sequence's cached
+        tokens a round of k drafts writes KV at (`reach_of`)."""
         cfg = model.cfg
-        assert model.mtp is not None and 1 <= k
+        assert 1 <= k
         self.model, self.pools, self.k = model, pools, k
         self.max_context = max_context
-        self.max_seq_len = max_context + k + 1     # verify rows may run k + 1 past the context (writing nothing there)
+        self.max_seq_len = max_context + reach     # rows may run past the context (writing nothing there)
         self.draft_vocab = min(draft_vocab, cfg.vocab_size) // 16 * 16 or cfg.vocab_size
-        dev, dtype = pools.conv.device, pools.conv.dtype
         self.rows = VerifyRows.allocate(len(cfg.linear_attention_layers), max_batch, k + 1, cfg.conv_dim,
-                                        cfg.linear_num_v_heads, dtype, dev)
-        # per state slot (graph padding rows use the scratch slot: every slot has a row)
-        self.draft_tokens = torch.zeros(pools.num_slots, dtype=torch.int64, device=dev)
-        self.draft_hidden = torch.zeros(pools.num_slots, cfg.hidden_size, dtype=dtype, device=dev)
+                                        cfg.linear_num_v_heads, pools.conv.dtype, pools.conv.device)
         self.oracle: DraftHook | None = None
 
+    def reach_of(self, k: int) -> int:
+        """Rows past a sequence's cached tokens whose KV a round of k drafts writes (its pages must hold them)."""
+        return k + 1
+
     def set_oracle(self, oracle: DraftHook | None) -> bool:
-        """Replace drafts per a DraftHook (None: back to the MTP's own). Returns whether captured rounds must be
+        """Replace drafts per a DraftHook (None: back to the drafter's own). Returns whether captured rounds must be
         captured again: a round with an oracle runs other kernels; one oracle after another shares its tensors."""
         if oracle is not None:
-            oracle.attach(self.oracle, self.draft_tokens.shape[0], self.max_context, self.k, self.draft_tokens.device)
+            oracle.attach(self.oracle, self.pools.num_slots, self.max_context, self.k, self.pools.conv.device)
         recapture = (oracle is None) != (self.oracle is None)
         self.oracle = oracle
         return recapture
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head.first_rows(hidden, self.draft_vocab).float()
+
+    def verify(self, inp: RoundInputs, drafts: torch.Tensor, q: torch.Tensor | None, sampled: bool, k: int):
+        """Steps 2-4 for drafts [B, k] (q [B, k, Vd]: their distributions, None when no row samples): returns
+        (kept [B], tokens [B, k + 1], the verify's hidden states [B (k + 1), H])."""
+        model, pools = self.model, self.pools
+        B = inp.slots.shape[0]
+        if self.oracle is not None:
+            drafts = self.oracle.apply(drafts, inp, model.cfg.vocab_size)
+        rows = self.rows.first(B, k + 1)
+        batch = rows_batch(inp, 0, k + 1, pools.page_size, self.max_seq_len, verify=rows)
+        hidden = model(torch.cat([inp.last[:, None], drafts], 1).reshape(-1), batch, pools)   # [B (k+1), H]
+        logits = model.logits(hidden).view(B, k + 1, -1)
+        kept, tokens = accept(drafts, logits, inp.sampling, q)
+        kept = cut_at_stop(kept, tokens, inp.stop)
+        gdn_replay(pools.conv, pools.ssm, inp.slots, (kept + 1).int(), rows, inp.snap_rows, inp.snap_slots)
+        return kept, tokens, hidden
+
+    def first_draft(self, inp: RoundInputs, hidden: torch.Tensor) -> None:
+        """After a prompt's first token is sampled (hidden: the main model's last hidden states): what the drafter
+        needs before the first round (nothing, unless a drafter says otherwise)."""
+
+
+class RoundRunner(Rounds):
+    method = "mtp"
+
+    def __init__(self, model: Qwen3_5Model, pools: CacheTensors, k: int, max_batch: int, max_context: int,
+                 draft_vocab: int = EngineConfig.draft_vocab):
+        """k: the most drafts a round makes (buffers are sized for it)."""
+        assert model.mtp is not None
+        super().__init__(model, pools, k, max_batch, max_context, draft_vocab, reach=k + 1)
+        dev, dtype = pools.conv.device, pools.conv.dtype
+        # per state slot (graph padding rows use the scratch slot: every slot has a row)
+        self.draft_tokens = torch.zeros(pools.num_slots, dtype=torch.int64, device=dev)
+        self.draft_hidden = torch.zeros(pools.num_slots, model.cfg.hidden_size, dtype=dtype, device=dev)
 
     # ---- outside rounds (eager) ----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -129,9 +172,6 @@ class RoundRunner:
         d1, _ = pick_draft(self.draft_logits(m), inp.sampling, 1, bool((inp.sampling.temperature > 0).any()))
         self.draft_tokens[inp.slots] = d1
         self.draft_hidden[inp.slots] = m
-
-    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head.first_rows(hidden, self.draft_vocab).float()
 
     # ---- one round ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -151,16 +191,8 @@ class RoundRunner:
             token, q = pick_draft(self.draft_logits(h), s, j + 1, sampled)
             d.append(token)
             qs.append(q)
-        drafts = torch.stack(d, 1)                                                       # [B, k]
-        if self.oracle is not None:
-            drafts = self.oracle.apply(drafts, inp, model.cfg.vocab_size)
-        rows = self.rows.first(B, k + 1)
-        verify = rows_batch(inp, 0, k + 1, page, self.max_seq_len, verify=rows)
-        hidden = model(torch.cat([inp.last[:, None], drafts], 1).reshape(-1), verify, pools)   # [B (k+1), H]
-        logits = model.logits(hidden).view(B, k + 1, -1)
-        kept, tokens = accept(drafts, logits, s, torch.stack(qs, 1) if sampled else None)
-        kept = cut_at_stop(kept, tokens, inp.stop)
-        gdn_replay(pools.conv, pools.ssm, inp.slots, (kept + 1).int(), rows, inp.snap_rows, inp.snap_slots)
+        kept, tokens, hidden = self.verify(inp, torch.stack(d, 1), torch.stack(qs, 1) if sampled else None,
+                                           sampled, k)
         catch_up = rows_batch(inp, 0, k + 1, page, self.max_seq_len)
         m = model.mtp_forward(tokens.reshape(-1), hidden, catch_up, pools).view(B, k + 1, -1)
         m = m[torch.arange(B, device=m.device), kept]

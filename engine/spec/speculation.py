@@ -19,13 +19,14 @@ from engine.cache.manager import CacheManager
 from engine.spec.policy import DraftPolicy
 from engine.core.params import SpeculationStats
 from engine.core.sequence import Sequence
-from engine.spec.rounds import RoundGraphs, RoundRequest, RoundRunner, round_inputs
+from engine.spec.rounds import RoundGraphs, RoundRequest, Rounds, round_inputs
 
 
 class Speculation:
-    def __init__(self, speculator: RoundRunner, cache: CacheManager, buckets: list[int], graphs: bool,
+    def __init__(self, speculator: Rounds, cache: CacheManager, buckets: list[int], graphs: bool,
                  plain_times: dict[int, float] | None = None):
-        """buckets: the batch sizes decode steps and rounds run at (padded up); graphs: rounds replay CUDA graphs
+        """speculator: the rounds of the MTP head (RoundRunner) or of a block drafter (BlockRoundRunner); buckets: the
+        batch sizes decode steps and rounds run at (padded up); graphs: rounds replay CUDA graphs
         (captured by `capture`); plain_times: {bucket: seconds} of the plain decode graphs (the policy's start)."""
         self.spec, self.cache, self.max_k = speculator, cache, speculator.k
         self.buckets = buckets
@@ -34,7 +35,7 @@ class Speculation:
         self.plain_times = dict(plain_times or {})
         self.policy = self._new_policy()
         self.adaptive = True                      # off: every eligible step makes max_k drafts (measurements)
-        self.totals = SpeculationStats()          # every sequence's rounds together
+        self.totals = SpeculationStats(method=speculator.method)   # every sequence's rounds together
         self.round_ms = 0.0                       # time in rounds (host view, waiting for their tokens)
         self._last: tuple[int, tuple[int, ...]] | None = None   # the last decode step: (drafts, sequence ids)
 
@@ -114,7 +115,7 @@ class Speculation:
         page = self.cache.page_size
         reqs = []
         for s in seqs:
-            self.cache.grow(s.pages, min(s.num_computed + k + 1, s.max_total))
+            self.cache.grow(s.pages, min(s.num_computed + self.spec.reach_of(k), s.max_total))
             boundary = (s.num_computed + k + 1) // page * page
             slot = self.cache.snapshots.take() if boundary > s.num_computed else -1
             s.spec_snapshot = (boundary, slot) if slot >= 0 else None
@@ -130,6 +131,7 @@ class Speculation:
         self.round_ms += 1e3 * (time.perf_counter() - started)
         self.policy.kept_drafts(k, kept)
         for s, n in zip(seqs, kept):
+            s.spec_counts.method = self.spec.method
             s.spec_counts.add(k, n)
             self.totals.add(k, n)
         return [t[:n + 1] for t, n in zip(tokens, kept)]
@@ -163,7 +165,8 @@ class Speculation:
     def stats(self) -> dict:
         t = self.totals
         now = self.policy.last if self.adaptive else self.max_k
-        return {"spec_drafts": self.max_k, "spec_drafts_now": now, "spec_on": bool(now), "spec_rounds": t.rounds,
+        return {"spec_method": self.spec.method, "spec_drafts": self.max_k, "spec_drafts_now": now,
+                "spec_on": bool(now), "spec_rounds": t.rounds,
                 "spec_drafted_tokens": t.drafted, "spec_accepted_tokens": t.accepted,
                 "spec_tokens_per_round": round(t.tokens_per_round, 3),
                 "spec_position_rates": [round(r, 3) for r in t.position_rates], "spec_round_ms_total": self.round_ms}

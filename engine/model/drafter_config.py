@@ -1,0 +1,152 @@
+"""A DFlash / DFlash2 drafter checkpoint's config (arXiv 2602.06036; z-lab/dflash): parsed from its config.json,
+checked against the target it is meant for, with one-line refusals (DrafterMismatch), and what it costs in memory."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.model.config import ModelConfig
+
+VARIANTS = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
+
+
+class DrafterMismatch(ValueError):
+    """A drafter that cannot serve this target (one line, for the user)."""
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    variant: str                          # "dflash" | "dflash2"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    attention_bias: bool
+    layer_types: tuple[str, ...]          # "full_attention" | "sliding_attention" per layer
+    sliding_window: int | None
+    is_causal: bool | None                # None: the reference's rule (sliding layers causal, full ones not)
+    target_layer_ids: tuple[int, ...]
+    num_target_layers: int | None
+    block_size: int
+    mask_token_id: int
+    embedding_scale: float = 1.0          # the target's embeddings of the block are multiplied by this
+    output_multiplier: float = 1.0        # and the draft logits by this
+    logit_softcap: float | None = None
+    conv_kernel: int = 0                  # DFlash2: the dynamic convolution's taps and channel group
+    conv_group: int = 0
+    selector_rank: int = 0                # DFlash2: the candidate selector's codebook rank and candidates per row
+    selector_top_k: int = 0
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def causal(self, layer: int) -> bool:
+        sliding = self.layer_types[layer] == "sliding_attention"
+        return sliding if self.is_causal is None else self.is_causal
+
+    def window(self, layer: int) -> int | None:
+        return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """The reference's taps when a config names none: evenly from layer 1 to num_target_layers - 3."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def parse_drafter_config(raw: dict) -> DrafterConfig:
+    """DrafterConfig from a drafter checkpoint's config.json (the `dflash_config` block overrides top-level keys)."""
+    arch = (raw.get("architectures") or [""])[0]
+    if arch not in VARIANTS:
+        raise DrafterMismatch(f"not a DFlash drafter: architecture {arch or 'missing'!r} (supported: "
+                              f"{', '.join(VARIANTS)})")
+    extra = dict(raw.get("dflash_config") or {})
+
+    def value(name, default=None):
+        return extra.get(name, raw.get(name, default))
+
+    layers = int(raw["num_hidden_layers"])
+    heads = int(raw["num_attention_heads"])
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    if rope.get("rope_type", "default") != "default":
+        raise DrafterMismatch(f"drafter RoPE type {rope['rope_type']!r} is not supported")
+    mask = value("mask_token_id")
+    if mask is None:
+        raise DrafterMismatch("drafter config has no mask_token_id")
+    n_target = value("num_target_layers")
+    taps = value("target_layer_ids") or default_target_layer_ids(int(n_target), layers)
+    softcap = value("final_logit_softcapping")
+    variant = VARIANTS[arch]
+    return DrafterConfig(
+        variant=variant, vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
+        intermediate_size=int(raw["intermediate_size"]), num_layers=layers, num_heads=heads,
+        num_kv_heads=int(raw.get("num_key_value_heads", heads)),
+        head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(rope.get("rope_theta", raw.get("rope_theta", 10000.0))),
+        attention_bias=bool(raw.get("attention_bias", False)),
+        layer_types=tuple(raw.get("layer_types") or ["full_attention"] * layers),
+        sliding_window=raw.get("sliding_window"), is_causal=raw.get("is_causal"),
+        target_layer_ids=tuple(int(i) for i in taps), num_target_layers=None if n_target is None else int(n_target),
+        block_size=int(value("block_size", 16)), mask_token_id=int(mask),
+        embedding_scale=float(value("input_embedding_scale", 1.0)),
+        output_multiplier=float(value("output_multiplier", 1.0)),
+        logit_softcap=float(softcap) if softcap else None,
+        conv_kernel=int(value("conv_kernel_size", 0)) if variant == "dflash2" else 0,
+        conv_group=int(value("conv_group_size", 0)) if variant == "dflash2" else 0,
+        selector_rank=int(value("selector_rank", 0)) if variant == "dflash2" else 0,
+        selector_top_k=int(value("selector_top_k", 0)) if variant == "dflash2" else 0,
+        extra=extra)
+
+
+def check_drafter(cfg: DrafterConfig, target: ModelConfig) -> None:
+    """Refuse, in one line, a drafter that was not made for this target."""
+    if cfg.hidden_size != target.hidden_size:
+        raise DrafterMismatch(f"the drafter has hidden size {cfg.hidden_size}, the model {target.hidden_size}: it is "
+                              f"for another model")
+    if cfg.vocab_size != target.vocab_size:
+        raise DrafterMismatch(f"the drafter has a vocabulary of {cfg.vocab_size}, the model {target.vocab_size}")
+    if cfg.num_target_layers is not None and cfg.num_target_layers != target.num_layers:
+        raise DrafterMismatch(f"the drafter is for a model of {cfg.num_target_layers} layers, this one has "
+                              f"{target.num_layers}")
+    if not cfg.target_layer_ids or max(cfg.target_layer_ids) >= target.num_layers or min(cfg.target_layer_ids) < 0:
+        raise DrafterMismatch(f"the drafter reads layers {list(cfg.target_layer_ids)}, the model has "
+                              f"{target.num_layers}")
+    if not 0 <= cfg.mask_token_id < target.vocab_size:
+        raise DrafterMismatch(f"the drafter's mask token {cfg.mask_token_id} is outside the vocabulary")
+    if cfg.variant == "dflash2" and not (cfg.conv_kernel and cfg.conv_group and cfg.selector_rank
+                                         and cfg.selector_top_k):
+        raise DrafterMismatch("DFlash2 drafter config lacks its convolution or selector sizes")
+
+
+def read_drafter_config(path) -> DrafterConfig:
+    """The DrafterConfig of the checkpoint folder at `path` (DrafterMismatch when it has no readable config)."""
+    path = Path(path)
+    try:
+        raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise DrafterMismatch(f"no readable drafter config.json in {path}: {e}") from None
+    return parse_drafter_config(raw)
+
+
+def drafter_parameters(cfg: DrafterConfig) -> int:
+    """The drafter's weights, counted from its config (the planner's figure before anything loads)."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    attention = h * d * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + 2 * d + 2 * h
+    mlp = 3 * h * cfg.intermediate_size
+    conv = 2 * (2 * cfg.conv_kernel * h + h * 2 * cfg.conv_kernel * (h // cfg.conv_group)) if cfg.conv_kernel else 0
+    layers = cfg.num_layers * (attention + mlp + conv)
+    selector = 2 * cfg.vocab_size * cfg.selector_rank + h * cfg.selector_rank if cfg.selector_rank else 0
+    return len(cfg.target_layer_ids) * h * h + 2 * h + layers + selector
+
+
+def drafter_kv_bytes_per_token(cfg: DrafterConfig, itemsize: int) -> int:
+    """K and V of one token in every drafter layer (its context, paged with the sequence's pages)."""
+    return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * itemsize

@@ -1,0 +1,260 @@
+"""The block drafter (DFlash / DFlash2) in the engine, on tiny checkpoints (CPU, fp32): the paged drafter (context K /
+V in the engine's pages, written by the target's forwards; a block per sequence) equals the one-sequence drafter that
+tests/test_dflash.py checks against the reference; greedy output with the drafter equals plain decoding, alone and
+batched, with drafts right at every rate (a DraftOracle), int8 KV, stop strings, seeded sampling; a prefix hit, from
+the GPU pages or the host tier, restores the drafter's context (the same drafts as a cold run); cancels give every page
+back; a drafter made for another model is refused in one line before anything loads; the plan counts it."""
+
+import json
+
+import pytest
+import torch
+
+from engine.api import Engine, EngineConfig, SamplingParams, plan_for
+from engine.bench.oracle import DraftOracle
+from engine.cache.pages import CacheTensors
+from engine.model.dflash import BlockRows, Drafter
+from engine.model.drafter_config import DrafterMismatch, parse_drafter_config
+from tests.fixtures.drafters import drafter_config, write_drafter
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def ckpt(checkpoint):
+    return checkpoint("base")
+
+
+@pytest.fixture(scope="module", params=["dflash", "dflash2"])
+def drafter(request, ckpt, tmp_path_factory):
+    return write_drafter(tmp_path_factory.mktemp(request.param), ckpt, request.param, seed=1)
+
+
+def make(ckpt, drafter=None, k=5, **kw):
+    kw.setdefault("max_context", 640)
+    kw.setdefault("page_size", 16)
+    return Engine(EngineConfig(model=str(ckpt), device="cpu", dtype="float32", speculative_tokens=k if drafter else 0,
+                               drafter=str(drafter) if drafter else None, **kw))
+
+
+def prompt(n, seed):
+    return torch.randint(0, 600, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.fixture(scope="module")
+def plain(ckpt):
+    e = make(ckpt, profile="C4")
+    yield e
+    e.close()
+
+
+def run(e, ids, n, **kw):
+    return e.generate(ids, SamplingParams(max_tokens=n, **{**GREEDY, **kw})).token_ids
+
+
+# ---- the paged drafter against the one-sequence one ------------------------------------------------------------------
+
+def paged_pools(cfg, num_pages: int, page_size: int) -> CacheTensors:
+    shape = (cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
+    z = torch.zeros(1, num_pages, page_size, 1, 1)
+    return CacheTensors(k=z, v=z.clone(), k_scale=None, v_scale=None, conv=torch.zeros(1, 1, 1, 1),
+                        ssm=torch.zeros(1, 1, 1, 1, 1), page_size=page_size, draft_k=torch.zeros(shape),
+                        draft_v=torch.zeros(shape))
+
+
+@pytest.mark.parametrize("variant,page_size,window", [("dflash", 1, 5), ("dflash2", 1, 5), ("dflash", 4, 64),
+                                                      ("dflash2", 4, 64)])
+def test_the_paged_drafter_equals_the_one_sequence_drafter(variant, page_size, window):
+    """Two sequences on shuffled pages, their context written as the target's forwards write it, one block each: the
+    same hidden states as Drafter.forward over a DrafterCache (pages of one token: sliding windows exact)."""
+    raw = drafter_config({"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 4}, variant, block=4,
+                         taps=(0, 1, 3), window=window)
+    cfg = parse_drafter_config(raw)
+    torch.manual_seed(0)
+    drafter = Drafter(cfg).eval()
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if "base_kernel" in name:
+                p.normal_(0, 0.3)
+    lengths, B, pages_each = [11, 6], cfg.block_size, 32 // page_size
+    pools = paged_pools(cfg, 2 * pages_each, page_size)
+    order = torch.randperm(2 * pages_each, generator=torch.Generator().manual_seed(2))
+    tables = order.view(2, pages_each).int()
+    feats = [torch.randn(n, 3 * cfg.hidden_size) for n in lengths]
+    blocks = [torch.randn(B, cfg.hidden_size) for _ in lengths]
+
+    def slot(i, pos):
+        return tables[i, pos // page_size].long() * page_size + pos % page_size
+
+    with torch.no_grad():
+        for i, f in enumerate(feats):
+            pos = torch.arange(f.shape[0])
+            drafter.write_context(f, pos, slot(i, pos), pools)
+        index = torch.cat([n + torch.arange(B) for n in lengths])
+        base = torch.tensor(lengths).repeat_interleave(B)
+        rows = BlockRows(index=index, base=base, limit=torch.full_like(index, 32),
+                         tables=tables.repeat_interleave(B, 0), slots=torch.cat([slot(i, n + torch.arange(B)) for
+                                                                                 i, n in enumerate(lengths)]),
+                         block=B, max_seq_len=32)
+        got = drafter.draft(torch.cat(blocks), index, rows, pools).view(2, B, -1)
+        for i, (f, block) in enumerate(zip(feats, blocks)):
+            cache = drafter.new_cache()
+            drafter.extend(cache, f)
+            torch.testing.assert_close(got[i], drafter(block, cache), atol=1e-5, rtol=1e-5)
+
+
+def test_a_window_starts_at_the_page_of_its_first_key():
+    rows = BlockRows(index=torch.tensor([9, 10]), base=torch.tensor([9, 9]), limit=torch.tensor([64, 64]),
+                     tables=torch.tensor([[7, 3, 5, 1]] * 2, dtype=torch.int32), slots=torch.tensor([0, 1]), block=2,
+                     max_seq_len=16)
+    lens, tables = rows.keys(causal=True, window=3, page=4)        # first keys 7 and 8: pages 1 and 2
+    assert lens.tolist() == [6, 3] and tables[:, 0].tolist() == [3, 5]
+    lens, tables = rows.keys(causal=False, window=None, page=4)     # the whole block: 11 keys
+    assert lens.tolist() == [11, 11] and tables[0].tolist() == [7, 3, 5, 1]
+
+
+# ---- through the engine ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("p", [0.0, 0.8, 1.0])
+def test_greedy_output_equals_plain_alone_and_batched(ckpt, drafter, plain, p):
+    prompts = [prompt(30 + 7 * i, 10 + i) for i in range(3)]
+    want = [run(plain, ids, 40) for ids in prompts]
+    e = make(ckpt, drafter, profile="C4")
+    try:
+        e.set_draft_oracle(DraftOracle(p, {tuple(ids): ids + out for ids, out in zip(prompts, want)}),
+                           adaptive=False)
+        assert run(e, prompts[0], 40) == want[0]
+        handles = [e.submit(ids, SamplingParams(max_tokens=40, **GREEDY)) for ids in prompts]
+        assert [[t for ev in h for t in ev.token_ids] for h in handles] == want
+        s = e.stats()
+        assert s["spec_method"] == "dflash" and s["spec_rounds"] > 0
+        if p == 1.0:                  # every draft right: 6 tokens a round, the last rounds cut by max_tokens
+            assert s["spec_tokens_per_round"] > 4.5
+    finally:
+        e.close()
+
+
+def test_int8_kv_stop_strings_and_seeded_sampling_equal_plain(ckpt, drafter):
+    ids = prompt(33, 5)
+    outs = {}
+    for name, d in (("plain", None), ("drafter", drafter)):
+        e = make(ckpt, d, kv_dtype="int8")
+        try:
+            greedy = e.generate(ids, SamplingParams(max_tokens=30, **GREEDY))
+            seeded = e.generate(ids, SamplingParams(max_tokens=30, temperature=0.9, top_p=0.9, seed=7,
+                                                    ignore_eos=True))
+            text = e.tokenizer.decode(greedy.token_ids)
+            stop = text[len(text) // 2:len(text) // 2 + 3]
+            stopped = e.generate(ids, SamplingParams(max_tokens=30, stop=[stop], **GREEDY))
+            outs[name] = (greedy.token_ids, seeded.token_ids, stopped.text, stopped.finish_reason)
+        finally:
+            e.close()
+    assert outs["drafter"] == outs["plain"]
+
+
+class Recorder:
+    """A DraftHook that keeps every round's drafts as they came from the drafter (and changes none)."""
+
+    def __init__(self):
+        self.drafts = []
+
+    def attach(self, previous, slots, max_context, k, device):
+        pass
+
+    def assign(self, slot, prompt):
+        pass
+
+    def apply(self, drafts, inp, vocab):
+        self.drafts.append(drafts.tolist())
+        return drafts
+
+
+def test_a_prefix_hit_restores_the_drafter_context_from_pages_and_the_host_tier(ckpt, drafter):
+    """A second request over the same 64-token prefix (4 pages) reads the drafter's context from the cached pages: its
+    drafts equal a cold engine's, round for round; and again after the pages went to the host tier and came back."""
+    ids = prompt(70, 9)
+
+    def drafts_of(e, ids):
+        rec = Recorder()
+        e.set_draft_oracle(rec, adaptive=False)
+        out = run(e, ids, 12)
+        return out, rec.drafts
+
+    cold = make(ckpt, drafter)
+    try:
+        want = drafts_of(cold, ids)
+    finally:
+        cold.close()
+    e = make(ckpt, drafter, host_cache_gb=0.01)
+    try:
+        run(e, ids[:66] + [1, 2, 3, 4], 4)                          # caches the shared pages
+        assert drafts_of(e, ids) == want
+        assert e.stats()["prefix_hit_tokens"] >= 64
+        for n in range(8):                                           # other prompts push the pages to the host tier
+            run(e, prompt(600, 100 + n), 1)
+        hits = e.stats()["host_hit_pages"]
+        assert drafts_of(e, ids) == want
+        assert e.stats()["host_hit_pages"] >= hits + 4
+    finally:
+        e.close()
+
+
+def test_cancels_mid_round_give_every_page_and_slot_back(ckpt, drafter):
+    """60 random requests, a third cancelled at random moments while rounds run: pages and state slots all back."""
+    import random
+    import time
+    e = make(ckpt, drafter, profile="C4", max_queue=64)
+    e.set_draft_oracle(DraftOracle(0.7, {}), adaptive=False)
+    rng = random.Random(0)
+    try:
+        handles = [e.submit(prompt(rng.randint(1, 60), i), SamplingParams(max_tokens=rng.randint(1, 12), **GREEDY))
+                   for i in range(60)]
+        for h in rng.sample(handles, 20):
+            time.sleep(rng.random() * 0.002)
+            h.cancel()
+        finals = [[ev for ev in h][-1] for h in handles]
+        assert {f.finish_reason for f in finals} <= {"length", "cancelled"}
+        deadline = time.time() + 5
+        while e.stats()["running"] and time.time() < deadline:
+            time.sleep(0.01)
+        s = e.stats()
+        assert s["kv_pages_used"] == 0 and s["state_slots_used"] == 0 and s["spec_rounds"] > 0, s
+    finally:
+        e.close()
+
+
+def test_a_drafter_for_another_model_is_refused_before_loading(ckpt, tmp_path):
+    other = write_drafter(tmp_path / "other", ckpt)
+    raw = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**raw, "hidden_size": 48}))
+    config = EngineConfig(model=str(ckpt), device="cpu", dtype="float32", speculative_tokens=3, drafter=str(other))
+    with pytest.raises(DrafterMismatch, match="hidden size 48") as err:
+        plan_for(config)
+    assert "\n" not in str(err.value)
+    with pytest.raises(DrafterMismatch):
+        Engine(config)
+    with pytest.raises(ValueError, match="needs a drafter"):
+        EngineConfig(model=str(ckpt), speculation="dflash").validate()
+
+
+def test_the_plan_counts_the_drafter(ckpt, drafter):
+    """Its context K / V in each token's bytes (and no MTP layer's), its weights in the engine's."""
+    from engine.core.memory import kv_bytes_per_token
+    from engine.model.config import load_model_config
+    base = EngineConfig(model=str(ckpt), device="cpu", dtype="float32", speculative_tokens=3, max_context=512)
+    mtp, dflash = plan_for(base), plan_for(EngineConfig(**{**base.__dict__, "drafter": str(drafter)}))
+    cfg = parse_drafter_config(json.loads((drafter / "config.json").read_text()))
+    target = load_model_config(str(ckpt))
+    assert mtp.kv_bytes_per_token == kv_bytes_per_token(target, torch.float32, mtp=True)
+    assert dflash.kv_bytes_per_token == kv_bytes_per_token(target, torch.float32, mtp=False) + \
+        cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4
+    e = make(ckpt, drafter, k=3, max_context=512)
+    try:
+        assert e.plan().kv_bytes_per_token == dflash.kv_bytes_per_token and e.drafts == 3
+        assert e._model.mtp is None and e._model.drafter is not None
+        n_params = sum(p.numel() for p in Drafter(cfg).parameters())
+        assert sum(p.numel() for p in e._model.drafter.parameters()) == n_params
+        from engine.model.drafter_config import drafter_parameters
+        assert drafter_parameters(cfg) == n_params
+    finally:
+        e.close()
