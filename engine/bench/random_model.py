@@ -93,6 +93,30 @@ def build_random_model(raw: dict, weights: str, check: bool = True, mtp: bool = 
     return model
 
 
+# z-lab/Qwen3.5-27B-DFlash's size as issue #45 gives it (5 layers, 32 / 8 heads of 128, ~1.73 B parameters: an MLP
+# of 17,408; 16-row blocks, 4 sliding layers of 2,048 and one full one, reading target layers 1, 16, 31, 46, 61):
+# layers, heads, kv heads, head dim, MLP width, taps. Not checked against the checkpoint itself (no network here);
+# its mask token id is a stand-in.
+DRAFTERS = {"27b": (5, 32, 8, 128, 17408, [1, 16, 31, 46, 61])}
+
+
+def build_random_drafter(shape: str, device="cuda", dtype: torch.dtype = torch.bfloat16):
+    """A block drafter at the published size for `shape`'s target, random weights (16-bit, as the engine holds it)."""
+    from engine.model.dflash import Drafter
+    from engine.model.drafter_config import parse_drafter_config
+    layers, heads, kv, head_dim, inter, taps = DRAFTERS[shape]
+    target = text_config(shape)
+    raw = dict(architectures=["DFlashDraftModel"], vocab_size=target["vocab_size"], hidden_size=target["hidden_size"],
+               intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+               head_dim=head_dim, sliding_window=2048, layer_types=["sliding_attention"] * (layers - 1) + [
+                   "full_attention"], num_target_layers=target["num_hidden_layers"], rope_theta=1e7,
+               dflash_config={"target_layer_ids": taps, "block_size": 16, "mask_token_id": 248077})
+    with torch.device(device):
+        drafter = Drafter(parse_drafter_config(raw)).to(dtype)
+    randomize_(drafter)
+    return drafter.eval()
+
+
 def build_random_tower(vision, weights: str, placement: str):
     """The vision tower of VisionConfig `vision`, random, under the weights' policy: built on the GPU, then moved to
     the host when on demand (engine.vision.encoder.ImageEncoder pins it there)."""

@@ -66,10 +66,13 @@ def components(eng, k: int, context: int) -> dict:
     req = RoundRequest(cache.scratch_slot, context, 1, pages, 0, -1, cache.scratch_slot, 0.0, 0, 1.0, 0.0, 0, 0,
                        False)
     inp = round_inputs([req], eng._spec.max_pages, pools.conv.device)
-    h = spec.draft_hidden[inp.slots]
 
     def draft():
-        m = model.mtp_forward(inp.last, h, rows_batch(inp, 0, 1, page, spec.max_seq_len), pools)
+        if spec.method == "dflash":     # the whole block (limit 0: it writes nothing, so its rows see one key)
+            spec.pick(*spec.draft_rows(inp, k), inp, False)
+            return
+        m = model.mtp_forward(inp.last, spec.draft_hidden[inp.slots], rows_batch(inp, 0, 1, page, spec.max_seq_len),
+                              pools)
         spec.draft_logits(m).argmax(-1)
 
     rows = spec.rows.first(1, k + 1)
@@ -82,8 +85,9 @@ def components(eng, k: int, context: int) -> dict:
         return {"draft_ms": _graph_ms(draft), "verify_ms": _graph_ms(verify)}
 
 
-def bench_speculation(model, args) -> dict:
-    """The table of module docstring: rows of dict per (profile, k, P)."""
+def bench_speculation(model, args, drafter=None) -> dict:
+    """The table of module docstring: rows of dict per (profile, k, P). drafter: a block drafter the speculative
+    engines draft with (attached to the model for them only: the plain engine's forwards write no drafter context)."""
     from engine.api import Engine, EngineConfig
     from engine.bench.oracle import DraftOracle
     tok = bench_tokenizer()
@@ -92,6 +96,7 @@ def bench_speculation(model, args) -> dict:
     device = next(model.parameters()).device.type
 
     def engine(profile, ctx, k):
+        model.drafter = drafter if k else None
         return Engine.from_model(EngineConfig(model="", device=device, profile=profile, max_context=ctx,
                                               prefill_chunk=args.prefill_chunk, max_queue=16, speculative_tokens=k,
                                               kv_dtype=args.kv_dtype), model, tok)

@@ -25,7 +25,8 @@ from engine.bench.figures import (bench_engine, copy_bandwidth, decode_figures, 
                                   weight_bytes)
 from engine.commands.args import Parser, positive_int
 from engine.core.params import KV_DTYPES, PROFILES
-from engine.bench.random_model import SHAPES, bench_tokenizer, build_random_model, rand_ids, text_config
+from engine.bench.random_model import (SHAPES, bench_tokenizer, build_random_drafter, build_random_model, rand_ids,
+                                       text_config)
 
 
 SPEC_MODES = {"": None, "_spec_off": 0}     # key suffix -> speculative_tokens: the default path, and speculation off
@@ -199,7 +200,10 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-oracle", type=rates, metavar="P,...",
                     help="instead of the speed runs: speculative decoding with drafts right at these rates "
                     "(engine/bench/spec.py), per --profiles and --drafts")
-    ap.add_argument("--drafts", default="1,3,5", type=token_counts, help="MTP drafts per round (--draft-oracle)")
+    ap.add_argument("--drafts", default="1,3,5", type=token_counts, help="drafts per round (--draft-oracle)")
+    ap.add_argument("--drafter", default="none", choices=["none", "random"],
+                    help="(--draft-oracle, --shape 27b) draft with a random block drafter of the published DFlash "
+                    "drafter's size instead of the MTP head")
     ap.add_argument("--spec-context", type=positive_int, default=512, help="prompt tokens (--draft-oracle)")
     ap.add_argument("--profile-rounds", action="store_true",
                     help="(--draft-oracle) also profile the rounds of the first rate by kernel")
@@ -252,7 +256,9 @@ def main(argv=None) -> int:
         return 0
     if args.draft_oracle:
         from engine.bench import spec as bench_spec
-        results.update(bench_spec.bench_speculation(build_random_model(raw, args.weights, mtp=True), args))
+        drafter = build_random_drafter(args.shape) if args.drafter == "random" else None
+        results.update(bench_spec.bench_speculation(build_random_model(raw, args.weights, mtp=drafter is None), args,
+                                                    drafter), drafter=args.drafter)
         bench_spec.report(results)
         write_json(results, args.json)
         return 0

@@ -109,7 +109,8 @@ def plan(config: EngineConfig, loaded: Loaded, device: torch.device, dtype: torc
     made = plan_memory(loaded.model_config, config, dtype, weights_bytes=0,
                        budget_bytes=budget_for(config, probe(config.device), held), drafts=drafts, on_gpu=gpu,
                        vision=dataclasses.replace(vision, weights_bytes=0) if vision.placement == "resident"
-                       else vision)     # a resident tower is in `held` already
+                       else vision,     # a resident tower is in `held` already
+                       drafter=loaded.model.drafter.cfg if drafts and loaded.model.drafter is not None else None)
     if not made.fits:
         raise MemoryError(made.message)
     weights_bytes = sum(t.numel() * t.element_size() for t in [

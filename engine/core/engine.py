@@ -84,7 +84,8 @@ class Engine:
                   else build.wrap(config, self.device, *_parts))
         self.model_config, self.tokenizer, self.template = loaded.model_config, loaded.tokenizer, loaded.template
         self.weights, self._model, self._encoder = loaded.weights, loaded.model, loaded.encoder
-        self.drafts = model_drafts(config, on_gpu(self.device), has_mtp=self._model.mtp is not None)
+        self.drafts = model_drafts(config, on_gpu(self.device), has_mtp=self._model.mtp is not None,
+                                   has_drafter=self._model.drafter is not None)
         self._plan = build.plan(config, loaded, self.device, self._dtype, self.drafts)
         self.max_context = self._plan.max_context
         parts = build.assemble(config, loaded, self._plan, self.device, self._dtype, self.drafts, step)

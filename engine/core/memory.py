@@ -202,10 +202,10 @@ def vision_cost(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, devi
     return VisionCost(placement, weights, vision_encode_bytes(cfg, dtype, max_pixels))
 
 
-def model_drafts(config: EngineConfig, on_gpu: bool, has_mtp: bool) -> int:
+def model_drafts(config: EngineConfig, on_gpu: bool, has_mtp: bool, has_drafter: bool = False) -> int:
     """Drafts per round the engine will use: the config's (or the device's default), if the model has an MTP module
     or a drafter is given (the planner asks of the checkpoint's config, the engine of the model it loaded)."""
-    return config.drafts(on_gpu, config.method(has_mtp))
+    return config.drafts(on_gpu, config.method(has_mtp, has_drafter))
 
 
 def planned_drafter(config: EngineConfig, drafts: int) -> DrafterConfig | None:
@@ -215,16 +215,17 @@ def planned_drafter(config: EngineConfig, drafts: int) -> DrafterConfig | None:
 
 def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, weights_bytes: int,
                 budget_bytes: int, drafts: int, on_gpu: bool, explain: bool = True,
-                vision: VisionCost = VisionCost("off")) -> MemoryPlan:
+                vision: VisionCost = VisionCost("off"), drafter: DrafterConfig | None = None) -> MemoryPlan:
     """The largest plan for this profile that fits `budget_bytes`, or one marked fits=False with
     a message saying what would fit. weights_bytes: the language model's; a resident vision tower adds its own. The
-    tower encodes between forward passes, so its activations (and its weights, on demand) share the workspace."""
+    tower encodes between forward passes, so its activations (and its weights, on demand) share the workspace.
+    drafter: a block drafter already loaded (else the config's is read, when it drafts with one)."""
     C, page = config.max_running, config.page_size
     one_of("kv_dtype", config.kv_dtype, KV_DTYPES)
     if config.kv_dtype == "auto":
         return _plan_auto_kv(cfg, config, dtype, weights_bytes=weights_bytes, budget_bytes=budget_bytes,
-                             drafts=drafts, on_gpu=on_gpu, explain=explain, vision=vision)
-    drafter = planned_drafter(config, drafts)
+                             drafts=drafts, on_gpu=on_gpu, explain=explain, vision=vision, drafter=drafter)
+    drafter = drafter or planned_drafter(config, drafts)
     if drafter is not None:
         check_drafter(drafter, cfg)
     per_tok = kv_bytes_per_token(cfg, dtype, drafts > 0 and drafter is None, config.kv_dtype) + \
@@ -272,7 +273,8 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
         plan.fits = False
         if not explain:
             return plan
-        plan.alternatives = _alternatives(cfg, config, dtype, lm_weights, budget_bytes, drafts, on_gpu, vision)
+        plan.alternatives = _alternatives(cfg, config, dtype, lm_weights, budget_bytes, drafts, on_gpu, vision,
+                                          drafter)
         need = plan.total_bytes / GIB
         plan.message = (f"profile {config.profile} with {ctx} tokens of context needs {need:.1f} GiB; "
                         f"{budget_bytes / GIB:.1f} GiB are available. "
@@ -294,13 +296,13 @@ def _plan_auto_kv(cfg, config, dtype, **kwargs) -> MemoryPlan:
     return plan
 
 
-def _alternatives(cfg, config, dtype, weights_bytes, budget_bytes, drafts, on_gpu, vision) -> list[str]:
+def _alternatives(cfg, config, dtype, weights_bytes, budget_bytes, drafts, on_gpu, vision, drafter) -> list[str]:
     out = []
     for profile in PROFILES:
         for kv in [kv for kv in KV_DTYPES if kv != "auto"]:
             alt = EngineConfig(**{**config.__dict__, "profile": profile, "kv_dtype": kv, "max_context": None})
             p = plan_memory(cfg, alt, dtype, weights_bytes=weights_bytes, budget_bytes=budget_bytes, drafts=drafts,
-                            on_gpu=on_gpu, explain=False, vision=vision)
+                            on_gpu=on_gpu, explain=False, vision=vision, drafter=drafter)
             if p.fits and p.max_context >= 1024:
                 out.append(f"{profile} with {kv} KV: up to {p.max_context} tokens")
     return out

@@ -59,13 +59,14 @@ class EngineConfig:
         one_of("weights", weights, WEIGHTS)
         return QuantPolicy(group_size=self.quant_group, method=self.quant_method) if weights == "int4" else None
 
-    def method(self, has_mtp: bool) -> str:
-        """How this engine drafts (the one place it is decided): "dflash" with a drafter (auto or asked for), "mtp"
-        when the checkpoint has its MTP head, else "off"."""
+    def method(self, has_mtp: bool, has_drafter: bool = False) -> str:
+        """How this engine drafts (the one place it is decided): "dflash" with a drafter (this config's, or one
+        attached to a model given to Engine.from_model), "mtp" when the checkpoint has its MTP head, else "off"."""
         one_of("speculation", self.speculation, SPECULATION)
-        if self.speculation == "dflash" and not self.drafter:
+        drafter = bool(self.drafter) or has_drafter
+        if self.speculation == "dflash" and not drafter:
             raise ValueError("speculation 'dflash' needs a drafter (EngineConfig.drafter: the drafter's folder)")
-        if self.speculation in ("auto", "dflash") and self.drafter:
+        if self.speculation in ("auto", "dflash") and drafter:
             return "dflash"
         return "mtp" if self.speculation in ("auto", "mtp") and has_mtp else "off"
 
