@@ -21,8 +21,9 @@ Two ways through the same layers:
   sequence's page table, the prefix cache and its tiers carry them with no bookkeeping of their own. The target's
   forward writes them for every row it computes (Qwen3_5Model.forward: prefill, decode and verify); a round's block
   writes its own K / V at its rows' slots (past the committed tokens: overwritten by the verify that follows) and
-  attends over the pages. A sliding layer's window starts at the page holding its first key (up to page_size - 1
-  older keys seen: drafts only, never the output).
+  attends over the pages: a full layer through the paged decode attention (each row a query of its own), a sliding
+  layer over its window's keys gathered from the pages (window + block - 1 of them per sequence, whatever the
+  context: exact, where a window starting at a page boundary would see up to page_size - 1 keys too many).
 """
 
 from __future__ import annotations
@@ -315,9 +316,12 @@ class Drafter(nn.Module):
         for i, layer in enumerate(self.layers):
             def attend(q, k, v, i=i, layer=layer):
                 ops.store_kv(k, v.contiguous(), pools.draft_k[i], pools.draft_v[i], rows.slots)
-                seq_lens, tables = rows.keys(layer.causal, layer.window, page)
-                return ops.paged_attention(q.contiguous(), pools.draft_k[i], pools.draft_v[i], tables, rows.cu_seqlens,
-                                           seq_lens, scale, decode_q_len=1, max_seq_len=rows.max_seq_len)
+                if layer.window is not None:
+                    return rows.window_attention(q, pools.draft_k[i], pools.draft_v[i], layer.causal, layer.window,
+                                                 page, scale)
+                return ops.paged_attention(q.contiguous(), pools.draft_k[i], pools.draft_v[i], rows.tables,
+                                           rows.cu_seqlens, rows.key_count(layer.causal), scale, decode_q_len=1,
+                                           max_seq_len=rows.max_seq_len)
             x = layer(x, positions, attend, B)
         return self.norm(x)
 
@@ -346,17 +350,34 @@ class BlockRows:
     def cu_seqlens(self) -> torch.Tensor:
         return torch.arange(self.index.shape[0] + 1, device=self.index.device, dtype=torch.int32)
 
-    def keys(self, causal: bool, window: int | None, page: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(key count [N * B] int32, page tables) of each row under a layer's mask: causal rows see up to themselves,
-        others the whole block; a window starts at the page holding the row's first key."""
+    def key_count(self, causal: bool) -> torch.Tensor:
+        """[N * B] int32: the keys 0 .. count - 1 each row sees in a full layer (causal rows up to themselves, others
+        the whole block), only those with K / V (below limit; at least one, for padding rows)."""
         end = self.index + 1 if causal else self.base + self.block
-        end = torch.minimum(end, self.limit).clamp(min=1)
-        if window is None:
-            return end.int(), self.tables
-        first = ((self.index - window + 1).clamp(min=0) // page).clamp(max=self.tables.shape[1] - 1)
-        cols = (first[:, None] + torch.arange(self.tables.shape[1], device=first.device)).clamp(
-            max=self.tables.shape[1] - 1)
-        return (end - first * page).clamp(min=1).int(), self.tables.gather(1, cols)
+        return torch.minimum(end, self.limit).clamp(min=1).int()
+
+    def window_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, causal: bool,
+                         window: int, page: int, scale: float) -> torch.Tensor:
+        """A sliding layer's attention, q [N * B, heads, D] -> [N * B, heads, D]: each sequence's keys at positions
+        base - window + 1 .. base + B - 1 gathered from its pages (static shapes: graphable), masked per row."""
+        B = self.block
+        N, span = q.shape[0] // B, window + B - 1
+        base, limit, tables = self.base[::B], self.limit[::B], self.tables[::B]
+        pos = base[:, None] - window + 1 + torch.arange(span, device=q.device)                      # [N, span]
+        at = pos.clamp(min=0)
+        slots = tables.gather(1, (at // page).clamp(max=tables.shape[1] - 1)).long() * page + at % page
+        rows = self.index.view(N, B, 1)
+        visible = (pos >= 0)[:, None] & (pos < limit[:, None])[:, None] & (rows - pos[:, None] < window)
+        visible &= pos[:, None] <= (rows if causal else (base + B - 1)[:, None, None])
+        visible |= ~visible.any(-1, keepdim=True)            # a padding row (no keys): any finite output will do
+        kv_heads, D = k_cache.shape[-2:]
+        k = k_cache.reshape(-1, kv_heads, D)[slots].transpose(1, 2)                               # [N, kv, span, D]
+        v = v_cache.reshape(-1, kv_heads, D)[slots].transpose(1, 2)
+        groups = q.shape[1] // kv_heads
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        out = F.scaled_dot_product_attention(q.view(N, B, -1, D).transpose(1, 2), k.to(q.dtype), v.to(q.dtype),
+                                             attn_mask=visible[:, None], scale=scale)
+        return out.transpose(1, 2).reshape(q.shape)
 
 
 def load_drafter(path, target: ModelConfig, device="cpu", dtype: torch.dtype = torch.bfloat16) -> Drafter:
