@@ -314,3 +314,74 @@ def test_a_distilled_drafter_drafts_well_above_chance_through_the_engine(checkpo
         assert rate([prompt(24, 60 + i) for i in range(3)]) > 0.03
     finally:
         e.close()
+
+
+def test_int4_weights_quantize_the_drafter_too_and_stay_exact(ckpt, drafter):
+    """With int4 weights the drafter's projections are int4 where the policy makes the model's int4 (those whose K is
+    whole groups: only fc in this tiny one), the plan prices exactly those, and greedy output equals the plain int4
+    engine's."""
+    from engine.model.drafter_config import drafter_tensor_shapes
+    from engine.model.linear import Linear
+    from engine.weights.policy import policy_bytes
+    ids = prompt(37, 21)
+    with make(ckpt, weights="int4") as plain4:
+        want = run(plain4, ids, 30)
+    config = EngineConfig(model=str(ckpt), device="cpu", dtype="float32", speculative_tokens=5, drafter=str(drafter),
+                          weights="int4", max_context=640, page_size=16)
+    e = Engine(config)
+    try:
+        cfg, policy = e._model.drafter.cfg, config.policy("int4")
+        shapes = drafter_tensor_shapes(cfg)
+        held = {f"{n}.weight" for n, m in e._model.drafter.named_modules() if isinstance(m, Linear)}
+        assert held == {n for n, (shape, _) in shapes.items() if policy.scheme(n, shape) == "int4"} != set()
+        without = plan_for(EngineConfig(**{**config.__dict__, "drafter": None, "speculative_tokens": 0}))
+        assert plan_for(config).weights_bytes - without.weights_bytes == policy_bytes(shapes, policy)["total"]
+        e.set_draft_oracle(DraftOracle(0.8, {tuple(ids): ids + want}), adaptive=False)
+        assert run(e, ids, 30) == want
+    finally:
+        e.close()
+
+
+def test_the_27b_drafter_is_planned_at_under_a_third_of_its_16_bit_bytes_with_int4_weights():
+    from engine.bench.random_model import DRAFTERS, text_config
+    from engine.model.drafter_config import drafter_parameters, drafter_tensor_shapes
+    from engine.weights.policy import DEFAULT_POLICY, policy_bytes
+    layers, heads, kv, head_dim, inter, taps = DRAFTERS["27b"]
+    target = text_config("27b")
+    cfg = parse_drafter_config(dict(
+        architectures=["DFlashDraftModel"], vocab_size=target["vocab_size"], hidden_size=target["hidden_size"],
+        intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+        head_dim=head_dim, dflash_config={"target_layer_ids": taps, "block_size": 16, "mask_token_id": 1}))
+    n = drafter_parameters(cfg)
+    assert 1.70e9 < n < 1.76e9                                  # ~1.73 B, as published
+    assert policy_bytes(drafter_tensor_shapes(cfg), DEFAULT_POLICY)["total"] < 2 * n / 3.5
+
+
+def test_auto_drafts_with_the_drafter_where_it_fits_else_with_the_mtp_head(ckpt, drafter):
+    """speculation "auto": the smallest budget the drafter's plan fits in gets the drafter; one between that and the
+    MTP plan's smallest gets the MTP head, and the engine built on such a plan loads and drafts with MTP; asking for
+    "dflash" there is refused with what would fit."""
+    import dataclasses
+
+    base = EngineConfig(model=str(ckpt), device="cpu", dtype="float32", speculative_tokens=3, max_context=512,
+                        snapshots=0, drafter=str(drafter))
+
+    def smallest(config):
+        lo, hi = 1, 1 << 34
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if plan_for(config, budget_bytes=mid).fits else (mid + 1, hi)
+        return lo
+
+    asked = dataclasses.replace(base, speculation="dflash")
+    need_drafter, need_mtp = smallest(asked), smallest(dataclasses.replace(base, drafter=None))
+    assert need_drafter > need_mtp
+    assert plan_for(base, budget_bytes=need_drafter).method == "dflash"
+    between = plan_for(base, budget_bytes=(need_drafter + need_mtp) // 2)
+    assert between.fits and between.method == "mtp" and between.drafts == 3
+    budget_gb = (need_drafter + need_mtp) // 2 / (1 << 30)
+    with Engine(dataclasses.replace(base, gpu_memory_gb=budget_gb, page_size=16)) as e:
+        assert e._model.drafter is None and e._model.mtp is not None
+        assert e.stats()["spec_method"] == "mtp" and e.plan().method == "mtp"
+    assert not plan_for(asked, budget_bytes=need_mtp).fits
+    assert "block drafter" in plan_for(base, budget_bytes=need_drafter).summary()

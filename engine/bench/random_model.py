@@ -100,9 +100,12 @@ def build_random_model(raw: dict, weights: str, check: bool = True, mtp: bool = 
 DRAFTERS = {"27b": (5, 32, 8, 128, 17408, [1, 16, 31, 46, 61])}
 
 
-def build_random_drafter(shape: str, device="cuda", dtype: torch.dtype = torch.bfloat16):
-    """A block drafter at the published size for `shape`'s target, random weights (16-bit, as the engine holds it)."""
-    from engine.model.dflash import Drafter
+def build_random_drafter(shape: str, weights: str, device="cuda", dtype: torch.dtype = torch.bfloat16):
+    """A block drafter at the published size for `shape`'s target, random weights, held as the engine holds it with
+    `weights` (int4: its projections quantized per the default policy, round-to-nearest: the values are noise)."""
+    from engine.core.params import EngineConfig
+    from engine.model.dflash import Drafter, quantize_
+    from engine.model.linear import Build
     from engine.model.drafter_config import parse_drafter_config
     layers, heads, kv, head_dim, inter, taps = DRAFTERS[shape]
     target = text_config(shape)
@@ -114,6 +117,9 @@ def build_random_drafter(shape: str, device="cuda", dtype: torch.dtype = torch.b
     with torch.device(device):
         drafter = Drafter(parse_drafter_config(raw)).to(dtype)
     randomize_(drafter)
+    policy = EngineConfig(model="", quant_method="rtn").policy(weights)
+    if policy is not None:
+        quantize_(drafter, Build(dtype, device, policy))
     return drafter.eval()
 
 

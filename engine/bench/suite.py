@@ -256,7 +256,7 @@ def main(argv=None) -> int:
         return 0
     if args.draft_oracle:
         from engine.bench import spec as bench_spec
-        drafter = build_random_drafter(args.shape) if args.drafter == "random" else None
+        drafter = build_random_drafter(args.shape, args.weights) if args.drafter == "random" else None
         results.update(bench_spec.bench_speculation(build_random_model(raw, args.weights, mtp=drafter is None), args,
                                                     drafter), drafter=args.drafter)
         bench_spec.report(results)

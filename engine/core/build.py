@@ -73,11 +73,11 @@ def load(config: EngineConfig, device: torch.device, dtype: torch.dtype, progres
         raise MemoryError(check.message)
     weights = check.weights
     placement = check.vision
-    method = config.method(has_mtp=model_config.num_mtp_layers > 0) if check.drafts else "off"
+    method = check.method                   # the plan's: a drafter that does not fit leaves the MTP head (auto)
     model, vision_weights = load_model(config.model, device, dtype, mtp=method == "mtp", vision=placement != "off",
                                        policy=config.policy(weights), progress=progress)
     if method == "dflash":
-        model.attach_drafter(load_drafter(config.drafter, model_config, device, dtype))
+        model.attach_drafter(load_drafter(config.drafter, model_config, device, dtype, config.policy(weights)))
     loaded = Loaded(model, model_config, Tokenizer.from_checkpoint(config.model),
                     ChatTemplate.from_checkpoint(config.model), weights)
     if placement != "off":                  # on demand: the tower is built in host memory
@@ -106,11 +106,14 @@ def plan(config: EngineConfig, loaded: Loaded, device: torch.device, dtype: torc
     max_pixels = loaded.image_config.max_pixels if loaded.image_config else checkpoint_max_pixels(config.model)
     vision = dataclasses.replace(vision_cost(loaded.model_config, config, dtype, probe(config.device), max_pixels),
                                  placement=loaded.encoder.placement if loaded.encoder else "off")
+    drafter = loaded.model.drafter
+    if drafter is None:                     # the plan for what was loaded (a drafter that did not fit was not)
+        config = dataclasses.replace(config, drafter=None)
     made = plan_memory(loaded.model_config, config, dtype, weights_bytes=0,
                        budget_bytes=budget_for(config, probe(config.device), held), drafts=drafts, on_gpu=gpu,
                        vision=dataclasses.replace(vision, weights_bytes=0) if vision.placement == "resident"
                        else vision,     # a resident tower is in `held` already
-                       drafter=loaded.model.drafter.cfg if drafts and loaded.model.drafter is not None else None)
+                       drafter=drafter.cfg if drafts and drafter is not None else None)
     if not made.fits:
         raise MemoryError(made.message)
     weights_bytes = sum(t.numel() * t.element_size() for t in [

@@ -18,7 +18,7 @@ import torch
 
 from engine.model.config import ModelConfig, load_model_config
 from engine.model.drafter_config import (DrafterConfig, check_drafter, drafter_kv_bytes_per_token,
-                                         drafter_parameters, read_drafter_config)
+                                         drafter_tensor_shapes, read_drafter_config)
 from engine.core.device import DeviceInfo, host_ram_bytes, probe, resolve_dtype
 from engine.cache.disk import MAX_PENDING_BYTES
 from engine.model.shapes import model_tensor_shapes, vision_tensor_shapes
@@ -51,6 +51,7 @@ class MemoryPlan:
     weights: str = "bf16"       # bf16 (16-bit) | int4: what the weights are loaded as
     weight_bits: int = 16        # bits of each weight left unquantized: the activation dtype's (32 on the CPU)
     drafts: int = 0              # most drafts per speculative round (0: none: no MTP module, no drafter)
+    method: str = "off"          # how they are drafted: mtp | dflash (a block drafter, planned in) | off
     speculation_bytes: int = 0   # of the workspace: each running sequence's verify rows and round logits
     vision: str = "off"          # the vision tower: off | resident (its weights in weights_bytes) | on_demand (on the
     #                              GPU only while encoding: its weights are in the workspace, which the two share)
@@ -72,7 +73,8 @@ class MemoryPlan:
                 f"{self.num_pages} pages), GDN state {g(self.state_bytes)} ({self.num_slots} slots), "
                 f"workspace {g(self.workspace_bytes)}, margin {g(self.margin_bytes)}: "
                 f"{g(self.total_bytes)} of {g(self.budget_bytes)}"
-                + (f"; speculation ({self.drafts} drafts) {g(self.speculation_bytes)} of the workspace"
+                + (f"; speculation ({self.drafts} drafts{', block drafter' if self.method == 'dflash' else ''}) "
+                   f"{g(self.speculation_bytes)} of the workspace"
                    if self.drafts else "")
                 + (f"; vision tower {self.vision.replace('_', ' ')}, {g(self.vision_bytes)} while encoding"
                    if self.vision != "off" else "")
@@ -202,15 +204,16 @@ def vision_cost(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, devi
     return VisionCost(placement, weights, vision_encode_bytes(cfg, dtype, max_pixels))
 
 
-def model_drafts(config: EngineConfig, on_gpu: bool, has_mtp: bool, has_drafter: bool = False) -> int:
+def model_drafts(config: EngineConfig, on_gpu: bool, has_mtp: bool, has_drafter: bool) -> int:
     """Drafts per round the engine will use: the config's (or the device's default), if the model has an MTP module
-    or a drafter is given (the planner asks of the checkpoint's config, the engine of the model it loaded)."""
+    or a drafter (the planner asks of the checkpoint's config and config.drafter, the engine of what it loaded)."""
     return config.drafts(on_gpu, config.method(has_mtp, has_drafter))
 
 
 def planned_drafter(config: EngineConfig, drafts: int) -> DrafterConfig | None:
     """The block drafter's config when the engine drafts with it (its weights and context K / V are planned)."""
-    return read_drafter_config(config.drafter) if drafts and config.method(has_mtp=False) == "dflash" else None
+    drafting = drafts and config.method(has_mtp=False, has_drafter=bool(config.drafter)) == "dflash"
+    return read_drafter_config(config.drafter) if drafting else None
 
 
 def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, weights_bytes: int,
@@ -256,7 +259,7 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
                           state_bytes=(C + snapshots + 1) * per_slot, workspace_bytes=work, margin_bytes=margin,
                           max_context=ctx, num_pages=pages, num_slots=C + snapshots + 1, snapshots=snapshots,
                           kv_bytes_per_token=per_tok, kv_dtype=config.kv_dtype, state_bytes_per_slot=per_slot,
-                          drafts=drafts,
+                          drafts=drafts, method="dflash" if drafter is not None else "mtp" if drafts else "off",
                           speculation_bytes=spec, vision=vision.placement, weight_bits=dtype.itemsize * 8,
                           vision_bytes=vision.weights_bytes + vision.encode_bytes if vision.placement != "off" else 0,
                           host_cache_bytes=host_cache_bytes(config),
@@ -326,17 +329,17 @@ def budget_for(config: EngineConfig, device: DeviceInfo, held_bytes: int = 0) ->
 
 
 def weight_bytes(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, weights: str, drafts: int) -> int:
-    """Device bytes of the language model's weights (MTP only when it drafts; a block drafter's, 16-bit, when it
-    does; the vision tower is VisionCost's) under `weights` (bf16: 16-bit, or int4 per the default policy), from the
-    model's tensor shapes."""
+    """Device bytes of the language model's weights (MTP only when it drafts; a block drafter's when it does, under
+    the same policy; the vision tower is VisionCost's) under `weights` (bf16: 16-bit, or int4 per the default
+    policy), from the model's tensor shapes."""
     drafter = planned_drafter(config, drafts)
-    shapes = model_tensor_shapes(cfg, with_mtp=drafts > 0 and drafter is None, with_vision=False)
-    extra = drafter_parameters(drafter) * dtype.itemsize if drafter is not None else 0
+    shapes = dict(model_tensor_shapes(cfg, with_mtp=drafts > 0 and drafter is None, with_vision=False))  # (cached)
+    if drafter is not None:
+        shapes.update({f"drafter.{name}": shape for name, shape in drafter_tensor_shapes(drafter).items()})
     if weights == "int4":
-        return policy_bytes(shapes, config.policy("int4"))["total"] + extra
+        return policy_bytes(shapes, config.policy("int4"))["total"]
     # a tensor listed at 16 bits takes the activation dtype; fp32 ones (A_log, ...) stay fp32
-    return extra + sum(torch.Size(shape).numel() * (dtype.itemsize if size == 2 else size)
-                       for shape, size in shapes.values())
+    return sum(torch.Size(shape).numel() * (dtype.itemsize if size == 2 else size) for shape, size in shapes.values())
 
 
 def checkpoint_max_pixels(path: str) -> int:
@@ -360,13 +363,19 @@ def plan_for(config: EngineConfig, device: DeviceInfo | None = None, budget_byte
     budget = budget_bytes if budget_bytes is not None else budget_for(config, device)
     choices = [config.weights] if config.weights != "auto" else ["bf16", "int4"] if device.on_gpu else ["bf16"]
     config.policy(choices[0])                                  # refuses an unknown weights setting
-    drafts = model_drafts(config, device.on_gpu, has_mtp=cfg.num_mtp_layers > 0)
     vision = vision_cost(cfg, config, dtype, device, checkpoint_max_pixels(config.model))
-    for weights in choices:
-        plan = plan_memory(cfg, config, dtype, weights_bytes=weight_bytes(cfg, config, dtype, weights, drafts),
-                           budget_bytes=budget, drafts=drafts, on_gpu=device.on_gpu, explain=weights == choices[-1],
-                           vision=vision)
-        plan.weights = weights
-        if plan.fits:
-            return plan
-    return plan
+    # speculation "auto" with a drafter: the drafter if it fits, else the MTP head (this is where that is decided)
+    tries = [config] + ([dataclasses.replace(config, drafter=None)] if config.drafter and config.speculation == "auto"
+                        else [])
+    refusal = None
+    for attempt in tries:
+        drafts = model_drafts(attempt, device.on_gpu, has_mtp=cfg.num_mtp_layers > 0, has_drafter=bool(attempt.drafter))
+        for weights in choices:
+            plan = plan_memory(cfg, attempt, dtype, weights_bytes=weight_bytes(cfg, attempt, dtype, weights, drafts),
+                               budget_bytes=budget, drafts=drafts, on_gpu=device.on_gpu,
+                               explain=weights == choices[-1], vision=vision)
+            plan.weights = weights
+            if plan.fits:
+                return plan
+        refusal = refusal or plan
+    return refusal

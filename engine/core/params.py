@@ -59,14 +59,14 @@ class EngineConfig:
         one_of("weights", weights, WEIGHTS)
         return QuantPolicy(group_size=self.quant_group, method=self.quant_method) if weights == "int4" else None
 
-    def method(self, has_mtp: bool, has_drafter: bool = False) -> str:
-        """How this engine drafts (the one place it is decided): "dflash" with a drafter (this config's, or one
-        attached to a model given to Engine.from_model), "mtp" when the checkpoint has its MTP head, else "off"."""
+    def method(self, has_mtp: bool, has_drafter: bool) -> str:
+        """How to draft (the one rule): "dflash" when a block drafter is at hand (the planner: this config names one;
+        the engine: one was loaded, or attached to a model given to Engine.from_model), else "mtp" when the checkpoint
+        has its MTP head, else "off"; `speculation` may ask for one of them ("auto": the first that is there)."""
         one_of("speculation", self.speculation, SPECULATION)
-        drafter = bool(self.drafter) or has_drafter
-        if self.speculation == "dflash" and not drafter:
+        if self.speculation == "dflash" and not has_drafter:
             raise ValueError("speculation 'dflash' needs a drafter (EngineConfig.drafter: the drafter's folder)")
-        if self.speculation in ("auto", "dflash") and drafter:
+        if self.speculation in ("auto", "dflash") and has_drafter:
             return "dflash"
         return "mtp" if self.speculation in ("auto", "mtp") and has_mtp else "off"
 
@@ -91,7 +91,7 @@ class EngineConfig:
         if self.max_images < 0 or self.max_image_bytes < 1:
             raise ValueError("max_images must be >= 0 and max_image_bytes >= 1")
         self.drafts(on_gpu=False)
-        self.method(has_mtp=True)
+        self.method(has_mtp=True, has_drafter=bool(self.drafter))
         if self.max_context is not None and self.max_context < 1:
             raise ValueError(f"max_context must be at least 1 token, not {self.max_context}")
         if self.max_queue < 0:

@@ -38,7 +38,9 @@ from torch import nn
 
 from engine.model.config import ModelConfig
 from engine.model.drafter_config import DrafterConfig, DrafterMismatch, check_drafter, read_drafter_config
+from engine.model.linear import Build, Linear
 from engine.weights.checkpoint import TensorReader, list_tensors
+from engine.weights.quantize import quantize_int4, quantize_int8
 from qwendesk_kernels import ops
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]   # (q, k, v) of a layer -> its output
@@ -380,9 +382,11 @@ class BlockRows:
         return out.transpose(1, 2).reshape(q.shape)
 
 
-def load_drafter(path, target: ModelConfig, device="cpu", dtype: torch.dtype = torch.bfloat16) -> Drafter:
+def load_drafter(path, target: ModelConfig, device="cpu", dtype: torch.dtype = torch.bfloat16,
+                 policy=None) -> Drafter:
     """The drafter checkpoint at `path` (config.json + safetensors, as z-lab publishes them) for `target`: refused in
-    one line (DrafterMismatch) when it was made for another model or lacks a weight."""
+    one line (DrafterMismatch) when it was made for another model or lacks a weight. policy: the target's
+    quantization policy (engine/weights/policy.py), which the drafter's projections take too (None: all `dtype`)."""
     path = Path(path)
     cfg = read_drafter_config(path)
     check_drafter(cfg, target)
@@ -402,4 +406,24 @@ def load_drafter(path, target: ModelConfig, device="cpu", dtype: torch.dtype = t
         state[name] = t.to(device=device, dtype=dtype)
     reader.close()
     drafter.load_state_dict(state, assign=True)
+    if policy is not None:
+        quantize_(drafter, Build(dtype, device, policy))
     return drafter.eval()
+
+
+@torch.no_grad()
+def quantize_(drafter: Drafter, build: Build) -> None:
+    """Each bias-free projection whose checkpoint name the policy quantizes (engine/weights/policy.py: as the target's
+    of the same kind) becomes an engine Linear holding it int4 / int8 (same call, the engine's GEMV)."""
+    method = getattr(build.policy, "method", "als")
+    for name, module in list(drafter.named_modules()):
+        if not isinstance(module, nn.Linear) or module.bias is not None:
+            continue
+        prefix, _, attr = name.rpartition(".")
+        linear = Linear(module.in_features, {attr: module.out_features}, build, f"{prefix}." if prefix else "")
+        if linear.scheme == "float":
+            continue
+        w = module.weight.float()
+        linear.load_rows(0, quantize_int4(w, build.group_size, method) if linear.scheme == "int4"
+                         else quantize_int8(w, build.group_size))
+        setattr(drafter.get_submodule(prefix) if prefix else drafter, attr, linear)

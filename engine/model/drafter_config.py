@@ -4,6 +4,7 @@ checked against the target it is meant for, with one-line refusals (DrafterMisma
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,15 +137,39 @@ def read_drafter_config(path) -> DrafterConfig:
     return parse_drafter_config(raw)
 
 
+def drafter_tensor_shapes(cfg: DrafterConfig) -> dict[str, tuple[tuple[int, ...], int]]:
+    """The drafter's weights as its checkpoint names them: name -> (shape, 2 bytes an element), as
+    engine/model/shapes.py lists the target's (the planner prices them under the quantization policy)."""
+    h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    out = {"fc.weight": (h, len(cfg.target_layer_ids) * h), "hidden_norm.weight": (h,), "norm.weight": (h,)}
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}."
+        out.update({p + "self_attn.q_proj.weight": (cfg.num_heads * d, h),
+                    p + "self_attn.k_proj.weight": (cfg.num_kv_heads * d, h),
+                    p + "self_attn.v_proj.weight": (cfg.num_kv_heads * d, h),
+                    p + "self_attn.o_proj.weight": (h, cfg.num_heads * d),
+                    p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,),
+                    p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+                    p + "mlp.down_proj.weight": (h, inter),
+                    p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)})
+        if cfg.attention_bias:
+            out.update({p + "self_attn.q_proj.bias": (cfg.num_heads * d,), p + "self_attn.k_proj.bias":
+                        (cfg.num_kv_heads * d,), p + "self_attn.v_proj.bias": (cfg.num_kv_heads * d,),
+                        p + "self_attn.o_proj.bias": (h,)})
+        if cfg.conv_kernel:
+            for conv in ("attention_conv", "mlp_conv"):
+                out.update({f"{p}{conv}.base_kernel": (2, cfg.conv_kernel, h),
+                            f"{p}{conv}.kernel_projection.weight": (2 * cfg.conv_kernel * (h // cfg.conv_group), h)})
+    if cfg.selector_rank:
+        out.update({"candidate_selector.predecessor_codebook": (cfg.vocab_size, cfg.selector_rank),
+                    "candidate_selector.successor_codebook": (cfg.vocab_size, cfg.selector_rank),
+                    "candidate_selector.hidden_projection.weight": (cfg.selector_rank, h)})
+    return {name: (shape, 2) for name, shape in out.items()}
+
+
 def drafter_parameters(cfg: DrafterConfig) -> int:
     """The drafter's weights, counted from its config (the planner's figure before anything loads)."""
-    h, d = cfg.hidden_size, cfg.head_dim
-    attention = h * d * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + 2 * d + 2 * h
-    mlp = 3 * h * cfg.intermediate_size
-    conv = 2 * (2 * cfg.conv_kernel * h + h * 2 * cfg.conv_kernel * (h // cfg.conv_group)) if cfg.conv_kernel else 0
-    layers = cfg.num_layers * (attention + mlp + conv)
-    selector = 2 * cfg.vocab_size * cfg.selector_rank + h * cfg.selector_rank if cfg.selector_rank else 0
-    return len(cfg.target_layer_ids) * h * h + 2 * h + layers + selector
+    return sum(math.prod(shape) for shape, _ in drafter_tensor_shapes(cfg).values())
 
 
 def drafter_kv_bytes_per_token(cfg: DrafterConfig, itemsize: int) -> int:
