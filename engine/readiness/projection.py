@@ -16,6 +16,7 @@ from functools import cache
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from engine.cache.kv_format import KVFormat
 from engine.readiness.cost_model import GPUS, Calibration, Measured, Phase, PhaseTime, Step, fit
 
 DECODE_CONTEXT = 576          # the bench's decode: 512-token prompts, mean context over its 128 tokens
@@ -118,7 +119,7 @@ def weight_phases(m: ModelFacts, seqs: int, rows: int) -> list[Phase]:
 def attention(name: str, m: ModelFacts, layers: int, seqs: int, rows: int, context: int, kv_int8: bool) -> Phase:
     """Attention of `layers` layers over each sequence's KV at `context` tokens (read once for its rows)."""
     from engine.core.memory import kv_bytes_per_token
-    kv = kv_bytes_per_token(m.cfg, torch.bfloat16, False, "int8" if kv_int8 else "bf16")
+    kv = kv_bytes_per_token(m.cfg, torch.bfloat16, False, KVFormat.INT8 if kv_int8 else KVFormat.BF16)
     per_layer = kv / len(m.cfg.full_attention_layers)
     return Phase(name, layers * seqs * context * per_layer,
                  4 * layers * seqs * rows * context * m.cfg.num_heads * m.cfg.head_dim)
@@ -204,7 +205,7 @@ def launches(what: str, shape: str, weights: str, seqs: int, drafts: int) -> int
     layers = text_config(shape)["num_hidden_layers"]
     with recording() as rec, torch.inference_mode():
         model = fw.model_on_meta(shape, weights, layers)
-        pools = fw.pools_on_meta(model, "bf16")
+        pools = fw.pools_on_meta(model, KVFormat.BF16)
         per_seq = (fw.CONTEXT + 2 * fw.PAGE) // fw.PAGE
         tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(max(seqs, 1))]
         ids = lambda n: torch.zeros(n, dtype=torch.int64, device="meta")  # noqa: E731
