@@ -103,10 +103,11 @@ def _sample(logits):
 
 
 def _rounds(rec: Recorder, tag: str, model, pools, tables) -> None:
+    from engine.core.sampling import SamplingRow
     from engine.spec.rounds import RoundRequest, RoundRunner, round_inputs
     spec = RoundRunner(model, pools, max(DRAFTS), max(BUCKETS), CONTEXT + PAGE)
     for n in BUCKETS:
-        reqs = [RoundRequest(i, CONTEXT, 0, tables[i], CONTEXT + PAGE, -1, 8, 0.7, 20, 0.9, 0.0, 1, 0, False)
+        reqs = [RoundRequest(i, CONTEXT, 0, tables[i], CONTEXT + PAGE, -1, 8, SamplingRow(0.7, 20, 0.9, 0.0, 1))
                 for i in range(n)]
         inp = round_inputs(reqs, len(tables[0]), "meta")
         for k in DRAFTS:

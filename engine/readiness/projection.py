@@ -200,6 +200,7 @@ def launches(what: str, shape: str, weights: str, seqs: int, drafts: int) -> int
     from engine.model.batch import build_batch
     from engine.readiness import forward as fw
     from engine.readiness.launches import recording
+    from engine.core.sampling import SamplingRow
     from engine.spec.rounds import RoundRequest, RoundRunner, round_inputs
     from engine.bench.random_model import text_config
     layers = text_config(shape)["num_hidden_layers"]
@@ -223,8 +224,8 @@ def launches(what: str, shape: str, weights: str, seqs: int, drafts: int) -> int
                 model.logits(hidden[batch.logits_rows])
         else:
             spec = RoundRunner(model, pools, drafts, seqs, fw.CONTEXT + fw.PAGE)
-            reqs = [RoundRequest(i, fw.CONTEXT, 0, tables[i], fw.CONTEXT + fw.PAGE, -1, 8, 0.7, 20, 0.9, 0.0, 1, 0,
-                                 False) for i in range(seqs)]
+            reqs = [RoundRequest(i, fw.CONTEXT, 0, tables[i], fw.CONTEXT + fw.PAGE, -1, 8,
+                                 SamplingRow(0.7, 20, 0.9, 0.0, 1)) for i in range(seqs)]
             inp = round_inputs(reqs, len(tables[0]), "meta")
             with _KernelOps() as ops:
                 spec.round(inp, False, drafts)
