@@ -68,7 +68,7 @@ def runs_as(plan: MemoryPlan, device: DeviceInfo) -> str:
     return (f"Runs as {weights_words(plan.weights, plan.weight_bits)}{where} ({human_memory(plan.weights_bytes)} of "
             f"weights) with up to "
             f"{plan.max_context // 1024}K tokens of context"
-            + (f" ({plan.kv_dtype} KV cache)" if plan.kv_dtype != "bf16" else ""))
+            + (f" ({plan.kv_dtype} KV cache)" if plan.kv_dtype.quantized else ""))
 
 
 def fit_text(plan: MemoryPlan, device: DeviceInfo) -> str:

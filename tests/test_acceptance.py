@@ -4,7 +4,8 @@ distributed exactly as the target's (chi-square over many seeds, with temperatur
 import pytest
 import torch
 
-from engine.spec.acceptance import Sampling, accept, draft_probs, pick_draft
+from engine.core.sampling import Sampling
+from engine.spec.acceptance import accept, draft_probs, pick_draft
 from qwendesk_kernels.sampling import filtered_probs_ref
 
 V, K = 6, 2

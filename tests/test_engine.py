@@ -181,6 +181,16 @@ def test_seeded_sampling_reproduces_whatever_the_batch(eng):
     assert eng.generate(prompt(30, 7), SamplingParams(max_tokens=20, temperature=0.9, seed=4321)).token_ids != alone
 
 
+def test_penalties_reach_the_sampler(eng):
+    """A presence penalty larger than any logit gap makes greedy decoding pick no token twice (engine/core/sampling.py
+    penalties_of); the same request without it repeats tokens on this tiny model."""
+    plain = eng.generate(prompt(20, 3), SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)).token_ids
+    assert len(set(plain)) < len(plain)
+    penalised = eng.generate(prompt(20, 3), SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True,
+                                                           presence_penalty=1e4)).token_ids
+    assert len(set(penalised)) == len(penalised) == 40
+
+
 def test_stop_strings_cut_exactly(eng):
     full = eng.generate(prompt(25, 11), SamplingParams(max_tokens=40, **GREEDY, skip_special_tokens=False))
     text = full.text

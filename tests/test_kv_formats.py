@@ -7,7 +7,8 @@ import torch
 from engine.api import Engine, SamplingParams
 from engine.model.config import parse_model_config
 from engine.core.device import DeviceInfo
-from engine.cache.pages import CacheTensors, kv_bytes_per_head_token
+from engine.cache.kv_format import KVFormat
+from engine.cache.pages import CacheTensors
 from engine.core.memory import GIB, plan_for
 from engine.core.params import EngineConfig
 from engine.bench.random_model import text_config
@@ -18,7 +19,7 @@ GREEDY = dict(temperature=0.0)
 def test_bytes_per_token_of_the_27b():
     """16 full-attention layers x 4 kv heads of 256: bf16 64 KiB, int8 ~32.5, k8v4 ~24.8, k4v4 17 KiB (scales in)."""
     cfg = parse_model_config(text_config("27b"))
-    per = {kv: 16 * 4 * kv_bytes_per_head_token(kv, cfg.head_dim, torch.bfloat16) / 1024
+    per = {kv: 16 * 4 * KVFormat(kv).bytes_per_head_token(cfg.head_dim, torch.bfloat16) / 1024
            for kv in ("bf16", "int8", "k8v4", "k4v4")}
     assert per == {"bf16": 64.0, "int8": 32.5, "k8v4": 24.75, "k4v4": 17.0}
 
@@ -26,9 +27,9 @@ def test_bytes_per_token_of_the_27b():
 @pytest.mark.parametrize("kv", ["k8v4", "k4v4"])
 def test_pools_have_the_layout_the_planner_counts(kv):
     cfg = parse_model_config(text_config("tiny"))
-    pools = CacheTensors.allocate(cfg, 3, 16, 2, torch.float32, "cpu", mtp_layers=1, kv_dtype=kv)
-    per_token = (len(cfg.full_attention_layers) + 1) * cfg.num_kv_heads * kv_bytes_per_head_token(
-        kv, cfg.head_dim, torch.float32)
+    pools = CacheTensors.allocate(cfg, 3, 16, 2, torch.float32, "cpu", mtp_layers=1, kv=KVFormat(kv))
+    per_token = (len(cfg.full_attention_layers) + 1) * cfg.num_kv_heads * KVFormat(kv).bytes_per_head_token(
+        cfg.head_dim, torch.float32)
     assert pools.page_nbytes == 16 * per_token
     assert pools.v.dtype == torch.uint8 and pools.v.shape[-1] == cfg.head_dim // 2
     assert pools.k.dtype == (torch.int8 if kv == "k8v4" else torch.uint8)
@@ -37,7 +38,7 @@ def test_pools_have_the_layout_the_planner_counts(kv):
 def test_pages_of_4bit_pools_come_back_bit_for_bit():
     """What the host-RAM and disk tiers store: read_pages / write_pages bytes."""
     cfg = parse_model_config(text_config("tiny"))
-    pools = CacheTensors.allocate(cfg, 4, 8, 2, torch.float32, "cpu", kv_dtype="k8v4")
+    pools = CacheTensors.allocate(cfg, 4, 8, 2, torch.float32, "cpu", kv=KVFormat.K8V4)
     g = torch.Generator().manual_seed(0)
     for t in (pools.k, pools.v, pools.k_scale, pools.v_scale):
         t.view(torch.uint8).copy_(torch.randint(0, 256, t.view(torch.uint8).shape, generator=g, dtype=torch.uint8))

@@ -41,6 +41,29 @@ def test_the_server_takes_the_engine_from_its_api():
     assert bad == []
 
 
+# engine/server/'s floors, lowest first: the HTTP layer, the bridge to the engine, the OpenAI API, the two APIs built
+# beside it (responses/ runs on OpenAI's conversion), then the app, its state, the command line and the small routes
+SERVER_FLOORS = {"http": 0, "bridge": 1, "openai": 2, "anthropic": 3, "responses": 3, "": 4}
+
+
+def server_package(module: str) -> str:
+    """engine.server.openai.routes -> "openai"; a module at engine/server/'s top (or the package itself) -> ""."""
+    name = module.split(".")[2] if module.count(".") >= 2 else ""
+    return name if name in SERVER_FLOORS else ""
+
+
+def test_the_servers_floors_import_only_downwards():
+    """A sub-package of engine/server/ imports its own modules and lower floors only (never a sibling on its floor)."""
+    found = [(f, m) for f, m in imports("engine/server") if m.startswith("engine.server")]
+    bad = []
+    for f, m in found:
+        mine = server_package(f.removesuffix(".py").replace("/", "."))
+        theirs = server_package(m)
+        if theirs != mine and SERVER_FLOORS[theirs] >= SERVER_FLOORS[mine]:
+            bad.append((f, m))
+    assert len(found) > 50 and bad == []
+
+
 @pytest.mark.parametrize("package, banned", [("engine", ("app", "PySide6")),
                                              ("qwendesk_kernels", ("app", "engine", "PySide6"))])
 def test_lower_floors_never_import_upper_ones(package, banned):

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from engine.server.errors import APIError
-from engine.server.workers import Workers
+from engine.server.http.errors import APIError
+from engine.server.http.workers import Workers
 from tests.server_harness import MODEL, engine, raw, reset, server, serving, steer, wait_idle  # noqa: F401 (fixtures)
 
 USER = [{"role": "user", "content": "Hello"}]

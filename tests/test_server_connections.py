@@ -1,4 +1,4 @@
-"""Connection limits (engine/server/connections.py): what a client that never sends a key can hold. Raw sockets: a
+"""Connection limits (engine/server/http/connections.py): what a client that never sends a key can hold. Raw sockets: a
 slow client is one that sends its headers a byte at a time, or never finishes them."""
 
 import json

@@ -387,7 +387,7 @@ def test_legacy_functions_map_to_tools(client, steer, engine):
 
 
 def test_chunk_template_writes_the_same_bytes():
-    from engine.server.sse import ChunkTemplate, dumps, event
+    from engine.server.http.sse import ChunkTemplate, dumps, event
     meta = {"id": "chatcmpl-1", "created": 5, "model": "m\u00e9", "object": "chat.completion.chunk"}
     for usage in (False, True):
         for delta in ({"content": "a\"b\n\u2603"}, {"reasoning_content": "x", "reasoning": "x"}):

@@ -270,7 +270,8 @@ def test_usage_reports_speculation():
     """A request that speculated: its kept and thrown-away drafts are OpenAI's accepted / rejected prediction
     tokens, with rounds and per-position rates beside them (Anthropic: the same block)."""
     from engine.api import SpeculationStats, Usage
-    from engine.server import anthropic_routes, openai_routes
+    from engine.server.anthropic import routes as anthropic_routes
+    from engine.server.openai import routes as openai_routes
     spec = SpeculationStats()
     spec.add(3, 2)
     spec.add(3, 0)
@@ -348,8 +349,8 @@ def test_a_late_wake_up_for_events_already_read_sends_no_keepalive():
     import asyncio
 
     from engine.api import SamplingParams, StreamEvent, Text
-    from engine.server.generation import Generation, Wakeups
-    from engine.server.prompting import Prompt
+    from engine.server.bridge.generation import Generation, Wakeups
+    from engine.server.bridge.prompting import Prompt
 
     class Handle:
         def __init__(self):

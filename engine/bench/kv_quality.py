@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from engine.cache.pages import KV4_GROUP
+from engine.cache.kv_format import KV4_GROUP
 from qwendesk_kernels.attention import quantize_int8_ref
 from qwendesk_kernels.attention_kv4 import dequantize_int4_ref, quantize_int4_ref, rotate
 

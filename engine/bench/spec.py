@@ -63,8 +63,7 @@ def components(eng, k: int, context: int) -> dict:
     spec, cache = eng._spec.spec, eng._cache
     model, pools, page = spec.model, spec.pools, cache.page_size
     pages = list(range(-(-(context + k + 1) // page)))
-    req = RoundRequest(cache.scratch_slot, context, 1, pages, 0, -1, cache.scratch_slot, 0.0, 0, 1.0, 0.0, 0, 0,
-                       False)
+    req = RoundRequest(cache.scratch_slot, context, 1, pages, 0, -1, cache.scratch_slot)     # greedy
     inp = round_inputs([req], eng._spec.max_pages, pools.conv.device)
 
     def draft():

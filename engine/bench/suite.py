@@ -23,6 +23,7 @@ import torch
 
 from engine.bench.figures import (bench_engine, copy_bandwidth, decode_figures, prefill_figures, profile_decode, run,
                                   weight_bytes)
+from engine.cache.kv_format import KVFormat
 from engine.commands.args import Parser, positive_int
 from engine.core.params import KV_DTYPES, PROFILES
 from engine.bench.random_model import (SHAPES, bench_tokenizer, build_random_drafter, build_random_model, rand_ids,
@@ -308,7 +309,7 @@ def token_counts(value: str) -> list[int]:
 
 def kv_dtypes(value: str) -> list[str]:
     names = [v.strip() for v in value.split(",") if v.strip()]
-    formats = [kv for kv in KV_DTYPES if kv != "auto"]
+    formats = [kv.value for kv in KVFormat]
     bad = [v for v in names if v not in formats]
     if bad or not names:
         raise argparse.ArgumentTypeError(f"{bad[0] if bad else value!r} is not a KV dtype ({', '.join(formats)})")

@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from engine.cache.disk import READ_THREADS
-from engine.core.params import KV_DTYPES
+from engine.cache.kv_format import KVFormat
 
-KV_FORMATS = [kv for kv in KV_DTYPES if kv != "auto"]     # what a report lists, when measured
+KV_FORMATS = list(KVFormat)     # what a report lists, when measured
 
 RESTORE_DECODE_TOKENS = 512     # the stream decoding while a restored request's reads run (~3 s at 27B int4 C1)
 
@@ -61,7 +61,7 @@ def restore_gbps(eng, n_pages: int) -> tuple[float, float]:
     from engine.cache.host import HostCache
     from engine.cache.pages import CacheTensors
     pools = CacheTensors.allocate(eng.model_config, n_pages, eng.config.page_size, 2, eng._dtype, eng.device,
-                                  kv_dtype=eng.config.kv_dtype)
+                                  kv=eng.plan().kv_dtype)
     host = HostCache(pools, (n_pages + 1) * pools.page_nbytes)
     keys = [i.to_bytes(16, "little") for i in range(n_pages)]
     host.put_pages(keys, list(range(n_pages)))

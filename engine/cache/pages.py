@@ -14,29 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.cache.kv_format import KVFormat
 from engine.model.config import ModelConfig
-
-
-KV4_GROUP = 64     # channels per fp16 scale of 4-bit K / V (docs/performance.md, KV formats: group 32 vs 64 vs 128)
-
-
-def kv_layouts(kv_dtype: str, head_dim: int, dtype: torch.dtype) -> list[tuple[tuple, torch.dtype] | None]:
-    """Per token and kv head: (trailing shape, dtype) of the k, v, k_scale, v_scale pools (scales None for bf16).
-    The one place a KV format's layout is decided; the planner counts its bytes from it. k8v4 / k4v4 are
-    qwendesk_kernels/attention_kv4.py's (Hadamard-rotated, two 4-bit channels a byte, fp16 group scales)."""
-    int4 = ((head_dim // 2,), torch.uint8)
-    int4_scale = ((head_dim // min(KV4_GROUP, head_dim // 2),), torch.float16)    # small test heads: 2 groups
-    int8, int8_scale = ((head_dim,), torch.int8), ((), torch.float32)
-    return {"bf16": [((head_dim,), dtype)] * 2 + [None] * 2,
-            "int8": [int8, int8, int8_scale, int8_scale],
-            "k8v4": [int8, int4, int8_scale, int4_scale],
-            "k4v4": [int4, int4, int4_scale, int4_scale]}[kv_dtype]
-
-
-def kv_bytes_per_head_token(kv_dtype: str, head_dim: int, dtype: torch.dtype) -> int:
-    """K and V bytes (scales included) of one token in one kv head."""
-    return sum(torch.Size(shape).numel() * dt.itemsize for shape, dt in
-               filter(None, kv_layouts(kv_dtype, head_dim, dtype)))
 
 
 class PageTable(array):
@@ -56,7 +35,7 @@ class CacheTensors:
     Slots hold live sequences' GDN state and, above them, prefix-reuse snapshots of it (engine.cache.snapshots)."""
     k: torch.Tensor             # [n_attn, num_pages, page_size, Hkv, D] (MTP layers last)
     v: torch.Tensor
-    k_scale: torch.Tensor | None  # int8 KV: [n_attn, num_pages, page_size, Hkv] fp32 per token and head (kv_layouts)
+    k_scale: torch.Tensor | None  # quantized KV's scales (KVFormat.layouts; int8: [n_attn, pages, page_size, Hkv] fp32)
     v_scale: torch.Tensor | None
     conv: torch.Tensor          # [n_gdn, num_slots, W-1, conv_dim]
     ssm: torch.Tensor           # [n_gdn, num_slots, Hv, K, V] fp32
@@ -66,7 +45,7 @@ class CacheTensors:
 
     @staticmethod
     def allocate(cfg: ModelConfig, num_pages: int, page_size: int, num_slots: int,
-                 dtype: torch.dtype, device, mtp_layers: int = 0, kv_dtype: str = "bf16",
+                 dtype: torch.dtype, device, mtp_layers: int = 0, kv: KVFormat = KVFormat.BF16,
                  drafter: tuple[int, int, int] | None = None) -> CacheTensors:
         """drafter: (layers, kv heads, head dim) of a block drafter whose context K / V live in these pages."""
         n_attn = len(cfg.full_attention_layers) + mtp_layers
@@ -74,7 +53,7 @@ class CacheTensors:
         lead = (n_attn, num_pages, page_size, cfg.num_kv_heads)
         k, v, k_scale, v_scale = [None if spec is None else
                                   (torch.zeros if i < 2 else torch.ones)(lead + spec[0], dtype=spec[1], device=device)
-                                  for i, spec in enumerate(kv_layouts(kv_dtype, cfg.head_dim, dtype))]
+                                  for i, spec in enumerate(kv.layouts(cfg.head_dim, dtype))]
         draft = None if drafter is None else (drafter[0], num_pages, page_size, drafter[1], drafter[2])
         return CacheTensors(
             draft_k=None if draft is None else torch.zeros(draft, dtype=dtype, device=device),

@@ -22,7 +22,7 @@ from engine.model.drafter_config import (DrafterConfig, check_drafter, drafter_k
 from engine.core.device import DeviceInfo, host_ram_bytes, probe, resolve_dtype
 from engine.cache.disk import MAX_PENDING_BYTES
 from engine.model.shapes import model_tensor_shapes, vision_tensor_shapes
-from engine.cache.pages import kv_bytes_per_head_token
+from engine.cache.kv_format import KVFormat
 from engine.core.params import KV_DTYPES, PROFILES, EngineConfig, one_of
 from engine.vision.tower import CHUNK_ROWS
 from engine.weights.policy import policy_bytes
@@ -46,7 +46,7 @@ class MemoryPlan:
     num_slots: int
     snapshots: int
     kv_bytes_per_token: int
-    kv_dtype: str                # the KV format (engine/params.py KV_DTYPES), "auto" decided
+    kv_dtype: KVFormat          # the KV format (config.kv_dtype, "auto" decided); equal to its name
     state_bytes_per_slot: int
     weights: str = "bf16"       # bf16 (16-bit) | int4: what the weights are loaded as
     weight_bits: int = 16        # bits of each weight left unquantized: the activation dtype's (32 on the CPU)
@@ -91,11 +91,10 @@ def host_cache_bytes(config: EngineConfig) -> int:
     return min(cap, int(host_ram_bytes() * share))
 
 
-def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype, mtp: bool, kv_dtype: str = "bf16") -> int:
-    """K and V of every full-attention layer (the MTP layer's too when it is loaded), with their scales
-    (engine/kv_cache.py kv_layouts)."""
+def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype, mtp: bool, kv: KVFormat = KVFormat.BF16) -> int:
+    """K and V of every full-attention layer (the MTP layer's too when it is loaded), with their scales."""
     layers = len(cfg.full_attention_layers) + (1 if mtp else 0)
-    return layers * cfg.num_kv_heads * kv_bytes_per_head_token(kv_dtype, cfg.head_dim, dtype)
+    return layers * cfg.num_kv_heads * kv.bytes_per_head_token(cfg.head_dim, dtype)
 
 
 def state_bytes_per_slot(cfg: ModelConfig, dtype: torch.dtype) -> int:
@@ -231,7 +230,8 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
     drafter = drafter or planned_drafter(config, drafts)
     if drafter is not None:
         check_drafter(drafter, cfg)
-    per_tok = kv_bytes_per_token(cfg, dtype, drafts > 0 and drafter is None, config.kv_dtype) + \
+    kv = KVFormat(config.kv_dtype)
+    per_tok = kv_bytes_per_token(cfg, dtype, drafts > 0 and drafter is None, kv) + \
         (drafter_kv_bytes_per_token(drafter, dtype.itemsize) if drafter is not None else 0)
     per_slot = state_bytes_per_slot(cfg, dtype)
     spec = speculation_bytes(cfg, dtype, drafts, C, drafter, config.prefill_chunk)
@@ -258,7 +258,7 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
         return MemoryPlan(budget_bytes=budget_bytes, weights_bytes=weights_bytes, kv_bytes=pages * page * per_tok,
                           state_bytes=(C + snapshots + 1) * per_slot, workspace_bytes=work, margin_bytes=margin,
                           max_context=ctx, num_pages=pages, num_slots=C + snapshots + 1, snapshots=snapshots,
-                          kv_bytes_per_token=per_tok, kv_dtype=config.kv_dtype, state_bytes_per_slot=per_slot,
+                          kv_bytes_per_token=per_tok, kv_dtype=kv, state_bytes_per_slot=per_slot,
                           drafts=drafts, method="dflash" if drafter is not None else "mtp" if drafts else "off",
                           speculation_bytes=spec, vision=vision.placement, weight_bits=dtype.itemsize * 8,
                           vision_bytes=vision.weights_bytes + vision.encode_bytes if vision.placement != "off" else 0,
@@ -290,10 +290,9 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
 def _plan_auto_kv(cfg, config, dtype, **kwargs) -> MemoryPlan:
     """kv_dtype="auto": the most precise KV format whose plan reaches config.max_context (None: the model's limit);
     where none does, the smallest format's plan (the longest context, or the refusal saying what fits)."""
-    formats = [kv for kv in KV_DTYPES if kv != "auto"]
-    for kv in formats:
-        plan = plan_memory(cfg, dataclasses.replace(config, kv_dtype=kv), dtype,
-                           **{**kwargs, "explain": kwargs["explain"] and kv == formats[-1]})
+    for kv in KVFormat:
+        plan = plan_memory(cfg, dataclasses.replace(config, kv_dtype=kv.value), dtype,
+                           **{**kwargs, "explain": kwargs["explain"] and kv is list(KVFormat)[-1]})
         if plan.fits and (config.max_context is not None or plan.max_context >= cfg.max_position_embeddings):
             return plan
     return plan
@@ -302,8 +301,8 @@ def _plan_auto_kv(cfg, config, dtype, **kwargs) -> MemoryPlan:
 def _alternatives(cfg, config, dtype, weights_bytes, budget_bytes, drafts, on_gpu, vision, drafter) -> list[str]:
     out = []
     for profile in PROFILES:
-        for kv in [kv for kv in KV_DTYPES if kv != "auto"]:
-            alt = EngineConfig(**{**config.__dict__, "profile": profile, "kv_dtype": kv, "max_context": None})
+        for kv in KVFormat:
+            alt = EngineConfig(**{**config.__dict__, "profile": profile, "kv_dtype": kv.value, "max_context": None})
             p = plan_memory(cfg, alt, dtype, weights_bytes=weights_bytes, budget_bytes=budget_bytes, drafts=drafts,
                             on_gpu=on_gpu, explain=False, vision=vision, drafter=drafter)
             if p.fits and p.max_context >= 1024:

@@ -6,12 +6,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from engine.cache.kv_format import KVFormat
 
 PROFILES = {"C1": 1, "C2": 2, "C4": 4, "C8": 8}
 MAX_DRAFTS = 5                      # k + 1 verify rows must fit the decode kernels (model/batch.py MAX_DECODE_LEN)
 DEVICES = ("auto", "cuda", "cpu")                       # "cuda:N" picks one GPU of several
 DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32")
-KV_DTYPES = ("bf16", "int8", "k8v4", "k4v4", "auto")   # most precise first (engine/kv_cache.py KV_LAYOUTS)
+KV_DTYPES = (*(kv.value for kv in KVFormat), "auto")   # kv_dtype's names: the formats, most precise first, and auto
 WEIGHTS = ("auto", "bf16", "int4")
 SPECULATION = ("auto", "mtp", "dflash", "off")     # auto: the block drafter when one is given, else the MTP head
 VISION = ("auto", "resident", "on_demand", "off")   # where the vision tower lives (core/memory.py vision_placement)
@@ -27,7 +28,7 @@ class EngineConfig:
     quant_method: str = "als"       # int4 quantizer for 16-bit / FP8 sources: als (optimised) | rtn
     gpu_memory_gb: float | None = None  # cap on the memory the engine plans with (simulates a smaller card)
     profile: str = "C1"             # concurrency: C1 | C2 | C4 | C8 sequences decoding together
-    kv_dtype: str = "bf16"          # bf16 (the activation dtype) | int8 | k8v4 / k4v4 (8- / 4-bit K, 4-bit V, rotated)
+    kv_dtype: str = "bf16"          # a KVFormat: bf16 (activation dtype) | int8 | k8v4 / k4v4 (8- / 4-bit K, 4-bit V)
     #                                 | auto (the most precise that reaches max_context, or the model's limit)
     max_context: int | None = None  # tokens per sequence; None: the model's limit, capped by memory
     prefill_chunk: int = 2048       # prompt tokens per prefill step (long prompts are split)

@@ -19,6 +19,7 @@ from engine.model.qwen3_5 import Qwen3_5Model
 from engine.core.params import TokenLogprob
 from engine.core.sequence import Sequence
 from engine.spec.rounds import RoundRunner, replay_seconds
+from engine.core.sampling import Sampling, SamplingRow, penalties_of
 from qwendesk_kernels.sampling import Penalties, sample, token_logprobs, token_mask
 
 BUCKETS = (1, 2, 4, 8)
@@ -119,18 +120,7 @@ class ModelRunner:
             for i in torch.nonzero(logits.amax(-1) == float("-inf")).flatten().tolist():
                 seqs[i].error = "the grammar allows none of the tokens the logits processors left"
                 logits[i] = 0.0
-        penalties = None
-        if any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0 for p in ps):
-            counts = torch.zeros(logits.shape, dtype=torch.int32, device=dev)
-            in_prompt = torch.zeros_like(logits, dtype=torch.bool)
-            for i, s in enumerate(seqs):
-                if s.output:
-                    counts[i].index_add_(0, torch.tensor(s.output, device=dev),
-                                         torch.ones(len(s.output), dtype=torch.int32, device=dev))
-                in_prompt[i, torch.tensor(s.prompt, device=dev)] = True
-            penalties = Penalties(counts, in_prompt, self._vec(ps, "presence_penalty"),
-                                  self._vec(ps, "frequency_penalty"), self._vec(ps, "repetition_penalty"))
-        ids = self.sample_on_device(seqs, logits, penalties=penalties).tolist()
+        ids = self.sample_on_device(seqs, logits, penalties=penalties_of(seqs, logits)).tolist()
         for i, s in enumerate(seqs):
             if s.forced:
                 ids[i] = s.forced.popleft()
@@ -156,16 +146,8 @@ class ModelRunner:
             logits = token_mask(logits, pinned(mask).to(logits.device, non_blocking=True))
         if penalties is None and all(p.temperature == 0 for p in ps):
             return logits.argmax(-1)
-        return sample(logits.contiguous(), self._vec(ps, "temperature"), self._upload([p.top_k for p in ps]),
-                      self._vec(ps, "top_p"), self._vec(ps, "min_p"), self._upload([s.seed for s in seqs]),
-                      self._upload([len(s.output) + ahead for s in seqs]), penalties)
-
-    def _vec(self, ps, name):
-        return self._upload([float(getattr(p, name)) for p in ps])
-
-    def _upload(self, values: list) -> torch.Tensor:
-        """A small host list on the device without waiting for the GPU (see pinned())."""
-        return pinned(torch.tensor(values)).to(self.device, non_blocking=True)
+        s = Sampling.of([SamplingRow.of(seq, ahead) for seq in seqs]).to(self.device)
+        return sample(logits.contiguous(), s.temperature, s.top_k, s.top_p, s.min_p, s.seeds, s.steps, penalties)
 
 
 def image_inputs(seqs: list[Sequence], query_lens: list[int]) -> dict:

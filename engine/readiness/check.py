@@ -30,6 +30,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from engine.cache.kv_format import KVFormat
 from engine.readiness.launches import Launch, recording
 
 
@@ -51,7 +52,7 @@ class Card:
 CARDS = (Card("RTX 3090", (8, 6), 82, 101_376), Card("RTX 4090", (8, 9), 128, 101_376),
          Card("RTX 5090", (12, 0), 170, 101_376))
 MODELS = ("27b", "9b", "35b-a3b")
-KV = ("int8", "bf16", "k8v4", "k4v4")   # engine/params.py KV_DTYPES but auto
+KV = (KVFormat.INT8, KVFormat.BF16, KVFormat.K8V4, KVFormat.K4V4)   # every format, int8 first
 # A kernel launched with a register cap (maxnreg: the mma GEMVs' 128, so that 16 one-warp programs stay resident per
 # SM) may keep this much stack: they have 8-16 B at that cap on the H100 too, where the cap was measured faster.
 CAPPED_STACK = 16
@@ -104,8 +105,8 @@ def record(card: Card, models=MODELS, weights=None, kv=KV) -> list[Launch]:
     with recording(card.capability, card.sms, card.smem_per_block) as rec:
         for shape in models:
             for w in weights or weights_for(shape):
-                for kv_dtype in kv:
-                    run_all(rec, shape, w, kv_dtype)
+                for fmt in kv:
+                    run_all(rec, shape, w, fmt)
             run_vision(rec, shape, (weights or weights_for(shape))[0])   # (the tower's linears: 16-bit either way)
         for launch in rec.launches:
             if launch.autotuner is not None:

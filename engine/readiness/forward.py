@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.cache.kv_format import KVFormat
 from engine.core.params import MAX_DRAFTS, EngineConfig
 from engine.readiness.launches import Recorder
 from engine.core.runner import BUCKETS
@@ -29,19 +30,20 @@ def model_on_meta(shape: str, weights: str, layers: int = 4):
     return Qwen3_5Model(cfg, torch.bfloat16, "meta", with_mtp=True, policy=EngineConfig(model="").policy(weights))
 
 
-def pools_on_meta(model, kv_dtype: str, slots: int = 9):
+def pools_on_meta(model, kv: KVFormat, slots: int = 9):
     from engine.cache.pages import CacheTensors
     pages = max(BUCKETS) * (CONTEXT + 2 * PAGE) // PAGE
-    return CacheTensors.allocate(model.cfg, pages, PAGE, slots, torch.bfloat16, "meta", mtp_layers=1, kv_dtype=kv_dtype)
+    return CacheTensors.allocate(model.cfg, pages, PAGE, slots, torch.bfloat16, "meta", mtp_layers=1, kv=kv)
 
 
 @torch.inference_mode()
-def run_all(rec: Recorder, shape: str, weights: str, kv_dtype: str) -> None:
-    """Record the prefill steps, decode steps and greedy / sampled speculative rounds of every batch bucket."""
+def run_all(rec: Recorder, shape: str, weights: str, kv: KVFormat | str) -> None:
+    """Record the prefill steps, decode steps and greedy / sampled speculative rounds of every batch bucket, with KV
+    format `kv` (or its name)."""
     from engine.model.batch import build_batch
     model = model_on_meta(shape, weights)
-    pools = pools_on_meta(model, kv_dtype)
-    tag = f"{shape} {weights} {kv_dtype} KV"
+    pools = pools_on_meta(model, KVFormat(kv))
+    tag = f"{shape} {weights} {kv} KV"
     per_seq = (CONTEXT + 2 * PAGE) // PAGE
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(max(BUCKETS))]
 
@@ -101,10 +103,11 @@ def _sample(logits):
 
 
 def _rounds(rec: Recorder, tag: str, model, pools, tables) -> None:
+    from engine.core.sampling import SamplingRow
     from engine.spec.rounds import RoundRequest, RoundRunner, round_inputs
     spec = RoundRunner(model, pools, max(DRAFTS), max(BUCKETS), CONTEXT + PAGE)
     for n in BUCKETS:
-        reqs = [RoundRequest(i, CONTEXT, 0, tables[i], CONTEXT + PAGE, -1, 8, 0.7, 20, 0.9, 0.0, 1, 0, False)
+        reqs = [RoundRequest(i, CONTEXT, 0, tables[i], CONTEXT + PAGE, -1, 8, SamplingRow(0.7, 20, 0.9, 0.0, 1))
                 for i in range(n)]
         inp = round_inputs(reqs, len(tables[0]), "meta")
         for k in DRAFTS:

@@ -16,6 +16,7 @@ from functools import cache
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from engine.cache.kv_format import KVFormat
 from engine.readiness.cost_model import GPUS, Calibration, Measured, Phase, PhaseTime, Step, fit
 
 DECODE_CONTEXT = 576          # the bench's decode: 512-token prompts, mean context over its 128 tokens
@@ -118,7 +119,7 @@ def weight_phases(m: ModelFacts, seqs: int, rows: int) -> list[Phase]:
 def attention(name: str, m: ModelFacts, layers: int, seqs: int, rows: int, context: int, kv_int8: bool) -> Phase:
     """Attention of `layers` layers over each sequence's KV at `context` tokens (read once for its rows)."""
     from engine.core.memory import kv_bytes_per_token
-    kv = kv_bytes_per_token(m.cfg, torch.bfloat16, False, "int8" if kv_int8 else "bf16")
+    kv = kv_bytes_per_token(m.cfg, torch.bfloat16, False, KVFormat.INT8 if kv_int8 else KVFormat.BF16)
     per_layer = kv / len(m.cfg.full_attention_layers)
     return Phase(name, layers * seqs * context * per_layer,
                  4 * layers * seqs * rows * context * m.cfg.num_heads * m.cfg.head_dim)
@@ -199,12 +200,13 @@ def launches(what: str, shape: str, weights: str, seqs: int, drafts: int) -> int
     from engine.model.batch import build_batch
     from engine.readiness import forward as fw
     from engine.readiness.launches import recording
+    from engine.core.sampling import SamplingRow
     from engine.spec.rounds import RoundRequest, RoundRunner, round_inputs
     from engine.bench.random_model import text_config
     layers = text_config(shape)["num_hidden_layers"]
     with recording() as rec, torch.inference_mode():
         model = fw.model_on_meta(shape, weights, layers)
-        pools = fw.pools_on_meta(model, "bf16")
+        pools = fw.pools_on_meta(model, KVFormat.BF16)
         per_seq = (fw.CONTEXT + 2 * fw.PAGE) // fw.PAGE
         tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(max(seqs, 1))]
         ids = lambda n: torch.zeros(n, dtype=torch.int64, device="meta")  # noqa: E731
@@ -222,8 +224,8 @@ def launches(what: str, shape: str, weights: str, seqs: int, drafts: int) -> int
                 model.logits(hidden[batch.logits_rows])
         else:
             spec = RoundRunner(model, pools, drafts, seqs, fw.CONTEXT + fw.PAGE)
-            reqs = [RoundRequest(i, fw.CONTEXT, 0, tables[i], fw.CONTEXT + fw.PAGE, -1, 8, 0.7, 20, 0.9, 0.0, 1, 0,
-                                 False) for i in range(seqs)]
+            reqs = [RoundRequest(i, fw.CONTEXT, 0, tables[i], fw.CONTEXT + fw.PAGE, -1, 8,
+                                 SamplingRow(0.7, 20, 0.9, 0.0, 1)) for i in range(seqs)]
             inp = round_inputs(reqs, len(tables[0]), "meta")
             with _KernelOps() as ops:
                 spec.round(inp, False, drafts)

@@ -1,8 +1,8 @@
 """The local OpenAI- and Anthropic-compatible HTTP API (FastAPI + uvicorn)."""
 
 from engine.server.app import create_app
-from engine.server.serve import ServerThread
-from engine.server.settings import ServerSettings
+from engine.server.thread import ServerThread
+from engine.server.http.settings import ServerSettings
 
 
 def serve(engine, model_id: str, host: str, port: int, api_key: str | None = None,

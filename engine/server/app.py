@@ -6,13 +6,15 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.middleware.cors import CORSMiddleware
 
-from engine.server import (anthropic_routes, models_routes, openai_routes, ops_routes, responses_routes,
-                           tokenize_routes)
-from engine.server.body import with_request_schemas
-from engine.server.errors import install_error_handlers
-from engine.server.metrics import MetricsMiddleware
-from engine.server.security import Guard
-from engine.server.settings import ServerSettings
+from engine.server import models_routes, ops_routes, tokenize_routes
+from engine.server.anthropic import routes as anthropic_routes
+from engine.server.openai import routes as openai_routes
+from engine.server.responses import routes as responses_routes
+from engine.server.http.body import with_request_schemas
+from engine.server.http.errors import install_error_handlers
+from engine.server.http.metrics import MetricsMiddleware
+from engine.server.http.security import Guard
+from engine.server.http.settings import ServerSettings
 from engine.server.state import ServerState
 
 

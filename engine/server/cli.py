@@ -20,7 +20,7 @@ import uvicorn
 from engine.commands.args import (Parser, add_speculation_args, checked, model_arg, model_name, port_arg, resolve_model,
                                   speculation_settings)
 from engine.api import DEFAULT_PORT, DTYPE_NAMES, KV_DTYPES, PROFILES, VISION, EngineConfig, listen_socket
-from engine.server.connections import LimitedServer, uvicorn_config
+from engine.server.http.connections import LimitedServer, uvicorn_config
 
 log = logging.getLogger("qwendesk.serve")
 
@@ -114,7 +114,7 @@ def serve_main(argv=None, load=None) -> NoReturn:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from engine.server import ServerSettings, create_app
-    from engine.server.settings import is_loopback
+    from engine.server.http.settings import is_loopback
 
     settings = ServerSettings(model_id=args.model_id or model_name(args.model), host=args.host, port=args.port,
                               api_key=args.api_key, allowed_hosts=args.allowed_host, cors_origins=args.cors_origin,

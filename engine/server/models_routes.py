@@ -8,8 +8,8 @@ from datetime import datetime, timezone
 
 from fastapi import APIRouter, Request
 
-from engine.server.errors import flavor
-from engine.server.sse import JSON
+from engine.server.http.errors import flavor
+from engine.server.http.sse import JSON
 
 router = APIRouter()
 

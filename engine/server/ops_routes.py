@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
-from engine.server.sse import JSON
+from engine.server.http.sse import JSON
 
 router = APIRouter()
 

@@ -6,15 +6,15 @@ import asyncio
 import functools
 import time
 
-from engine.server.errors import APIError, from_engine_error
-from engine.server.generation import Generation, Wakeups
-from engine.server.images import ImageOptions
-from engine.server.logprobs import TokenBytes
-from engine.server.metrics import Metrics, Outcome
-from engine.server.prompting import Prompt, generation_defaults
-from engine.server.responses_store import ResponseStore
-from engine.server.settings import ServerSettings
-from engine.server.workers import Workers
+from engine.server.http.errors import APIError, from_engine_error
+from engine.server.bridge.generation import Generation, Wakeups
+from engine.server.bridge.images import ImageOptions
+from engine.server.openai.logprobs import TokenBytes
+from engine.server.http.metrics import Metrics, Outcome
+from engine.server.bridge.prompting import Prompt, generation_defaults
+from engine.server.responses.store import ResponseStore
+from engine.server.http.settings import ServerSettings
+from engine.server.http.workers import Workers
 
 
 class ServerState:

@@ -8,12 +8,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.server.body import documented, parse_body
-from engine.server.errors import APIError
-from engine.server.openai_convert import chat_request
-from engine.server.openai_schema import ChatCompletionRequest, ChatMessage, Tool
-from engine.server.prompting import encode, prompt_ids
-from engine.server.sse import JSON
+from engine.server.http.body import documented, parse_body
+from engine.server.http.errors import APIError
+from engine.server.openai.convert import chat_request
+from engine.server.openai.schema import ChatCompletionRequest, ChatMessage, Tool
+from engine.server.bridge.prompting import encode, prompt_ids
+from engine.server.http.sse import JSON
 
 router = APIRouter()
 

@@ -13,30 +13,13 @@ its boundary), at a lower acceptance (sum p q instead of sum min(p, q)).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from engine.core.sampling import Sampling
 from qwendesk_kernels.sampling import filtered_probs_ref, race_ref, random_uniform_ref
 
 # counter streams: a request's draws at generation step s use counter 4 s + stream
 DRAFT, ACCEPT, RESIDUAL = 0, 1, 2
-
-
-@dataclass
-class Sampling:
-    """Per-row sampling parameters on the device ([B] each)."""
-    temperature: torch.Tensor
-    top_k: torch.Tensor
-    top_p: torch.Tensor
-    min_p: torch.Tensor
-    seeds: torch.Tensor
-    steps: torch.Tensor          # tokens the request has generated before this round
-    seeded: torch.Tensor         # bool: the request gave a seed (its output must reproduce)
-
-    def rows(self, index: torch.Tensor) -> Sampling:
-        return Sampling(*(t[index] for t in (self.temperature, self.top_k, self.top_p, self.min_p, self.seeds,
-                                             self.steps, self.seeded)))
 
 
 def _uniforms(s: Sampling, offset: int, stream: int, n: int) -> torch.Tensor:

@@ -22,12 +22,14 @@ boundary of a cached prompt, steps decoded without speculation) acceptance may d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
-from engine.spec.acceptance import Sampling, accept, pick_draft
+from engine.spec.acceptance import accept, pick_draft
+from engine.core.sampling import Sampling, SamplingRow
 from engine.core.device import capture_graph, pinned
 from engine.core.params import EngineConfig
 from engine.cache.pages import CacheTensors
@@ -196,7 +198,7 @@ class RoundRunner(Rounds):
         catch_up = rows_batch(inp, 0, k + 1, page, self.max_seq_len)
         m = model.mtp_forward(tokens.reshape(-1), hidden, catch_up, pools).view(B, k + 1, -1)
         m = m[torch.arange(B, device=m.device), kept]
-        next_s = Sampling(s.temperature, s.top_k, s.top_p, s.min_p, s.seeds, s.steps + kept + 1, s.seeded)
+        next_s = dataclasses.replace(s, steps=s.steps + kept + 1)
         self.draft_tokens[inp.slots] = pick_draft(self.draft_logits(m), next_s, 1, sampled)[0]
         self.draft_hidden[inp.slots] = m
         return RoundOutputs(kept, tokens)
@@ -221,20 +223,14 @@ class RoundRequest:
     limit: int
     snap_row: int
     snap_slot: int
-    temperature: float
-    top_k: int
-    top_p: float
-    min_p: float
-    seed: int
-    steps: int
-    seeded: bool
+    sampling: SamplingRow = field(default_factory=SamplingRow)
     delta: int = 0
     stop: int = -1
 
     @classmethod
     def padding(cls, slot: int, temperature: float = 0.0) -> RoundRequest:
         """A row that writes nothing (limit 0) on `slot`: a batch padded to its bucket, or a graph's capture."""
-        return cls(slot, 0, 0, [], 0, -1, slot, temperature, 0, 1.0, 0.0, 0, 0, False)
+        return cls(slot, 0, 0, [], 0, -1, slot, SamplingRow(temperature))
 
 
 def round_inputs(reqs: list[RoundRequest], max_pages: int, device, pad_to: int = 0, pad_slot: int = 0,
@@ -244,23 +240,23 @@ def round_inputs(reqs: list[RoundRequest], max_pages: int, device, pad_to: int =
     pad = max(0, pad_to - len(reqs))
     reqs = reqs + [RoundRequest.padding(pad_slot)] * pad
     tables = page_table([r.pages for r in reqs], max_pages)
-    col = lambda name, dtype: torch.tensor([getattr(r, name) for r in reqs], dtype=dtype)  # noqa: E731
-    host = RoundInputs(col("slot", torch.int64), col("base", torch.int64), col("last", torch.int64), tables,
-                       col("limit", torch.int64), col("snap_row", torch.int32), col("snap_slot", torch.int64),
-                       col("delta", torch.int64), col("stop", torch.int64),
-                       Sampling(col("temperature", torch.float32), col("top_k", torch.int64),
-                                col("top_p", torch.float32), col("min_p", torch.float32), col("seed", torch.int64),
-                                col("steps", torch.int64), col("seeded", torch.bool)))
+    host = RoundInputs(ints([r.slot for r in reqs]), ints([r.base for r in reqs]), ints([r.last for r in reqs]),
+                       tables, ints([r.limit for r in reqs]), ints([r.snap_row for r in reqs], torch.int32),
+                       ints([r.snap_slot for r in reqs]), ints([r.delta for r in reqs]), ints([r.stop for r in reqs]),
+                       Sampling.of([r.sampling for r in reqs]))
     if out is None:
         return _map(host, lambda t: pinned(t).to(device, non_blocking=True))
     _zip(out, host, lambda dst, src: dst.copy_(pinned(src), non_blocking=True))
     return out
 
 
+def ints(values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype)
+
+
 def _fields(inp: RoundInputs) -> list[torch.Tensor]:
-    s = inp.sampling
     return [inp.slots, inp.base, inp.last, inp.block_tables, inp.limit, inp.snap_rows, inp.snap_slots, inp.delta,
-            inp.stop, s.temperature, s.top_k, s.top_p, s.min_p, s.seeds, s.steps, s.seeded]
+            inp.stop, *inp.sampling.tensors()]
 
 
 def _from_fields(t: list[torch.Tensor]) -> RoundInputs:

@@ -18,6 +18,7 @@ import torch
 from engine.cache.manager import CacheManager
 from engine.spec.policy import DraftPolicy
 from engine.core.params import SpeculationStats
+from engine.core.sampling import SamplingRow
 from engine.core.sequence import Sequence
 from engine.spec.rounds import RoundGraphs, RoundRequest, Rounds, round_inputs
 
@@ -154,12 +155,10 @@ class Speculation:
             seq.spec_snapshot = None
 
     def _request(self, s: Sequence, base: int, snap_row: int = -1, snap_slot: int = -1) -> RoundRequest:
-        p = s.params
         return RoundRequest(slot=s.state_slot, base=base, last=s.tokens[base], pages=s.pages,
                             limit=len(s.pages) * self.cache.page_size, snap_row=snap_row,
                             snap_slot=snap_slot if snap_row >= 0 else self.cache.scratch_slot,
-                            temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, seed=s.seed,
-                            steps=len(s.output), seeded=p.seed is not None, delta=s.position_delta,
+                            sampling=SamplingRow.of(s), delta=s.position_delta,
                             stop=-1 if s.matcher is None or s.matcher.trigger is None else s.matcher.trigger)
 
     def stats(self) -> dict:

@@ -8,16 +8,16 @@ import time
 from fastapi import APIRouter, Request
 
 from engine.api import CallArgs, CallStart, Reasoning, Text, Usage
-from engine.server.body import documented, parse_body
-from engine.server.checks import OPENAI_COMPLETIONS, refuse_unsupported
-from engine.server.errors import APIError, error_payload
-from engine.server.generation import Finish, Keepalive, Logprobs, Reply, collect_all, merged
-from engine.server.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs
-from engine.server.openai_convert import chat_request, sampling_fields
-from engine.server.openai_schema import ChatCompletionRequest, CompletionRequest
-from engine.server.prompting import Prompt, chat_prompts, completion_room, encode, sampling_params
-from engine.server.structured import response_constraint
-from engine.server.sse import JSON, ChunkTemplate, comment, dumps, event, sse_response
+from engine.server.http.body import documented, parse_body
+from engine.server.bridge.checks import OPENAI_COMPLETIONS, refuse_unsupported
+from engine.server.http.errors import APIError, error_payload
+from engine.server.bridge.generation import Finish, Keepalive, Logprobs, Reply, collect_all, merged
+from engine.server.openai.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs
+from engine.server.openai.convert import chat_request, sampling_fields
+from engine.server.openai.schema import ChatCompletionRequest, CompletionRequest
+from engine.server.bridge.prompting import Prompt, chat_prompts, completion_room, encode, sampling_params
+from engine.server.bridge.structured import response_constraint
+from engine.server.http.sse import JSON, ChunkTemplate, comment, dumps, event, sse_response
 
 router = APIRouter()
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import jsonschema
 from jsonschema.validators import validator_for
 
-from engine.server.errors import APIError
+from engine.server.http.errors import APIError
 
 MAX_SAMPLES = 16        # n: samples of one prompt in one request
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.api import Constraint, ImageInputError, SamplingParams, split_images, tool_schemas
-from engine.server.errors import APIError
-from engine.server.images import ImageOptions, fetch_images
-from engine.server.processors import BanTokens
-from engine.server.structured import request_constraint
+from engine.server.http.errors import APIError
+from engine.server.bridge.images import ImageOptions, fetch_images
+from engine.server.bridge.processors import BanTokens
+from engine.server.bridge.structured import request_constraint
 
 EFFORT_BUDGETS = {"minimal": 256, "low": 1024}
 RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "template_name", "continue_final_message")
@@ -115,7 +115,7 @@ def chat_params(engine, req: ChatRequest, defaults: dict, prompt_tokens: int, sa
 
 def prompt_ids(engine, req: ChatRequest) -> tuple[list, list]:
     """The prompt's token ids, each image's placeholder expanded, and its images (the engine's): URL images fetched
-    (server/images.py), the pixels read by the engine; a bad image is a 400."""
+    (server/bridge/images.py), the pixels read by the engine; a bad image is a 400."""
     messages = fetch_images(req.messages, req.images) if req.images and req.images.allow_urls else req.messages
     messages, data = split_images(messages)
     try:

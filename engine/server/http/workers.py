@@ -11,7 +11,7 @@ import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from engine.server.errors import APIError
+from engine.server.http.errors import APIError
 
 
 class Workers:

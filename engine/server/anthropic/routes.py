@@ -9,15 +9,15 @@ import secrets
 from fastapi import APIRouter, Request
 
 from engine.api import CallArgs, CallStart, Reasoning, Text, Usage
-from engine.server.openai_routes import speculation_json
-from engine.server.anthropic_convert import chat_request
-from engine.server.anthropic_schema import CountTokensRequest, MessagesRequest
-from engine.server.body import documented, parse_body
-from engine.server.checks import ANTHROPIC_MESSAGES, refuse_unsupported
-from engine.server.errors import error_payload
-from engine.server.generation import Finish, Keepalive, Reply, collect, collect_all
-from engine.server.prompting import chat_prompts, prompt_ids
-from engine.server.sse import JSON, event, sse_response
+from engine.server.openai.routes import speculation_json
+from engine.server.anthropic.convert import chat_request
+from engine.server.anthropic.schema import CountTokensRequest, MessagesRequest
+from engine.server.http.body import documented, parse_body
+from engine.server.bridge.checks import ANTHROPIC_MESSAGES, refuse_unsupported
+from engine.server.http.errors import error_payload
+from engine.server.bridge.generation import Finish, Keepalive, Reply, collect, collect_all
+from engine.server.bridge.prompting import chat_prompts, prompt_ids
+from engine.server.http.sse import JSON, event, sse_response
 
 router = APIRouter()
 

@@ -18,9 +18,9 @@ import threading
 from dataclasses import dataclass, field
 
 from engine.api import CallArgs, CallStart, Reasoning, StreamEvent, Text, Timings, TokenLogprob, Usage
-from engine.server.errors import APIError, ClientGone
-from engine.server.metrics import Outcome
-from engine.server.prompting import Prompt
+from engine.server.http.errors import APIError, ClientGone
+from engine.server.http.metrics import Outcome
+from engine.server.bridge.prompting import Prompt
 
 
 @dataclass

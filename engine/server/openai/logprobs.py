@@ -12,7 +12,7 @@ from functools import lru_cache
 import torch
 
 from engine.api import TokenLogprob
-from engine.server.errors import APIError
+from engine.server.http.errors import APIError
 
 MAX_SCORED_PROMPT = 1024    # prompt tokens whose logprobs a request may ask for (the engine scores all rows at once:
 #                             a row of logits per token, ~1 MB each at Qwen's vocabulary)

@@ -1,9 +1,9 @@
 """Request body of POST /v1/responses.
 
 The fields the server honours are declared; any other field is kept (`extra="allow"`) only so that
-responses_convert can refuse it by name: the Responses API has many (background, conversation,
+convert.py can refuse it by name: the Responses API has many (background, conversation,
 prompt, ...), and none of them is ignored in silence. Input items and tools are checked item by item
-in responses_convert, where an error can name `input.3.call_id`.
+in convert.py, where an error can name `input.3.call_id`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.server.openai_schema import FunctionDefinition, Temperature
+from engine.server.openai.schema import FunctionDefinition, Temperature
 
 Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
@@ -63,7 +63,7 @@ class ResponsesRequest(BaseModel):
     max_tool_calls: int | None = Field(default=None, ge=1)   # bounds built-in tool calls: there are none
 
 
-# ---- input items and tools (checked one by one in responses_convert) -------------------------------
+# ---- input items and tools (checked one by one in convert.py) -------------------------------
 class Item(BaseModel):
     model_config = ConfigDict(extra="allow")       # id, status, phase, annotations: descriptive only
 

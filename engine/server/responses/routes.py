@@ -1,8 +1,8 @@
 """The Responses API: POST /v1/responses (streamed or not), GET and DELETE /v1/responses/{id}.
 
-A request becomes a chat request (responses_convert) and runs as chat completions do; its events
-become the Response's output items (responses_output). Unless `store` is false, the response and its
-conversation are kept (responses_store) for GET and for a next turn's `previous_response_id`.
+A request becomes a chat request (convert.py) and runs as chat completions do; its events
+become the Response's output items (output.py). Unless `store` is false, the response and its
+conversation are kept (store.py) for GET and for a next turn's `previous_response_id`.
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import time
 
 from fastapi import APIRouter, Request
 
-from engine.server.body import documented, parse_body
-from engine.server.errors import APIError
-from engine.server.generation import Finish, Keepalive, collect_all
-from engine.server.prompting import chat_prompts
-from engine.server.responses_convert import Prepared, prepare
-from engine.server.responses_output import ResponseBuilder, new_id
-from engine.server.responses_schema import ResponsesRequest
-from engine.server.sse import JSON, comment, event, sse_response
+from engine.server.http.body import documented, parse_body
+from engine.server.http.errors import APIError
+from engine.server.bridge.generation import Finish, Keepalive, collect_all
+from engine.server.bridge.prompting import chat_prompts
+from engine.server.responses.convert import Prepared, prepare
+from engine.server.responses.output import ResponseBuilder, new_id
+from engine.server.responses.schema import ResponsesRequest
+from engine.server.http.sse import JSON, comment, event, sse_response
 
 router = APIRouter()
 

@@ -6,7 +6,7 @@ schemas when the request is submitted (an invalid one, or a keyword it cannot en
 from __future__ import annotations
 
 from engine.api import Constraint
-from engine.server.errors import APIError
+from engine.server.http.errors import APIError
 
 ANY_OBJECT = {"type": "object"}
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from engine.api import call_arguments
-from engine.server.checks import OPENAI_CHAT, check_tool_schema, refuse_unsupported
-from engine.server.errors import APIError
-from engine.server.images import ImageOptions, ImageParts
-from engine.server.openai_schema import (ChatCompletionRequest, ChatMessage, ContentPart, FunctionName, NamedToolChoice,
+from engine.server.bridge.checks import OPENAI_CHAT, check_tool_schema, refuse_unsupported
+from engine.server.http.errors import APIError
+from engine.server.bridge.images import ImageOptions, ImageParts
+from engine.server.openai.schema import (ChatCompletionRequest, ChatMessage, ContentPart, FunctionName, NamedToolChoice,
                                         SamplingFields, Tool, ToolCall)
-from engine.server.processors import LogitBias
-from engine.server.prompting import ChatRequest, Thinking, ToolChoice
-from engine.server.structured import response_constraint
+from engine.server.bridge.processors import LogitBias
+from engine.server.bridge.prompting import ChatRequest, Thinking, ToolChoice
+from engine.server.bridge.structured import response_constraint
 
 IMAGE_PARTS = ("image_url", "input_image")     # chat's, and the Responses API's spelling
 
@@ -91,7 +91,7 @@ def logit_bias(given: dict[str, float], vocab_size: int) -> dict[int, float]:
 def template_messages(messages: list[ChatMessage], images: ImageParts) -> list[dict]:
     """OpenAI messages -> the chat template's: developer is system, leading system messages merge,
     tool-call arguments become objects, earlier reasoning goes back as reasoning_content, image parts become the
-    engine's (server/images.py)."""
+    engine's (server/bridge/images.py)."""
     out = []
     for i, m in enumerate(messages):
         role = {"developer": "system", "function": "tool"}.get(m.role, m.role)

@@ -1,6 +1,6 @@
 """Request bodies of the OpenAI routes, as /openapi.json documents them. Fields not named here are
 kept as extras: those whose meaning the server cannot honour (audio, web_search_options, ...) are
-refused with a 400 (engine/server/checks.py), the rest (user, store, metadata, service_tier, ...)
+refused with a 400 (engine/server/bridge/checks.py), the rest (user, store, metadata, service_tier, ...)
 are ignored."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.server.checks import MAX_SAMPLES
+from engine.server.bridge.checks import MAX_SAMPLES
 
 Temperature = Field(default=None, ge=0, le=2)
 Penalty = Field(default=None, ge=-2, le=2)
@@ -105,7 +105,7 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     thinking_token_budget: int | None = Field(default=None, ge=0)
     chat_template_kwargs: dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None     # engine/server/structured.py
+    response_format: dict[str, Any] | None = None     # engine/server/bridge/structured.py
 
 
 class CompletionRequest(SamplingFields):
@@ -116,4 +116,4 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
-    response_format: dict[str, Any] | None = None     # engine/server/structured.py
+    response_format: dict[str, Any] | None = None     # engine/server/bridge/structured.py

@@ -1,6 +1,6 @@
 """Request bodies of the Anthropic routes (Messages API), as /openapi.json documents them. Fields not
 named here are kept as extras: those the server cannot honour (mcp_servers, container, ...) are
-refused with a 400 (engine/server/checks.py), the rest (metadata, cache_control, service_tier, ...)
+refused with a 400 (engine/server/bridge/checks.py), the rest (metadata, cache_control, service_tier, ...)
 are ignored."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A Responses request becomes a ChatCompletionRequest (instructions as the leading system message,
 the items as chat messages, flat function tools nested, `text.format` as `response_format`,
-`reasoning.effort` as `reasoning_effort`), and goes through `openai_convert.chat_request`: the same
+`reasoning.effort` as `reasoning_effort`), and goes through `engine.server.openai.convert.chat_request`: the same
 checks, tool-call handling, images and structured output as chat. Errors raised on the chat side name
 the chat field; `Renames` turns them back into the Responses field the client sent.
 
@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ValidationError
 
 from engine.api import call_arguments
-from engine.server.errors import APIError, validation_error
-from engine.server.images import ImageOptions
-from engine.server.openai_convert import chat_request
-from engine.server.openai_schema import ChatCompletionRequest
-from engine.server.prompting import ChatRequest
-from engine.server.responses_schema import (FunctionCallItem, FunctionCallOutputItem, FunctionTool, MessageItem,
+from engine.server.http.errors import APIError, validation_error
+from engine.server.bridge.images import ImageOptions
+from engine.server.openai.convert import chat_request
+from engine.server.openai.schema import ChatCompletionRequest
+from engine.server.bridge.prompting import ChatRequest
+from engine.server.responses.schema import (FunctionCallItem, FunctionCallOutputItem, FunctionTool, MessageItem,
                                             ReasoningItem, ResponsesRequest)
 
 INCLUDES = ("reasoning.encrypted_content", "message.output_text.logprobs")

@@ -30,7 +30,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from engine.server.settings import ServerSettings
+from engine.server.http.settings import ServerSettings
 
 try:
     import resource

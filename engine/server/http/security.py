@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import hmac
 
-from engine.server.errors import APIError, error_response
-from engine.server.settings import ServerSettings
+from engine.server.http.errors import APIError, error_response
+from engine.server.http.settings import ServerSettings
 
 OPEN_PATHS = ("/health",)           # no key needed: supervisors probe it
 

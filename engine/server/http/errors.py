@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request, Response
 from starlette.exceptions import HTTPException
 
 from engine.api import ContextLengthError, QueueFullError
-from engine.server.sse import JSON
+from engine.server.http.sse import JSON
 
 log = logging.getLogger("qwendesk.server")
 

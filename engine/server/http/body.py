@@ -10,7 +10,7 @@ from starlette.requests import ClientDisconnect
 from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
 
-from engine.server.errors import APIError, ClientGone, validation_error
+from engine.server.http.errors import APIError, ClientGone, validation_error
 
 
 INLINE_BYTES = 256 * 1024   # larger bodies are decoded on the Workers (workers.py), not on the event loop

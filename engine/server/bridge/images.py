@@ -17,7 +17,7 @@ import urllib.request
 from dataclasses import dataclass
 
 from engine.api import NO_VISION
-from engine.server.errors import APIError
+from engine.server.http.errors import APIError
 
 MEDIA_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp", "image/bmp", "image/tiff")
 _DATA_URL = re.compile(r"data:([\w.+-]+/[\w.+-]+)?((?:;[\w.+-]+=[\w.+-]+)*);base64,(.*)", re.DOTALL | re.IGNORECASE)

@@ -7,12 +7,12 @@ budget_tokens, "adaptive"). A trailing assistant message is a prefill: the reply
 
 from __future__ import annotations
 
-from engine.server.anthropic_schema import Block, CountTokensRequest, MessagesRequest
-from engine.server.checks import check_tool_schema
-from engine.server.errors import APIError
-from engine.server.images import ImageOptions, ImageParts
-from engine.server.prompting import ChatRequest, Thinking, ToolChoice
-from engine.server.structured import response_constraint
+from engine.server.anthropic.schema import Block, CountTokensRequest, MessagesRequest
+from engine.server.bridge.checks import check_tool_schema
+from engine.server.http.errors import APIError
+from engine.server.bridge.images import ImageOptions, ImageParts
+from engine.server.bridge.prompting import ChatRequest, Thinking, ToolChoice
+from engine.server.bridge.structured import response_constraint
 
 CHOICES = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}
 

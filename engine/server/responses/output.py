@@ -16,9 +16,9 @@ import secrets
 import time
 
 from engine.api import CallArgs, CallStart, Reasoning, Text, Usage
-from engine.server.generation import Finish, Logprobs
-from engine.server.logprobs import chat_logprobs
-from engine.server.responses_convert import seal
+from engine.server.bridge.generation import Finish, Logprobs
+from engine.server.openai.logprobs import chat_logprobs
+from engine.server.responses.convert import seal
 
 
 def new_id(prefix: str) -> str:

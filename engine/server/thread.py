@@ -6,7 +6,7 @@ import threading
 import time
 
 from engine.api import DEFAULT_PORT, listen_socket
-from engine.server.connections import LimitedServer, uvicorn_config
+from engine.server.http.connections import LimitedServer, uvicorn_config
 
 
 class ServerThread:
