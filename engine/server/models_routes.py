@@ -41,6 +41,7 @@ def model_card(request: Request) -> dict:
 
 def engine_card(engine) -> dict:
     """What runs behind the name (the extensions vLLM and llama.cpp servers report in their own words)."""
-    c = engine.config
-    return {"status": "loaded", "weights": engine.weights, "kv_cache_dtype": c.kv_dtype, "profile": c.profile,
-            "max_running": c.max_running, "speculative_tokens": engine.drafts, "vision": engine.accepts_images}
+    c, plan = engine.config, engine.plan()
+    return {"status": "loaded", "weights": engine.weights, "kv_cache_dtype": plan.kv_dtype.value,
+            "profile": c.profile, "max_running": c.max_running, "speculation": plan.method,
+            "speculative_tokens": engine.drafts, "vision": engine.accepts_images}
