@@ -146,8 +146,9 @@ def _prune_configs(configs, named_args, **kwargs):
     scratch), or, above 32 rows, M tiles of BM <= the bucket without split-K. A card without warpgroup MMA (all but
     sm_90) keeps, at BM = 32, the tiles of 32 weight rows per warp (64 spill there: 255 registers and 16-224 B of
     stack on sm_86 / sm_89 / sm_120, `make check-consumer`), and M tiles of at most 32 floats per thread in each
-    of their two accumulators (64 x 128 on 4 warps spilled 8 B on sm_86 in a C8 round of 5 drafts); sm_90 keeps
-    the configs it was tuned with."""
+    of their two accumulators (64 x 128 on 4 warps spilled 8 B on sm_86 in a C8 round of 5 drafts), those of 128
+    rows in 2 stages only (3 took 139,264 B of shared memory on sm_86 / sm_89: a block drafter's 8 blocks of 16 rows);
+    sm_90 keeps the configs it was tuned with."""
     args = {**named_args, **kwargs}
     bucket, N = args["M_BUCKET"], args["N"]
     sms = sm_count(args["y_ptr"].device)
@@ -161,9 +162,9 @@ def _prune_configs(configs, named_args, **kwargs):
         if bucket in GEMV_BUCKETS:
             ok = bm == bucket and (split == 1 or (tiles * split <= 8 * sms and split * bm * N <= SPLITK_FLOATS
                                                    and tiles <= SPLITK_COUNTERS))
-        else:                               # (without wgmma: at most 32 floats per thread in each accumulator)
+        else:       # (without wgmma: at most 32 floats per thread in each accumulator; BM = 128 in 2 stages)
             ok = (bm not in GEMV_BUCKETS and bm <= bucket and split == 1
-                  and (wgmma or bn * bm <= 32 * 32 * cfg.num_warps))
+                  and (wgmma or (bn * bm <= 32 * 32 * cfg.num_warps and (bm < 128 or cfg.num_stages == 2))))
         if ok:
             kept.append(cfg)
     return kept

@@ -343,15 +343,10 @@ def test_int4_weights_quantize_the_drafter_too_and_stay_exact(ckpt, drafter):
 
 
 def test_the_27b_drafter_is_planned_at_under_a_third_of_its_16_bit_bytes_with_int4_weights():
-    from engine.bench.random_model import DRAFTERS, text_config
+    from engine.bench.random_model import drafter_config
     from engine.model.drafter_config import drafter_parameters, drafter_tensor_shapes
     from engine.weights.policy import DEFAULT_POLICY, policy_bytes
-    layers, heads, kv, head_dim, inter, taps = DRAFTERS["27b"]
-    target = text_config("27b")
-    cfg = parse_drafter_config(dict(
-        architectures=["DFlashDraftModel"], vocab_size=target["vocab_size"], hidden_size=target["hidden_size"],
-        intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
-        head_dim=head_dim, dflash_config={"target_layer_ids": taps, "block_size": 16, "mask_token_id": 1}))
+    cfg = parse_drafter_config(drafter_config("27b"))
     n = drafter_parameters(cfg)
     assert 1.70e9 < n < 1.76e9                                  # ~1.73 B, as published
     assert policy_bytes(drafter_tensor_shapes(cfg), DEFAULT_POLICY)["total"] < 2 * n / 3.5

@@ -100,6 +100,18 @@ def build_random_model(raw: dict, weights: str, check: bool = True, mtp: bool = 
 DRAFTERS = {"27b": (5, 32, 8, 128, 17408, [1, 16, 31, 46, 61])}
 
 
+def drafter_config(shape: str, taps: list[int] | None = None) -> dict:
+    """The config.json of a drafter of DRAFTERS[shape]'s size (reading `taps` of the target: default the
+    published ones)."""
+    layers, heads, kv, head_dim, inter, published = DRAFTERS[shape]
+    target = text_config(shape)
+    return dict(architectures=["DFlashDraftModel"], vocab_size=target["vocab_size"], hidden_size=target["hidden_size"],
+                intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+                head_dim=head_dim, sliding_window=2048, layer_types=["sliding_attention"] * (layers - 1) + [
+                    "full_attention"], rope_theta=1e7,
+                dflash_config={"target_layer_ids": taps or published, "block_size": 16, "mask_token_id": 248077})
+
+
 def build_random_drafter(shape: str, weights: str, device="cuda", dtype: torch.dtype = torch.bfloat16):
     """A block drafter at the published size for `shape`'s target, random weights, held as the engine holds it with
     `weights` (int4: its projections quantized per the default policy, round-to-nearest: the values are noise)."""
@@ -107,15 +119,8 @@ def build_random_drafter(shape: str, weights: str, device="cuda", dtype: torch.d
     from engine.model.dflash import Drafter, quantize_
     from engine.model.linear import Build
     from engine.model.drafter_config import parse_drafter_config
-    layers, heads, kv, head_dim, inter, taps = DRAFTERS[shape]
-    target = text_config(shape)
-    raw = dict(architectures=["DFlashDraftModel"], vocab_size=target["vocab_size"], hidden_size=target["hidden_size"],
-               intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
-               head_dim=head_dim, sliding_window=2048, layer_types=["sliding_attention"] * (layers - 1) + [
-                   "full_attention"], num_target_layers=target["num_hidden_layers"], rope_theta=1e7,
-               dflash_config={"target_layer_ids": taps, "block_size": 16, "mask_token_id": 248077})
     with torch.device(device):
-        drafter = Drafter(parse_drafter_config(raw)).to(dtype)
+        drafter = Drafter(parse_drafter_config(drafter_config(shape))).to(dtype)
     randomize_(drafter)
     policy = EngineConfig(model="", quant_method="rtn").policy(weights)
     if policy is not None:

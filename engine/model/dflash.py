@@ -412,9 +412,10 @@ def load_drafter(path, target: ModelConfig, device="cpu", dtype: torch.dtype = t
 
 
 @torch.no_grad()
-def quantize_(drafter: Drafter, build: Build) -> None:
+def quantize_(drafter: Drafter, build: Build, load: bool = True) -> None:
     """Each bias-free projection whose checkpoint name the policy quantizes (engine/weights/policy.py: as the target's
-    of the same kind) becomes an engine Linear holding it int4 / int8 (same call, the engine's GEMV)."""
+    of the same kind) becomes an engine Linear holding it int4 / int8 (same call, the engine's GEMV). load False: the
+    layout only, nothing quantized (a drafter on the meta device: the readiness check)."""
     method = getattr(build.policy, "method", "als")
     for name, module in list(drafter.named_modules()):
         if not isinstance(module, nn.Linear) or module.bias is not None:
@@ -423,7 +424,8 @@ def quantize_(drafter: Drafter, build: Build) -> None:
         linear = Linear(module.in_features, {attr: module.out_features}, build, f"{prefix}." if prefix else "")
         if linear.scheme == "float":
             continue
-        w = module.weight.float()
-        linear.load_rows(0, quantize_int4(w, build.group_size, method) if linear.scheme == "int4"
-                         else quantize_int8(w, build.group_size))
+        if load:
+            w = module.weight.float()
+            linear.load_rows(0, quantize_int4(w, build.group_size, method) if linear.scheme == "int4"
+                             else quantize_int8(w, build.group_size))
         setattr(drafter.get_submodule(prefix) if prefix else drafter, attr, linear)

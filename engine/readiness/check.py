@@ -101,12 +101,13 @@ def weights_for(shape: str) -> tuple[str, ...]:
 def record(card: Card, models=MODELS, weights=None, kv=KV) -> list[Launch]:
     """Every launch of the forwards of `models` x `weights` (default: weights_for each) x `kv`, as the engine makes
     them on `card`."""
-    from engine.readiness.forward import run_all, run_vision
+    from engine.readiness.forward import run_all, run_drafter, run_vision
     with recording(card.capability, card.sms, card.smem_per_block) as rec:
         for shape in models:
             for w in weights or weights_for(shape):
                 for fmt in kv:
                     run_all(rec, shape, w, fmt)
+                run_drafter(rec, shape, w)
             run_vision(rec, shape, (weights or weights_for(shape))[0])   # (the tower's linears: 16-bit either way)
         for launch in rec.launches:
             if launch.autotuner is not None:

@@ -63,6 +63,52 @@ def run_all(rec: Recorder, shape: str, weights: str, kv: KVFormat | str) -> None
     _rounds(rec, tag, model, pools, tables)
 
 
+@torch.inference_mode()
+def run_drafter(rec: Recorder, shape: str, weights: str) -> None:
+    """A block drafter of the published size (engine.bench.random_model.DRAFTERS) attached to `shape`'s model: its
+    context written by a prefill chunk and a decode step of every bucket, and its block forward and draft picks
+    (greedy and sampled) of every bucket (the verify that follows is the MTP rounds' own, recorded by run_all)."""
+    from engine.bench.random_model import DRAFTERS, drafter_config
+    from engine.cache.pages import CacheTensors
+    from engine.core.sampling import SamplingRow
+    from engine.model.batch import build_batch
+    from engine.model.dflash import Drafter, quantize_
+    from engine.model.drafter_config import parse_drafter_config
+    from engine.model.linear import Build
+    from engine.spec.block_rounds import BlockRoundRunner
+    from engine.spec.rounds import RoundRequest, round_inputs
+    if shape not in DRAFTERS:
+        return
+    taps = len(DRAFTERS[shape][5])
+    model = model_on_meta(shape, weights, layers=taps)
+    cfg = parse_drafter_config(drafter_config(shape, list(range(taps))))
+    with torch.device("meta"):
+        drafter = Drafter(cfg).to(torch.bfloat16)
+    quantize_(drafter, Build(torch.bfloat16, "meta", DEFAULTS.policy(weights)), load=False)
+    model.attach_drafter(drafter)
+    pages = max(BUCKETS) * (CONTEXT + 2 * PAGE) // PAGE
+    pools = CacheTensors.allocate(model.cfg, pages, PAGE, 9, torch.bfloat16, "meta", kv=KVFormat.INT8,
+                                  drafter=(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim))
+    per_seq = (CONTEXT + 2 * PAGE) // PAGE
+    tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(max(BUCKETS))]
+    tag = f"{shape} {weights} drafter"
+    rec.where = f"{tag} prefill {DEFAULTS.prefill_chunk}"
+    batch = build_batch([DEFAULTS.prefill_chunk], [0], [0], tables[:1], PAGE, "meta")
+    _fla_index(batch, [0, DEFAULTS.prefill_chunk])
+    model(torch.zeros(DEFAULTS.prefill_chunk, dtype=torch.int64, device="meta"), batch, pools)
+    spec = BlockRoundRunner(model, pools, max(DRAFTS), max(BUCKETS), CONTEXT + PAGE, DEFAULTS.draft_vocab)
+    for n in BUCKETS:
+        rec.where = f"{tag} decode N={n}"
+        batch = build_batch([1] * n, [CONTEXT - 1] * n, list(range(n)), tables[:n], PAGE, "meta")
+        model(torch.zeros(n, dtype=torch.int64, device="meta"), batch, pools)
+        reqs = [RoundRequest(i, CONTEXT, 0, tables[i], CONTEXT + PAGE, -1, 8, SamplingRow(0.7, 20, 0.9, 0.0, 1))
+                for i in range(n)]
+        inp = round_inputs(reqs, len(tables[0]), "meta")
+        for sampled in (False, True):
+            rec.where = f"{tag} block N={n}{' sampled' if sampled else ''}"
+            spec.pick(*spec.draft_rows(inp, max(DRAFTS)), inp, sampled)
+
+
 # Images the tower encodes: the smallest the processor makes (65,536 px: 16 x 16 patches) and a 512 x 512 one
 VISION_GRIDS = ((1, 16, 16), (1, 32, 32))
 
