@@ -48,6 +48,12 @@ class KVFormat(str, Enum):
         (k, k_scale), (v, v_scale) = (side(b) for b in self.bits)
         return [k, v, k_scale, v_scale]
 
+    @property
+    def drafter(self) -> KVFormat:
+        """A block drafter's context K / V beside pools of this format: int8 where this one is quantized (the 4-bit
+        formats' rotation and groups are the model's attention kernels' own), else the activation dtype."""
+        return KVFormat.INT8 if self.quantized else KVFormat.BF16
+
     def bytes_per_head_token(self, head_dim: int, dtype: torch.dtype) -> int:
         """K and V bytes (scales included) of one token in one kv head."""
         return sum(torch.Size(shape).numel() * dt.itemsize for shape, dt in filter(None, self.layouts(head_dim, dtype)))

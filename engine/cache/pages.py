@@ -40,8 +40,10 @@ class CacheTensors:
     conv: torch.Tensor          # [n_gdn, num_slots, W-1, conv_dim]
     ssm: torch.Tensor           # [n_gdn, num_slots, Hv, K, V] fp32
     page_size: int
-    draft_k: torch.Tensor | None = None   # a block drafter's context K / V (engine/model/dflash.py), 16-bit, at the
-    draft_v: torch.Tensor | None = None   # same pages as the target's: [n_draft_layers, num_pages, page_size, Hkv, D]
+    draft_k: torch.Tensor | None = None   # a block drafter's context K / V (engine/model/dflash.py) at the same pages
+    draft_v: torch.Tensor | None = None   # as the model's, [n_draft_layers, num_pages, page_size, Hkv, D] in the
+    draft_k_scale: torch.Tensor | None = None   # format KVFormat.drafter says (int8: these fp32 scales per token
+    draft_v_scale: torch.Tensor | None = None   # and head)
 
     @staticmethod
     def allocate(cfg: ModelConfig, num_pages: int, page_size: int, num_slots: int,
@@ -54,10 +56,14 @@ class CacheTensors:
         k, v, k_scale, v_scale = [None if spec is None else
                                   (torch.zeros if i < 2 else torch.ones)(lead + spec[0], dtype=spec[1], device=device)
                                   for i, spec in enumerate(kv.layouts(cfg.head_dim, dtype))]
-        draft = None if drafter is None else (drafter[0], num_pages, page_size, drafter[1], drafter[2])
+        draft = [None] * 4
+        if drafter is not None:
+            layers, heads, head_dim = drafter
+            draft = [None if spec is None else (torch.zeros if i < 2 else torch.ones)(
+                (layers, num_pages, page_size, heads) + spec[0], dtype=spec[1], device=device)
+                for i, spec in enumerate(kv.drafter.layouts(head_dim, dtype))]
         return CacheTensors(
-            draft_k=None if draft is None else torch.zeros(draft, dtype=dtype, device=device),
-            draft_v=None if draft is None else torch.zeros(draft, dtype=dtype, device=device),
+            draft_k=draft[0], draft_v=draft[1], draft_k_scale=draft[2], draft_v_scale=draft[3],
             k=k,
             v=v,
             k_scale=k_scale,
@@ -73,6 +79,12 @@ class CacheTensors:
         ks = self.k_scale[i] if self.k_scale is not None else None
         vs = self.v_scale[i] if self.v_scale is not None else None
         return self.k[i], self.v[i], ks, vs
+
+    def drafter_layer(self, i: int) -> tuple:
+        """(k, v, k_scale, v_scale) pools of block drafter layer i (scales None when 16-bit)."""
+        ks = self.draft_k_scale[i] if self.draft_k_scale is not None else None
+        vs = self.draft_v_scale[i] if self.draft_v_scale is not None else None
+        return self.draft_k[i], self.draft_v[i], ks, vs
 
     def gdn_layer(self, i: int) -> tuple:
         """(conv, recurrent) state pools of GDN layer i."""
@@ -93,7 +105,8 @@ class CacheTensors:
 
     # ---- pages and states as bytes: what the host and disk tiers store --------------------------
     def _page_parts(self) -> list[torch.Tensor]:
-        return [t for t in (self.k, self.v, self.k_scale, self.v_scale, self.draft_k, self.draft_v) if t is not None]
+        return [t for t in (self.k, self.v, self.k_scale, self.v_scale, self.draft_k, self.draft_v, self.draft_k_scale,
+                            self.draft_v_scale) if t is not None]
 
     @property
     def page_nbytes(self) -> int:
@@ -138,8 +151,8 @@ class CacheTensors:
         """What the stored bytes of a page and a state mean: shapes and dtypes of the pools (per page / slot)."""
         return {name: [list(t[:, 0].shape), str(t.dtype)] for name, t in
                 (("k", self.k), ("v", self.v), ("k_scale", self.k_scale), ("v_scale", self.v_scale),
-                 ("conv", self.conv), ("ssm", self.ssm), ("draft_k", self.draft_k), ("draft_v", self.draft_v))
-                if t is not None}
+                 ("conv", self.conv), ("ssm", self.ssm), ("draft_k", self.draft_k), ("draft_v", self.draft_v),
+                 ("draft_k_scale", self.draft_k_scale), ("draft_v_scale", self.draft_v_scale)) if t is not None}
 
 
 class IdPool:

@@ -232,7 +232,7 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
         check_drafter(drafter, cfg)
     kv = KVFormat(config.kv_dtype)
     per_tok = kv_bytes_per_token(cfg, dtype, drafts > 0 and drafter is None, kv) + \
-        (drafter_kv_bytes_per_token(drafter, dtype.itemsize) if drafter is not None else 0)
+        (drafter_kv_bytes_per_token(drafter, kv, dtype) if drafter is not None else 0)
     per_slot = state_bytes_per_slot(cfg, dtype)
     spec = speculation_bytes(cfg, dtype, drafts, C, drafter, config.prefill_chunk)
     work = workspace_bytes(cfg, dtype, config.prefill_chunk, C) + spec

@@ -17,13 +17,14 @@ Two ways through the same layers:
 - one sequence over a `DrafterCache` (`extend`, `forward`): the reference's way, checked against it in
   tests/test_dflash.py;
 - the engine's way (`write_context`, `draft`): the context K / V live in pages of the engine's CacheTensors
-  (`draft_k` / `draft_v`, one pool per drafter layer) at the same page and slot as the target's KV of that token, so a
-  sequence's page table, the prefix cache and its tiers carry them with no bookkeeping of their own. The target's
-  forward writes them for every row it computes (Qwen3_5Model.forward: prefill, decode and verify); a round's block
-  writes its own K / V at its rows' slots (past the committed tokens: overwritten by the verify that follows) and
-  attends over the pages: a full layer through the paged decode attention (each row a query of its own), a sliding
-  layer over its window's keys gathered from the pages (window + block - 1 of them per sequence, whatever the
-  context: exact, where a window starting at a page boundary would see up to page_size - 1 keys too many).
+  (`draft_k` / `draft_v`, one pool per drafter layer; int8 beside a quantized KV format: KVFormat.drafter) at the
+  same page and slot as the target's KV of that token, so a sequence's page table, the prefix cache and its tiers
+  carry them with no bookkeeping of their own. The target's forward writes them for every row it computes
+  (Qwen3_5Model.forward: prefill, decode and verify); a round's block writes its own K / V at its rows' slots (past
+  the committed tokens: overwritten by the verify that follows) and attends over the pages: a full layer through the
+  paged decode attention (each row a query of its own), a sliding layer over its window's keys gathered from the
+  pages (window + block - 1 of them per sequence, whatever the context: exact, where a window starting at a page
+  boundary would see up to page_size - 1 keys too many).
 """
 
 from __future__ import annotations
@@ -307,7 +308,8 @@ class Drafter(nn.Module):
         ctx = self.context(features)
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.kv(ctx, positions)
-            ops.store_kv(k, v.contiguous(), pools.draft_k[i], pools.draft_v[i], slots)
+            kc, vc, ks, vs = pools.drafter_layer(i)
+            ops.store_kv(k, v.contiguous(), kc, vc, slots, k_scale=ks, v_scale=vs)
 
     def draft(self, x: torch.Tensor, positions: torch.Tensor, rows: BlockRows, pools) -> torch.Tensor:
         """N blocks at once: x [N * B, H] the target's embeddings of each [anchor, MASK x (B - 1)] (times
@@ -317,13 +319,13 @@ class Drafter(nn.Module):
         scale = self.cfg.head_dim ** -0.5
         for i, layer in enumerate(self.layers):
             def attend(q, k, v, i=i, layer=layer):
-                ops.store_kv(k, v.contiguous(), pools.draft_k[i], pools.draft_v[i], rows.slots)
+                kc, vc, ks, vs = pools.drafter_layer(i)
+                ops.store_kv(k, v.contiguous(), kc, vc, rows.slots, k_scale=ks, v_scale=vs)
                 if layer.window is not None:
-                    return rows.window_attention(q, pools.draft_k[i], pools.draft_v[i], layer.causal, layer.window,
-                                                 page, scale)
-                return ops.paged_attention(q.contiguous(), pools.draft_k[i], pools.draft_v[i], rows.tables,
-                                           rows.cu_seqlens, rows.key_count(layer.causal), scale, decode_q_len=1,
-                                           max_seq_len=rows.max_seq_len)
+                    return rows.window_attention(q, pools.drafter_layer(i), layer.causal, layer.window, page, scale)
+                return ops.paged_attention(q.contiguous(), kc, vc, rows.tables, rows.cu_seqlens,
+                                           rows.key_count(layer.causal), scale, k_scale=ks, v_scale=vs,
+                                           decode_q_len=1, max_seq_len=rows.max_seq_len)
             x = layer(x, positions, attend, B)
         return self.norm(x)
 
@@ -358,10 +360,11 @@ class BlockRows:
         end = self.index + 1 if causal else self.base + self.block
         return torch.minimum(end, self.limit).clamp(min=1).int()
 
-    def window_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, causal: bool,
-                         window: int, page: int, scale: float) -> torch.Tensor:
-        """A sliding layer's attention, q [N * B, heads, D] -> [N * B, heads, D]: each sequence's keys at positions
-        base - window + 1 .. base + B - 1 gathered from its pages (static shapes: graphable), masked per row."""
+    def window_attention(self, q: torch.Tensor, pools: tuple, causal: bool, window: int, page: int,
+                         scale: float) -> torch.Tensor:
+        """A sliding layer's attention, q [N * B, heads, D] -> [N * B, heads, D] over its (k, v, k_scale, v_scale)
+        pools: each sequence's keys at positions base - window + 1 .. base + B - 1 gathered from its pages (static
+        shapes: graphable; int8 ones scaled back), masked per row."""
         B = self.block
         N, span = q.shape[0] // B, window + B - 1
         base, limit, tables = self.base[::B], self.limit[::B], self.tables[::B]
@@ -372,9 +375,14 @@ class BlockRows:
         visible = (pos >= 0)[:, None] & (pos < limit[:, None])[:, None] & (rows - pos[:, None] < window)
         visible &= pos[:, None] <= (rows if causal else (base + B - 1)[:, None, None])
         visible |= ~visible.any(-1, keepdim=True)            # a padding row (no keys): any finite output will do
+        k_cache, v_cache, k_scale, v_scale = pools
         kv_heads, D = k_cache.shape[-2:]
-        k = k_cache.reshape(-1, kv_heads, D)[slots].transpose(1, 2)                               # [N, kv, span, D]
-        v = v_cache.reshape(-1, kv_heads, D)[slots].transpose(1, 2)
+        k = k_cache.reshape(-1, kv_heads, D)[slots]                                                # [N, span, kv, D]
+        v = v_cache.reshape(-1, kv_heads, D)[slots]
+        if k_scale is not None:
+            k = k.float() * k_scale.reshape(-1, kv_heads)[slots][..., None]
+            v = v.float() * v_scale.reshape(-1, kv_heads)[slots][..., None]
+        k, v = k.transpose(1, 2), v.transpose(1, 2)                                               # [N, kv, span, D]
         groups = q.shape[1] // kv_heads
         k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
         out = F.scaled_dot_product_attention(q.view(N, B, -1, D).transpose(1, 2), k.to(q.dtype), v.to(q.dtype),

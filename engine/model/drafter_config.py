@@ -8,6 +8,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
+from engine.cache.kv_format import KVFormat
 from engine.model.config import ModelConfig
 
 VARIANTS = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
@@ -172,6 +175,7 @@ def drafter_parameters(cfg: DrafterConfig) -> int:
     return sum(math.prod(shape) for shape, _ in drafter_tensor_shapes(cfg).values())
 
 
-def drafter_kv_bytes_per_token(cfg: DrafterConfig, itemsize: int) -> int:
-    """K and V of one token in every drafter layer (its context, paged with the sequence's pages)."""
-    return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * itemsize
+def drafter_kv_bytes_per_token(cfg: DrafterConfig, kv: KVFormat, dtype: torch.dtype) -> int:
+    """K and V of one token in every drafter layer (its context, paged with the sequence's pages) beside the model's
+    KV format `kv` (KVFormat.drafter: int8 beside a quantized one)."""
+    return cfg.num_layers * cfg.num_kv_heads * kv.drafter.bytes_per_head_token(cfg.head_dim, dtype)
