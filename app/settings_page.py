@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 
 from app.endpoint import EndpointSettings, EndpointStatus
 from app.formatting import human_gib
+from app.load_state import LoadState, Phase
 from app.profile_plans import plan_profiles, profile_descriptions
 from app.profile_table import ProfileTable
 from app.runtime_card import RuntimeCard, runtime_folder
@@ -380,6 +381,19 @@ class SettingsPage(QWidget):
             self._refresh_engine_section()
 
     # ---- engine plans --------------------------------------------------------------------------
+    def show_load_state(self, state: LoadState) -> None:
+        """The plans follow the model: the one loading or loaded, one whose load failed, or (none) the last one used."""
+        if state.phase is Phase.LOADING:
+            self.set_model(state.path)
+        elif state.phase is Phase.LOADED and state.model is not None:
+            self.set_model(state.path, state.model.plan, f"{state.name} runs with profile {state.model.profile}.")
+        elif state.phase is Phase.FAILED:
+            self.set_model(state.path, None, f"{state.name} could not be loaded with these settings: change them and "
+                                             f"apply, or load it again.")
+        else:
+            last = self.current().last_model
+            self.set_model(last if last and Path(last).is_dir() else "")      # plans for it, on the whole device
+
     def set_model(self, path: str, loaded_plan=None, state_text: str = "") -> None:
         """The checkpoint the profile plans describe (the loaded one, or the last one used)."""
         self.model_path, self.loaded_plan = path, loaded_plan

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QTimer
 
+from app.load_state import LoadedModel, LoadState, Phase
+
 SMOKE_ENV = "QWENDESK_SMOKE"
 STUB = """#include <Python.h>
 static PyObject *answer(PyObject *self, PyObject *args) { return PyLong_FromLong(42); }
@@ -84,14 +86,18 @@ class SmokeRun(QObject):
 
     def _start(self) -> None:
         self._emit("window", visible=self.window.isVisible())
-        engine = self.window.engine
-        engine.loaded.connect(self._loaded)
-        engine.load_failed.connect(lambda message: self._fail(f"load failed: {message}"))
+        self.window.engine.state_changed.connect(self._load_state_changed)
         self._last_tick = time.monotonic()
         self._ticker.start()
         self.window.load_model(str(self.folder / "checkpoint"))
 
-    def _loaded(self, model) -> None:
+    def _load_state_changed(self, state: LoadState) -> None:
+        if state.phase is Phase.LOADED and state.model is not None:
+            self._loaded(state.model)
+        elif state.phase is Phase.FAILED:
+            self._fail(f"load failed: {state.message}")
+
+    def _loaded(self, model: LoadedModel) -> None:
         self._ticker.stop()
         self._emit("loaded", device=model.device, seconds=round(model.load_seconds, 3),
                    max_stall_ms=round(self.max_stall_ms, 1))
