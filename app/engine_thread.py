@@ -158,7 +158,7 @@ class EngineThread(QThread):
         except (ValueError, OSError):
             return None
 
-    takes_tools = True          # generate()'s template_kwargs may hold "tools": the engine renders and parses them
+    takes_tools = True
 
     @property
     def supports_vision(self) -> bool:

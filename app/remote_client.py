@@ -32,6 +32,7 @@ class RemoteBackend(QObject):
 
     supports_vision = True                  # the server decides; images are sent as data URLs
     max_context = None
+    takes_tools = False                     # the chat's tools run with the local engine only
 
     def __init__(self, base_url: str, api_key: str = "", model: str = "", parent=None):
         super().__init__(parent)
@@ -65,6 +66,9 @@ class RemoteBackend(QObject):
     def count_tokens(self, messages: list[dict], template_kwargs: dict) -> None:
         """A remote server's tokenizer is not at hand: never counted (nor truncated) here."""
         return None
+
+    def warm(self, messages: list[dict], template_kwargs: dict) -> None:
+        """Nothing to do: what a remote server keeps cached is its own."""
 
     def list_models(self) -> list[str]:
         """The server's model ids (blocking: call it off the GUI thread)."""

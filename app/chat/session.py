@@ -16,17 +16,20 @@ rounds in the tool settings.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.backend import ChatBackend
+from app.chat import export
 from app.chat.attachments import keep_bytes
 from app.chat.blocks import ShownCall, extract_tool_calls
 from app.chat.context_fit import fit_history, prompt_budget
-from app.chat.presets import apply_overrides
+from app.chat.presets import Presets, apply_overrides
 from app.generation import ReplyResult
 from app.settings import AppSettings
 from app.store import VERSION_FIELDS, Conversation, Message, Store
@@ -116,6 +119,7 @@ class ChatSession(QObject):
     def __init__(self, store: Store, settings: Callable[[], AppSettings], parent=None):
         super().__init__(parent)
         self.store = store
+        self.presets = Presets(store)          # the named sampling presets a conversation's settings start from
         self.settings = settings
         self.backend: ChatBackend | None = None
         self.current: Conversation | None = None
@@ -179,9 +183,29 @@ class ChatSession(QObject):
                     m.content, m.reasoning, m.status = self.active.content, self.active.reasoning, "streaming"
         self.opened.emit(conversation, messages)
         self._emit_context()
-        warm = getattr(self.backend, "warm", None)
-        if warm is not None and not self.busy and any(m.role == "assistant" for m in messages):
-            warm(self._history(), {"enable_thinking": True})   # the flag changes only the prompt's tail
+        if self.backend is not None and not self.busy and any(m.role == "assistant" for m in messages):
+            self.backend.warm(self._history(), {"enable_thinking": True})   # the flag changes only the prompt's tail
+
+    def conversation(self, conversation_id: int) -> Conversation | None:
+        return self.store.conversation(conversation_id)
+
+    def export(self, conversation: Conversation, kind: str, path: str, model_name: str) -> None:
+        """A conversation written to `path`: Markdown (kind "markdown": the versions shown, replies by `model_name`)
+        or JSON (all it holds, images inside). OSError when the file cannot be written."""
+        messages = self.store.messages(conversation.id)
+        if kind == "markdown":
+            text = export.to_markdown(conversation, messages, model_name)
+        else:
+            text = json.dumps(export.to_json(conversation, messages), ensure_ascii=False, indent=1)
+        Path(path).write_text(text, encoding="utf-8")
+
+    def import_file(self, path: str) -> None:
+        """A JSON export as a new conversation, opened. OSError, UnicodeDecodeError or json.JSONDecodeError when the
+        file cannot be read; ValueError saying why when it is not an export (nothing is stored then)."""
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        conversation = export.import_json(self.store, data, keep_bytes)
+        self.conversations_changed.emit()
+        self.open(conversation.id)
 
     def rename(self, conversation_id: int, title: str) -> None:
         self.store.rename_conversation(conversation_id, title)
@@ -298,11 +322,16 @@ class ChatSession(QObject):
         own = self.options().get("context_policy")
         return own or self.settings().context_policy
 
+    @property
+    def max_context(self) -> int | None:
+        """The backend's context in tokens; None without one, or when it does not say."""
+        return self.backend.max_context if self.backend is not None else None
+
     def count_draft(self, text: str, thinking: bool) -> tuple[int, int] | None:
         """(the draft's tokens, the prompt's tokens once it is sent), or None when the backend cannot count."""
-        count = getattr(self.backend, "count_tokens", None)
-        if count is None or not text.strip():
+        if self.backend is None or not text.strip():
             return None
+        count = self.backend.count_tokens
         history = self._history() if self.current is not None else self._system()
         kwargs = {"enable_thinking": thinking}
         with_draft = count(history + [{"role": "user", "content": text}], kwargs)
@@ -323,9 +352,20 @@ class ChatSession(QObject):
         """The last user message, to edit; the next send() replaces it and what followed."""
         if self.busy or self.current is None:
             return None
-        users = [m for m in self.store.messages(self.current.id) if m.role == "user"]
-        self._editing = users[-1] if users else None
+        self._editing = self._last_user_message()
         return self._editing
+
+    def last_user_text(self) -> str:
+        """The open conversation's last user message ("" when none): what a new chat starts from when this one no
+        longer fits."""
+        message = self._last_user_message()
+        return message.content if message else ""
+
+    def _last_user_message(self) -> Message | None:
+        if self.current is None:
+            return None
+        users = [m for m in self.store.messages(self.current.id) if m.role == "user"]
+        return users[-1] if users else None
 
     def cancel_edit(self) -> None:
         self._editing = None
@@ -339,10 +379,15 @@ class ChatSession(QObject):
     # ---- tools ---------------------------------------------------------------------------------
     def tool_servers(self) -> list[str]:
         """The tool servers on in the open conversation that are configured and usable, when the backend takes tools."""
-        if self.toolbox is None or not getattr(self.backend, "takes_tools", False):
+        if self.toolbox is None or not self.takes_tools:
             return []
         usable = {s.name for s in self.toolbox.usable()}
         return [name for name in self.options().get("tools", []) if name in usable]
+
+    @property
+    def takes_tools(self) -> bool:
+        """The backend renders the tools and parses the calls (the local engine)."""
+        return self.backend is not None and self.backend.takes_tools
 
     def set_tool_server(self, name: str, on: bool) -> None:
         names = [n for n in self.options().get("tools", []) if n != name] + ([name] if on else [])
