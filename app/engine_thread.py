@@ -15,6 +15,7 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -246,7 +247,11 @@ class EngineThread(QThread):
         except (ValueError, OSError, RuntimeError) as e:     # the next send says what is wrong, if anything is
             log.debug("warming a conversation failed: %s", e)
             return
-        future.add_done_callback(lambda f: f.exception() is None and self.warmed.emit(f.result()))
+        future.add_done_callback(self._warmed)
+
+    def _warmed(self, future: Future) -> None:
+        if future.exception() is None:
+            self.warmed.emit(future.result())
 
     def _generate(self, request_id: str, messages, params, template_kwargs) -> None:
         with self._handles_lock:

@@ -28,7 +28,7 @@ from app.load_state import LoadState, Phase
 from app.local_models import LocalModel, delete_model, scan_all
 from app.model_rows import CatalogCard, DownloadRow, LocalModelRow
 from app.banners import BannerStack
-from app.widgets import Card, ElidedLabel, label, page_header, scrolling_page, set_enabled, text_button
+from app.widgets import Card, ElidedLabel, clear_layout, label, page_header, scrolling_page, set_enabled, text_button
 from engine.api import MemoryPlan, ModelConfig, plan_for, system_share
 
 TWO_COLUMNS_WIDTH = 900      # a narrower page lists the catalog in one column
@@ -414,10 +414,7 @@ class ModelsPage(QWidget):
         self.refresh_local()
 
     def _show_folders(self) -> None:
-        while self.folders_box.count():
-            row = self.folders_box.takeAt(0).widget()
-            row.hide()
-            row.deleteLater()
+        clear_layout(self.folders_box)
         for folder in self.context.settings.model_folders:
             row = QWidget()
             line = QHBoxLayout(row)

@@ -65,8 +65,12 @@ class SmokeRun(QObject):
         self._events = (folder / "events.jsonl").open("a", encoding="utf-8")
         self._last_tick = time.monotonic()
         self.max_stall_ms = 0.0               # the longest the GUI thread did not answer while the model loaded
-        self._ticker = QTimer(self, interval=TICK_MS, timeout=self._tick)
-        self._quit_poll = QTimer(self, interval=100, timeout=self._poll_quit)
+        self._ticker = QTimer(self)
+        self._ticker.setInterval(TICK_MS)
+        self._ticker.timeout.connect(self._tick)
+        self._quit_poll = QTimer(self)
+        self._quit_poll.setInterval(100)
+        self._quit_poll.timeout.connect(self._poll_quit)
         QTimer.singleShot(TIMEOUT_S * 1000, self, lambda: self._fail(f"no result within {TIMEOUT_S} s"))
         QTimer.singleShot(0, self, self._start)       # runs once the event loop is up: the window is usable
 

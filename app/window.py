@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QByteArray, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
@@ -35,6 +36,7 @@ from app.load_progress import LoadProgress
 from app.load_state import LoadedModel, LoadState, Phase
 from app.models_page import ModelsPage
 from app.remote_client import RemoteBackend
+from app.runtime_card import RuntimeCard
 from app.settings import ENDPOINT_FIELDS, RELOAD_FIELDS, REMOTE_FIELDS, AppSettings
 from app.settings_page import SettingsPage
 from app.shortcuts import HELP_KEYS, ShortcutSheet, keys
@@ -42,6 +44,9 @@ from app.status_bar import StatusBar
 from app.tools.tools_card import ToolsCard
 from app.tools.toolbox import ToolBox
 from app.wheel_guard import guard_wheel
+
+if TYPE_CHECKING:
+    from app.tray import Tray
 
 log = logging.getLogger("qwendesk.app")
 PAGES = ("chat", "models", "settings")
@@ -57,7 +62,7 @@ class MainWindow(QMainWindow):
     def __init__(self, context: AppContext, autoload: bool = True):
         super().__init__()
         self._gc_timer = collect_in_gui_thread(self)
-        guard_wheel(QApplication.instance())
+        guard_wheel()
         self.context = context
         self.setWindowTitle("Qwen Desk")
         self.setWindowIcon(icons.app_icon())
@@ -65,7 +70,7 @@ class MainWindow(QMainWindow):
         geometry = context.store.get_setting(GEOMETRY_KEY)
         if not (geometry and self.restoreGeometry(QByteArray.fromBase64(geometry.encode()))):
             self.resize(1280, 820)
-        self.tray = None
+        self.tray: Tray | None = None          # main() adds one where the system has a tray
         self._quitting = False
         self._shut_down = False
         self._told_about_tray = False
@@ -92,8 +97,9 @@ class MainWindow(QMainWindow):
         self._connect()
         for combo in HELP_KEYS:
             QShortcut(QKeySequence(combo), self, self.show_shortcuts)
-        self._memory_timer = QTimer(self, interval=MEMORY_REFRESH_MS, timeout=self.refresh_memory)
-        self._memory_timer.start()
+        self._memory_timer = QTimer(self)
+        self._memory_timer.timeout.connect(self.refresh_memory)
+        self._memory_timer.start(MEMORY_REFRESH_MS)
 
         if context.settings.endpoint_enabled:
             self.engine.set_endpoint(self._endpoint_settings())
@@ -176,18 +182,19 @@ class MainWindow(QMainWindow):
         self.chat.manage_tools_requested.connect(self.show_tools_settings)
         self.chat.load_requested.connect(self.load_model)
         self.settings_page.settings_changed.connect(self._settings_changed)
-        if self.settings_page.runtime_card:
-            self.settings_page.runtime_card.quit_requested.connect(self.quit)
+        card = self.settings_page.runtime_card
+        if card is not None:
+            card.quit_requested.connect(self.quit)
             if self.context.settings.check_updates:
-                self._check_for_updates()
+                self._check_for_updates(card)
         self.downloads.completed.connect(self._download_completed)
 
-    def _check_for_updates(self) -> None:
+    def _check_for_updates(self, card: RuntimeCard) -> None:
         from app.main import package_version
         from app.update_check import UpdateCheck
 
         self.update_check = UpdateCheck(package_version(), parent=self)
-        self.update_check.found.connect(self.settings_page.runtime_card.show_release)
+        self.update_check.found.connect(card.show_release)
         self.update_check.found.connect(lambda release: self.chat.show_banner(
             "info", f"Qwen Desk {release.version} is available: Settings has the link to its release page."))
         self.update_check.start()
@@ -203,7 +210,9 @@ class MainWindow(QMainWindow):
 
     def show_tools_settings(self) -> None:
         self.show_page("settings")
-        self.settings_page.findChild(QScrollArea).ensureWidgetVisible(self.tools_card)
+        area = self.settings_page.findChild(QScrollArea)
+        if area is not None:
+            area.ensureWidgetVisible(self.tools_card)
 
     def show_shortcuts(self) -> ShortcutSheet:
         sheet = ShortcutSheet(self)
@@ -363,7 +372,7 @@ class MainWindow(QMainWindow):
 
     def shutdown(self) -> None:
         """Stop replies, downloads (they resume at the next start) and the engine."""
-        self.context.store.set_setting(GEOMETRY_KEY, bytes(self.saveGeometry().toBase64()).decode())
+        self.context.store.set_setting(GEOMETRY_KEY, bytes(self.saveGeometry().toBase64().data()).decode())
         self._shut_down = True
         self.session.stop()
         self.toolbox.blockSignals(True)     # a call still running answers no one

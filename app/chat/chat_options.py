@@ -38,8 +38,7 @@ class ChatOptionsDialog(QDialog):
         self.system_prompt.setFixedHeight(90)
         column.addWidget(label("System prompt", "formLabel"))
         column.addWidget(self.system_prompt)
-        self.fields = sampling_boxes()
-        self.fields["top_k"].setSpecialValueText("Off")
+        self.fields = sampling_boxes().by_field()
         names = {"temperature": "Temperature", "top_p": "Top P", "top_k": "Top K", "min_p": "Min P",
                  "presence_penalty": "Presence penalty", "max_tokens": "Max reply tokens"}
         form = Form()
@@ -81,7 +80,7 @@ class ChatOptionsDialog(QDialog):
     def options(self) -> dict:
         """What the conversation keeps: its system prompt (absent: the default) and the sampling fields
         that differ from the defaults."""
-        result = {}
+        result: dict[str, object] = {}
         if self.system_prompt.toPlainText().strip():
             result["system_prompt"] = self.system_prompt.toPlainText()
         sampling = presets.overrides(self.values(), self.defaults)

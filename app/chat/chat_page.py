@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from PySide6.QtCore import QTimer, Signal
@@ -291,7 +292,7 @@ class ChatPage(QWidget):
     def _fill_model_menu(self) -> None:
         self.model_menu.clear()
         for name, path, loaded in self.local_models():
-            action = self.model_menu.addAction(name, lambda p=path: self.load_requested.emit(p))
+            action = self.model_menu.addAction(name, partial(self.load_requested.emit, path))
             action.setCheckable(True)
             action.setChecked(loaded)
             action.setToolTip(path)
@@ -300,9 +301,9 @@ class ChatPage(QWidget):
         if self.loading_name:
             self.model_menu.addAction(icons.icon("stop"), f"Cancel loading {self.loading_name}",
                                       self.cancel_load_requested)
-        loaded = [name for name, _, is_loaded in self.local_models() if is_loaded]
-        if loaded:
-            self.model_menu.addAction(icons.icon("close"), f"Eject {loaded[0]}", self.eject_requested)
+        in_use = [name for name, _, is_loaded in self.local_models() if is_loaded]
+        if in_use:
+            self.model_menu.addAction(icons.icon("close"), f"Eject {in_use[0]}", self.eject_requested)
         self.model_menu.addAction(icons.icon("models"), "Download or manage models…", self.open_models_requested)
 
     def show_banner(self, kind: str, text: str, action: str = "") -> None:
