@@ -15,6 +15,7 @@ class ChatBackend(Protocol):
     delta: SignalInstance            # request id, content text, reasoning text, tokens it carries
     reply_finished: SignalInstance   # request id, ReplyResult
     warmed: SignalInstance           # prompt tokens a conversation's next turn reuses (a remote one never says)
+    takes_tools: bool                # generate()'s template_kwargs may hold "tools" (rendered and parsed by it)
 
     @property
     def supports_vision(self) -> bool:
@@ -35,6 +36,10 @@ class ChatBackend(Protocol):
         ...
 
     def cancel(self, request_id: str) -> None:
+        ...
+
+    def warm(self, messages: list[dict], template_kwargs: dict) -> None:
+        """Ahead of a conversation's next turn: its cached prefix made ready (`warmed` says how much)."""
         ...
 
     def count_tokens(self, messages: list[dict], template_kwargs: dict) -> int | None:

@@ -1,11 +1,12 @@
 """EngineThread: the QThread that owns the Engine (and the local endpoint's server).
 
-The GUI calls load / unload / generate / set_endpoint; they queue commands the thread runs in
-order, and results come back as signals. A reply's events are passed on from the engine's own thread as they come
-(Engine.submit's on_event), so a command queued while a reply streams (an unload, a load, another reply) runs at
-once. cancel() goes straight to the engine (thread-safe); cancel_load() sets the load's cancel event, which
-the engine checks at each step it reports (a new load or an unload cancels the one in progress). Failures become
-signals with a message; nothing here raises into the GUI.
+The GUI calls load / unload / generate / set_endpoint; they queue commands the thread runs in order, and results
+come back as signals. The load state (app/load_state.py) is kept here, on the GUI thread: load() sets it at once, and
+each load's reports (numbered: a stale one is dropped) change it as they arrive. A reply's events are passed on from
+the engine's own thread as they come (Engine.submit's on_event), so a command queued while a reply streams (an
+unload, a load, another reply) runs at once. cancel() goes straight to the engine (thread-safe); cancel_load() sets
+the load's cancel event, which the engine checks at each step it reports (a new load or an unload cancels the one in
+progress). Failures become signals with a message; nothing here raises into the GUI.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, replace
+from concurrent.futures import Future
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from PySide6.QtCore import QThread, Signal
@@ -25,22 +28,11 @@ from app.endpoint import EndpointSettings, EndpointStatus, start_endpoint
 from app.server_log import ServerLog
 from app.formatting import weights_words
 from app.generation import ReplyResult, metrics_from_engine
+from app.load_state import Cancelled, Failed, Loaded, LoadedModel, LoadReport, LoadState, Progress, Unloaded
 from engine.api import (ContextLengthError, Engine, EngineConfig, LoadCancelled, MemoryPlan, QueueFullError,
                         RequestHandle, ToolCall, add_calls, plan_for)
 
 log = logging.getLogger("qwendesk.app")
-
-
-@dataclass(frozen=True)
-class LoadedModel:
-    name: str
-    path: str
-    device: str             # cuda | cpu
-    profile: str
-    max_context: int
-    plan: MemoryPlan        # what the engine runs with (weights, context, memory)
-    load_seconds: float
-    vision: bool = False    # the engine takes images in chat messages
 
 
 def engine_messages(messages: list[dict]) -> list[dict]:
@@ -69,12 +61,9 @@ def weights_text(plan: MemoryPlan) -> str:
 
 
 class EngineThread(QThread):
-    state_changed = Signal(str, str)        # idle | loading | ready | error, detail
-    load_progress = Signal(str, int, int)   # the engine's stage, done, total
-    loaded = Signal(object)                 # LoadedModel
-    load_failed = Signal(str)
-    load_cancelled = Signal(str)            # checkpoint path
-    unloaded = Signal()
+    state_changed = Signal(object)          # LoadState: the new one (self.state)
+    load_progress = Signal(object)          # LoadProgress: the load in progress reported a step
+    _reported = Signal(int, object)         # the worker: load number, LoadReport (delivered on the GUI thread)
     warning = Signal(str)
     delta = Signal(str, str, str, int)      # request id, content text, reasoning text, tokens
     reply_finished = Signal(str, object)    # request id, ReplyResult
@@ -94,23 +83,45 @@ class EngineThread(QThread):
         self._finished: set[str] = set()         # ended before submit returned (an engine closing meanwhile)
         self._handles_lock = threading.Lock()
         self._cancel_load = threading.Event()
-        self.model: LoadedModel | None = None
-        self.state = "idle"
+        self._engine_name = ""                   # the worker's: the loaded engine's model, for the endpoint
+        self.state = LoadState()                 # the GUI thread's: the one load state every page reads
+        self._load_number = 0                    # the GUI thread's: the latest load asked for
+        self._reported.connect(self._apply_report)
         self.start()
 
     # ---- GUI-thread API ------------------------------------------------------------------------
     def load(self, config: EngineConfig) -> None:
-        self.state = "loading"
         self._cancel_load.set()                 # a load still running gives way to this one
         self._cancel_load = threading.Event()
-        self._commands.put(("load", config, self._cancel_load))
+        self._load_number += 1
+        self._commands.put(("load", self._load_number, config, self._cancel_load))
+        self._set_state(LoadState.loading(config.model))
 
     def cancel_load(self) -> None:
         self._cancel_load.set()
 
     def unload(self) -> None:
         self._cancel_load.set()
-        self._commands.put(("unload",))
+        self._commands.put(("unload", self._load_number))
+
+    @property
+    def model(self) -> LoadedModel | None:
+        return self.state.model
+
+    def _set_state(self, state: LoadState) -> None:
+        self.state = state
+        self.state_changed.emit(state)
+
+    def _apply_report(self, number: int, report: LoadReport) -> None:
+        """A report of the worker's, on the GUI thread: only the latest load's count."""
+        if number != self._load_number:
+            return
+        if isinstance(report, Progress):
+            if self.state.progress is not None:
+                self.state.progress.update(report.stage, report.done, report.total)
+                self.load_progress.emit(self.state.progress)
+        else:
+            self._set_state(self.state.after(report))
 
     def writer(self) -> dict:
         """What writes the replies now, as a message records it: the model, its weights, its speculation."""
@@ -148,7 +159,7 @@ class EngineThread(QThread):
         except (ValueError, OSError):
             return None
 
-    takes_tools = True          # generate()'s template_kwargs may hold "tools": the engine renders and parses them
+    takes_tools = True
 
     @property
     def supports_vision(self) -> bool:
@@ -158,9 +169,6 @@ class EngineThread(QThread):
     @property
     def max_context(self) -> int | None:
         return self.model.max_context if self.model else None
-
-    def plan(self):
-        return self.model.plan if self.model else None
 
     def shutdown(self, timeout_ms: int = 10000) -> bool:
         """Stop replies, the endpoint and the engine; True when the thread ended in time."""
@@ -184,8 +192,7 @@ class EngineThread(QThread):
                     self._load(*args)
                 elif command == "unload":
                     self._close_engine()
-                    self._set_state("idle", "")
-                    self.unloaded.emit()
+                    self._reported.emit(args[0], Unloaded())
                     self._restart_endpoint()
                 elif command == "generate":
                     self._generate(*args)
@@ -198,53 +205,39 @@ class EngineThread(QThread):
                 log.exception("engine thread command %s failed", command)
                 self.warning.emit(f"{type(e).__name__}: {e}")
 
-    def _set_state(self, state: str, detail: str) -> None:
-        self.state = state
-        self.state_changed.emit(state, detail)
-
-    def _load(self, config: EngineConfig, cancel: threading.Event) -> None:
+    def _load(self, number: int, config: EngineConfig, cancel: threading.Event) -> None:
         self._close_engine()
         started = time.monotonic()
         name = Path(config.model).name
+        report = partial(self._reported.emit, number)
         if cancel.is_set():
-            return self._load_cancelled(config.model)
-        self._set_state("loading", name)
+            return report(Cancelled())
+
+        def progress(stage: str, done: int, total: int) -> None:
+            report(Progress(stage, done, total))
         try:
-            self.load_progress.emit("Checking the memory plan", 0, 0)
+            progress("Checking the memory plan", 0, 0)
             plan = plan_for(config)                # the engine's own decision, weights="auto" included
             if not plan.fits:
                 raise MemoryError(plan.message)
-            self.load_progress.emit(f"Loading {weights_text(plan)}", 0, 0)
-            engine = Engine(replace(config, weights=plan.weights), progress=self.load_progress.emit, cancel=cancel)
+            progress(f"Loading {weights_text(plan)}", 0, 0)
+            engine = Engine(replace(config, weights=plan.weights), progress=progress, cancel=cancel)
             if cancel.is_set():                    # cancelled after the engine's last check
                 engine.close()
                 raise LoadCancelled(name)
         except LoadCancelled:
-            return self._load_cancelled(config.model)
+            return report(Cancelled())
         except MemoryError as e:
-            return self._fail(f"{name} does not fit: {e}")
+            return report(Failed(f"{name} does not fit: {e}"))
         except (OSError, ValueError, RuntimeError, KeyError) as e:
-            return self._fail(f"{name} could not be loaded: {e}")
+            return report(Failed(f"{name} could not be loaded: {e}"))
         except Exception as e:
             log.exception("loading %s failed", config.model)
-            return self._fail(f"{name} could not be loaded: {type(e).__name__}: {e}")
-        self._engine = engine
-        self.model = LoadedModel(name, config.model, engine.device.type, config.profile, engine.plan().max_context,
-                                 engine.plan(), time.monotonic() - started,
-                                 vision=engine.accepts_images)
-        self._set_state("ready", name)
-        self.loaded.emit(self.model)
+            return report(Failed(f"{name} could not be loaded: {type(e).__name__}: {e}"))
+        self._engine, self._engine_name = engine, name
+        report(Loaded(LoadedModel(name, config.model, engine.device.type, config.profile, engine.plan().max_context,
+                                  engine.plan(), time.monotonic() - started, vision=engine.accepts_images)))
         self._restart_endpoint()
-
-    def _load_cancelled(self, path: str) -> None:
-        self.model = None
-        self._set_state("idle", "")
-        self.load_cancelled.emit(path)
-
-    def _fail(self, message: str) -> None:
-        self.model = None
-        self._set_state("error", message)
-        self.load_failed.emit(message)
 
     def _warm(self, messages, template_kwargs) -> None:
         if self._engine is None:
@@ -254,7 +247,11 @@ class EngineThread(QThread):
         except (ValueError, OSError, RuntimeError) as e:     # the next send says what is wrong, if anything is
             log.debug("warming a conversation failed: %s", e)
             return
-        future.add_done_callback(lambda f: f.exception() is None and self.warmed.emit(f.result()))
+        future.add_done_callback(self._warmed)
+
+    def _warmed(self, future: Future) -> None:
+        if future.exception() is None:
+            self.warmed.emit(future.result())
 
     def _generate(self, request_id: str, messages, params, template_kwargs) -> None:
         with self._handles_lock:
@@ -309,7 +306,7 @@ class EngineThread(QThread):
         elif self._engine is None:
             self.endpoint_changed.emit(EndpointStatus(False, message="Starts when a model is loaded"))
         else:
-            self._server, status = start_endpoint(self._engine, self._endpoint, self.model.name, self.server_log)
+            self._server, status = start_endpoint(self._engine, self._endpoint, self._engine_name, self.server_log)
             if status.failed:
                 self._endpoint = None           # not tried again at the next load: the window turns the switch off
             self.endpoint_changed.emit(status)
@@ -327,5 +324,4 @@ class EngineThread(QThread):
         self._stop_endpoint()
         if self._engine is not None:
             self._engine.close()
-            self._engine = None
-            self.model = None
+            self._engine, self._engine_name = None, ""

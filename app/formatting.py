@@ -19,8 +19,8 @@ def breakable(text: str) -> str:
 
 def breakable_html(html: str) -> str:
     """breakable() on the body's text between tags (the head's style sheet, entities and tags untouched)."""
-    body = html.find("<body")
-    head, body = (html[:body], html[body:]) if body >= 0 else ("", html)
+    start = html.find("<body")
+    head, body = (html[:start], html[start:]) if start >= 0 else ("", html)
     return head + _TEXT_NODE.sub(lambda m: f">{breakable(m[1])}<", body)
 
 

@@ -19,7 +19,7 @@ class ReplyResult:
 
 
 def metrics_from_engine(usage, timings) -> dict:
-    metrics = {}
+    metrics: dict[str, float] = {}
     if usage is not None:
         metrics.update(prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
                        output_tokens=usage.completion_tokens, reasoning_tokens=usage.reasoning_tokens)

@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     smoke_dir = smoke_folder()          # QWENDESK_SMOKE: the packaged app's smoke run (app/smoke.py)
     if smoke_dir is not None:
         prepare(smoke_dir)
-    app = QApplication.instance() or QApplication(sys.argv[:1])
+    existing = QApplication.instance()
+    app = existing if isinstance(existing, QApplication) else QApplication(sys.argv[:1])
     app.setApplicationName("Qwen Desk")
     app.setDesktopFileName("qwendesk")
 

@@ -16,6 +16,7 @@ from app import icons
 from app.catalog import CatalogEntry
 from app.downloads import DownloadStatus
 from app.formatting import human_bytes, human_duration
+from app.load_state import LoadState, Phase
 from app.local_models import LocalModel
 from app.widgets import ElidedLabel, icon_button, label, set_enabled, text_button
 
@@ -48,7 +49,7 @@ class CatalogCard(QFrame):
         self.entry = entry
         self.too_large = ""
         self.local_path = ""
-        self.engine_state = ""              # "", "loading" or "loaded": this card's model in the engine
+        self.engine_state = Phase.UNLOADED  # LOADING or LOADED: this card's model in the engine
         self.setObjectName("card")
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Maximum)
         column = QVBoxLayout(self)
@@ -94,15 +95,18 @@ class CatalogCard(QFrame):
     def _icon_color(self) -> str:
         return icons.ON_ACCENT if self.button.objectName() == "primary" else icons.TEXT
 
-    def set_state(self, local_path: str, download: DownloadStatus | None, engine_state: str = "") -> None:
-        """engine_state: "loading" or "loaded" when this card's checkpoint is in the engine."""
-        self.local_path, self.engine_state = local_path, engine_state if local_path else ""
+    def set_state(self, local_path: str, download: DownloadStatus | None,
+                  engine_state: Phase = Phase.UNLOADED) -> None:
+        """engine_state: LOADING or LOADED when this card's checkpoint is in the engine."""
+        self.local_path, self.engine_state = local_path, engine_state if local_path else Phase.UNLOADED
         self._style_button()
         if local_path:
-            self.state.setText({"loaded": "Loaded", "loading": "Loading…"}.get(self.engine_state, "On this computer"))
-            self.button.setText({"loaded": "Eject", "loading": "Cancel"}.get(self.engine_state, "Load"))
+            self.state.setText({Phase.LOADED: "Loaded", Phase.LOADING: "Loading…"}.get(self.engine_state,
+                                                                                       "On this computer"))
+            self.button.setText({Phase.LOADED: "Eject", Phase.LOADING: "Cancel"}.get(self.engine_state, "Load"))
             set_enabled(self.button, True, "")
-            self.button.setIcon(icons.icon("close" if self.engine_state else "play", self._icon_color()))
+            self.button.setIcon(icons.icon("play" if self.engine_state is Phase.UNLOADED else "close",
+                                           self._icon_color()))
         elif download is not None and download.state in ("paused", "failed"):
             self.state.setText(f"{STATE_TEXT[download.state]}: {download.fraction:.0%}")
             self.button.setText("Resume")
@@ -119,9 +123,9 @@ class CatalogCard(QFrame):
             self.button.setIcon(icons.icon("download", self._icon_color()))
 
     def _clicked(self) -> None:
-        if self.engine_state == "loaded":
+        if self.engine_state is Phase.LOADED:
             self.eject_requested.emit()
-        elif self.engine_state == "loading":
+        elif self.engine_state is Phase.LOADING:
             self.cancel_load_requested.emit()
         elif self.local_path:
             self.load_requested.emit(self.local_path)
@@ -229,7 +233,7 @@ class LocalModelRow(QFrame):
         text.addWidget(self.problem)
         text.addWidget(ElidedLabel(model.path, "path", Qt.TextElideMode.ElideMiddle))
         row.addLayout(text, 1)
-        self.engine_state = ""
+        self.engine_state = Phase.UNLOADED  # LOADING or LOADED: this model in the engine
         self.load = text_button("Load", "play", "primary")
         self.load.clicked.connect(self._clicked)
         self.load.setVisible(not model.problem)
@@ -251,21 +255,21 @@ class LocalModelRow(QFrame):
     def set_runs_as(self, runs_as: str) -> None:
         self.runs_as.setText(runs_as)
 
-    def set_engine_state(self, loaded_path: str, loading_path: str) -> None:
+    def show_load_state(self, state: LoadState) -> None:
         """Load; Cancel while this model loads; Eject once it is loaded."""
-        self.engine_state = "loading" if self.model.path == loading_path else \
-            "loaded" if self.model.path == loaded_path else ""
-        self.load.setText({"loading": "Cancel", "loaded": "Eject"}.get(self.engine_state, "Load"))
-        self.load.setIcon(icons.icon("close" if self.engine_state else "play", icons.ON_ACCENT))
-        self.load.setToolTip({"loading": "Stop loading this model", "loaded": "Unload this model and free its "
+        self.engine_state = state.phase_of(self.model.path)
+        self.load.setText({Phase.LOADING: "Cancel", Phase.LOADED: "Eject"}.get(self.engine_state, "Load"))
+        self.load.setIcon(icons.icon("play" if self.engine_state is Phase.UNLOADED else "close", icons.ON_ACCENT))
+        self.load.setToolTip({Phase.LOADING: "Stop loading this model", Phase.LOADED: "Unload this model and free its "
                               "memory"}.get(self.engine_state, ""))
-        set_enabled(self.delete, not self.engine_state, "Eject the model before deleting it" if self.engine_state ==
-                    "loaded" else "Cancel loading the model before deleting it", "Delete this model from disk")
+        set_enabled(self.delete, self.engine_state is Phase.UNLOADED, "Eject the model before deleting it"
+                    if self.engine_state is Phase.LOADED else "Cancel loading the model before deleting it",
+                    "Delete this model from disk")
 
     def _clicked(self) -> None:
-        if self.engine_state == "loading":
+        if self.engine_state is Phase.LOADING:
             self.cancel_load_requested.emit()
-        elif self.engine_state == "loaded":
+        elif self.engine_state is Phase.LOADED:
             self.eject_requested.emit()
         else:
             self.load_requested.emit(self.model.path)

@@ -24,10 +24,11 @@ from app.downloads import DownloadManager
 from app.downloads.hub import HubError
 from app.downloads.hub_search import DEFAULT_QUERY, search_hub
 from app.formatting import human_bytes
+from app.load_state import LoadState, Phase
 from app.local_models import LocalModel, delete_model, scan_all
 from app.model_rows import CatalogCard, DownloadRow, LocalModelRow
 from app.banners import BannerStack
-from app.widgets import Card, ElidedLabel, label, page_header, scrolling_page, set_enabled, text_button
+from app.widgets import Card, ElidedLabel, clear_layout, label, page_header, scrolling_page, set_enabled, text_button
 from engine.api import MemoryPlan, ModelConfig, plan_for, system_share
 
 TWO_COLUMNS_WIDTH = 900      # a narrower page lists the catalog in one column
@@ -44,8 +45,7 @@ class ModelsPage(QWidget):
         self.context = context
         self.downloads = downloads
         self.local: list[LocalModel] = []
-        self.loaded_path = ""
-        self.loading_path = ""
+        self.load_state = LoadState()
         self.catalog_plans = {e.id: self.plan(e.id, e.architecture) for e in context.catalog}
         self.search_cards: list[CatalogCard] = []
         self.search_plans: dict[str, MemoryPlan] = {}
@@ -300,10 +300,10 @@ class ModelsPage(QWidget):
         self._describe_machine()
 
     # ---- state ---------------------------------------------------------------------------------
-    def set_engine_state(self, loaded_path: str, loading_path: str) -> None:
-        self.loaded_path, self.loading_path = loaded_path, loading_path
+    def show_load_state(self, state: LoadState) -> None:
+        self.load_state = state
         for row in self.local_rows:
-            row.set_engine_state(loaded_path, loading_path)
+            row.show_load_state(state)
         self._refresh_cards()
 
     def refresh_local(self) -> None:
@@ -320,7 +320,7 @@ class ModelsPage(QWidget):
             row.cancel_load_requested.connect(self.cancel_load_requested)
             row.delete_requested.connect(self.confirm_delete)
             row.redownload_requested.connect(self.confirm_redownload)
-            row.set_engine_state(self.loaded_path, self.loading_path)
+            row.show_load_state(self.load_state)
             self.local_box.addWidget(row)
             self.local_rows.append(row)
         self.local_empty.setVisible(not self.local)
@@ -334,16 +334,17 @@ class ModelsPage(QWidget):
         return ""
 
     def _refresh_cards(self) -> None:
+        state = self.load_state
         for card in self.cards + self.search_cards:
             path = self.local_path_for(card.entry.id)
             card.set_state(path, self.downloads.status(card.entry.id),
-                           "loaded" if path and path == self.loaded_path else
-                           "loading" if path and path == self.loading_path else "")
+                           state.phase_of(path))
         path = self.local_path_for(self.recommended.id)
         status = self.downloads.status(self.recommended.id)
         if path:
-            self.recommend_button.setText("Loaded" if path == self.loaded_path else "Load")
-            set_enabled(self.recommend_button, path != self.loaded_path, "This model is loaded: chat with it")
+            loaded = path == state.path_if(Phase.LOADED)
+            self.recommend_button.setText("Loaded" if loaded else "Load")
+            set_enabled(self.recommend_button, not loaded, "This model is loaded: chat with it")
         else:
             busy = status is not None and status.state not in ("failed", "cancelled", "paused")
             resumable = status is not None and status.state in ("failed", "paused")
@@ -413,10 +414,7 @@ class ModelsPage(QWidget):
         self.refresh_local()
 
     def _show_folders(self) -> None:
-        while self.folders_box.count():
-            row = self.folders_box.takeAt(0).widget()
-            row.hide()
-            row.deleteLater()
+        clear_layout(self.folders_box)
         for folder in self.context.settings.model_folders:
             row = QWidget()
             line = QHBoxLayout(row)

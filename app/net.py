@@ -12,17 +12,17 @@ from urllib.parse import SplitResult, urlsplit
 def open_connection(parts: SplitResult, timeout: float) -> http.client.HTTPConnection:
     """A connection to the URL's host, or through the proxy the environment names (an https URL
     tunnels through it; an http URL is then requested by its full address)."""
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
     proxy = urllib.request.getproxies().get(parts.scheme)
-    if proxy and not urllib.request.proxy_bypass(parts.hostname or ""):
+    if proxy and not urllib.request.proxy_bypass(host):
         p = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
         if parts.scheme == "https":
-            conn = http.client.HTTPSConnection(p.hostname, p.port or 3128, timeout=timeout)
-            conn.set_tunnel(parts.hostname, port)
+            conn = http.client.HTTPSConnection(p.hostname or "", p.port or 3128, timeout=timeout)
+            conn.set_tunnel(host, port)
             return conn
-        return http.client.HTTPConnection(p.hostname, p.port or 3128, timeout=timeout)
+        return http.client.HTTPConnection(p.hostname or "", p.port or 3128, timeout=timeout)
     cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    return cls(parts.hostname, port, timeout=timeout)
+    return cls(host, port, timeout=timeout)
 
 
 def request_target(conn: http.client.HTTPConnection, url: str) -> str:

@@ -4,11 +4,11 @@ whether it fits. With "as much as memory allows" every profile fills the device;
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QGridLayout, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
 
 from app.formatting import human_gib, human_memory, human_tokens, weights_words
 from app.profile_plans import ProfilePlan
-from app.widgets import label
+from app.widgets import clear_layout, label
 
 # narrow enough for the smallest window (800 px): the profile's name says how many requests run together
 HEADERS = ("Profile", "Weights", "Context each", "KV cache", "State", "Workspace", "")
@@ -41,13 +41,12 @@ class ProfileTable(QWidget):
         self.note.setText(note)
 
     def cell_text(self, row: int, col: int) -> str:
-        return self.grid.itemAtPosition(row, col).widget().text()
+        item = self.grid.itemAtPosition(row, col)
+        cell = item.widget() if item is not None else None
+        return cell.text() if isinstance(cell, QLabel) else ""
 
     def _clear(self) -> None:
-        while self.grid.count():
-            cell = self.grid.takeAt(0).widget()
-            cell.hide()                 # deleteLater waits for the event loop: not drawn over the new cells meanwhile
-            cell.deleteLater()
+        clear_layout(self.grid)
 
     def _row(self, row: int, plan: ProfilePlan, selected: bool) -> None:
         cells = (f"{plan.profile}  {self.descriptions[plan.profile]['title']}",

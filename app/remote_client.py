@@ -5,6 +5,7 @@ per reply, with the same signals as the EngineThread."""
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import mimetypes
 import threading
@@ -32,13 +33,14 @@ class RemoteBackend(QObject):
 
     supports_vision = True                  # the server decides; images are sent as data URLs
     max_context = None
+    takes_tools = False                     # the chat's tools run with the local engine only
 
     def __init__(self, base_url: str, api_key: str = "", model: str = "", parent=None):
         super().__init__(parent)
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.model = model
-        self._connections: dict[str, object] = {}
+        self._connections: dict[str, http.client.HTTPConnection] = {}
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
 
@@ -65,6 +67,9 @@ class RemoteBackend(QObject):
     def count_tokens(self, messages: list[dict], template_kwargs: dict) -> None:
         """A remote server's tokenizer is not at hand: never counted (nor truncated) here."""
         return None
+
+    def warm(self, messages: list[dict], template_kwargs: dict) -> None:
+        """Nothing to do: what a remote server keeps cached is its own."""
 
     def list_models(self) -> list[str]:
         """The server's model ids (blocking: call it off the GUI thread)."""
@@ -149,7 +154,8 @@ class RemoteBackend(QObject):
         return body
 
     def _stream(self, request_id: str, response, started: float) -> ReplyResult:
-        first_at, usage, finish, tool_calls = None, None, None, {}
+        first_at, usage, finish = None, None, None
+        tool_calls: dict[int, dict] = {}
         for line in response:
             line = line.strip()
             if not line.startswith(b"data:"):
@@ -214,6 +220,6 @@ def _metrics(usage: dict | None, started: float, first_at: float | None) -> dict
 def _error_detail(body: bytes) -> str:
     try:
         error = json.loads(body).get("error")
-        return (error.get("message") if isinstance(error, dict) else str(error or ""))[:300]
+        return str((error.get("message") or "") if isinstance(error, dict) else (error or ""))[:300]
     except (ValueError, AttributeError):
         return body[:200].decode(errors="replace").strip()

@@ -37,10 +37,10 @@ class RuntimeCard(Card):
     def __init__(self, folder: Path, parent=None):
         super().__init__(spacing=12, parent=parent)
         self.folder = folder
-        self.size = folder_bytes(folder)
+        self.runtime_bytes = folder_bytes(folder)
         self.body.addWidget(label("Installed app", "cardTitle"))
-        self.summary = label(f"Its PyTorch engine: {human_bytes(self.size)} in {folder.parent}, downloaded at the "
-                             f"first start. Removing it frees that space; the next start downloads it again.",
+        self.summary = label(f"Its PyTorch engine: {human_bytes(self.runtime_bytes)} in {folder.parent}, downloaded at "
+                             f"the first start. Removing it frees that space; the next start downloads it again.",
                              "muted", wrap=True, selectable=True)
         self.body.addWidget(self.summary)
         row = QHBoxLayout()
@@ -63,7 +63,7 @@ class RuntimeCard(Card):
 
     def ask(self) -> None:
         if confirm(self, "Remove the PyTorch engine?",
-                   f"Qwen Desk quits and removes its PyTorch engine ({human_bytes(self.size)} in "
+                   f"Qwen Desk quits and removes its PyTorch engine ({human_bytes(self.runtime_bytes)} in "
                    f"{self.folder.parent}). Conversations, settings and models stay.", "Remove and quit"):
             self.request_removal()
 

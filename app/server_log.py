@@ -4,6 +4,7 @@ request, start-up, errors) and the engine's own loggers write, from whichever th
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 
@@ -17,6 +18,7 @@ class ServerLog(logging.Handler):
         super().__init__(logging.INFO)
         self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
         self._lines: deque[str] = deque(maxlen=kept)
+        self._lines_lock = threading.Lock()     # writers are any thread's loggers; the reader is Settings
         self.written = 0                 # lines ever written: the view redraws only when it grew
 
     def attach(self) -> None:
@@ -37,10 +39,10 @@ class ServerLog(logging.Handler):
             self.handleError(record)
 
     def lines(self) -> list[str]:
-        with self.lock:
+        with self._lines_lock:
             return list(self._lines)
 
     def _add(self, line: str) -> None:
-        with self.lock:
+        with self._lines_lock:
             self._lines.append(line)
             self.written += 1

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtGui import QGuiApplication, QStandardItemModel
 from PySide6.QtWidgets import (
     QButtonGroup,
     QCheckBox,
@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 
 from app.endpoint import EndpointSettings, EndpointStatus
 from app.formatting import human_gib
+from app.load_state import LoadState, Phase
 from app.profile_plans import plan_profiles, profile_descriptions
 from app.profile_table import ProfileTable
 from app.runtime_card import RuntimeCard, runtime_folder
@@ -113,9 +114,11 @@ class SettingsPage(QWidget):
             self.device.addItem(text, value)
         probed = self.probed_device()
         if probed is not None and not probed.on_gpu:      # a load on "cuda" could only fail
-            gpu = self.device.model().item(self.device.findData("cuda"))
-            gpu.setText("GPU (CUDA): no CUDA GPU found")
-            gpu.setEnabled(False)
+            model = self.device.model()
+            gpu = model.item(self.device.findData("cuda")) if isinstance(model, QStandardItemModel) else None
+            if gpu is not None:                 # (a combo box's own model is a QStandardItemModel)
+                gpu.setText("GPU (CUDA): no CUDA GPU found")
+                gpu.setEnabled(False)
         self.weights = QComboBox()
         for value, text in WEIGHTS:
             self.weights.addItem(text, value)
@@ -161,9 +164,8 @@ class SettingsPage(QWidget):
         card.body.addWidget(label("Generation defaults", "cardTitle"))
         form = Form()
         boxes = sampling_boxes()
-        self.temperature, self.top_p, self.top_k = boxes["temperature"], boxes["top_p"], boxes["top_k"]
-        self.min_p, self.presence_penalty = boxes["min_p"], boxes["presence_penalty"]
-        self.max_tokens = boxes["max_tokens"]
+        self.temperature, self.top_p, self.top_k = boxes.temperature, boxes.top_p, boxes.top_k
+        self.min_p, self.presence_penalty, self.max_tokens = boxes.min_p, boxes.presence_penalty, boxes.max_tokens
         self.thinking = QCheckBox("Think before answering (new chats start with this)")
         self.effort = QComboBox()
         for value, text in EFFORTS:
@@ -219,8 +221,7 @@ class SettingsPage(QWidget):
                                        "special token's text means: as control tokens it can forge turns and tool "
                                        "results in the prompt; as plain text it is only what it says")
         generate = text_button("Generate")
-        generate.clicked.connect(lambda: (self.endpoint_key.setText(f"sk-local-{secrets.token_urlsafe(18)}"),
-                                          self._save_immediate()))
+        generate.clicked.connect(self._generate_key)
         key_row = QHBoxLayout()
         key_row.setSpacing(GAP)
         key_row.addWidget(self.endpoint_key)
@@ -268,8 +269,11 @@ class SettingsPage(QWidget):
         self.remote_key.setEchoMode(QLineEdit.EchoMode.Password)
         self.remote_key.setPlaceholderText("Optional")
         self.remote_model = QComboBox()
-        self.remote_model.setEditable(True)
-        self.remote_model.lineEdit().setPlaceholderText("First model the server lists")
+        self.remote_model.setEditable(True)                  # a model id may be typed
+        typed = self.remote_model.lineEdit()
+        if typed is not None:                                # (an editable box has one)
+            typed.setPlaceholderText("First model the server lists")
+            typed.editingFinished.connect(self._save_immediate)
         test = text_button("Test")
         test.setFixedWidth(BUTTON)
         self.remote_url.setFixedWidth(WIDE)
@@ -292,7 +296,6 @@ class SettingsPage(QWidget):
         self.remote_enabled.toggled.connect(lambda *_: self._save_immediate())
         self.remote_url.editingFinished.connect(self._save_immediate)
         self.remote_key.editingFinished.connect(self._save_immediate)
-        self.remote_model.lineEdit().editingFinished.connect(self._save_immediate)
         self.remote_model.activated.connect(lambda *_: self._save_immediate())
         return card
 
@@ -356,6 +359,10 @@ class SettingsPage(QWidget):
     def _pending_engine_changes(self) -> set[str]:
         return self.edited_settings().changed_fields(self.current()) & set(RELOAD_FIELDS)
 
+    def _generate_key(self) -> None:
+        self.endpoint_key.setText(f"sk-local-{secrets.token_urlsafe(18)}")
+        self._save_immediate()
+
     def _save_immediate(self) -> None:
         """Everything but the engine fields applies at once."""
         if self._loading:
@@ -380,6 +387,19 @@ class SettingsPage(QWidget):
             self._refresh_engine_section()
 
     # ---- engine plans --------------------------------------------------------------------------
+    def show_load_state(self, state: LoadState) -> None:
+        """The plans follow the model: the one loading or loaded, one whose load failed, or (none) the last one used."""
+        if state.phase is Phase.LOADING:
+            self.set_model(state.path)
+        elif state.phase is Phase.LOADED and state.model is not None:
+            self.set_model(state.path, state.model.plan, f"{state.name} runs with profile {state.model.profile}.")
+        elif state.phase is Phase.FAILED:
+            self.set_model(state.path, None, f"{state.name} could not be loaded with these settings: change them and "
+                                             f"apply, or load it again.")
+        else:
+            last = self.current().last_model
+            self.set_model(last if last and Path(last).is_dir() else "")      # plans for it, on the whole device
+
     def set_model(self, path: str, loaded_plan=None, state_text: str = "") -> None:
         """The checkpoint the profile plans describe (the loaded one, or the last one used)."""
         self.model_path, self.loaded_plan = path, loaded_plan

@@ -47,9 +47,10 @@ class SingleInstance(QObject):
             self.server.close()
 
     def _on_connection(self) -> None:
-        while self.server.hasPendingConnections():
-            socket = self.server.nextPendingConnection()
-            if socket.waitForReadyRead(CONNECT_MS) and bytes(socket.readAll()).startswith(b"show"):
+        server = self.server
+        while server is not None and server.hasPendingConnections():
+            socket = server.nextPendingConnection()
+            if socket.waitForReadyRead(CONNECT_MS) and bytes(socket.readAll().data()).startswith(b"show"):
                 self.activated.emit()
             socket.disconnectFromServer()
             socket.deleteLater()

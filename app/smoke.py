@@ -19,6 +19,8 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QTimer
 
+from app.load_state import LoadedModel, LoadState, Phase
+
 SMOKE_ENV = "QWENDESK_SMOKE"
 STUB = """#include <Python.h>
 static PyObject *answer(PyObject *self, PyObject *args) { return PyLong_FromLong(42); }
@@ -63,8 +65,12 @@ class SmokeRun(QObject):
         self._events = (folder / "events.jsonl").open("a", encoding="utf-8")
         self._last_tick = time.monotonic()
         self.max_stall_ms = 0.0               # the longest the GUI thread did not answer while the model loaded
-        self._ticker = QTimer(self, interval=TICK_MS, timeout=self._tick)
-        self._quit_poll = QTimer(self, interval=100, timeout=self._poll_quit)
+        self._ticker = QTimer(self)
+        self._ticker.setInterval(TICK_MS)
+        self._ticker.timeout.connect(self._tick)
+        self._quit_poll = QTimer(self)
+        self._quit_poll.setInterval(100)
+        self._quit_poll.timeout.connect(self._poll_quit)
         QTimer.singleShot(TIMEOUT_S * 1000, self, lambda: self._fail(f"no result within {TIMEOUT_S} s"))
         QTimer.singleShot(0, self, self._start)       # runs once the event loop is up: the window is usable
 
@@ -84,14 +90,18 @@ class SmokeRun(QObject):
 
     def _start(self) -> None:
         self._emit("window", visible=self.window.isVisible())
-        engine = self.window.engine
-        engine.loaded.connect(self._loaded)
-        engine.load_failed.connect(lambda message: self._fail(f"load failed: {message}"))
+        self.window.engine.state_changed.connect(self._load_state_changed)
         self._last_tick = time.monotonic()
         self._ticker.start()
         self.window.load_model(str(self.folder / "checkpoint"))
 
-    def _loaded(self, model) -> None:
+    def _load_state_changed(self, state: LoadState) -> None:
+        if state.phase is Phase.LOADED and state.model is not None:
+            self._loaded(state.model)
+        elif state.phase is Phase.FAILED:
+            self._fail(f"load failed: {state.message}")
+
+    def _loaded(self, model: LoadedModel) -> None:
         self._ticker.stop()
         self._emit("loaded", device=model.device, seconds=round(model.load_seconds, 3),
                    max_stall_ms=round(self.max_stall_ms, 1))

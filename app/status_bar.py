@@ -6,9 +6,9 @@ from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QProgressBar
 
 from app.endpoint import EndpointStatus
-from app.engine_thread import LoadedModel
 from app.formatting import human_duration, human_tokens
 from app.load_progress import LoadProgress
+from app.load_state import LoadedModel, LoadState, Phase
 from app.widgets import ElidedLabel, label, set_enabled, text_button
 
 
@@ -48,6 +48,16 @@ class StatusBar(QFrame):
         self.dot.setProperty("state", state)
         self.dot.style().unpolish(self.dot)
         self.dot.style().polish(self.dot)
+
+    def show_load_state(self, state: LoadState) -> None:
+        if state.phase is Phase.LOADING and state.progress is not None:
+            self.loading(state.progress)
+        elif state.phase is Phase.LOADED and state.model is not None:
+            self.loaded(state.model)
+        elif state.phase is Phase.FAILED:
+            self.failed(state.message)
+        else:
+            self.idle(state.message or "No model loaded")
 
     def loading(self, load: LoadProgress) -> None:
         self.load = load

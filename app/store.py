@@ -126,7 +126,7 @@ class Store:
         with self.db:
             cur = self.db.execute("INSERT INTO conversations(title, created, updated) VALUES (?, ?, ?)",
                                   (title, now, now))
-        return Conversation(cur.lastrowid, title, now, now)
+        return Conversation(_row_id(cur), title, now, now)
 
     def conversation(self, conversation_id: int) -> Conversation | None:
         row = self.db.execute("SELECT * FROM conversations WHERE id=?", (conversation_id,)).fetchone()
@@ -174,7 +174,7 @@ class Store:
                 f"VALUES (?, ?, {', '.join('?' * len(MESSAGE_FIELDS))}, ?)",
                 (conversation_id, role, *values, message.created))
             self.db.execute("UPDATE conversations SET updated=? WHERE id=?", (message.created, conversation_id))
-        message.id = cur.lastrowid
+        message.id = _row_id(cur)
         return message
 
     def update_message(self, message_id: int, **fields) -> None:
@@ -190,24 +190,29 @@ class Store:
         row = self.db.execute("SELECT * FROM messages WHERE id=?", (message_id,)).fetchone()
         return _message(row) if row else None
 
+    def _stored(self, message_id: int) -> Message:
+        message = self.message(message_id)
+        if message is None:
+            raise ValueError(f"no message {message_id}")
+        return message
+
     def new_version(self, message_id: int) -> Message:
         """A reply about to be regenerated: its version joins the others (unless it holds nothing, as a
         failure before the first token) and the row starts empty, shown last."""
-        message = self.message(message_id)
+        message = self._stored(message_id)
         versions = [v for v in message.all_versions() if v["content"] or v["reasoning"] or v["tool_calls"]]
         self.update_message(message_id, content="", reasoning="", tool_calls=[], metrics={}, status="streaming",
                             error="", versions=versions, version=len(versions))
-        return self.message(message_id)
+        return self._stored(message_id)
 
     def show_version(self, message_id: int, index: int) -> Message:
         """The reply's version `index` becomes the row's own (the one the conversation goes on from)."""
-        message = self.message(message_id)
-        versions = message.all_versions()
+        versions = self._stored(message_id).all_versions()
         if not 0 <= index < len(versions):
             raise ValueError(f"no version {index} of message {message_id}")
         shown = versions.pop(index)
         self.update_message(message_id, **shown, versions=versions, version=index)
-        return self.message(message_id)
+        return self._stored(message_id)
 
     def delete_message(self, message_id: int) -> None:
         with self.db:
@@ -243,6 +248,13 @@ class Store:
 
 def _encode(key: str, value):
     return json.dumps(value) if key in JSON_FIELDS else value
+
+
+def _row_id(cursor: sqlite3.Cursor) -> int:
+    """The id of the row an INSERT just made (sqlite gives every row one)."""
+    if cursor.lastrowid is None:
+        raise sqlite3.DatabaseError("the insert made no row")
+    return cursor.lastrowid
 
 
 def _conversation(row: sqlite3.Row) -> Conversation:

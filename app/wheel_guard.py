@@ -22,8 +22,8 @@ class WheelGuard(QObject):
         return False
 
 
-def guard_wheel(app: QApplication) -> None:
-    """Install the guard on the application once."""
-    if getattr(app, "_wheel_guard", None) is None:
-        app._wheel_guard = WheelGuard(app)
-        app.installEventFilter(app._wheel_guard)
+def guard_wheel() -> None:
+    """Install the guard on the application, once."""
+    app = QApplication.instance()
+    if app is not None and app.findChild(WheelGuard) is None:
+        app.installEventFilter(WheelGuard(app))

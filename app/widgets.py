@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
-    QAbstractSpinBox,
     QDoubleSpinBox,
     QFrame,
     QGridLayout,
     QHBoxLayout,
     QLabel,
+    QLayout,
     QPushButton,
     QScrollArea,
     QSizePolicy,
@@ -60,6 +62,23 @@ def set_enabled(widget: QWidget, enabled: bool, why_not: str, tooltip: str = "")
     """Enable or disable `widget`; disabled, its tooltip says why in the user's words (and what to do)."""
     widget.setEnabled(enabled)
     widget.setToolTip(tooltip if enabled else why_not)
+
+
+def layout_widgets(layout: QLayout) -> list[QWidget]:
+    """The widgets a layout holds (its spacers and inner layouts left out)."""
+    items = (layout.itemAt(i) for i in range(layout.count()))
+    return [w for w in (item.widget() if item is not None else None for item in items) if w is not None]
+
+
+def clear_layout(layout: QLayout) -> None:
+    """Everything out of the layout; its widgets hidden at once (deleteLater waits for the event loop: they would be
+    drawn over what replaces them meanwhile) and deleted."""
+    while layout.count():
+        item = layout.takeAt(0)
+        widget = item.widget() if item is not None else None
+        if widget is not None:
+            widget.hide()
+            widget.deleteLater()
 
 
 def _size(px: int):
@@ -118,9 +137,22 @@ class Card(QFrame):
         self.body.setSpacing(spacing)
 
 
-def sampling_boxes() -> dict[str, QAbstractSpinBox]:
-    """The generation settings' input boxes, by SamplingParams field, with their ranges (the Settings page's
+@dataclass
+class SamplingBoxes:
+    """The generation settings' input boxes, one per SamplingParams field, with their ranges (the Settings page's
     defaults and a conversation's own options)."""
+    temperature: QDoubleSpinBox
+    top_p: QDoubleSpinBox
+    top_k: QSpinBox
+    min_p: QDoubleSpinBox
+    presence_penalty: QDoubleSpinBox
+    max_tokens: QSpinBox
+
+    def by_field(self) -> dict[str, QSpinBox | QDoubleSpinBox]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def sampling_boxes() -> SamplingBoxes:
     def decimal(low: float, high: float, step: float) -> QDoubleSpinBox:
         box = QDoubleSpinBox()
         box.setRange(low, high)
@@ -134,10 +166,10 @@ def sampling_boxes() -> dict[str, QAbstractSpinBox]:
         box.setSingleStep(step)
         return box
 
-    boxes = {"temperature": decimal(0, 2, 0.05), "top_p": decimal(0.01, 1, 0.01), "top_k": whole(0, 1000, 1),
-             "min_p": decimal(0, 1, 0.01), "presence_penalty": decimal(-2, 2, 0.1),
-             "max_tokens": whole(16, 262_144, 1024)}
-    boxes["top_k"].setSpecialValueText("Off")
+    boxes = SamplingBoxes(temperature=decimal(0, 2, 0.05), top_p=decimal(0.01, 1, 0.01), top_k=whole(0, 1000, 1),
+                          min_p=decimal(0, 1, 0.01), presence_penalty=decimal(-2, 2, 0.1),
+                          max_tokens=whole(16, 262_144, 1024))
+    boxes.top_k.setSpecialValueText("Off")
     return boxes
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QByteArray, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
@@ -30,10 +31,12 @@ from app.chat.session import ChatSession
 from app.context import AppContext
 from app.downloads import DownloadManager
 from app.endpoint import EndpointSettings, EndpointStatus
-from app.engine_thread import EngineThread, LoadedModel
+from app.engine_thread import EngineThread
 from app.load_progress import LoadProgress
+from app.load_state import LoadedModel, LoadState, Phase
 from app.models_page import ModelsPage
 from app.remote_client import RemoteBackend
+from app.runtime_card import RuntimeCard
 from app.settings import ENDPOINT_FIELDS, RELOAD_FIELDS, REMOTE_FIELDS, AppSettings
 from app.settings_page import SettingsPage
 from app.shortcuts import HELP_KEYS, ShortcutSheet, keys
@@ -41,6 +44,9 @@ from app.status_bar import StatusBar
 from app.tools.tools_card import ToolsCard
 from app.tools.toolbox import ToolBox
 from app.wheel_guard import guard_wheel
+
+if TYPE_CHECKING:
+    from app.tray import Tray
 
 log = logging.getLogger("qwendesk.app")
 PAGES = ("chat", "models", "settings")
@@ -56,7 +62,7 @@ class MainWindow(QMainWindow):
     def __init__(self, context: AppContext, autoload: bool = True):
         super().__init__()
         self._gc_timer = collect_in_gui_thread(self)
-        guard_wheel(QApplication.instance())
+        guard_wheel()
         self.context = context
         self.setWindowTitle("Qwen Desk")
         self.setWindowIcon(icons.app_icon())
@@ -64,14 +70,11 @@ class MainWindow(QMainWindow):
         geometry = context.store.get_setting(GEOMETRY_KEY)
         if not (geometry and self.restoreGeometry(QByteArray.fromBase64(geometry.encode()))):
             self.resize(1280, 820)
-        self.tray = None
+        self.tray: Tray | None = None          # main() adds one where the system has a tray
         self._quitting = False
         self._shut_down = False
         self._told_about_tray = False
-        self.loading_path = ""
         self.load_errors: list[str] = []        # the load failures shown in banners, until a load works
-        self.failed_path = ""                   # the checkpoint whose load failed last (applying settings retries it)
-        self.load: LoadProgress | None = None
         self.endpoint_status = EndpointStatus(False)
         self.remote: RemoteBackend | None = None
 
@@ -82,7 +85,8 @@ class MainWindow(QMainWindow):
         self.toolbox = ToolBox(parent=self)
         self.session.toolbox = self.toolbox
         self.chat = ChatPage(self.session, context.settings.thinking, lambda: [
-            (m.name, m.path, m.path == self._loaded_path()) for m in self.models.local if not m.problem])
+            (m.name, m.path, m.path == self.engine.state.path_if(Phase.LOADED)) for m in self.models.local
+            if not m.problem])
         self.models = ModelsPage(context, self.downloads)
         self.settings_page = SettingsPage(lambda: self.context.settings, lambda: self.context.device)
         self.settings_page.log_view.set_log(self.engine.server_log)
@@ -93,8 +97,9 @@ class MainWindow(QMainWindow):
         self._connect()
         for combo in HELP_KEYS:
             QShortcut(QKeySequence(combo), self, self.show_shortcuts)
-        self._memory_timer = QTimer(self, interval=MEMORY_REFRESH_MS, timeout=self.refresh_memory)
-        self._memory_timer.start()
+        self._memory_timer = QTimer(self)
+        self._memory_timer.timeout.connect(self.refresh_memory)
+        self._memory_timer.start(MEMORY_REFRESH_MS)
 
         if context.settings.endpoint_enabled:
             self.engine.set_endpoint(self._endpoint_settings())
@@ -109,7 +114,7 @@ class MainWindow(QMainWindow):
             self.show_page("chat")
         else:
             self.show_page("models")           # first run: pick a model
-        self.settings_page.set_model(last if last and Path(last).is_dir() else "")
+        self.settings_page.show_load_state(self.engine.state)
 
     # ---- layout --------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -161,12 +166,10 @@ class MainWindow(QMainWindow):
 
     def _connect(self) -> None:
         e = self.engine
-        e.state_changed.connect(self._engine_state)
+        for page in (self.models, self.settings_page, self.status):
+            e.state_changed.connect(page.show_load_state)
+        e.state_changed.connect(self._load_state_changed)
         e.load_progress.connect(self._load_progress)
-        e.loaded.connect(self._loaded)
-        e.load_failed.connect(self._load_failed)
-        e.load_cancelled.connect(self._load_cancelled)
-        e.unloaded.connect(self._unloaded)
         self.status.cancel_load_requested.connect(self.cancel_load)
         self.models.cancel_load_requested.connect(self.cancel_load)
         self.models.eject_requested.connect(self.eject)
@@ -179,18 +182,19 @@ class MainWindow(QMainWindow):
         self.chat.manage_tools_requested.connect(self.show_tools_settings)
         self.chat.load_requested.connect(self.load_model)
         self.settings_page.settings_changed.connect(self._settings_changed)
-        if self.settings_page.runtime_card:
-            self.settings_page.runtime_card.quit_requested.connect(self.quit)
+        card = self.settings_page.runtime_card
+        if card is not None:
+            card.quit_requested.connect(self.quit)
             if self.context.settings.check_updates:
-                self._check_for_updates()
+                self._check_for_updates(card)
         self.downloads.completed.connect(self._download_completed)
 
-    def _check_for_updates(self) -> None:
+    def _check_for_updates(self, card: RuntimeCard) -> None:
         from app.main import package_version
         from app.update_check import UpdateCheck
 
         self.update_check = UpdateCheck(package_version(), parent=self)
-        self.update_check.found.connect(self.settings_page.runtime_card.show_release)
+        self.update_check.found.connect(card.show_release)
         self.update_check.found.connect(lambda release: self.chat.show_banner(
             "info", f"Qwen Desk {release.version} is available: Settings has the link to its release page."))
         self.update_check.start()
@@ -206,7 +210,9 @@ class MainWindow(QMainWindow):
 
     def show_tools_settings(self) -> None:
         self.show_page("settings")
-        self.settings_page.findChild(QScrollArea).ensureWidgetVisible(self.tools_card)
+        area = self.settings_page.findChild(QScrollArea)
+        if area is not None:
+            area.ensureWidgetVisible(self.tools_card)
 
     def show_shortcuts(self) -> ShortcutSheet:
         sheet = ShortcutSheet(self)
@@ -218,7 +224,7 @@ class MainWindow(QMainWindow):
         """Probe the machine's memory again while no model holds any (a loaded model's pages plan with the memory
         from before it loaded) and, when it changed, re-plan every page with the new figure. On each page switch
         and every few seconds."""
-        if self.engine.model is None and not self.loading_path and self.context.refresh_device():
+        if self.engine.state.idle and self.context.refresh_device():
             self.models.refresh_plans()
             self.settings_page.refresh_plans()
 
@@ -236,21 +242,15 @@ class MainWindow(QMainWindow):
     def load_model(self, path: str) -> None:
         if self.session.backend is self.engine:
             self.session.stop()
-        self.loading_path = path
-        self.load = LoadProgress(Path(path).name)
-        self.models.set_engine_state("", path)
-        self.status.loading(self.load)
         self.engine.load(self.context.settings.engine_config(path))
-        self._apply_backend()
 
-    def _load_progress(self, stage: str, done: int, total: int) -> None:
-        if self.loading_path:
-            self.load.update(stage, done, total)
-            self.status.refresh()
-            self.chat.set_loading(self.load)
+    def _load_progress(self, load: LoadProgress) -> None:
+        self.status.refresh()
+        if self.remote is None:
+            self.chat.set_loading(load)
 
     def cancel_load(self) -> None:
-        if self.loading_path:
+        if self.engine.state.phase is Phase.LOADING:
             self.engine.cancel_load()
             self.status.cancelling()
 
@@ -260,66 +260,39 @@ class MainWindow(QMainWindow):
             self.session.stop()
         self.engine.unload()
 
-    def _load_cancelled(self, path: str) -> None:
-        if path != self.loading_path:
-            return                          # an earlier load that gave way to the current one
-        self.loading_path = ""
-        self.models.set_engine_state("", "")
-        self._apply_backend()
-        self.status.idle(f"Loading {Path(path).name} was cancelled")
-
-    def _unloaded(self) -> None:
-        if self._shut_down:
-            return
-        freeze_long_lived()                 # the model's objects were frozen at load: let them go
-        self.models.set_engine_state("", self.loading_path)
-        self.settings_page.set_model(self.context.settings.last_model)      # plans for it, on the whole device
-        self.refresh_memory()
-        self._apply_backend()
-
-    def _loaded_path(self) -> str:
-        return self.engine.model.path if self.engine.model else ""
-
-    def _engine_state(self, state: str, detail: str) -> None:
-        if self.tray:
-            self.tray.set_status({"ready": f"{detail} loaded", "loading": f"loading {detail}",
-                                  "error": "load failed"}.get(state, "no model loaded"))
-
-    def _loaded(self, model: LoadedModel) -> None:
+    def _load_state_changed(self, state: LoadState) -> None:
+        """What the window does as the load state changes (the pages follow it on their own)."""
         if self._shut_down:
             return                          # a load that ended after the window closed (the store is closed)
-        self.loading_path = ""
+        if self.tray:
+            self.tray.set_status({Phase.LOADED: f"{state.name} loaded", Phase.LOADING: f"loading {state.name}",
+                                  Phase.FAILED: "load failed"}.get(state.phase, "no model loaded"))
+        if state.phase is Phase.LOADED and state.model is not None:
+            self._loaded(state.model)
+        elif state.phase is Phase.FAILED:
+            self._load_failed(state)
+        elif state.phase is Phase.UNLOADED:
+            freeze_long_lived()             # the model's objects were frozen at load: let them go
+            self.refresh_memory()
+        self._apply_backend()
+        if state.phase is Phase.LOADED and self.current_page == "models":
+            self.show_page("chat")
+
+    def _loaded(self, model: LoadedModel) -> None:
         freeze_long_lived()                 # the model's objects: out of the collector's way from now on
         self.context.save_settings(self.context.settings.copy(last_model=model.path))
-        self.status.loaded(model)
         for message in self.load_errors:     # a load that works makes the earlier failures history
             self.models.banner.remove_text(message)
             self.chat.banner.remove_text(message)
         self.load_errors.clear()
-        self.failed_path = ""
-        self.models.set_engine_state(model.path, "")
-        self.settings_page.set_model(model.path, model.plan, f"{model.name} runs with profile {model.profile}.")
-        self._apply_backend()
-        if self.current_page == "models":
-            self.show_page("chat")
 
-    def _load_failed(self, message: str) -> None:
-        if self._shut_down:
-            return
-        failed, self.loading_path = self.loading_path, ""
-        self.status.failed(message)
-        self.models.set_engine_state("", "")
-        self.models.banner.show_message("error", message)
-        self.chat.show_banner("error", message, "Models")
-        self.load_errors.append(message)
-        self.failed_path = failed
-        if failed:
-            self.settings_page.set_model(failed, None, f"{Path(failed).name} could not be loaded with these settings: "
-                                                       f"change them and apply, or load it again.")
-        self._apply_backend()
+    def _load_failed(self, state: LoadState) -> None:
+        self.models.banner.show_message("error", state.message)
+        self.chat.show_banner("error", state.message, "Models")
+        self.load_errors.append(state.message)
 
     def _download_completed(self, repo_id: str, path: str) -> None:
-        if self.engine.model is None and not self.loading_path:
+        if self.engine.state.idle:
             self.load_model(path)           # the first model: ready to chat when it lands
 
     # ---- settings ------------------------------------------------------------------------------
@@ -333,7 +306,7 @@ class MainWindow(QMainWindow):
         self.context.save_settings(settings)
         if changed & set(RELOAD_FIELDS):
             self.models.refresh_plans()
-            path = self.loading_path or self._loaded_path() or self.failed_path   # a failed load: try it again
+            path = self.engine.state.path   # loading, loaded, or failed (tried again)
             if path:
                 self.load_model(path)
         if changed & set(ENDPOINT_FIELDS):
@@ -368,18 +341,17 @@ class MainWindow(QMainWindow):
             self.chat.set_model(self.remote.label)
         else:
             self.remote = None
-            if self.engine.model is not None and not self.loading_path:
+            state = self.engine.state
+            if state.model is not None:
                 self.session.set_backend(self.engine)
-                self.chat.set_model(self.engine.model.name)
+                self.chat.set_model(state.model.name)
             else:
                 self.session.set_backend(None)
-                if self.loading_path:
-                    self.chat.set_loading(self.load)
+                if state.progress is not None:
+                    self.chat.set_loading(state.progress)
                 else:
                     self.chat.set_model("", "Load a model to chat")
         self.status.set_endpoint(self.endpoint_status, self.remote.label if self.remote else "")
-        if not self.loading_path and self.engine.model is None and self.engine.state != "error":
-            self.status.idle()
 
     # ---- closing -------------------------------------------------------------------------------
     def quit(self) -> None:
@@ -400,13 +372,13 @@ class MainWindow(QMainWindow):
 
     def shutdown(self) -> None:
         """Stop replies, downloads (they resume at the next start) and the engine."""
-        self.context.store.set_setting(GEOMETRY_KEY, bytes(self.saveGeometry().toBase64()).decode())
+        self.context.store.set_setting(GEOMETRY_KEY, bytes(self.saveGeometry().toBase64().data()).decode())
         self._shut_down = True
         self.session.stop()
         self.toolbox.blockSignals(True)     # a call still running answers no one
         self.toolbox.close()                # every tool server stops: no process outlives the app
         self.downloads.shutdown()
         self.engine.blockSignals(True)      # nothing the engine thread says reaches the window any more
-        if not self.engine.shutdown(3_000 if self.engine.state == "loading" else 10_000):
+        if not self.engine.shutdown(3_000 if self.engine.state.phase is Phase.LOADING else 10_000):
             log.warning("the engine thread is still busy (a model is loading); leaving it behind")
         QApplication.processEvents()

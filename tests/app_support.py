@@ -312,6 +312,7 @@ class ScriptedBackend:
 
     supports_vision = False
     max_context = 32768
+    takes_tools = False
 
     def __init__(self, script, metrics=None, tool_calls=None):
         from PySide6.QtCore import QObject, Signal
@@ -352,3 +353,6 @@ class ScriptedBackend:
 
     def count_tokens(self, messages, template_kwargs):
         return None
+
+    def warm(self, messages, template_kwargs):
+        pass

@@ -24,13 +24,14 @@ def test_presets_kept_in_the_store(tmp_path):
     defaults = AppSettings()
     assert presets.overrides({"temperature": 0.2, "top_p": defaults.top_p, "seed": 1}, defaults) == {"temperature": 0.2}
     assert presets.apply_overrides(defaults, {"temperature": 0.2, "bogus": 1}).temperature == 0.2
-    presets.save_preset(store, "Poems", {"temperature": 1.1, "top_p": 0.9, "other": 3})
-    assert presets.presets(store)["Poems"] == {"temperature": 1.1, "top_p": 0.9}
-    assert set(presets.BUILT_IN) < set(presets.presets(store))
+    saved = presets.Presets(store)
+    saved.save("Poems", {"temperature": 1.1, "top_p": 0.9, "other": 3})
+    assert saved.all()["Poems"] == {"temperature": 1.1, "top_p": 0.9}
+    assert set(presets.BUILT_IN) < set(saved.all())
     with pytest.raises(ValueError, match="built-in"):
-        presets.save_preset(store, "Precise", {"temperature": 1.0})
-    presets.delete_preset(store, "Poems")
-    assert "Poems" not in presets.presets(store)
+        saved.save("Precise", {"temperature": 1.0})
+    saved.delete("Poems")
+    assert "Poems" not in saved.all()
     store.close()
 
 
@@ -41,7 +42,7 @@ def test_a_chat_with_its_own_system_prompt_and_sampling(app_env, qtbot, monkeypa
     window.chat.set_model("Scripted")
     window.show_page("chat")
     store = window.context.store
-    presets.save_preset(store, "Pirate", {"temperature": 1.3, "top_k": 40})
+    window.session.presets.save("Pirate", {"temperature": 1.3, "top_k": 40})
 
     def fill(dialog):
         dialog.system_prompt.setPlainText("You are a pirate.")

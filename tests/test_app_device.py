@@ -5,6 +5,7 @@ import pytest
 import torch
 from PySide6.QtCore import Qt
 
+from app.load_state import Phase
 from tests.app_support import make_context, open_window, page_screenshot, wait_ready
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has no CUDA GPU in these tests")
@@ -30,9 +31,9 @@ def test_a_failed_reload_can_be_taken_back_and_leaves_no_stale_message(window, q
     window.show_page("settings")
     page.device.setCurrentIndex(page.device.findData("cuda"))       # e.g. settings kept from a machine with a GPU
     states = []
-    window.engine.state_changed.connect(lambda state, _: states.append(state))
+    window.engine.state_changed.connect(lambda state: states.append(state.phase))
     qtbot.mouseClick(page.apply_engine, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: states[-1:] == ["error"], timeout=30_000)
+    qtbot.waitUntil(lambda: states[-1:] == [Phase.FAILED], timeout=30_000)
     assert window.engine.model is None
     assert "runs with profile" not in page.engine_status.text() and "could not be loaded" in page.engine_status.text()
     assert page.plans.note.text() == "No plan: device 'cuda' was asked for but no CUDA GPU is available."

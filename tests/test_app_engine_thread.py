@@ -4,6 +4,7 @@ unload ends the reply at once (the reply's events come from the engine's own thr
 import pytest
 
 from app.engine_thread import EngineThread
+from app.load_state import Phase
 from engine.api import EngineConfig, SamplingParams
 
 ENDLESS = SamplingParams(max_tokens=4000, temperature=0.0, ignore_eos=True)     # far longer than either test waits
@@ -12,8 +13,8 @@ ENDLESS = SamplingParams(max_tokens=4000, temperature=0.0, ignore_eos=True)     
 @pytest.fixture
 def thread(qtbot, checkpoint):
     thread = EngineThread()
-    with qtbot.waitSignal(thread.loaded, timeout=60_000):
-        thread.load(EngineConfig(model=str(checkpoint("base")), device="cpu", profile="C2", max_context=4096))
+    thread.load(EngineConfig(model=str(checkpoint("base")), device="cpu", profile="C2", max_context=4096))
+    qtbot.waitUntil(lambda: thread.state.phase is Phase.LOADED, timeout=60_000)
     yield thread
     assert thread.shutdown()
 
@@ -42,8 +43,8 @@ def test_an_unload_ends_a_streaming_reply_at_once(thread, qtbot):
     deltas, finished = record(thread)
     thread.generate("long", [{"role": "user", "content": "Go on."}], ENDLESS, {})
     qtbot.waitUntil(lambda: deltas.get("long", 0) >= 2, timeout=30_000)
-    with qtbot.waitSignal(thread.unloaded, timeout=10_000):
-        thread.unload()
+    thread.unload()
+    qtbot.waitUntil(lambda: thread.state.phase is Phase.UNLOADED, timeout=10_000)
     qtbot.waitUntil(lambda: "long" in finished, timeout=10_000)
     assert finished == {"long": "cancelled"} and thread.model is None
     with qtbot.waitSignal(thread.reply_finished, timeout=10_000) as after:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from app.load_state import Phase
 from app.paths import resources_dir
 from engine.api import DeviceInfo
 from tests.app_support import make_context, open_window
@@ -43,8 +44,9 @@ def load_on_3090(app_env, qtbot, monkeypatch):
     def load(path, **settings):
         window = open_window(qtbot, make_context(app_env, device=RTX3090, **settings), autoload=False)
         stages, failures = [], []
-        window.engine.load_progress.connect(lambda stage, *_: stages.append(stage))
-        window.engine.load_failed.connect(failures.append)
+        window.engine.load_progress.connect(lambda load: stages.append(load.stage))
+        window.engine.state_changed.connect(
+            lambda state: state.phase is Phase.FAILED and failures.append(state.message))
         window.load_model(str(path))
         qtbot.waitUntil(lambda: bool(failures), timeout=20_000)
         return failures[0], stages

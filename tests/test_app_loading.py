@@ -5,7 +5,9 @@ import threading
 import time
 
 import pytest
+from PySide6.QtWidgets import QApplication
 
+from app.load_state import Phase
 from tests.app_support import make_context, open_window, screenshot, wait_ready
 
 
@@ -42,13 +44,14 @@ def test_loading_shows_progress_and_cancel_stops_it(app_env, qtbot, checkpoint, 
     path = str(checkpoint("base"))
     window = open_window(qtbot, make_context(app_env), autoload=False)
     states = []
-    window.engine.state_changed.connect(lambda state, _: states.append(state))
+    window.engine.state_changed.connect(lambda state: states.append(state.phase))
     window.load_model(path)
     assert window.chat.model_badge.text().startswith("Loading base")
-    qtbot.waitUntil(lambda: window.load.fraction is not None and window.load.done >= 3, timeout=20_000)
+    load = window.engine.state.progress
+    qtbot.waitUntil(lambda: load.fraction is not None and load.done >= 3, timeout=20_000)
     status = window.status
     assert status.progress.maximum() == 1000 and status.progress.value() > 0      # determinate
-    assert "Loading base" in status.text.text() and f"of {window.load.total}" in status.text.text()
+    assert "Loading base" in status.text.text() and f"of {load.total}" in status.text.text()
     assert status.cancel.isVisible() and "%" in window.chat.model_badge.text()
     window.show_page("chat")
     screenshot(window, "loading_progress")
@@ -57,13 +60,69 @@ def test_loading_shows_progress_and_cancel_stops_it(app_env, qtbot, checkpoint, 
     screenshot(window, "loading_models_page")
     status.cancel.click()
     held_weights.set()                                   # the load goes on to its next report, and stops there
-    qtbot.waitUntil(lambda: window.engine.state == "idle" and not window.loading_path, timeout=10_000)
+    qtbot.waitUntil(lambda: window.engine.state.phase is Phase.UNLOADED, timeout=10_000)
     assert window.engine.model is None and "cancelled" in status.text.text()
     assert not status.cancel.isVisible() and window.chat.model_badge.text() == "No model loaded"
-    assert states[-1] == "idle" and "ready" not in states
+    assert states == [Phase.LOADING, Phase.UNLOADED]
     window.load_model(path)                              # the engine thread took the next load as usual
     wait_ready(qtbot, window)
     assert row is None or row.load.text() in ("Load", "Eject")
+
+
+@pytest.fixture
+def gated_loads(monkeypatch):
+    """Load n (from 0) stops before its weights once 3 KiB are in, until the test sets gates[n]; `waiting` is set
+    while one waits."""
+    from app import engine_thread
+    from engine.weights import loader
+
+    copy, plan_for = loader._copy, engine_thread.plan_for
+    gates, waiting, started, copied = [threading.Event() for _ in range(2)], threading.Event(), [-1], [0]
+
+    def counted_plan(config):
+        started[0], copied[0] = started[0] + 1, 0
+        return plan_for(config)
+
+    def held(target, row, shape, value):
+        if copied[0] >> 10 >= 3 and not gates[started[0]].is_set():
+            waiting.set()
+            gates[started[0]].wait(timeout=60)
+            waiting.clear()
+        copy(target, row, shape, value)
+        copied[0] += value.numel()
+    monkeypatch.setattr(engine_thread, "plan_for", counted_plan)
+    monkeypatch.setattr(loader, "_copy", held)
+    yield gates, waiting
+    for gate in gates:
+        gate.set()
+
+
+def test_a_load_that_gives_way_to_a_new_one_leaves_the_new_one_shown(app_env, qtbot, checkpoint, gated_loads):
+    """The same checkpoint loaded again while it loads (settings applied mid-load): the first load's cancellation
+    arrives after the second has started, and must not say that loading was cancelled (the window reconciled its
+    own loading path with the engine thread's reports, and the first load's report cleared the second's)."""
+    gates, waiting = gated_loads
+    path = str(checkpoint("base"))
+    window = open_window(qtbot, make_context(app_env, model_folders=[str(checkpoint("base").parent)]),
+                         autoload=False)
+    phases = []
+    window.engine.state_changed.connect(lambda state: phases.append(state.phase))
+    window.load_model(path)
+    qtbot.waitUntil(waiting.is_set, timeout=20_000)
+    window.load_model(path)
+    waiting.clear()
+    gates[0].set()                                       # the first load goes on to its next report: cancelled
+    qtbot.waitUntil(waiting.is_set, timeout=20_000)      # the second one waits at its weights
+    QApplication.processEvents()                         # every report sent before it waited has arrived
+    status, chat = window.status, window.chat
+    assert "cancelled" not in status.text.text() and status.cancel.isVisible()
+    assert status.text.text().startswith("Loading base  ·  Loading weights  ·  ")         # the second load's count
+    row = next(r for r in window.models.local_rows if r.model.path == path)
+    assert chat.model_badge.text().startswith("Loading base") and row.load.text() == "Cancel"
+    screenshot(window, "loading_again_while_loading")
+    gates[1].set()
+    wait_ready(qtbot, window)
+    assert phases == [Phase.LOADING, Phase.LOADING, Phase.LOADED]
 
 
 def test_eject_unloads_the_model(app_env, qtbot, checkpoint):
@@ -86,7 +145,8 @@ def test_eject_unloads_the_model(app_env, qtbot, checkpoint):
 def test_closing_while_a_model_loads_writes_nothing_afterwards(app_env, qtbot, checkpoint, slow_weights):
     context = make_context(app_env, last_model=str(checkpoint("base")))
     window = open_window(qtbot, context)
-    qtbot.waitUntil(lambda: window.load is not None and window.load.done >= 2, timeout=20_000)
+    qtbot.waitUntil(lambda: window.engine.state.progress is not None and window.engine.state.progress.done >= 2,
+                    timeout=20_000)
     started = time.monotonic()
     window.close()
     context.store.close()                                # what app.main does once the window has gone

@@ -4,6 +4,7 @@ remote OpenAI-compatible server replaces the local engine for the chat."""
 import pytest
 from PySide6.QtCore import Qt
 
+from app.load_state import Phase
 from tests.app_support import (
     FakeOpenAI,
     make_context,
@@ -39,10 +40,10 @@ def test_profile_change_reloads_the_engine(window, qtbot):
     page.kv_dtype.setCurrentIndex(page.kv_dtype.findData("int8"))
     assert page.apply_engine.isEnabled() and "reloads" in page.engine_status.text()
     states = []
-    window.engine.state_changed.connect(lambda state, _: states.append(state))
+    window.engine.state_changed.connect(lambda state: states.append(state.phase))
     qtbot.mouseClick(page.apply_engine, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: states[-1:] == ["ready"], timeout=30_000)
-    assert states == ["loading", "ready"]
+    qtbot.waitUntil(lambda: states[-1:] == [Phase.LOADED], timeout=30_000)
+    assert states == [Phase.LOADING, Phase.LOADED]
     assert window.engine.model.profile == "C2"
     assert window.context.settings.profile == "C2" and window.context.settings.kv_dtype == "int8"
     assert window.context.store.get_setting("app_settings")["profile"] == "C2"
@@ -56,7 +57,7 @@ def test_profile_change_reloads_the_engine(window, qtbot):
 def test_generation_defaults_apply_without_a_reload(window, qtbot):
     page = window.settings_page
     states = []
-    window.engine.state_changed.connect(lambda state, _: states.append(state))
+    window.engine.state_changed.connect(lambda state: states.append(state.phase))
     window.models.token.setText("hf_secret")
     window.models.save_token()                          # another page changes another field first
     page.temperature.setValue(0.2)

@@ -8,6 +8,7 @@ import time
 from PySide6.QtCore import QCoreApplication
 
 from app.catalog import load_catalog, recommend
+from app.load_state import Phase
 from app.settings import AppSettings
 from engine.api import DeviceInfo, plan_for
 from app.single_instance import SingleInstance, instance_key
@@ -71,7 +72,7 @@ def test_a_model_that_cannot_load_is_a_message(app_env, qtbot, tmp_path):
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text('{"model_type": "llama"}')
     window = open_window(qtbot, make_context(app_env, last_model=str(tmp_path / "broken")))
-    qtbot.waitUntil(lambda: window.engine.state == "error", timeout=20_000)
+    qtbot.waitUntil(lambda: window.engine.state.phase is Phase.FAILED, timeout=20_000)
     qtbot.waitUntil(lambda: "could not be loaded" in window.chat.banner.latest().text.text(), timeout=5_000)
     assert window.chat.banner.isVisible() and window.chat.banner.latest().property("kind") == "error"
     assert window.status.dot.property("state") == "error"

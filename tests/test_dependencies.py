@@ -50,22 +50,22 @@ def test_every_third_party_import_is_a_declared_dependency():
     assert not undeclared, f"imported but not in pyproject.toml's dependencies: {undeclared}"
 
 
-def test_signal_emits_keep_their_references():
+def test_signal_emits_keep_their_references(qapp):
     """PySide6 6.12.0 on Python 3.11 (whose True is not immortal) dropped a reference to True on every
-    Signal.emit: the app died (bool_dealloc) after a few hundred, e.g. the tokens of one long reply."""
-    from PySide6.QtCore import QCoreApplication, QObject, Signal
+    Signal.emit: the app died (bool_dealloc) after a few hundred, e.g. the tokens of one long reply. (pytest-qt's
+    `qapp`, a QApplication: a QCoreApplication made here would be the one every later GUI test found, and fail them.)"""
+    from PySide6.QtCore import QObject, Signal
 
     class Source(QObject):
         fired = Signal(object)
 
-    app = QCoreApplication.instance() or QCoreApplication([])
     source = Source()
     seen = []
     source.fired.connect(seen.append)
     before = sys.getrefcount(True)
     for i in range(200):
         source.fired.emit(i)
-    assert len(seen) == 200 and app is not None
+    assert len(seen) == 200
     assert sys.getrefcount(True) >= before - 20      # a real leak loses 200
 
 

@@ -76,3 +76,14 @@ def test_the_checker_sees_lazy_imports(tmp_path):
     lazily."""
     found = {m for f, m in imports("app") if top(m) == "engine"}
     assert found == {"engine.api", "engine.server"}
+
+
+def test_the_chat_page_talks_to_its_session_only():
+    """app/chat/chat_page.py reads no store and no file and writes none, and asks no backend what it has: the chat
+    session (app/chat/session.py) does those, over the typed ChatBackend."""
+    tree = ast.parse((ROOT / "app/chat/chat_page.py").read_text(encoding="utf-8"))
+    attributes = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert attributes & {"store", "backend", "read_text", "write_text", "read_bytes", "write_bytes"} == set()
+    assert called & {"open", "getattr", "hasattr"} == set()
+    assert "session" in attributes and "dialogs" in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}

@@ -70,8 +70,8 @@ def keep_image(image: QImage) -> str:
     encoded = QByteArray()
     buffer = QBuffer(encoded)
     buffer.open(QIODevice.OpenModeFlag.WriteOnly)
-    image.save(buffer, "PNG")
-    return keep_bytes(bytes(encoded), "pasted image.png")
+    image.save(buffer, "PNG")  # type: ignore[call-overload]  # PySide6's stub says bytes; the call takes only a str
+    return keep_bytes(bytes(encoded.data()), "pasted image.png")
 
 
 def image_problem(path: str) -> str:
@@ -141,7 +141,9 @@ class AttachmentStrip(QWidget):
     def clear(self) -> None:
         while self.row.count() > 1:
             item = self.row.takeAt(0)
-            item.widget().deleteLater()
+            widget = item.widget() if item is not None else None
+            if widget is not None:
+                widget.deleteLater()
         self.paths.clear()
         self.hide()
         self.changed.emit()

@@ -22,12 +22,12 @@ CHOOSE = "Apply a preset…"
 
 
 class ChatOptionsDialog(QDialog):
-    def __init__(self, store, defaults: AppSettings, options: dict, parent=None):
+    def __init__(self, saved: presets.Presets, defaults: AppSettings, options: dict, parent=None):
         """`options`: the conversation's own (system_prompt, sampling); `defaults`: the Settings page's."""
         super().__init__(parent)
         self.setWindowTitle("This chat's settings")
         self.setMinimumWidth(480)
-        self.store, self.defaults = store, defaults
+        self.saved, self.defaults = saved, defaults
         column = QVBoxLayout(self)
         column.setSpacing(12)
         column.addWidget(label("These apply to this conversation only; the rest follow the defaults in Settings.",
@@ -38,8 +38,7 @@ class ChatOptionsDialog(QDialog):
         self.system_prompt.setFixedHeight(90)
         column.addWidget(label("System prompt", "formLabel"))
         column.addWidget(self.system_prompt)
-        self.fields = sampling_boxes()
-        self.fields["top_k"].setSpecialValueText("Off")
+        self.fields = sampling_boxes().by_field()
         names = {"temperature": "Temperature", "top_p": "Top P", "top_k": "Top K", "min_p": "Min P",
                  "presence_penalty": "Presence penalty", "max_tokens": "Max reply tokens"}
         form = Form()
@@ -81,7 +80,7 @@ class ChatOptionsDialog(QDialog):
     def options(self) -> dict:
         """What the conversation keeps: its system prompt (absent: the default) and the sampling fields
         that differ from the defaults."""
-        result = {}
+        result: dict[str, object] = {}
         if self.system_prompt.toPlainText().strip():
             result["system_prompt"] = self.system_prompt.toPlainText()
         sampling = presets.overrides(self.values(), self.defaults)
@@ -93,7 +92,7 @@ class ChatOptionsDialog(QDialog):
     def _fill_presets(self, chosen: str = "") -> None:
         self.preset.clear()
         self.preset.addItem(CHOOSE)
-        for name in presets.presets(self.store):
+        for name in self.saved.all():
             self.preset.addItem(name)
         self.preset.setCurrentText(chosen or CHOOSE)
         self._preset_chosen()
@@ -107,7 +106,7 @@ class ChatOptionsDialog(QDialog):
     def _apply_preset(self) -> None:
         name = self.preset.currentText()
         if name != CHOOSE:
-            self.set_values(presets.apply_overrides(self.defaults, presets.presets(self.store)[name]).__dict__)
+            self.set_values(presets.apply_overrides(self.defaults, self.saved.all()[name]).__dict__)
         self._preset_chosen()
 
     def _save_preset(self) -> None:
@@ -116,7 +115,7 @@ class ChatOptionsDialog(QDialog):
         if not ok or not name:
             return
         try:
-            presets.save_preset(self.store, name, self.values())
+            self.saved.save(name, self.values())
         except ValueError as e:
             dialogs.inform(self, "Save preset", str(e))
             return
@@ -126,7 +125,7 @@ class ChatOptionsDialog(QDialog):
         name = self.preset.currentText()
         if dialogs.confirm(self, "Delete preset", f"Delete the preset “{name}”? Chats that used it keep their values.",
                            "Delete"):
-            presets.delete_preset(self.store, name)
+            self.saved.delete(name)
             self._fill_presets()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from PySide6.QtCore import QTimer, Signal
@@ -14,7 +15,6 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QMenu, QToolButton, QVBoxLayo
 from app import dialogs, icons
 from app.banners import BannerStack
 from app.chat import export
-from app.chat.attachments import keep_bytes
 from app.chat.chat_options import ChatOptionsDialog
 from app.chat.composer import Composer, takes_drop
 from app.chat.context_fit import prompt_budget
@@ -240,7 +240,7 @@ class ChatPage(QWidget):
         if toolbox is None:
             return
         servers = toolbox.usable()
-        if not getattr(self.session.backend, "takes_tools", False):
+        if not self.session.takes_tools:
             menu.addAction("Tools work with a model loaded here (not a remote server)").setEnabled(False)
         elif not servers:
             menu.addAction("No tool servers yet").setEnabled(False)
@@ -292,7 +292,7 @@ class ChatPage(QWidget):
     def _fill_model_menu(self) -> None:
         self.model_menu.clear()
         for name, path, loaded in self.local_models():
-            action = self.model_menu.addAction(name, lambda p=path: self.load_requested.emit(p))
+            action = self.model_menu.addAction(name, partial(self.load_requested.emit, path))
             action.setCheckable(True)
             action.setChecked(loaded)
             action.setToolTip(path)
@@ -301,9 +301,9 @@ class ChatPage(QWidget):
         if self.loading_name:
             self.model_menu.addAction(icons.icon("stop"), f"Cancel loading {self.loading_name}",
                                       self.cancel_load_requested)
-        loaded = [name for name, _, is_loaded in self.local_models() if is_loaded]
-        if loaded:
-            self.model_menu.addAction(icons.icon("close"), f"Eject {loaded[0]}", self.eject_requested)
+        in_use = [name for name, _, is_loaded in self.local_models() if is_loaded]
+        if in_use:
+            self.model_menu.addAction(icons.icon("close"), f"Eject {in_use[0]}", self.eject_requested)
         self.model_menu.addAction(icons.icon("models"), "Download or manage models…", self.open_models_requested)
 
     def show_banner(self, kind: str, text: str, action: str = "") -> None:
@@ -430,17 +430,17 @@ class ChatPage(QWidget):
         leaving out the oldest messages of this one."""
         if action == "leave_out":
             self.session.leave_out_oldest(self.composer.think_button.isChecked())
-        elif action == "new_chat" and self.session.current is not None:
-            users = [m for m in self.session.store.messages(self.session.current.id) if m.role == "user"]
+        elif action == "new_chat":
+            unanswered = self.session.last_user_text()
             self.session.new_conversation()
-            if users:
-                self.composer.input.setPlainText(users[-1].content)
+            if unanswered:
+                self.composer.input.setPlainText(unanswered)
             self.composer.input.setFocus()
 
     def edit_options(self) -> None:
         """The chat's own system prompt and sampling, in a dialog."""
         own = self.session.options()
-        dialog = ChatOptionsDialog(self.session.store, self.session.settings(), own, self)
+        dialog = ChatOptionsDialog(self.session.presets, self.session.settings(), own, self)
         if dialog.exec():
             kept = {k: v for k, v in own.items() if k not in ("system_prompt", "sampling")}
             self.session.set_options({**kept, **dialog.options()})
@@ -458,7 +458,7 @@ class ChatPage(QWidget):
         """The draft's tokens under the composer, counted by the backend with the conversation so far."""
         text = self.composer.input.toPlainText()
         counted = self.session.count_draft(text, self.composer.think_button.isChecked()) if text.strip() else None
-        total = getattr(self.session.backend, "max_context", None)
+        total = self.session.max_context
         if counted is None or not total:
             self.composer.set_draft_count("")
             return
@@ -489,7 +489,7 @@ class ChatPage(QWidget):
         self.composer.stop_editing()
 
     def export_conversation(self, conversation_id: int, kind: str) -> None:
-        conversation = self.session.store.conversation(conversation_id)
+        conversation = self.session.conversation(conversation_id)
         if conversation is None:
             return
         suffix, filter_ = (".md", "Markdown (*.md)") if kind == "markdown" else (".json", "JSON (*.json)")
@@ -497,13 +497,8 @@ class ChatPage(QWidget):
         path = dialogs.save_path(self, "Export conversation", name, filter_)
         if not path:
             return
-        messages = self.session.store.messages(conversation_id)
         try:
-            if kind == "markdown":
-                text = export.to_markdown(conversation, messages, self.model_name or "Assistant")
-            else:
-                text = json.dumps(export.to_json(conversation, messages), ensure_ascii=False, indent=1)
-            Path(path).write_text(text, encoding="utf-8")
+            self.session.export(conversation, kind, path, self.model_name or "Assistant")
         except OSError as e:
             self.show_banner("error", f"Could not export the conversation: {e.strerror or e}.")
             return
@@ -514,19 +509,14 @@ class ChatPage(QWidget):
         if not path:
             return
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-            conversation = export.import_json(self.session.store, data, keep_bytes)
+            self.session.import_file(path)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             self.show_banner("error", f"Could not read {Path(path).name}: {e}")
-            return
         except ValueError as e:
             self.show_banner("error", f"Could not import {Path(path).name}: {e}")
-            return
-        self.session.conversations_changed.emit()
-        self.session.open(conversation.id)
 
     def confirm_delete(self, conversation_id: int) -> None:
-        conversation = self.session.store.conversation(conversation_id)
+        conversation = self.session.conversation(conversation_id)
         if conversation and dialogs.confirm(self, "Delete conversation",
                                             f"Delete “{conversation.title}” and all its messages?", "Delete"):
             self.session.delete(conversation_id)

@@ -48,15 +48,15 @@ class CodeBlock(QFrame):
         self.text.setTextFormat(Qt.TextFormat.RichText)
         self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.text.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
-        self.scroll = QScrollArea()
-        self.scroll.setObjectName("codeScroll")
-        self.scroll.setWidget(self.text)
-        self.scroll.setWidgetResizable(False)
-        self.scroll.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
-        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll_area = QScrollArea()
+        self.scroll_area.setObjectName("codeScroll")
+        self.scroll_area.setWidget(self.text)
+        self.scroll_area.setWidgetResizable(False)
+        self.scroll_area.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll_area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        self.scroll_area.setFrameShape(QFrame.Shape.NoFrame)
         column.addWidget(header)
-        column.addWidget(self.scroll)
+        column.addWidget(self.scroll_area)
         self.set_code(code, language)
 
     def set_code(self, code: str, language: str) -> None:
@@ -78,9 +78,9 @@ class CodeBlock(QFrame):
         self.copy_button.setIcon(icons.icon("check" if copied else "copy", icons.MUTED))
 
     def _fit_height(self) -> None:
-        needs_bar = self.text.width() > self.scroll.viewport().width()
-        bar = self.scroll.horizontalScrollBar().sizeHint().height() if needs_bar else 0
-        self.scroll.setFixedHeight(self.text.height() + bar)
+        needs_bar = self.text.width() > self.scroll_area.viewport().width()
+        bar = self.scroll_area.horizontalScrollBar().sizeHint().height() if needs_bar else 0
+        self.scroll_area.setFixedHeight(self.text.height() + bar)
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)

@@ -3,6 +3,8 @@ while the text streams (only blocks that changed are touched)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
@@ -40,7 +42,7 @@ class ContentView(QWidget):
         self.column.setSpacing(10)
         self._blocks: list[tuple[Block, QWidget]] = []
 
-    def set_text(self, text: str, tool_calls: list[ShownCall] = (), writing: bool = False) -> None:
+    def set_text(self, text: str, tool_calls: Sequence[ShownCall] = (), writing: bool = False) -> None:
         """`tool_calls`: calls the backend gave apart from the text; `writing`: the text is still streaming."""
         blocks = split_blocks(text, writing) + [Block("tool_call", call=c) for c in tool_calls]
         for i, block in enumerate(blocks):
@@ -63,19 +65,20 @@ class ContentView(QWidget):
 
     @staticmethod
     def _create(block: Block) -> QWidget:
+        if block.call is not None:
+            return ToolCallView(block.call)
         if block.kind == "code":
             return CodeBlock(block.text, block.language)
-        if block.kind == "tool_call":
-            return ToolCallView(block.call)
         return MarkdownLabel(block.text)
 
     @staticmethod
     def _update(widget: QWidget, block: Block) -> None:
-        if block.kind == "code":
-            widget.set_code(block.text, block.language)
-        elif block.kind == "tool_call":
+        """A widget _create made for a block of the same kind, shown again with the block's text."""
+        if isinstance(widget, ToolCallView) and block.call is not None:
             widget.set_call(block.call)
-        else:
+        elif isinstance(widget, CodeBlock):
+            widget.set_code(block.text, block.language)
+        elif isinstance(widget, MarkdownLabel):
             widget.set_markdown(block.text)
 
     def _truncate(self, keep: int) -> None:

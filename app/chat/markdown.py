@@ -97,7 +97,9 @@ def _quotes(html: str) -> str:
                 f'margin-left:{(depth - 1) * 14}px;"><tr><td width="3" bgcolor="#4a5275"></td>'
                 f'<td style=" padding-left:12px; color:#aab0bf;">{inner}</td></tr></table>\n')
 
-    out, last, group, depth = [], 0, [], 0
+    out: list[str] = []
+    group: list[str] = []
+    last = depth = 0
     for match in QUOTE_PARAGRAPH.finditer(html):
         if group and (match.start() != last or int(match.group(1)) // 40 != depth):
             out.append(bar(group, depth))

@@ -50,7 +50,7 @@ class _Converter:
         self.tokens, self.i = tokens, 0
 
     def run(self, stop_at_brace: bool = False) -> str:
-        out = []
+        out: list[str] = []
         while self.i < len(self.tokens):
             command, mark, text = self.tokens[self.i]
             self.i += 1

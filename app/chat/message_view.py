@@ -19,7 +19,7 @@ from app.chat.long_text import LongText
 from app.chat.metrics import metrics_line
 from app.chat.thinking_block import ThinkingBlock
 from app.store import Message
-from app.widgets import icon_button, label, set_enabled, text_button
+from app.widgets import icon_button, label, layout_widgets, set_enabled, text_button
 
 THUMB = 96
 BUBBLE_TEXT_WIDTH = 560
@@ -39,14 +39,14 @@ class MessageView(QFrame):
         self.column = QVBoxLayout(self)
         self.column.setContentsMargins(0, 0, 0, 0)
         self.column.setSpacing(6)
-        self.actions = QHBoxLayout()
-        self.actions.setSpacing(2)
+        self.button_row = QHBoxLayout()
+        self.button_row.setSpacing(2)
         copy = icon_button("copy", "Copy message", size=15)
         copy.clicked.connect(self._copy)
-        self.actions.addWidget(copy)
+        self.button_row.addWidget(copy)
         self.delete_button = icon_button("trash", "Delete this message", size=15)
         self.delete_button.clicked.connect(self.delete_requested)
-        self.actions.addWidget(self.delete_button)
+        self.button_row.addWidget(self.delete_button)
         if message.role == "user":
             self._build_user(message)
         else:
@@ -56,7 +56,7 @@ class MessageView(QFrame):
     def _build_user(self, message: Message) -> None:
         self.edit_button = icon_button("edit", "Edit and resend (Up in the empty message box)", size=15)
         self.edit_button.clicked.connect(self.edit_requested)
-        self.actions.insertWidget(0, self.edit_button)
+        self.button_row.insertWidget(0, self.edit_button)
         bubble = QFrame()
         bubble.setObjectName("userBubble")
         inner = QVBoxLayout(bubble)
@@ -81,16 +81,16 @@ class MessageView(QFrame):
         row.addWidget(bubble, 0)
         bubble.setMaximumWidth(BUBBLE_TEXT_WIDTH + 28)
         self.column.addLayout(row)
-        actions_row = QHBoxLayout()
-        actions_row.addStretch(1)
-        actions_row.addLayout(self.actions)
-        self.column.addLayout(actions_row)
+        right = QHBoxLayout()
+        right.addStretch(1)
+        right.addLayout(self.button_row)
+        self.column.addLayout(right)
 
     # ---- assistant -------------------------------------------------------------------------
     def _build_assistant(self, message: Message, model_name: str) -> None:
         self.regenerate_button = icon_button("regenerate", "Regenerate", size=15)
         self.regenerate_button.clicked.connect(self.regenerate_requested)
-        self.actions.addWidget(self.regenerate_button)
+        self.button_row.addWidget(self.regenerate_button)
         self.continue_button = text_button("Continue", "play")
         self.continue_button.setObjectName("continueButton")
         self.continue_button.setToolTip("The reply hit its token limit: let it go on in this message")
@@ -118,7 +118,7 @@ class MessageView(QFrame):
         footer = QHBoxLayout()
         footer.setSpacing(10)
         footer.addWidget(self.versions)
-        footer.addLayout(self.actions)
+        footer.addLayout(self.button_row)
         footer.addWidget(self.metrics, 1)
         footer.addWidget(self.continue_button)
         self.column.addLayout(footer)
@@ -161,8 +161,8 @@ class MessageView(QFrame):
         self.speaker.setToolTip(" · ".join(d for d in details if d))
 
     def actions_visible(self, visible: bool) -> None:
-        for i in range(self.actions.count()):
-            self.actions.itemAt(i).widget().setVisible(visible)
+        for button in layout_widgets(self.button_row):
+            button.setVisible(visible)
         if self.message.role == "assistant":
             set_enabled(self.versions, visible, "Wait for the reply to finish")
 
@@ -191,12 +191,12 @@ class VersionSwitch(QFrame):
         self.previous = icon_button("chevron-left", "Previous version", size=14)
         self.next = icon_button("chevron-right", "Next version", size=14)
         self.label = label("", "metrics")
+        self.index, self.count = 0, 1
         self.previous.clicked.connect(lambda: self.requested.emit(self.index - 1))
         self.next.clicked.connect(lambda: self.requested.emit(self.index + 1))
         row.addWidget(self.previous)
         row.addWidget(self.label)
         row.addWidget(self.next)
-        self.index, self.count = 0, 1
         self.hide()
 
     def set_versions(self, index: int, count: int) -> None:

@@ -7,6 +7,7 @@ thinking and non-thinking replies, and a low-temperature one) cannot be deleted 
 from __future__ import annotations
 
 from app.settings import AppSettings
+from app.store import Store
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "max_tokens")
 PRESETS_KEY = "sampling_presets"
@@ -27,20 +28,27 @@ def apply_overrides(defaults: AppSettings, sampling: dict) -> AppSettings:
     return defaults.copy(**{k: v for k, v in sampling.items() if k in SAMPLING_FIELDS})
 
 
-def presets(store) -> dict[str, dict]:
-    """Every preset by name: the built-in ones, then the user's."""
-    return {**BUILT_IN, **(store.get_setting(PRESETS_KEY, {}) or {})}
+class Presets:
+    """The presets, kept in a store."""
 
+    def __init__(self, store: Store):
+        self.store = store
 
-def save_preset(store, name: str, values: dict) -> None:
-    if name in BUILT_IN:
-        raise ValueError(f"“{name}” is a built-in preset; pick another name")
-    saved = store.get_setting(PRESETS_KEY, {}) or {}
-    saved[name] = {k: values[k] for k in SAMPLING_FIELDS if k in values}
-    store.set_setting(PRESETS_KEY, saved)
+    def all(self) -> dict[str, dict]:
+        """Every preset by name: the built-in ones, then the user's."""
+        return {**BUILT_IN, **self._saved()}
 
+    def save(self, name: str, values: dict) -> None:
+        if name in BUILT_IN:
+            raise ValueError(f"“{name}” is a built-in preset; pick another name")
+        saved = self._saved()
+        saved[name] = {k: values[k] for k in SAMPLING_FIELDS if k in values}
+        self.store.set_setting(PRESETS_KEY, saved)
 
-def delete_preset(store, name: str) -> None:
-    saved = store.get_setting(PRESETS_KEY, {}) or {}
-    saved.pop(name, None)
-    store.set_setting(PRESETS_KEY, saved)
+    def delete(self, name: str) -> None:
+        saved = self._saved()
+        saved.pop(name, None)
+        self.store.set_setting(PRESETS_KEY, saved)
+
+    def _saved(self) -> dict[str, dict]:
+        return self.store.get_setting(PRESETS_KEY, {}) or {}

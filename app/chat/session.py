@@ -16,21 +16,28 @@ rounds in the tool settings.
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.backend import ChatBackend
+from app.chat import export
 from app.chat.attachments import keep_bytes
 from app.chat.blocks import ShownCall, extract_tool_calls
-from app.chat.context_fit import fit_history, prompt_budget
-from app.chat.presets import apply_overrides
+from app.chat.context_fit import Fit, fit_history, prompt_budget
+from app.chat.presets import Presets, apply_overrides
 from app.generation import ReplyResult
 from app.settings import AppSettings
 from app.store import VERSION_FIELDS, Conversation, Message, Store
-from engine.api import Constraint
+from engine.api import Constraint, SamplingParams
+
+if TYPE_CHECKING:
+    from app.tools.toolbox import ToolBox
 
 SAVE_EVERY_S = 2.0
 REFRESH_MS = 50
@@ -44,6 +51,7 @@ TOOLS_CAPPED = ("The model called tools in {rounds} replies in a row, the most o
                 "it was not asked again. Send a message to go on.")
 DENIED = "The user denied this call: it was not run."
 IMAGE_SUFFIX = {"image/png": ".png", "image/jpeg": ".jpg", "image/gif": ".gif", "image/webp": ".webp"}
+NO_MODEL = "No model is loaded: pick one on the Models page."
 TURN_TOO_LONG = ("The latest message alone does not fit the model's context ({budget:,} tokens leave room for a "
                  "reply), so nothing was sent. Shorten it, or load the model with a longer context.")
 
@@ -93,6 +101,7 @@ class ToolApproval:
 class ToolTurn:
     """A turn with tools on: its tools by name, the calls of the last reply still to run, and the rounds so far."""
     thinking: bool
+    toolbox: ToolBox
     tools: dict = field(default_factory=dict)     # name -> ToolInfo
     queue: list = field(default_factory=list)     # ShownCall
     waiting: tuple | None = None                  # (ShownCall, ToolInfo) the user is asked about
@@ -116,11 +125,12 @@ class ChatSession(QObject):
     def __init__(self, store: Store, settings: Callable[[], AppSettings], parent=None):
         super().__init__(parent)
         self.store = store
+        self.presets = Presets(store)          # the named sampling presets a conversation's settings start from
         self.settings = settings
         self.backend: ChatBackend | None = None
         self.current: Conversation | None = None
         self.active: ActiveReply | None = None
-        self.toolbox = None                    # app.tools.toolbox.ToolBox (the window's), or None: no tools
+        self.toolbox: ToolBox | None = None    # the window's, or None: no tools
         self.turn: ToolTurn | None = None
         self._editing: Message | None = None
         self.pending_options: dict = {}        # a new chat's own settings, kept once its first message is
@@ -179,9 +189,29 @@ class ChatSession(QObject):
                     m.content, m.reasoning, m.status = self.active.content, self.active.reasoning, "streaming"
         self.opened.emit(conversation, messages)
         self._emit_context()
-        warm = getattr(self.backend, "warm", None)
-        if warm is not None and not self.busy and any(m.role == "assistant" for m in messages):
-            warm(self._history(), {"enable_thinking": True})   # the flag changes only the prompt's tail
+        if self.backend is not None and not self.busy and any(m.role == "assistant" for m in messages):
+            self.backend.warm(self._history(), {"enable_thinking": True})   # the flag changes only the prompt's tail
+
+    def conversation(self, conversation_id: int) -> Conversation | None:
+        return self.store.conversation(conversation_id)
+
+    def export(self, conversation: Conversation, kind: str, path: str, model_name: str) -> None:
+        """A conversation written to `path`: Markdown (kind "markdown": the versions shown, replies by `model_name`)
+        or JSON (all it holds, images inside). OSError when the file cannot be written."""
+        messages = self.store.messages(conversation.id)
+        if kind == "markdown":
+            text = export.to_markdown(conversation, messages, model_name)
+        else:
+            text = json.dumps(export.to_json(conversation, messages), ensure_ascii=False, indent=1)
+        Path(path).write_text(text, encoding="utf-8")
+
+    def import_file(self, path: str) -> None:
+        """A JSON export as a new conversation, opened. OSError, UnicodeDecodeError or json.JSONDecodeError when the
+        file cannot be read; ValueError saying why when it is not an export (nothing is stored then)."""
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        conversation = export.import_json(self.store, data, keep_bytes)
+        self.conversations_changed.emit()
+        self.open(conversation.id)
 
     def rename(self, conversation_id: int, title: str) -> None:
         self.store.rename_conversation(conversation_id, title)
@@ -298,11 +328,16 @@ class ChatSession(QObject):
         own = self.options().get("context_policy")
         return own or self.settings().context_policy
 
+    @property
+    def max_context(self) -> int | None:
+        """The backend's context in tokens; None without one, or when it does not say."""
+        return self.backend.max_context if self.backend is not None else None
+
     def count_draft(self, text: str, thinking: bool) -> tuple[int, int] | None:
         """(the draft's tokens, the prompt's tokens once it is sent), or None when the backend cannot count."""
-        count = getattr(self.backend, "count_tokens", None)
-        if count is None or not text.strip():
+        if self.backend is None or not text.strip():
             return None
+        count = self.backend.count_tokens
         history = self._history() if self.current is not None else self._system()
         kwargs = {"enable_thinking": thinking}
         with_draft = count(history + [{"role": "user", "content": text}], kwargs)
@@ -323,9 +358,20 @@ class ChatSession(QObject):
         """The last user message, to edit; the next send() replaces it and what followed."""
         if self.busy or self.current is None:
             return None
-        users = [m for m in self.store.messages(self.current.id) if m.role == "user"]
-        self._editing = users[-1] if users else None
+        self._editing = self._last_user_message()
         return self._editing
+
+    def last_user_text(self) -> str:
+        """The open conversation's last user message ("" when none): what a new chat starts from when this one no
+        longer fits."""
+        message = self._last_user_message()
+        return message.content if message else ""
+
+    def _last_user_message(self) -> Message | None:
+        if self.current is None:
+            return None
+        users = [m for m in self.store.messages(self.current.id) if m.role == "user"]
+        return users[-1] if users else None
 
     def cancel_edit(self) -> None:
         self._editing = None
@@ -339,10 +385,15 @@ class ChatSession(QObject):
     # ---- tools ---------------------------------------------------------------------------------
     def tool_servers(self) -> list[str]:
         """The tool servers on in the open conversation that are configured and usable, when the backend takes tools."""
-        if self.toolbox is None or not getattr(self.backend, "takes_tools", False):
+        if self.toolbox is None or not self.takes_tools:
             return []
         usable = {s.name for s in self.toolbox.usable()}
         return [name for name in self.options().get("tools", []) if name in usable]
+
+    @property
+    def takes_tools(self) -> bool:
+        """The backend renders the tools and parses the calls (the local engine)."""
+        return self.backend is not None and self.backend.takes_tools
 
     def set_tool_server(self, name: str, on: bool) -> None:
         names = [n for n in self.options().get("tools", []) if n != name] + ([name] if on else [])
@@ -361,15 +412,14 @@ class ChatSession(QObject):
             self._next_call()
             return
         if choice == "always":
-            self.toolbox.allow_always(info.server, info.name)
+            turn.toolbox.allow_always(info.server, info.name)
         self._run_call(call, info)
 
-    def _list_tools(self, thinking: bool, continuing: Message | None, regenerating: Message | None) -> None:
-        self.turn = ToolTurn(thinking)
+    def _list_tools(self, toolbox: ToolBox, servers: list[str], thinking: bool, continuing: Message | None,
+                    regenerating: Message | None) -> None:
+        turn = self.turn = ToolTurn(thinking, toolbox)
         self.busy_changed.emit(True)
-        turn = self.turn
-        self.toolbox.list_tools(self.tool_servers(), lambda found: self._tools_listed(turn, found, continuing,
-                                                                                     regenerating))
+        toolbox.list_tools(servers, lambda found: self._tools_listed(turn, found, continuing, regenerating))
 
     def _tools_listed(self, turn: ToolTurn, found: dict, continuing, regenerating) -> None:
         if self.turn is not turn:               # stopped meanwhile
@@ -389,7 +439,7 @@ class ChatSession(QObject):
         if turn is None:
             return
         if not turn.queue:
-            if turn.rounds >= self.toolbox.settings.max_rounds:
+            if turn.rounds >= turn.toolbox.settings.max_rounds:
                 self._notice(TOOLS_CAPPED.format(rounds=turn.rounds))
                 self._end_turn()
             else:
@@ -400,7 +450,7 @@ class ChatSession(QObject):
         if info is None:
             self._add_tool_message(call, None, "error", f"There is no tool named {call.name!r}.")
             self._next_call()
-        elif self.toolbox.always_allowed(info.server, info.name):
+        elif turn.toolbox.always_allowed(info.server, info.name):
             self._run_call(call, info)
         else:
             turn.waiting = (call, info)
@@ -408,7 +458,9 @@ class ChatSession(QObject):
 
     def _run_call(self, call: ShownCall, info) -> None:
         turn = self.turn
-        conversation = self.current.id
+        if turn is None:
+            return
+        conversation = self._open.id
 
         def done(result) -> None:
             if self.store.conversation(conversation) is None:      # deleted while the call ran
@@ -417,7 +469,7 @@ class ChatSession(QObject):
             if self.turn is turn:
                 self._next_call()
 
-        self.toolbox.call(info.server, info.name, call.arguments, done)
+        turn.toolbox.call(info.server, info.name, call.arguments, done)
 
     def _add_tool_message(self, call: ShownCall, info, status: str, text: str, images=(), seconds: float = 0.0,
                           conversation: int | None = None) -> None:
@@ -426,8 +478,8 @@ class ChatSession(QObject):
         paths = [keep_bytes(data, IMAGE_SUFFIX.get(mime, ".png")) for mime, data in images]
         metrics = {"tool": call.name, "server": info.server if info else "", "arguments": call.arguments,
                    "status": status, "seconds": round(seconds, 3)}
-        conversation = conversation or self.current.id
-        message = self.store.add_message(conversation, "tool", content=text, attachments=paths, metrics=metrics)
+        message = self.store.add_message(conversation or self._open.id, "tool", content=text, attachments=paths,
+                                         metrics=metrics)
         self.message_added.emit(message)
 
     def _leave_turn(self) -> None:
@@ -448,6 +500,13 @@ class ChatSession(QObject):
         self._emit_context()
 
     # ---- internals -----------------------------------------------------------------------------
+    @property
+    def _open(self) -> Conversation:
+        """The open conversation, which a reply, a tool call or a notice is for (there is one whenever they happen)."""
+        if self.current is None:
+            raise RuntimeError("no conversation is open")
+        return self.current
+
     @property
     def vision(self) -> bool:
         """Whether the chat's backend takes images."""
@@ -480,15 +539,16 @@ class ChatSession(QObject):
                 self.store.delete_message(m.id)
         self.store.update_message(edited.id, content=text, attachments=images)
         self._retitle(edited, text)
-        self.opened.emit(self.current, self.store.messages(self.current.id))
+        self.opened.emit(self.current, self.store.messages(edited.conversation_id))
         self._start_reply(thinking, regenerating=self.store.message(reply.id))
 
     def _retitle(self, asked: Message, text: str) -> None:
         """The title follows the first message's text unless the user renamed the conversation."""
         first = next((m for m in self.store.messages(asked.conversation_id) if m.role == "user"), None)
         conversation = self.store.conversation(asked.conversation_id)
-        if first is not None and first.id == asked.id and conversation.title in (title_from(first.content),
-                                                                                 title_from(asked.content)):
+        if conversation is None or first is None or first.id != asked.id:
+            return
+        if conversation.title in (title_from(first.content), title_from(asked.content)):
             self.rename(conversation.id, title_from(text))
 
     def _drop_from(self, first: Message) -> None:
@@ -500,27 +560,34 @@ class ChatSession(QObject):
     def _start_reply(self, thinking: bool, continuing: Message | None = None,
                      regenerating: Message | None = None) -> None:
         if self.backend is None:
-            self._notice("No model is loaded: pick one on the Models page.")
+            self._notice(NO_MODEL)
             return
-        if self.tool_servers():
-            self._list_tools(thinking, continuing, regenerating)
+        servers = self.tool_servers()
+        if servers and self.toolbox is not None:
+            self._list_tools(self.toolbox, servers, thinking, continuing, regenerating)
         else:
             self._send_reply(thinking, continuing, regenerating)
 
     def _send_reply(self, thinking: bool, continuing: Message | None = None,
                     regenerating: Message | None = None) -> None:
-        kwargs = {"enable_thinking": thinking}
+        backend = self.backend
+        if backend is None:                     # unloaded while a tool turn listed or ran its tools
+            self._notice(NO_MODEL)
+            self._end_turn()
+            return
+        kwargs: dict[str, object] = {"enable_thinking": thinking}
         if continuing is not None:
             kwargs["continue_final_message"] = True
         params = self.reply_settings().sampling_params(thinking)
         history = self._history(continuing, without=regenerating)
         if self.turn is not None and self.turn.tools:
-            self._with_tools(kwargs, params, answering_user=bool(history) and history[-1]["role"] == "user")
-        fit = self._fit(history, kwargs)
+            self._with_tools(self.turn, kwargs, params,
+                             answering_user=bool(history) and history[-1]["role"] == "user")
+        fit = self._fit(backend, history, kwargs)
         if fit is None:
             self._end_turn()
             return
-        writer = self.backend.writer()
+        writer = backend.writer()
         if regenerating is not None:
             message = self.store.new_version(regenerating.id)
             asked = self._asked(message)                   # the text this version answers (edits change it)
@@ -530,7 +597,7 @@ class ChatSession(QObject):
             self.active = ActiveReply(message, f"m{message.id}v{message.version}")
             self.message_changed.emit(message)
         elif continuing is None:
-            message = self.store.add_message(self.current.id, "assistant", status="streaming",
+            message = self.store.add_message(self._open.id, "assistant", status="streaming",
                                              metrics={"model": writer})
             self.active = ActiveReply(message, f"m{message.id}")
             self.message_added.emit(message)
@@ -545,25 +612,25 @@ class ChatSession(QObject):
         self.active.writer = writer
         self.busy_changed.emit(True)
         self._emit_context()
-        self.backend.generate(self.active.request_id, fit.history, params, kwargs)
+        backend.generate(self.active.request_id, fit.history, params, kwargs)
 
-    def _with_tools(self, kwargs: dict, params, answering_user: bool) -> None:
+    def _with_tools(self, turn: ToolTurn, kwargs: dict, params: SamplingParams, answering_user: bool) -> None:
         """The turn's tools into the request: their schemas for the template, and the grammar that keeps each call
         valid. The conversation's tool_choice ("auto", "required" or a tool's name) holds for a reply to the user's
         message; one to tool results (or a regenerated final answer) may answer in text."""
-        schemas = [info.schema() for info in self.turn.tools.values()]
+        schemas = [info.schema() for info in turn.tools.values()]
         kwargs["tools"] = schemas
         choice = self.options().get("tool_choice", "auto") if answering_user else "auto"
-        named = choice if choice in self.turn.tools else None
+        named = choice if choice in turn.tools else None
         params.constraint = Constraint(tools=schemas, tool_mode="required" if choice == "required" or named else "auto",
                                        tool_name=named)
 
-    def _fit(self, history: list[dict], kwargs: dict):
+    def _fit(self, backend: ChatBackend, history: list[dict], kwargs: dict) -> Fit | None:
         """The history that fits the context (context_fit.py), or None after saying why nothing is sent."""
-        total = self.backend.max_context
+        total = backend.max_context
         if not total:
             return fit_history(history, lambda _: None, 0)
-        count = self.backend.count_tokens
+        count = backend.count_tokens
         budget = prompt_budget(total, self.reply_settings().max_tokens)
         tokens = count(history, kwargs)
         if tokens is not None and tokens > budget and self.context_policy() == "stop":
@@ -576,10 +643,10 @@ class ChatSession(QObject):
         self.left_out = fit.left_out
         return fit
 
-    def _notice(self, text: str, actions: list[str] = ()) -> None:
+    def _notice(self, text: str, actions: Sequence[str] = ()) -> None:
         """A line in the transcript; `actions`: the choices it offers (new_chat, leave_out)."""
         metrics = {"actions": list(actions)} if actions else {}
-        self.message_added.emit(self.store.add_message(self.current.id, "notice", content=text, metrics=metrics))
+        self.message_added.emit(self.store.add_message(self._open.id, "notice", content=text, metrics=metrics))
 
     def _system(self) -> list[dict]:
         """The conversation's own system prompt, else the default one."""
@@ -590,16 +657,17 @@ class ChatSession(QObject):
         """The conversation as the backend takes it; `continuing`: the reply being continued comes last,
         whatever it holds so far; `without`: a reply about to be regenerated."""
         history = self._system()
-        for m in self.store.messages(self.current.id):
+        for m in self.store.messages(self._open.id):
             if without is not None and m.id == without.id:
                 continue
             failed_or_empty = m.status == "error" or not (m.content or m.tool_calls)
             being_continued = continuing is not None and m.id == continuing.id
             if m.role == "notice" or (m.role == "assistant" and failed_or_empty and not being_continued):
                 continue
-            entry = {"role": m.role, "content": m.content}
+            content = m.content
             if m.role == "tool" and m.attachments and not self.vision:
-                entry["content"] += f"\n[{len(m.attachments)} image(s) the model cannot see]"
+                content += f"\n[{len(m.attachments)} image(s) the model cannot see]"
+            entry: dict[str, object] = {"role": m.role, "content": content}
             if m.attachments and self.vision:
                 entry["images"] = m.attachments
             if m.reasoning:

@@ -3,6 +3,8 @@ the reader has scrolled up)."""
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QFrame,
@@ -18,6 +20,8 @@ from app.chat.message_view import MessageView, NoticeView
 from app.chat.tool_views import ApprovalView, ToolResultView
 from app.store import Message
 from app.widgets import label
+
+View = TypeVar("View", MessageView, NoticeView, ToolResultView)
 
 COLUMN_WIDTH = 820
 
@@ -62,7 +66,7 @@ class Transcript(QScrollArea):
         self.setWidget(canvas)
         self.empty_state = EmptyState()
         self.column.insertWidget(0, self.empty_state)
-        self.views: list[QWidget] = []
+        self.views: list[MessageView | NoticeView | ToolResultView] = []
         self.approval: ApprovalView | None = None
         self._follow = True
         self.verticalScrollBar().rangeChanged.connect(self._on_range_changed)
@@ -120,7 +124,7 @@ class Transcript(QScrollArea):
         bar = self.verticalScrollBar()
         bar.setValue(bar.maximum())
 
-    def _add(self, view: QWidget) -> QWidget:
+    def _add(self, view: View) -> View:
         self.empty_state.hide()
         self.column.insertWidget(self.column.count() - 1 - (self.approval is not None), view)
         self.views.append(view)

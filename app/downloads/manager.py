@@ -223,7 +223,8 @@ class DownloadManager(QObject):
         status.eta_s = (status.total_bytes - status.done_bytes) / status.speed if status.speed > 0 else None
 
     def _tick(self) -> None:
-        handlers = {"listed": self._on_listed, "progress": self._on_progress, "state": self._on_state}
+        handlers: dict[str, Callable[..., None]] = {"listed": self._on_listed, "progress": self._on_progress,
+                                                    "state": self._on_state}
         progressed = set()
         while not self._reports.empty():
             kind, *args = self._reports.get()

@@ -59,6 +59,7 @@ class ServerConfig:
 
     def as_entry(self) -> dict:
         """The server as an mcpServers entry (with the app's own keys for a built-in)."""
+        entry: dict[str, object]
         if self.builtin:
             entry = {"qwendeskBuiltin": self.builtin, **({"folder": self.folder} if self.folder else {})}
         elif self.url:

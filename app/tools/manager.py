@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from mcp import ClientSession, StdioServerParameters, stdio_client
@@ -107,8 +108,10 @@ class _Connection:
 
     def reason(self, error: BaseException) -> str:
         """Why the server failed, in one line: the innermost error, and the last line it wrote to stderr."""
-        while getattr(error, "exceptions", None):          # an exception group (BaseExceptionGroup: Python 3.11+)
-            error = error.exceptions[0]
+        group = getattr(error, "exceptions", None)        # an exception group (BaseExceptionGroup: Python 3.11+)
+        while group:
+            error = group[0]
+            group = getattr(error, "exceptions", None)
         text = str(error) or type(error).__name__
         if isinstance(error, TimeoutError):
             text = f"it did not answer within {START_TIMEOUT_S:.0f} s"
@@ -176,7 +179,7 @@ class ToolServers:
     def _submit(self, coroutine) -> concurrent.futures.Future:
         if self._closed and not self._loop.is_running():
             coroutine.close()
-            future = concurrent.futures.Future()
+            future: concurrent.futures.Future = concurrent.futures.Future()
             future.set_exception(RuntimeError("the tool servers are shut down"))
             return future
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
@@ -210,7 +213,7 @@ class ToolServers:
             self._set_status(name, "starting", "Starting…")
             connection = _Connection(config, self._logs / f"{''.join(c if c.isalnum() else '_' for c in name)}.log")
             self._connections[name] = connection
-            connection.task.add_done_callback(lambda _t, c=connection: self._ended(name, c))
+            connection.task.add_done_callback(partial(self._ended, name, connection))
         try:
             await asyncio.shield(connection.ready)
         except RuntimeError as e:
@@ -220,7 +223,7 @@ class ToolServers:
             self._set_status(name, "ready", f"{len(connection.tools)} tools", connection.tools)
         return connection
 
-    def _ended(self, name: str, connection: _Connection) -> None:
+    def _ended(self, name: str, connection: _Connection, _task: asyncio.Task) -> None:
         """A connection's task ended: stopped on purpose, or the server went away."""
         if self._connections.get(name) is connection:
             del self._connections[name]
@@ -246,9 +249,10 @@ class ToolServers:
             connection = await self._connection(server)
         except RuntimeError as e:
             return ToolResult("error", f"The tool server {server} could not start: {e}")
-        session = connection.session
         try:
-            result = await asyncio.wait_for(session.call_tool(tool, arguments), timeout_s)
+            if connection.session is None:
+                raise ConnectionError("its connection closed")
+            result = await asyncio.wait_for(connection.session.call_tool(tool, arguments), timeout_s)
         except TimeoutError:
             return ToolResult("timeout", f"The tool did not answer within {timeout_s:g} s.",
                               seconds=time.monotonic() - started)
@@ -295,7 +299,9 @@ class ToolServers:
 
 def result_content(result) -> tuple[str, list[tuple[str, bytes]]]:
     """A CallToolResult as text (capped at MAX_OUTPUT_CHARS) and images (at most MAX_IMAGES of MAX_IMAGE_BYTES)."""
-    texts, images, left_out = [], [], 0
+    texts: list[str] = []
+    images: list[tuple[str, bytes]] = []
+    left_out = 0
     for block in result.content:
         kind = getattr(block, "type", "")
         if kind == "text":

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFrame, QGridLayout, QHBoxLayout, QPlainTextEdit, QSpinBox,
-                               QVBoxLayout)
+from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFrame, QGridLayout, QHBoxLayout, QLabel, QPlainTextEdit,
+                               QSpinBox, QVBoxLayout)
 
 from app import dialogs
 from app.switch import Switch
 from app.tools.config import BUILTINS, ServerConfig, ToolSettings, parse_servers
 from app.tools.toolbox import ToolBox
-from app.widgets import Card, icon_button, label, text_button
+from app.widgets import Card, clear_layout, icon_button, label, text_button
 
 WARNING = ("A tool server is a program that runs with your rights: it can read, change or send whatever you could. "
            "Add only servers you trust. The model's calls run only once you allow them (or chose “Always allow” "
@@ -74,7 +74,7 @@ class ToolsCard(Card):
         allowed_row.addWidget(self.allowed, 1)
         allowed_row.addWidget(self.forget)
         self.body.addLayout(allowed_row)
-        self.status_labels: dict[str, object] = {}
+        self.status_labels: dict[str, QLabel] = {}
         toolbox.settings_changed.connect(self.refresh)
         toolbox.status_changed.connect(self._show_status)
         self.refresh()
@@ -89,10 +89,7 @@ class ToolsCard(Card):
             switch.blockSignals(False)
         files = s.server("files")
         self.folder_button.setToolTip(files.folder if files and files.folder else "No folder chosen yet")
-        while self.rows.count():
-            item = self.rows.takeAt(0)
-            if item.widget():
-                item.widget().deleteLater()
+        clear_layout(self.rows)
         self.status_labels.clear()
         for server in s.servers:
             self.rows.addWidget(self._row(server))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Annotated, Literal
 
@@ -18,11 +19,13 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer("calculator-clock", instructions="Arithmetic and the current time.")
 
-OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-             ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
-             ast.USub: operator.neg, ast.UAdd: operator.pos}
-FUNCTIONS = {"sqrt": math.sqrt, "sin": math.sin, "cos": math.cos, "tan": math.tan, "log": math.log,
-             "exp": math.exp, "abs": abs, "round": round}
+OPERATORS: dict[type, Callable[..., float]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow, ast.USub: operator.neg,
+    ast.UAdd: operator.pos}
+FUNCTIONS: dict[str, Callable[..., float]] = {
+    "sqrt": math.sqrt, "sin": math.sin, "cos": math.cos, "tan": math.tan, "log": math.log, "exp": math.exp, "abs": abs,
+    "round": round}
 CONSTANTS = {"pi": math.pi, "e": math.e}
 MAX_POWER = 1000        # 9**9**9 would take the server's CPU for ever
 
