@@ -42,6 +42,8 @@ class AppSettings:
     kv_dtype: str = default_of(EngineConfig, "kv_dtype")            # KV_DTYPES: bf16 | int8 | k8v4 | k4v4 | auto
     max_context: int | None = default_of(EngineConfig, "max_context")    # None: as much as memory allows
     speculative_tokens: int | None = default_of(EngineConfig, "speculative_tokens")   # None: the engine decides
+    speculation: str = default_of(EngineConfig, "speculation")      # SPECULATION: auto | mtp | dflash | off
+    drafters: dict[str, str] = field(default_factory=dict)   # a checkpoint folder -> its block drafter's folder
     # generation defaults: the app's own for chat, near Qwen's recommended sampling (the engine's SamplingParams
     # defaults are neutral: temperature 1, no top-p / top-k, 256 tokens); the rest as SamplingParams has them
     temperature: float = 0.7
@@ -90,9 +92,10 @@ class AppSettings:
         return {f.name for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)}
 
     def engine_config(self, model_path: str) -> EngineConfig:
-        """The engine's config: every setting named as an EngineConfig field, the disk cache on."""
+        """The engine's config: every setting named as an EngineConfig field, the model's drafter (if one is set for
+        it), the disk cache on."""
         engine = {f.name for f in fields(EngineConfig)}
-        return EngineConfig(model=model_path, disk_cache=True,
+        return EngineConfig(model=model_path, disk_cache=True, drafter=self.drafters.get(model_path),
                             **{f.name: getattr(self, f.name) for f in fields(self) if f.name in engine})
 
     def sampling_params(self, thinking: bool) -> SamplingParams:
@@ -102,4 +105,5 @@ class AppSettings:
 
 
 # the settings that are EngineConfig fields: changing one needs the engine reloaded
-RELOAD_FIELDS = frozenset(f.name for f in fields(AppSettings)) & frozenset(f.name for f in fields(EngineConfig))
+RELOAD_FIELDS = (frozenset(f.name for f in fields(AppSettings)) & frozenset(f.name for f in fields(EngineConfig))
+                 | {"drafters"})

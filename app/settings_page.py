@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QHBoxLayout,
+    QFileDialog,
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
@@ -32,11 +33,14 @@ from app.settings import CONTEXT_POLICIES, RELOAD_FIELDS, SPECIAL_TOKENS, AppSet
 from app.server_log_view import LogView
 from app.switch import Switch
 from app.widgets import Card, Form, label, page_header, sampling_boxes, scrolling_page, set_enabled, text_button
-from engine.api import MAX_DRAFTS, PROFILES, DeviceInfo
+from engine.api import MAX_DRAFTS, PROFILES, DeviceInfo, check_drafter_folder
 
 WIDE, NARROW, BUTTON, GAP = 360, 130, 104, 8
 WEIGHTS = (("auto", "Automatic: 16-bit when it fits, else int4"), ("bf16", "16-bit: exact, twice the memory"),
            ("int4", "int4: a quarter of the memory, fastest decode"))
+# how to draft (EngineConfig.speculation; "off" is the Speculation box's Off). Not "dflash": the setting is the app's,
+# the drafters are each model's, and a model without one would then not load
+DRAFT_METHODS = (("auto", "Automatic: block drafter if it fits, else MTP"), ("mtp", "The model's own MTP head"))
 EFFORTS = (("low", "Low: up to about 1K thinking tokens"), ("medium", "Medium: up to about 4K"),
            ("high", "High: no limit"))
 
@@ -133,22 +137,40 @@ class SettingsPage(QWidget):
         self.max_context.setSingleStep(4096)
         self.max_context.setSpecialValueText("As much as memory allows")
         self.speculation = QComboBox()
-        self.speculation.addItem("Automatic: 3 drafts on a GPU, off on the CPU", "auto")
+        self.speculation.addItem("Automatic: on a GPU 3 drafts (5 with a block drafter), off on the CPU", "auto")
         self.speculation.addItem("Off", 0)
         for n in range(1, MAX_DRAFTS + 1):
-            self.speculation.addItem(f"MTP, {n} draft token{'s' if n > 1 else ''}", n)
-        self.speculation.setToolTip("The model drafts a few tokens with its own MTP head and checks them in one "
-                                    "step: the same output, faster. It switches itself off while it does not pay.")
-        for widget in (self.device, self.weights, self.kv_dtype, self.speculation, self.max_context):
+            self.speculation.addItem(f"Up to {n} draft token{'s' if n > 1 else ''} a step", n)
+        self.speculation.setToolTip("The model drafts a few tokens and checks them in one step: the same output, "
+                                    "faster. It switches itself off while it does not pay.")
+        self.draft_method = QComboBox()
+        for value, text in DRAFT_METHODS:
+            self.draft_method.addItem(text, value)
+        self.drafter_path = QLineEdit()
+        self.drafter_path.setPlaceholderText("None: the model drafts with its own MTP head")
+        self.drafter_path.setToolTip("A DFlash / DFlash2 block drafter made for this model (a folder with its "
+                                     "config.json and safetensors): it drafts a block of tokens in one step.")
+        choose = text_button("Choose…", "folder")
+        choose.clicked.connect(self._choose_drafter)
+        drafter_row = QHBoxLayout()
+        drafter_row.addWidget(self.drafter_path, 1)
+        drafter_row.addWidget(choose)
+        self.drafter_note = label("", "muted", wrap=True)
+        for widget in (self.device, self.weights, self.kv_dtype, self.speculation, self.draft_method,
+                       self.max_context):
             widget.setFixedWidth(WIDE)
-        for widget in (self.device, self.weights, self.kv_dtype, self.speculation):
+        for widget in (self.device, self.weights, self.kv_dtype, self.speculation, self.draft_method):
             widget.currentIndexChanged.connect(lambda *_: self._engine_edited())
+        self.drafter_path.textChanged.connect(lambda *_: self._engine_edited())
         self.max_context.valueChanged.connect(lambda *_: self._engine_edited())
         form.addRow("Device", self.device)
         form.addRow("Weights", self.weights)
         form.addRow("KV cache", self.kv_dtype)
         form.addRow("Max context", self.max_context)
         form.addRow("Speculation", self.speculation)
+        form.addRow("Draft with", self.draft_method)
+        form.addRow("Block drafter", drafter_row)
+        form.addRow("", self.drafter_note)
         card.body.addLayout(form)
         row = QHBoxLayout()
         self.engine_status = label("", "muted", wrap=True)
@@ -309,6 +331,8 @@ class SettingsPage(QWidget):
         self.max_context.setValue(s.max_context or 0)
         self.speculation.setCurrentIndex(self.speculation.findData(
             "auto" if s.speculative_tokens is None else s.speculative_tokens))
+        self.draft_method.setCurrentIndex(max(0, self.draft_method.findData(s.speculation)))
+        self.drafter_path.setText(s.drafters.get(self.model_path, ""))
         self.temperature.setValue(s.temperature)
         self.top_p.setValue(s.top_p)
         self.top_k.setValue(s.top_k)
@@ -343,6 +367,7 @@ class SettingsPage(QWidget):
             kv_dtype=self.kv_dtype.currentData(),
             max_context=self.max_context.value() or None,
             speculative_tokens=None if self.speculation.currentData() == "auto" else self.speculation.currentData(),
+            speculation=self.draft_method.currentData(), drafters=self._edited_drafters(),
             temperature=round(self.temperature.value(), 2), top_p=round(self.top_p.value(), 2),
             top_k=self.top_k.value(), min_p=round(self.min_p.value(), 2),
             presence_penalty=round(self.presence_penalty.value(), 2), max_tokens=self.max_tokens.value(),
@@ -355,6 +380,33 @@ class SettingsPage(QWidget):
             remote_api_key=self.remote_key.text().strip(), remote_model=self.remote_model.currentText().strip(),
             check_updates=self.runtime_card.check_updates.isChecked() if self.runtime_card else
             self.current().check_updates)
+
+    def _drafter_problem(self) -> str:
+        """Why the drafter field cannot be used for this model ("" when it can, or is empty)."""
+        path = self.drafter_path.text().strip()
+        if not path:
+            return ""
+        if not self.model_path:
+            return "Load a model first: a drafter is made for one model."
+        return check_drafter_folder(path, self.model_path)
+
+    def _edited_drafters(self) -> dict[str, str]:
+        """The drafters per model with this model's as the field shows it (one that cannot serve it is not kept)."""
+        drafters = dict(self.current().drafters)
+        path = self.drafter_path.text().strip()
+        if self.model_path and not self._drafter_problem():
+            if path:
+                drafters[self.model_path] = path
+            else:
+                drafters.pop(self.model_path, None)
+        return drafters
+
+    def _choose_drafter(self) -> None:
+        near = Path(self.model_path).parent if self.model_path else Path.home()
+        start = self.drafter_path.text().strip() or str(near)
+        folder = QFileDialog.getExistingDirectory(self, "The block drafter's folder", start)
+        if folder:
+            self.drafter_path.setText(folder)
 
     def _pending_engine_changes(self) -> set[str]:
         return self.edited_settings().changed_fields(self.current()) & set(RELOAD_FIELDS)
@@ -402,6 +454,10 @@ class SettingsPage(QWidget):
 
     def set_model(self, path: str, loaded_plan=None, state_text: str = "") -> None:
         """The checkpoint the profile plans describe (the loaded one, or the last one used)."""
+        if path != self.model_path:             # each model has its own drafter (or none)
+            self._loading = True
+            self.drafter_path.setText(self.current().drafters.get(path, ""))
+            self._loading = False
         self.model_path, self.loaded_plan = path, loaded_plan
         self.engine_status_text = state_text
         self._refresh_engine_section()
@@ -411,6 +467,12 @@ class SettingsPage(QWidget):
         self._fill_plans(self.edited_settings())
 
     def _refresh_engine_section(self) -> None:
+        problem = self._drafter_problem()
+        self.drafter_note.setText(problem or ("With a block drafter set, Automatic drafts with it where it fits in "
+                                              "memory, else with the model's MTP head." if
+                                              self.drafter_path.text().strip() else ""))
+        self.drafter_note.setObjectName("errorNote" if problem else "muted")
+        self.drafter_note.style().polish(self.drafter_note)
         edited = self.edited_settings()
         self.profile_summary.setText(self.descriptions[edited.profile]["summary"])
         pending = self._pending_engine_changes()

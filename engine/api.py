@@ -10,7 +10,9 @@ from engine.core.device import DeviceInfo, probe
 from engine.core.engine import NO_VISION, Engine, LoadCancelled, RequestHandle
 from engine.listen import DEFAULT_PORT, PortInUseError, listen_socket
 from engine.core.memory import MemoryPlan, budget_for, plan_for, system_share
-from engine.core.params import (DTYPE_NAMES, KV_DTYPES, MAX_DRAFTS, PROFILES, VISION, WEIGHTS, CallArgs, CallStart,
+from engine.model.drafter_config import check_drafter_folder
+from engine.core.params import (DTYPE_NAMES, KV_DTYPES, MAX_DRAFTS, PROFILES, SPECULATION, VISION, WEIGHTS, CallArgs,
+                           CallStart,
                            Constraint, ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, Reasoning,
                            SamplingParams, SpeculationStats, StreamEvent, Text, Timings, TokenLogprob, ToolCall, Usage,
                            add_calls)
@@ -21,7 +23,8 @@ from engine.weights.checkpoint import CheckpointError, check_checkpoint
 from engine.weights.formats import detect_format, with_side_quant_config
 
 
-__all__ = ["DEFAULT_PORT", "DTYPE_NAMES", "KV_DTYPES", "MAX_DRAFTS", "NO_VISION", "PROFILES", "VISION", "WEIGHTS",
+__all__ = ["DEFAULT_PORT", "DTYPE_NAMES", "KV_DTYPES", "MAX_DRAFTS", "NO_VISION", "PROFILES", "SPECULATION", "VISION",
+           "WEIGHTS", "check_drafter_folder",
            "CallArgs", "CallStart", "CheckpointError", "Constraint", "ContextLengthError", "DeviceInfo", "Engine",
            "EngineConfig", "GenerateOutput", "ImageInputError", "LoadCancelled", "MemoryPlan", "ModelConfig",
            "PortInUseError", "QueueFullError", "Reasoning", "RequestHandle", "SamplingParams", "SpeculationStats",

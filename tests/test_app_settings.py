@@ -183,6 +183,41 @@ def test_speculation_setting_reaches_the_engine_config(app_env, qtbot):
     assert AppSettings.load(window.context.store).engine_config("x").speculative_tokens == 5
 
 
+def test_a_block_drafter_is_set_per_model_and_reaches_the_engine(window, qtbot, checkpoint, tmp_path):
+    """Settings → Block drafter: a folder made for another model is refused in one line and not kept; the model's
+    own drafter is kept for that model only, and the engine reloads drafting with it; the chat still answers."""
+    import json
+
+    from tests.fixtures.drafters import write_drafter
+    page = window.settings_page
+    window.show_page("settings")
+    base = str(checkpoint("base"))
+    assert page.model_path == base and page.drafter_path.text() == "" and page.drafter_note.text() == ""
+    other = write_drafter(tmp_path / "other", base)
+    (other / "config.json").write_text(json.dumps({**json.loads((other / "config.json").read_text()),
+                                                   "hidden_size": 48}))
+    page.drafter_path.setText(str(other))
+    assert "hidden size 48" in page.drafter_note.text() and page.drafter_note.objectName() == "errorNote"
+    assert page.edited_settings().drafters == {}
+    assert page.draft_method.currentData() == "auto" and page.draft_method.findData("dflash") == -1
+    drafter = write_drafter(tmp_path / "mine", base)
+    page.drafter_path.setText(str(drafter))
+    page.speculation.setCurrentIndex(page.speculation.findData(3))
+    assert page.drafter_note.objectName() == "muted"
+    assert page.edited_settings().drafters == {base: str(drafter)}
+    page_screenshot(page, "settings_drafter")
+    states = []
+    window.engine.state_changed.connect(lambda state: states.append(state.phase))
+    qtbot.mouseClick(page.apply_engine, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: states[-1:] == [Phase.LOADED], timeout=30_000)
+    assert window.engine.model.plan.method == "dflash" and window.engine.model.plan.drafts == 3
+    assert window.context.settings.drafters == {base: str(drafter)}
+    assert window.context.settings.engine_config("another").drafter is None
+    send(qtbot, window, "Still there?")
+    wait_reply(qtbot, window)
+    assert window.chat.transcript.message_views()[-1].message.status == "complete"
+
+
 def test_engine_settings_start_from_the_engines_defaults_and_reach_its_config():
     """An app setting named as an EngineConfig field starts at the engine's default and reaches engine_config: a new
     engine setting is one line in AppSettings (here, `vision` in a subclass)."""
@@ -192,8 +227,9 @@ def test_engine_settings_start_from_the_engines_defaults_and_reach_its_config():
     from engine.api import EngineConfig
 
     engine_defaults = {f.name: f.default for f in fields(EngineConfig)}
-    assert RELOAD_FIELDS == {"device", "weights", "profile", "kv_dtype", "max_context", "speculative_tokens"}
-    for name in RELOAD_FIELDS:
+    assert RELOAD_FIELDS == {"device", "weights", "profile", "kv_dtype", "max_context", "speculative_tokens",
+                             "speculation", "drafters"}
+    for name in RELOAD_FIELDS - {"drafters"}:
         assert getattr(AppSettings(), name) == engine_defaults[name], name
     chosen = dict(device="cpu", weights="int4", profile="C4", kv_dtype="int8", max_context=4096, speculative_tokens=2)
     config = AppSettings(**chosen).engine_config("m")

@@ -140,6 +140,17 @@ def read_drafter_config(path) -> DrafterConfig:
     return parse_drafter_config(raw)
 
 
+def check_drafter_folder(drafter: str | Path, model: str | Path) -> str:
+    """Whether the folder `drafter` holds a drafter made for the checkpoint `model`: "" when it does, else the one-line
+    reason (what Settings shows before anything loads)."""
+    from engine.model.config import load_model_config
+    try:
+        check_drafter(read_drafter_config(drafter), load_model_config(model))
+    except (OSError, ValueError) as e:
+        return str(e)
+    return ""
+
+
 def drafter_tensor_shapes(cfg: DrafterConfig) -> dict[str, tuple[tuple[int, ...], int]]:
     """The drafter's weights as its checkpoint names them: name -> (shape, 2 bytes an element), as
     engine/model/shapes.py lists the target's (the planner prices them under the quantization policy)."""
