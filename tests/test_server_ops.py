@@ -268,19 +268,19 @@ def test_qwendesk_serve_command(checkpoint, tmp_path):
 
 def test_usage_reports_speculation():
     """A request that speculated: its kept and thrown-away drafts are OpenAI's accepted / rejected prediction
-    tokens, with rounds and per-position rates beside them (Anthropic: the same block)."""
+    tokens, with rounds, how they were drafted and per-position rates beside them (Anthropic: the same block)."""
     from engine.api import SpeculationStats, Usage
     from engine.server.anthropic import routes as anthropic_routes
     from engine.server.openai import routes as openai_routes
-    spec = SpeculationStats()
+    spec = SpeculationStats(method="dflash")
     spec.add(3, 2)
     spec.add(3, 0)
     usage = Usage(prompt_tokens=10, completion_tokens=4, speculation=spec)
     body = openai_routes.usage_json(usage)
     assert body["completion_tokens_details"]["accepted_prediction_tokens"] == 2
     assert body["completion_tokens_details"]["rejected_prediction_tokens"] == 4
-    assert body["speculation"] == {"rounds": 2, "drafted_tokens": 6, "accepted_tokens": 2, "tokens_per_round": 2.0,
-                                   "position_rates": [0.5, 0.5, 0.0]}
+    assert body["speculation"] == {"rounds": 2, "drafted_tokens": 6, "accepted_tokens": 2, "method": "dflash",
+                                   "tokens_per_round": 2.0, "position_rates": [0.5, 0.5, 0.0]}
     assert anthropic_routes.usage_json(usage)["speculation"] == body["speculation"]
     assert "speculation" not in openai_routes.usage_json(Usage(prompt_tokens=1))
 
