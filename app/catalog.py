@@ -27,6 +27,9 @@ class CatalogEntry:
     recommend: bool      # a candidate for the recommendation
     source: str          # where the repository id was confirmed
     architecture: ModelConfig
+    drafter: str = ""    # a block drafter made for it (Hugging Face repository id; "": none known)
+    drafter_gb: float = 0.0
+    drafter_source: str = ""
 
     @property
     def title(self) -> str:

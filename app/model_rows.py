@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
+    QCheckBox,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -69,6 +70,11 @@ class CatalogCard(QFrame):
         column.addWidget(label(entry.summary, "body", wrap=True))
         self.facts = label("", "facts", wrap=True)
         column.addWidget(self.facts)
+        self.with_drafter = QCheckBox(f"Also its block drafter, {entry.drafter_gb:g} GB more: faster replies")
+        self.with_drafter.setToolTip(f"{entry.drafter}: drafts several tokens a step for this model; Settings → "
+                                     f"Block drafter uses it once both are downloaded")
+        self.with_drafter.setVisible(bool(entry.drafter))
+        column.addWidget(self.with_drafter)
         bottom = QHBoxLayout()
         self.state = label("", "muted")
         self.button = text_button("Download", "download", "primary")
@@ -99,6 +105,7 @@ class CatalogCard(QFrame):
                   engine_state: Phase = Phase.UNLOADED) -> None:
         """engine_state: LOADING or LOADED when this card's checkpoint is in the engine."""
         self.local_path, self.engine_state = local_path, engine_state if local_path else Phase.UNLOADED
+        self.with_drafter.setVisible(bool(self.entry.drafter) and not local_path and download is None)
         self._style_button()
         if local_path:
             self.state.setText({Phase.LOADED: "Loaded", Phase.LOADING: "Loading…"}.get(self.engine_state,

@@ -25,11 +25,11 @@ from app.downloads.hub import HubError
 from app.downloads.hub_search import DEFAULT_QUERY, search_hub
 from app.formatting import human_bytes
 from app.load_state import LoadState, Phase
-from app.local_models import LocalModel, delete_model, scan_all
+from app.local_models import DOWNLOAD_MARKER, LocalModel, delete_model, scan_all
 from app.model_rows import CatalogCard, DownloadRow, LocalModelRow
 from app.banners import BannerStack
 from app.widgets import Card, ElidedLabel, clear_layout, label, page_header, scrolling_page, set_enabled, text_button
-from engine.api import MemoryPlan, ModelConfig, plan_for, system_share
+from engine.api import MemoryPlan, ModelConfig, check_drafter_folder, plan_for, system_share
 
 TWO_COLUMNS_WIDTH = 900      # a narrower page lists the catalog in one column
 
@@ -58,7 +58,7 @@ class ModelsPage(QWidget):
         self.banner = BannerStack()
         self._build()
         downloads.changed.connect(self._download_changed)
-        downloads.completed.connect(lambda *_: self.refresh_local())
+        downloads.completed.connect(self._download_completed)
         self.refresh_local()
         for status in downloads.statuses():
             self._download_changed(status.repo_id)
@@ -326,6 +326,24 @@ class ModelsPage(QWidget):
         self.local_empty.setVisible(not self.local)
         self._refresh_cards()
 
+    def _download_completed(self, repo_id: str, _path: str) -> None:
+        self.refresh_local()
+        self.link_drafter(repo_id)
+
+    def link_drafter(self, repo_id: str) -> None:
+        """A catalog model or its block drafter finished downloading: when both are on disk (and the drafter is made
+        for that copy of the model), it becomes the model's drafter in Settings, unless one is set there already."""
+        drafters = dict(self.context.settings.drafters)
+        for entry in self.context.catalog:
+            if not entry.drafter or repo_id not in (entry.id, entry.drafter):
+                continue
+            model, drafter = self.local_path_for(entry.id), self.downloads.target_dir(entry.drafter)
+            whole = (drafter / DOWNLOAD_MARKER).is_file()          # written once every file is verified
+            if model and model not in drafters and whole and not check_drafter_folder(drafter, model):
+                drafters[model] = str(drafter)
+        if drafters != self.context.settings.drafters:
+            self.context.save_settings(self.context.settings.copy(drafters=drafters))
+
     def local_path_for(self, repo_id: str) -> str:
         """Where a catalog model is on disk, whole (a damaged copy is offered for download again)."""
         for model in self.local:
@@ -388,6 +406,9 @@ class ModelsPage(QWidget):
                 "elsewhere or after a hardware change)?", "Download anyway"):
             return
         self.download(repo_id)
+        card = next((c for c in self.cards if c.entry.id == repo_id), None)
+        if card is not None and card.entry.drafter and card.with_drafter.isChecked():
+            self.downloads.start(card.entry.drafter)
 
     def _recommended_clicked(self) -> None:
         path = self.local_path_for(self.recommended.id)

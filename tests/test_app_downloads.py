@@ -351,3 +351,35 @@ def test_check_checkpoint_names_what_is_missing(tmp_path, checkpoint):
     (broken / WEIGHTS).symlink_to(tmp_path / "blob-never-downloaded")      # the hub cache after a failed fetch
     with pytest.raises(CheckpointError, match="cannot be read"):
         check_checkpoint(broken)
+
+
+def test_a_catalog_models_block_drafter_downloads_with_it_and_becomes_its_drafter(app_env, qtbot, checkpoint,
+                                                                                  tmp_path, monkeypatch):
+    """A catalog card whose model has a published block drafter offers it beside the download; asked for, both
+    download, and once both are whole on disk the drafter is the model's drafter in Settings (the engine's config)."""
+    from tests.fixtures.drafters import write_drafter
+    drafter_repo = "z-lab/Tiny-DFlash"
+    base = Path(checkpoint("base"))
+    server = FakeHub({REPO: base, drafter_repo: write_drafter(tmp_path / "drafter", base)})
+    try:
+        context = make_context(app_env, hub_endpoint=server.url)
+        smallest = min(context.catalog, key=lambda e: e.download_gb)
+        context.catalog = [smallest.__class__(**{**smallest.__dict__, "id": REPO, "drafter": drafter_repo,
+                                                 "drafter_gb": 0.1})]
+        monkeypatch.setattr("app.dialogs.confirm", lambda *a, **k: True)
+        window = open_window(qtbot, context, autoload=False)
+        card = window.models.cards[0]
+        assert card.with_drafter.isVisibleTo(card) and not card.with_drafter.isChecked()
+        assert "0.1 GB" in card.with_drafter.text()
+        card.with_drafter.setChecked(True)
+        screenshot(card, "models_card_with_drafter")
+        card.button.click()
+        qtbot.waitUntil(lambda: bool(window.context.settings.drafters), timeout=30_000)
+        model = window.models.local_path_for(REPO)
+        drafter = str(window.downloads.target_dir(drafter_repo))
+        assert window.context.settings.drafters == {model: drafter}
+        assert window.context.settings.engine_config(model).drafter == drafter
+        assert not card.with_drafter.isVisibleTo(card)             # the model is on disk now
+        assert [m.name for m in window.models.local] == [REPO]      # the drafter is not offered as a model
+    finally:
+        server.stop()
