@@ -255,12 +255,15 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_p
                          stride_qt, stride_qh, stride_bt,
                          stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh,
                          L: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         ROWS: tl.constexpr, TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          QUANT: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
+    """Query rows j0 .. j0 + ROWS - 1 of a sequence (its TILES row tiles: program_id(2) = seq x TILES + tile) against
+    one split of its keys."""
     pdl.enter(PDL)
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
-    seq = tl.program_id(2)
+    seq = tl.program_id(2) // TILES
+    j0 = tl.program_id(2) % TILES * ROWS
     num_splits = tl.num_programs(0)
     num_q_heads = tl.num_programs(1) * GROUP
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -270,8 +273,8 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_p
 
     # tile row r = query row j of this sequence x q head g of this kv head's group
     r = tl.arange(0, BLOCK_M)
-    j = r // GROUP
-    row_ok = r < L * GROUP
+    j = j0 + r // GROUP
+    row_ok = (r < ROWS * GROUP) & (j < L)
     t = seq * L + j
     head = kv_head * GROUP + r % GROUP
     d = tl.arange(0, D)
@@ -282,7 +285,7 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_p
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], -1e30, dtype=tl.float32)   # finite: a fully masked block leaves p = 0, not NaN
     table_ptr += seq * stride_bt
-    visible_to_all = tl.minimum(tl.maximum((seq_len - L + 1) // BLOCK_N * BLOCK_N, lo), hi)
+    visible_to_all = tl.minimum(tl.maximum((seq_len - L + 1 + j0) // BLOCK_N * BLOCK_N, lo), hi)
     acc, l_i, m_i = _attend_range(acc, l_i, m_i, q, lo, visible_to_all, hi, last_key, seq_len, table_ptr,
                                   k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, kv_head,
                                   stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh, qk_scale,
@@ -326,6 +329,18 @@ def _decode_combine_kernel(o_part_ptr, lse_part_ptr, o_ptr, gate_ptr, stride_ot,
     tl.store(o_ptr + t * stride_ot + head * stride_oh + d, out.to(o_ptr.dtype.element_ty))
 
 
+MAX_TILE_ROWS = 64     # query rows x heads of one decode program: a verify of more rows is split into row tiles
+
+
+def decode_row_tiles(q_len: int, group: int, max_rows: int = MAX_TILE_ROWS) -> tuple[int, int]:
+    """(query rows per program, programs per sequence and kv head): all q_len rows in one program while they and
+    their group of q heads fit max_rows (they read the keys once), else as few tiles as fit (a block drafter's verify
+    of 16 rows x the 27B's 6 heads: two tiles of 8 rows, each reading the keys)."""
+    per_tile = max(1, max_rows // group)
+    tiles = -(-q_len // per_tile)
+    return -(-q_len // tiles), tiles
+
+
 def decode_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, sm_count: int) -> int:
     """Context splits per (sequence, kv head): about two programs per SM, >= MIN_SPLIT_TOKENS each at
     max_seq_len. A Python int, fixed for a batch shape, so the grid can be captured in a CUDA graph."""
@@ -359,7 +374,8 @@ def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len, 
     quant = k_scale is not None
     kv_bytes = k_cache.element_size()
     block_n = min(page, max(16, 16384 // (d * kv_bytes)))     # ~16 KB K tile (+ 16 KB V) per pipeline stage
-    block_m = max(16, triton.next_power_of_2(q_len * group))
+    rows, tiles = decode_row_tiles(q_len, group)
+    block_m = max(16, triton.next_power_of_2(rows * group))
     # 8 warps where 4 spill (make check-consumer found them; no consumer card ran either): sm_120's int8 tiles (255
     # registers and 32 B of stack, every L and group), and below sm_90 tiles of 64 query rows (a round of 5 drafts:
     # 6 rows x 6 heads of the 27B, 5 x 8 of the 35B-A3B; 255 registers and 8 B of stack on sm_86 and sm_89).
@@ -368,11 +384,11 @@ def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len, 
     o_part = torch.empty((T, hq, num_splits, d), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((T, hq, num_splits), dtype=torch.float32, device=q.device)
     scale_strides = k_scale.stride() if quant else (0, 0, 0)
-    _decode_split_kernel[(num_splits, hkv, n)](
+    _decode_split_kernel[(num_splits, hkv, n * tiles)](
         q, k_cache, v_cache, k_scale if quant else k_cache, v_scale if quant else v_cache, block_tables, seq_lens,
         o_part, lse_part, scale * LOG2E,
         q.stride(0), q.stride(1), block_tables.stride(0), *k_cache.stride()[:3], *scale_strides,
-        L=q_len, GROUP=group, D=d, PAGE=page, BLOCK_M=block_m,
+        L=q_len, GROUP=group, D=d, PAGE=page, ROWS=rows, TILES=tiles, BLOCK_M=block_m,
         BLOCK_N=block_n, QUANT=quant, DOT_PRECISION=_dot_precision(q.dtype), num_warps=warps, num_stages=3,
         **pdl.launch_args(q.device))
     return combine_splits(o_part, lse_part, q.dtype, gate)

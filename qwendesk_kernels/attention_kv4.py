@@ -308,12 +308,14 @@ def _decode4_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, seq_le
                           qk_scale, stride_qt, stride_qh, stride_bt,
                           skp, sks, skh, svp, svs, svh, sksp, skss, sksh, svsp, svss, svsh,
                           L: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-                          PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K4: tl.constexpr,
-                          DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
+                          PAGE: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, K4: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
+    """attention._decode_split_kernel over 8- / 4-bit pools: row tiles j0 .. j0 + ROWS - 1 of a sequence."""
     pdl.enter(PDL)
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
-    seq = tl.program_id(2)
+    seq = tl.program_id(2) // TILES
+    j0 = tl.program_id(2) % TILES * ROWS
     num_splits = tl.num_programs(0)
     num_q_heads = tl.num_programs(1) * GROUP
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -323,8 +325,8 @@ def _decode4_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, seq_le
     HALF: tl.constexpr = D // 2
 
     r = tl.arange(0, BLOCK_M)            # tile row r = query row j x q head g of this kv head's group
-    j = r // GROUP
-    row_ok = r < L * GROUP
+    j = j0 + r // GROUP
+    row_ok = (r < ROWS * GROUP) & (j < L)
     t = seq * L + j
     head = kv_head * GROUP + r % GROUP
     c = tl.arange(0, HALF)
@@ -338,7 +340,7 @@ def _decode4_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, seq_le
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], -1e30, dtype=tl.float32)
     table_ptr += seq * stride_bt
-    visible_to_all = tl.minimum(tl.maximum((seq_len - L + 1) // BLOCK_N * BLOCK_N, lo), hi)
+    visible_to_all = tl.minimum(tl.maximum((seq_len - L + 1 + j0) // BLOCK_N * BLOCK_N, lo), hi)
     acc_lo, acc_hi, l_i, m_i = _attend_range4(
         acc_lo, acc_hi, l_i, m_i, q_lo, q_hi, lo, visible_to_all, hi, last_key, seq_len, table_ptr,
         k_ptr, v_ptr, ks_ptr, vs_ptr, kv_head, skp, sks, skh, svp, svs, svh, sksp, skss, sksh, svsp, svss, svsh,
@@ -364,7 +366,8 @@ def decode_attention4(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len,
     assert T == n * q_len and hq % hkv == 0 and q.stride(-1) == 1 and block_tables.stride(-1) == 1
     group = hq // hkv
     block_n = min(page, max(16, 16384 // d))       # 64 keys at D = 256: 16 KB of int8 K, 8 KB of 4-bit V
-    block_m = max(16, triton.next_power_of_2(q_len * group))
+    rows, tiles = attention.decode_row_tiles(q_len, group)
+    block_m = max(16, triton.next_power_of_2(rows * group))
     # verify rows (block_m 32+: L 3-5 x the 27B's group 6) spill at 4 warps on sm_86 (24-136 B of stack, make
     # check-consumer); 8 warps there, and tiles of 64 rows (5 drafts) take fewer keys per block: half (k8v4), a
     # quarter (k4v4: its K unpacks too) of 64 (at 64 keys: 8-80 B of stack at 8 warps, 88-536 B at 16)
@@ -373,10 +376,11 @@ def decode_attention4(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len,
         block_n = max(16, block_n // (4 if k_cache.dtype == torch.uint8 else 2))
     o_part = torch.empty((T, hq, num_splits, d), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((T, hq, num_splits), dtype=torch.float32, device=q.device)
-    _decode4_split_kernel[(num_splits, hkv, n)](
+    _decode4_split_kernel[(num_splits, hkv, n * tiles)](
         q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, o_part, lse_part, scale * LOG2E,
         q.stride(0), q.stride(1), block_tables.stride(0), *_pool_strides(k_cache, v_cache, k_scale, v_scale),
-        L=q_len, GROUP=group, D=d, G=_group(v_cache, v_scale), PAGE=page, BLOCK_M=block_m, BLOCK_N=block_n,
+        L=q_len, GROUP=group, D=d, G=_group(v_cache, v_scale), PAGE=page, ROWS=rows, TILES=tiles, BLOCK_M=block_m,
+        BLOCK_N=block_n,
         K4=k_cache.dtype == torch.uint8, DOT_PRECISION=_dot_precision(q.dtype), num_warps=warps, num_stages=3,
         **pdl.launch_args(q.device))
     return attention.combine_splits(o_part, lse_part, q.dtype)

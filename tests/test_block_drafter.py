@@ -385,3 +385,27 @@ def test_auto_drafts_with_the_drafter_where_it_fits_else_with_the_mtp_head(ckpt,
         assert e.stats()["spec_method"] == "mtp" and e.plan().method == "mtp"
     assert not plan_for(asked, budget_bytes=need_mtp).fits
     assert "block drafter" in plan_for(base, budget_bytes=need_drafter).summary()
+
+
+def test_a_16_row_block_drafts_15_tokens_a_round_and_stays_exact(ckpt, plain, tmp_path):
+    """A drafter of 16-row blocks (DFlash's own size) makes up to 15 drafts a round, verified in one forward of 16
+    rows a sequence: drafts all right, 16 tokens a round; output equal to plain decoding, batched. More drafts than
+    that are refused in one line, as more than 5 are with the MTP head."""
+    drafter = write_drafter(tmp_path / "b16", ckpt, "dflash", block=16)
+    prompts = [prompt(30 + 5 * i, 40 + i) for i in range(2)]
+    want = [run(plain, ids, 64) for ids in prompts]
+    e = make(ckpt, drafter, k=15, profile="C2")
+    try:
+        e.set_draft_oracle(DraftOracle(1.0, {tuple(ids): ids + out for ids, out in zip(prompts, want)}),
+                           adaptive=False)
+        handles = [e.submit(ids, SamplingParams(max_tokens=64, **GREEDY)) for ids in prompts]
+        assert [[t for ev in h for t in ev.token_ids] for h in handles] == want
+        assert e.drafts == 15 and e.stats()["spec_tokens_per_round"] > 12
+    finally:
+        e.close()
+    with pytest.raises(ValueError, match="between 0 and 15 with a block drafter"):
+        EngineConfig(model=str(ckpt), speculative_tokens=16, drafter=str(drafter)).validate()
+    with pytest.raises(ValueError, match="between 0 and 5, not 6"):
+        EngineConfig(model=str(ckpt), speculative_tokens=6).validate()
+    with make(ckpt, write_drafter(tmp_path / "b6", ckpt), k=15) as small:      # a 6-row block drafts 5 at most
+        assert small.drafts == 5

@@ -358,3 +358,27 @@ def test_gpu_decode_graph_replay(L, quant):
             if got_pool is not None:
                 torch.testing.assert_close(got_pool, want_pool, rtol=0, atol=0, equal_nan=True)
         torch.testing.assert_close(out, ref(q, cu, Paged(*pools, kv.block_tables, seq_lens), D ** -0.5), **BF16_TOL)
+
+
+def test_row_tiles_of_a_long_verify():
+    """Rows x the group of q heads fit one program up to MAX_TILE_ROWS; more are split into as few tiles as fit."""
+    from qwendesk_kernels.attention import decode_row_tiles
+    assert decode_row_tiles(6, 6) == (6, 1)          # a round of 5 drafts on the 27B: one 36-row program
+    assert decode_row_tiles(8, 8) == (8, 1)
+    assert decode_row_tiles(16, 6) == (8, 2)         # a block drafter's 15 drafts on the 27B: two of 48 rows
+    assert decode_row_tiles(16, 8) == (8, 2)
+    assert decode_row_tiles(16, 1) == (16, 1)
+    assert decode_row_tiles(11, 6) == (6, 2)         # the last tile has 5 rows
+
+
+@pytest.mark.parametrize("quant", [False, True])
+def test_decode_of_16_rows_in_two_row_tiles_matches_ref(quant):
+    """A verify of 16 rows with 6 q heads a kv head (the 27B's group): two programs per sequence and kv head, each
+    row's causal limit its own, the keys visible to every row of a tile taken unmasked."""
+    L, lens = 16, [16, 37, 150]
+    q, cu, kv = decode_inputs(lens, L, 6, 1, 32, page=16, quant=quant)
+    want = ref(q, cu, kv, 32 ** -0.5)
+    for splits in (1, 3):
+        got = decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 32 ** -0.5, L, splits,
+                               **(kv.scales if quant else {}))
+        torch.testing.assert_close(got, want, **({"atol": 1e-5, "rtol": 1e-5} if quant else tol(q.dtype)))

@@ -86,10 +86,10 @@ def test_store_kv4_matches_ref(k4):
 
 
 @pytest.mark.parametrize("k4", [False, True])
-@pytest.mark.parametrize("hq,hkv,L", [(2, 2, 1), (6, 2, 1), (4, 1, 4)])
+@pytest.mark.parametrize("hq,hkv,L", [(2, 2, 1), (6, 2, 1), (4, 1, 4), (6, 1, 16)])   # 16 x 6: two row tiles
 def test_decode4_matches_ref(k4, hq, hkv, L):
     d, group, page = 32, 8, 16
-    lens = [37, 5, 64]
+    lens = [37, max(5, L), 64]
     pools, _, tables, seq_lens = paged_kv4(lens, page, hkv, d, group, k4)
     q = queries(len(lens) * L, hq, d)
     cu = torch.arange(0, len(lens) * L + 1, L, dtype=torch.int32, device=DEVICE)

@@ -114,8 +114,8 @@ def add_speculation_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--drafter", type=drafter_arg, default=None, metavar="DIR",
                     help="a DFlash / DFlash2 drafter checkpoint made for this model")
     ap.add_argument("--speculative-tokens", type=int, default=None, metavar="K",
-                    help="most drafts per decode round, 0 to 5 (0: off; default on a GPU: 3 with MTP, 5 with a "
-                         "drafter; 0 on the CPU)")
+                    help="most drafts per decode round (0: off; up to 5 with MTP, 15 with a drafter; default on a GPU: "
+                         "3 with MTP, the drafter's block - 1; 0 on the CPU)")
 
 
 def speculation_settings(args: argparse.Namespace) -> dict:

@@ -85,7 +85,7 @@ class Engine:
         self.model_config, self.tokenizer, self.template = loaded.model_config, loaded.tokenizer, loaded.template
         self.weights, self._model, self._encoder = loaded.weights, loaded.model, loaded.encoder
         self.drafts = model_drafts(config, on_gpu(self.device), has_mtp=self._model.mtp is not None,
-                                   has_drafter=self._model.drafter is not None)
+                                   drafter=self._model.drafter.cfg if self._model.drafter is not None else None)
         self._plan = build.plan(config, loaded, self.device, self._dtype, self.drafts)
         self.max_context = self._plan.max_context
         parts = build.assemble(config, loaded, self._plan, self.device, self._dtype, self.drafts, step)

@@ -203,10 +203,11 @@ def vision_cost(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, devi
     return VisionCost(placement, weights, vision_encode_bytes(cfg, dtype, max_pixels))
 
 
-def model_drafts(config: EngineConfig, on_gpu: bool, has_mtp: bool, has_drafter: bool) -> int:
+def model_drafts(config: EngineConfig, on_gpu: bool, has_mtp: bool, drafter: DrafterConfig | None) -> int:
     """Drafts per round the engine will use: the config's (or the device's default), if the model has an MTP module
     or a drafter (the planner asks of the checkpoint's config and config.drafter, the engine of what it loaded)."""
-    return config.drafts(on_gpu, config.method(has_mtp, has_drafter))
+    block = drafter.block_size if drafter is not None else None
+    return config.drafts(on_gpu, config.method(has_mtp, drafter is not None), block)
 
 
 def planned_drafter(config: EngineConfig, drafts: int) -> DrafterConfig | None:
@@ -368,7 +369,8 @@ def plan_for(config: EngineConfig, device: DeviceInfo | None = None, budget_byte
                         else [])
     refusal = None
     for attempt in tries:
-        drafts = model_drafts(attempt, device.on_gpu, has_mtp=cfg.num_mtp_layers > 0, has_drafter=bool(attempt.drafter))
+        drafter = read_drafter_config(attempt.drafter) if attempt.drafter else None
+        drafts = model_drafts(attempt, device.on_gpu, has_mtp=cfg.num_mtp_layers > 0, drafter=drafter)
         for weights in choices:
             plan = plan_memory(cfg, attempt, dtype, weights_bytes=weight_bytes(cfg, attempt, dtype, weights, drafts),
                                budget_bytes=budget, drafts=drafts, on_gpu=device.on_gpu,

@@ -9,7 +9,9 @@ from typing import Literal
 from engine.cache.kv_format import KVFormat
 
 PROFILES = {"C1": 1, "C2": 2, "C4": 4, "C8": 8}
-MAX_DRAFTS = 5                      # k + 1 verify rows must fit the decode kernels (model/batch.py MAX_DECODE_LEN)
+MAX_DRAFTS = 5                      # with the MTP head (one MTP step a draft: more rarely pays)
+MAX_BLOCK_DRAFTS = 15               # with a block drafter (one forward drafts them all; k + 1 verify rows must fit the
+#                                     decode kernels: model/batch.py MAX_DECODE_LEN)
 DEVICES = ("auto", "cuda", "cpu")                       # "cuda:N" picks one GPU of several
 DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32")
 KV_DTYPES = (*(kv.value for kv in KVFormat), "auto")   # kv_dtype's names: the formats, most precise first, and auto
@@ -38,8 +40,8 @@ class EngineConfig:
     cuda_graphs: bool = True        # capture decode in CUDA graphs (CUDA only)
     speculation: str = "auto"       # auto | mtp (the checkpoint's MTP head) | dflash (the block drafter) | off
     drafter: str | None = None      # a DFlash / DFlash2 drafter checkpoint folder for this model (model/dflash.py)
-    speculative_tokens: int | None = None  # most drafts per round (1..5; 0 off); None on a GPU: 3 with MTP, 5 with
-    #                                        the block drafter; None on the CPU: 0
+    speculative_tokens: int | None = None  # most drafts per round (0 off; up to 5 with MTP, 15 with a block drafter);
+    #                                        None on a GPU: 3 with MTP, the block drafter's block - 1; on the CPU: 0
     draft_vocab: int = 32768        # draft head rows: Qwen's ids are in merge order, so the first ones are the most
     #                                 frequent tokens (verify uses the full head)
     vision: str = "auto"            # the vision tower: auto (on demand on cards <= 24 GiB, else resident) | resident
@@ -71,13 +73,17 @@ class EngineConfig:
             return "dflash"
         return "mtp" if self.speculation in ("auto", "mtp") and has_mtp else "off"
 
-    def drafts(self, on_gpu: bool, method: str = "mtp") -> int:
+    def drafts(self, on_gpu: bool, method: str = "mtp", block: int | None = None) -> int:
         """Most drafts per speculative round on this device with `method` (0: no speculation, no MTP module and no
-        drafter loaded)."""
-        default = (MAX_DRAFTS if method == "dflash" else 3) if on_gpu else 0
+        drafter loaded); block: a block drafter's rows (it drafts at most block - 1)."""
+        most = MAX_BLOCK_DRAFTS if method == "dflash" else MAX_DRAFTS
+        default = (most if method == "dflash" else 3) if on_gpu else 0
         k = default if self.speculative_tokens is None else self.speculative_tokens
-        if not 0 <= k <= MAX_DRAFTS:
-            raise ValueError(f"speculative_tokens must be between 0 and {MAX_DRAFTS}, not {k}")
+        if not 0 <= k <= most:
+            raise ValueError(f"speculative_tokens must be between 0 and {most}"
+                             f"{' with a block drafter' if method == 'dflash' else ''}, not {k}")
+        if method == "dflash" and block:
+            k = min(k, block - 1)
         return 0 if method == "off" else k
 
     def validate(self) -> None:
@@ -91,8 +97,7 @@ class EngineConfig:
         one_of("vision", self.vision, VISION)
         if self.max_images < 0 or self.max_image_bytes < 1:
             raise ValueError("max_images must be >= 0 and max_image_bytes >= 1")
-        self.drafts(on_gpu=False)
-        self.method(has_mtp=True, has_drafter=bool(self.drafter))
+        self.drafts(on_gpu=False, method=self.method(has_mtp=True, has_drafter=bool(self.drafter)))
         if self.max_context is not None and self.max_context < 1:
             raise ValueError(f"max_context must be at least 1 token, not {self.max_context}")
         if self.max_queue < 0:

@@ -20,7 +20,8 @@ from qwendesk_kernels.gdn import VerifyRows
 if TYPE_CHECKING:
     from engine.vision.positions import MRopePositions
 
-MAX_DECODE_LEN = 8   # rows per sequence the decode kernels take (1, or k+1 for speculative verify)
+MAX_DECODE_LEN = 16  # rows per sequence the decode kernels take (1, or k+1 for speculative verify: up to a block
+#                      drafter's 15 drafts; attention splits more than 64 rows x heads into row tiles)
 
 
 @dataclass

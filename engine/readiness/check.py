@@ -107,7 +107,7 @@ def record(card: Card, models=MODELS, weights=None, kv=KV) -> list[Launch]:
             for w in weights or weights_for(shape):
                 for fmt in kv:
                     run_all(rec, shape, w, fmt)
-                run_drafter(rec, shape, w)
+                    run_drafter(rec, shape, w, fmt)
             run_vision(rec, shape, (weights or weights_for(shape))[0])   # (the tower's linears: 16-bit either way)
         for launch in rec.launches:
             if launch.autotuner is not None:

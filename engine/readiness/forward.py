@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from engine.cache.kv_format import KVFormat
-from engine.core.params import MAX_DRAFTS, EngineConfig
+from engine.core.params import MAX_BLOCK_DRAFTS, MAX_DRAFTS, EngineConfig
 from engine.readiness.launches import Recorder
 from engine.core.runner import BUCKETS
 from qwendesk_kernels.gdn import RECURRENT_MAX_TOKENS
@@ -17,6 +17,7 @@ CONTEXT = 4096            # the context every sequence has cached (shapes only: 
 # a full chunk (fla's chunked GDN), a prompt's shorter last step (Triton's recurrent GDN) and one of a few rows
 PREFILLS = (DEFAULTS.prefill_chunk, RECURRENT_MAX_TOKENS, 3)
 DRAFTS = tuple(range(1, MAX_DRAFTS + 1))     # verify rows k + 1 per sequence: 2-48 over the BUCKETS (k > 3: opt-in)
+BLOCK_DRAFTS = (7, MAX_BLOCK_DRAFTS)         # a block drafter's rounds past those: 8 and 16 verify rows
 
 
 def model_on_meta(shape: str, weights: str, layers: int = 4):
@@ -64,10 +65,11 @@ def run_all(rec: Recorder, shape: str, weights: str, kv: KVFormat | str) -> None
 
 
 @torch.inference_mode()
-def run_drafter(rec: Recorder, shape: str, weights: str) -> None:
-    """A block drafter of the published size (engine.bench.random_model.DRAFTERS) attached to `shape`'s model: its
-    context written by a prefill chunk and a decode step of every bucket, and its block forward and draft picks
-    (greedy and sampled) of every bucket (the verify that follows is the MTP rounds' own, recorded by run_all)."""
+def run_drafter(rec: Recorder, shape: str, weights: str, kv: KVFormat | str) -> None:
+    """A block drafter of the published size (engine.bench.random_model.DRAFTERS) attached to `shape`'s model, beside
+    KV format `kv`: its context written by a prefill chunk and a decode step of every bucket, its block forward and
+    draft picks (greedy and sampled) of every bucket, and whole greedy rounds of BLOCK_DRAFTS drafts (verify rows past
+    the MTP rounds' 6: the decode attention's row tiles)."""
     from engine.bench.random_model import DRAFTERS, drafter_config
     from engine.cache.pages import CacheTensors
     from engine.core.sampling import SamplingRow
@@ -87,16 +89,16 @@ def run_drafter(rec: Recorder, shape: str, weights: str) -> None:
     quantize_(drafter, Build(torch.bfloat16, "meta", DEFAULTS.policy(weights)), load=False)
     model.attach_drafter(drafter)
     pages = max(BUCKETS) * (CONTEXT + 2 * PAGE) // PAGE
-    pools = CacheTensors.allocate(model.cfg, pages, PAGE, 9, torch.bfloat16, "meta", kv=KVFormat.INT8,
+    pools = CacheTensors.allocate(model.cfg, pages, PAGE, 9, torch.bfloat16, "meta", kv=KVFormat(kv),
                                   drafter=(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim))
     per_seq = (CONTEXT + 2 * PAGE) // PAGE
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(max(BUCKETS))]
-    tag = f"{shape} {weights} drafter"
+    tag = f"{shape} {weights} {kv} KV drafter"
     rec.where = f"{tag} prefill {DEFAULTS.prefill_chunk}"
     batch = build_batch([DEFAULTS.prefill_chunk], [0], [0], tables[:1], PAGE, "meta")
     _fla_index(batch, [0, DEFAULTS.prefill_chunk])
     model(torch.zeros(DEFAULTS.prefill_chunk, dtype=torch.int64, device="meta"), batch, pools)
-    spec = BlockRoundRunner(model, pools, max(DRAFTS), max(BUCKETS), CONTEXT + PAGE, DEFAULTS.draft_vocab)
+    spec = BlockRoundRunner(model, pools, max(BLOCK_DRAFTS), max(BUCKETS), CONTEXT + 2 * PAGE, DEFAULTS.draft_vocab)
     for n in BUCKETS:
         rec.where = f"{tag} decode N={n}"
         batch = build_batch([1] * n, [CONTEXT - 1] * n, list(range(n)), tables[:n], PAGE, "meta")
@@ -106,7 +108,10 @@ def run_drafter(rec: Recorder, shape: str, weights: str) -> None:
         inp = round_inputs(reqs, len(tables[0]), "meta")
         for sampled in (False, True):
             rec.where = f"{tag} block N={n}{' sampled' if sampled else ''}"
-            spec.pick(*spec.draft_rows(inp, max(DRAFTS)), inp, sampled)
+            spec.pick(*spec.draft_rows(inp, max(BLOCK_DRAFTS)), inp, sampled)
+        for k in BLOCK_DRAFTS:
+            rec.where = f"{tag} round N={n} k={k}"
+            spec.round(inp, False, k)
 
 
 # Images the tower encodes: the smallest the processor makes (65,536 px: 16 x 16 patches) and a 512 x 512 one

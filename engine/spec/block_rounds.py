@@ -37,6 +37,10 @@ class BlockRoundRunner(Rounds):
     def reach_of(self, k: int) -> int:
         return self.block             # the block's own K / V are written at its rows
 
+    def draft_counts(self) -> list[int]:
+        """Up to 5 every count, then steps (each count is captured: per bucket and greedy / sampled)."""
+        return sorted(k for k in {1, 2, 3, 4, 5, 7, 10, 15, self.k} if k <= self.k)
+
     @torch.inference_mode()
     def round(self, inp: RoundInputs, sampled: bool, k: int) -> RoundOutputs:
         """One speculative round of k drafts (1 .. self.k) for B = len(inp.slots) sequences (see the module

@@ -112,6 +112,10 @@ class Rounds:
         """Rows past a sequence's cached tokens whose KV a round of k drafts writes (its pages must hold them)."""
         return k + 1
 
+    def draft_counts(self) -> list[int]:
+        """The numbers of drafts a round may make (each one's graphs are captured at load): 1 .. k."""
+        return list(range(1, self.k + 1))
+
     def set_oracle(self, oracle: DraftHook | None) -> bool:
         """Replace drafts per a DraftHook (None: back to the drafter's own). Returns whether captured rounds must be
         captured again: a round with an oracle runs other kernels; one oracle after another shares its tensors."""

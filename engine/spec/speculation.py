@@ -41,11 +41,12 @@ class Speculation:
         self._last: tuple[int, tuple[int, ...]] | None = None   # the last decode step: (drafts, sequence ids)
 
     def capture(self, progress=None) -> None:
-        """Capture (and time) every round the engine can run: each batch bucket, 1 .. max_k drafts, greedy and
-        sampled; kernels compile and tune in the runs before each capture. progress(done, total)."""
+        """Capture (and time) every round the engine can run: each batch bucket, each of the drafter's draft counts
+        (MTP: 1 .. max_k), greedy and sampled; kernels compile and tune in the runs before each capture.
+        progress(done, total)."""
         if self.graphs is None:
             return
-        variants = [(b, k, sampled) for b in self.buckets for k in range(1, self.max_k + 1)
+        variants = [(b, k, sampled) for b in self.buckets for k in self.spec.draft_counts()
                     for sampled in (False, True)]
         for i, (b, k, sampled) in enumerate(variants):
             if progress is not None:
