@@ -314,7 +314,7 @@ def test_gpu_prefill_27b(quant, gated):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("quant", [False, True])
-@pytest.mark.parametrize("L", [1, 4])
+@pytest.mark.parametrize("L", [1, 4, 16])     # 16 rows x the 27B's 6 heads: two row tiles
 def test_gpu_decode_graph_replay(L, quant):
     """store_kv + decode captured once, replayed with new rows, slots and lengths == the eager calls."""
     max_len = [32768, 5000, 300, 64]

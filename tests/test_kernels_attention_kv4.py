@@ -146,7 +146,7 @@ def test_non_4bit_pools_go_to_attention_py():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("k4", [False, True])
-@pytest.mark.parametrize("L", [1, 4])
+@pytest.mark.parametrize("L", [1, 4, 16])     # 16: two row tiles
 def test_gpu_decode4_27b_and_graph_replay(k4, L):
     d, group, page, hq, hkv = 256, 32, 64, 24, 4
     lens = [3000, 17, 700]
