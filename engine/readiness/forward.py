@@ -17,7 +17,7 @@ CONTEXT = 4096            # the context every sequence has cached (shapes only: 
 # a full chunk (fla's chunked GDN), a prompt's shorter last step (Triton's recurrent GDN) and one of a few rows
 PREFILLS = (DEFAULTS.prefill_chunk, RECURRENT_MAX_TOKENS, 3)
 DRAFTS = tuple(range(1, MAX_DRAFTS + 1))     # verify rows k + 1 per sequence: 2-48 over the BUCKETS (k > 3: opt-in)
-BLOCK_DRAFTS = (7, MAX_BLOCK_DRAFTS)         # a block drafter's rounds past those: 8 and 16 verify rows
+BLOCK_DRAFTS = (MAX_BLOCK_DRAFTS,)           # a block drafter's rounds past those: 16 verify rows (two row tiles)
 
 
 def model_on_meta(shape: str, weights: str, layers: int = 4):
@@ -67,9 +67,10 @@ def run_all(rec: Recorder, shape: str, weights: str, kv: KVFormat | str) -> None
 @torch.inference_mode()
 def run_drafter(rec: Recorder, shape: str, weights: str, kv: KVFormat | str) -> None:
     """A block drafter of the published size (engine.bench.random_model.DRAFTERS) attached to `shape`'s model, beside
-    KV format `kv`: its context written by a prefill chunk and a decode step of every bucket, its block forward and
-    draft picks (greedy and sampled) of every bucket, and whole greedy rounds of BLOCK_DRAFTS drafts (verify rows past
-    the MTP rounds' 6: the decode attention's row tiles)."""
+    KV format `kv`: whole greedy rounds of BLOCK_DRAFTS drafts of every bucket (verify rows past the MTP rounds' 6: the
+    decode attention's row tiles); with bf16 and int8 (the drafter's own context formats beside those and the rest)
+    also its context written by a prefill chunk and a decode step of every bucket, its block forward and draft picks
+    (greedy and sampled) of every bucket."""
     from engine.bench.random_model import DRAFTERS, drafter_config
     from engine.cache.pages import CacheTensors
     from engine.core.sampling import SamplingRow
@@ -94,21 +95,24 @@ def run_drafter(rec: Recorder, shape: str, weights: str, kv: KVFormat | str) -> 
     per_seq = (CONTEXT + 2 * PAGE) // PAGE
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(max(BUCKETS))]
     tag = f"{shape} {weights} {kv} KV drafter"
-    rec.where = f"{tag} prefill {DEFAULTS.prefill_chunk}"
-    batch = build_batch([DEFAULTS.prefill_chunk], [0], [0], tables[:1], PAGE, "meta")
-    _fla_index(batch, [0, DEFAULTS.prefill_chunk])
-    model(torch.zeros(DEFAULTS.prefill_chunk, dtype=torch.int64, device="meta"), batch, pools)
+    own = KVFormat(kv) in (KVFormat.BF16, KVFormat.INT8)      # the drafter's context: 16-bit or int8
+    if own:
+        rec.where = f"{tag} prefill {DEFAULTS.prefill_chunk}"
+        batch = build_batch([DEFAULTS.prefill_chunk], [0], [0], tables[:1], PAGE, "meta")
+        _fla_index(batch, [0, DEFAULTS.prefill_chunk])
+        model(torch.zeros(DEFAULTS.prefill_chunk, dtype=torch.int64, device="meta"), batch, pools)
     spec = BlockRoundRunner(model, pools, max(BLOCK_DRAFTS), max(BUCKETS), CONTEXT + 2 * PAGE, DEFAULTS.draft_vocab)
     for n in BUCKETS:
-        rec.where = f"{tag} decode N={n}"
-        batch = build_batch([1] * n, [CONTEXT - 1] * n, list(range(n)), tables[:n], PAGE, "meta")
-        model(torch.zeros(n, dtype=torch.int64, device="meta"), batch, pools)
         reqs = [RoundRequest(i, CONTEXT, 0, tables[i], CONTEXT + PAGE, -1, 8, SamplingRow(0.7, 20, 0.9, 0.0, 1))
                 for i in range(n)]
         inp = round_inputs(reqs, len(tables[0]), "meta")
-        for sampled in (False, True):
-            rec.where = f"{tag} block N={n}{' sampled' if sampled else ''}"
-            spec.pick(*spec.draft_rows(inp, max(BLOCK_DRAFTS)), inp, sampled)
+        if own:
+            rec.where = f"{tag} decode N={n}"
+            batch = build_batch([1] * n, [CONTEXT - 1] * n, list(range(n)), tables[:n], PAGE, "meta")
+            model(torch.zeros(n, dtype=torch.int64, device="meta"), batch, pools)
+            for sampled in (False, True):
+                rec.where = f"{tag} block N={n}{' sampled' if sampled else ''}"
+                spec.pick(*spec.draft_rows(inp, max(BLOCK_DRAFTS)), inp, sampled)
         for k in BLOCK_DRAFTS:
             rec.where = f"{tag} round N={n} k={k}"
             spec.round(inp, False, k)
