@@ -485,6 +485,22 @@ def test_each_reply_keeps_the_model_that_wrote_it(chat_window, qtbot, checkpoint
     screenshot(window, "chat_replies_keep_their_model")
 
 
+def test_loading_another_model_while_a_reply_streams_ends_the_reply(app_env, qtbot, checkpoint, monkeypatch):
+    """The reply is stopped where it was and the chat is free again: the old engine's finish, sent after the session
+    had let go of that backend, never arrived, and the chat stayed busy with a reply marked streaming."""
+    seeded_replies(monkeypatch)
+    window = loaded_window(app_env, qtbot, checkpoint("base"), max_tokens=3000)
+    send(qtbot, window, "Go on.")
+    qtbot.waitUntil(lambda: window.session.active is not None and window.session.active.tokens >= 3, timeout=30_000)
+    window.load_model(str(checkpoint("gqa3_ratio3")))
+    assert not window.session.busy                       # at once, whenever the old engine's finish comes
+    wait_ready(qtbot, window)
+    (reply,) = assistant_messages(window)
+    assert reply.status == "stopped" and reply.content
+    assert window.chat.transcript.message_views()[-1].message.status == "stopped" and not window.session.busy
+    screenshot(window, "chat_model_changed_mid_reply")
+
+
 def test_an_image_dropped_anywhere_on_the_chat_is_attached_and_the_box_lights_up_meanwhile(vision_window, qtbot,
                                                                                            tmp_path):
     """The empty chat says "drop them here", but only the message box took a drop, and nothing showed a drag."""

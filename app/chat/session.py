@@ -51,7 +51,6 @@ TOOLS_CAPPED = ("The model called tools in {rounds} replies in a row, the most o
                 "it was not asked again. Send a message to go on.")
 DENIED = "The user denied this call: it was not run."
 IMAGE_SUFFIX = {"image/png": ".png", "image/jpeg": ".jpg", "image/gif": ".gif", "image/webp": ".webp"}
-NO_MODEL = "No model is loaded: pick one on the Models page."
 TURN_TOO_LONG = ("The latest message alone does not fit the model's context ({budget:,} tokens leave room for a "
                  "reply), so nothing was sent. Shorten it, or load the model with a longer context.")
 
@@ -99,8 +98,10 @@ class ToolApproval:
 
 @dataclass
 class ToolTurn:
-    """A turn with tools on: its tools by name, the calls of the last reply still to run, and the rounds so far."""
+    """A turn with tools on: its tools by name, the calls of the last reply still to run, and the rounds so far.
+    (A new backend ends the turn: set_backend stops it.)"""
     thinking: bool
+    backend: ChatBackend
     toolbox: ToolBox
     tools: dict = field(default_factory=dict)     # name -> ToolInfo
     queue: list = field(default_factory=list)     # ShownCall
@@ -145,6 +146,8 @@ class ChatSession(QObject):
         if backend is self.backend:
             return
         self.stop()
+        if self.active is not None:     # the old backend's finish may come after the disconnect: it ends here
+            self._on_finished(self.active.request_id, ReplyResult("cancelled"))
         if self.backend is not None:
             self.backend.delta.disconnect(self._on_delta)
             self.backend.reply_finished.disconnect(self._on_finished)
@@ -415,9 +418,9 @@ class ChatSession(QObject):
             turn.toolbox.allow_always(info.server, info.name)
         self._run_call(call, info)
 
-    def _list_tools(self, toolbox: ToolBox, servers: list[str], thinking: bool, continuing: Message | None,
-                    regenerating: Message | None) -> None:
-        turn = self.turn = ToolTurn(thinking, toolbox)
+    def _list_tools(self, backend: ChatBackend, toolbox: ToolBox, servers: list[str], thinking: bool,
+                    continuing: Message | None, regenerating: Message | None) -> None:
+        turn = self.turn = ToolTurn(thinking, backend, toolbox)
         self.busy_changed.emit(True)
         toolbox.list_tools(servers, lambda found: self._tools_listed(turn, found, continuing, regenerating))
 
@@ -431,7 +434,7 @@ class ChatSession(QObject):
                 continue
             for info in tools:
                 turn.tools.setdefault(info.name, info)      # two servers with one name: the first one's
-        self._send_reply(turn.thinking, continuing, regenerating)
+        self._send_reply(turn.backend, turn.thinking, continuing, regenerating)
 
     def _next_call(self) -> None:
         """The next call of the reply to ask about or run; none left: the model replies to the results."""
@@ -443,7 +446,7 @@ class ChatSession(QObject):
                 self._notice(TOOLS_CAPPED.format(rounds=turn.rounds))
                 self._end_turn()
             else:
-                self._send_reply(turn.thinking)
+                self._send_reply(turn.backend, turn.thinking)
             return
         call = turn.queue.pop(0)
         info = turn.tools.get(call.name)
@@ -560,21 +563,16 @@ class ChatSession(QObject):
     def _start_reply(self, thinking: bool, continuing: Message | None = None,
                      regenerating: Message | None = None) -> None:
         if self.backend is None:
-            self._notice(NO_MODEL)
+            self._notice("No model is loaded: pick one on the Models page.")
             return
         servers = self.tool_servers()
         if servers and self.toolbox is not None:
-            self._list_tools(self.toolbox, servers, thinking, continuing, regenerating)
+            self._list_tools(self.backend, self.toolbox, servers, thinking, continuing, regenerating)
         else:
-            self._send_reply(thinking, continuing, regenerating)
+            self._send_reply(self.backend, thinking, continuing, regenerating)
 
-    def _send_reply(self, thinking: bool, continuing: Message | None = None,
+    def _send_reply(self, backend: ChatBackend, thinking: bool, continuing: Message | None = None,
                     regenerating: Message | None = None) -> None:
-        backend = self.backend
-        if backend is None:                     # unloaded while a tool turn listed or ran its tools
-            self._notice(NO_MODEL)
-            self._end_turn()
-            return
         kwargs: dict[str, object] = {"enable_thinking": thinking}
         if continuing is not None:
             kwargs["continue_final_message"] = True
