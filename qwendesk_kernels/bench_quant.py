@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from qwendesk_kernels import gemv_dot, pdl
 from qwendesk_kernels.bench import Case, graph_replay, time_us
-from qwendesk_kernels.gemv_mma import GEMV_MMA_DEFAULT, GEMV_MMA_MAX_M, gemv_mma_configs, gemv_mma_grid
+from qwendesk_kernels.gemv_mma import GEMV_MMA_DEFAULT, MMA_ROWS, gemv_mma_configs, gemv_mma_grid
 from qwendesk_kernels.quant import int4_linear, int4_linear_triton, int8_embedding, int8_linear
 from qwendesk_kernels.quant_format import pack_int4, pack_int8
 
@@ -87,7 +87,7 @@ def _gemv_cases(int4_w, bf16_w):
             variant_a = lambda x=x, w=w: int4_linear_triton(x, w, variant="A")  # noqa: E731
             kw = dict(bytes=_gemv_bytes(w, M), target=GEMV_TARGET, target_frac=0.8)
             cases.append(Case("quant", f"{tag} [A {_tuned(variant_a)}, eager]", variant_a, baseline=eager_bf16, **kw))
-            if M > GEMV_MMA_MAX_M:
+            if M > MMA_ROWS:
                 continue
             graph_bf16 = graph_replay(eager_bf16)
             cases.append(Case("quant", f"{tag} [A, graph]", graph_replay(variant_a), baseline=graph_bf16, **kw))

@@ -11,7 +11,7 @@ import triton
 
 from qwendesk_kernels import gemv_dot
 from qwendesk_kernels.bench_quant import PROJ, _int4
-from qwendesk_kernels.gemv_mma import GEMV_MMA_DEFAULT, GEMV_MMA_MAX_M
+from qwendesk_kernels.gemv_mma import GEMV_MMA_DEFAULT, MMA_ROWS
 from qwendesk_kernels.quant import int4_linear_triton
 
 ROWS = (1, 4, 8, 12, 16, 24, 32, 64)
@@ -34,7 +34,7 @@ def main() -> None:
             x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
             cells = []
             for variant, config in (("A", None), ("C", None), ("C-L2", {**GEMV_MMA_DEFAULT, "L1": False})):
-                if variant != "A" and M > GEMV_MMA_MAX_M or variant == "C-L2" and M <= 8:
+                if variant != "A" and M > MMA_ROWS or variant == "C-L2" and M <= 8:
                     continue
                 us = graph_us(lambda v=variant[0], c=config: int4_linear_triton(x, w, c, variant=v))
                 tuned = gemv_dot.gemv_tuned.best_config.kwargs if variant == "A" and M <= 32 else ""

@@ -35,7 +35,10 @@ from qwendesk_kernels.runtime import INTERPRET, sm_count
 from qwendesk_kernels.splitk import SPLITK_COUNTERS, SPLITK_FLOATS, arrive, splitk_scratch, store_tile
 
 X_TILE = 8                        # x rows per column tile: the 8 columns of the mma's B operand
-GEMV_MMA_MAX_M = 4 * X_TILE       # the mma GEMV's limit: up to 4 column tiles (a C8 verify of 3 drafts: 32 rows)
+MMA_ROWS = 4 * X_TILE             # the kernel's limit: up to 4 column tiles
+# the default's limit: 2 column tiles. Measured on an H100 (docs/performance.md, 2026-12-07): at 12-16 rows the mma
+# GEMV took 0.88-1.08x the dot GEMV's time (5% less over a 27B layer's three shapes), at 24-32 rows 1.17-1.48x
+GEMV_MMA_MAX_M = 2 * X_TILE
 
 
 @triton.jit
@@ -378,10 +381,15 @@ def gemv_mma_configs() -> list[dict]:
             dict(NW=1, R=1, UNROLL=2, MAXNREG=None, PER_SM=GEMV_MMA_PROGRAMS_PER_SM), {**best, "NW": 2, "PER_SM": 8}]
 
 
-def gemv_mma_supports(x2: torch.Tensor, w: Int4Weight) -> bool:
-    """The mma GEMV takes M <= 32 rows of 16-bit x, groups of 64 or 128, and needs the bf16 / fp16 mma of sm_80+."""
-    return (x2.shape[0] <= GEMV_MMA_MAX_M and w.group_size in (64, 128) and x2.dtype in (torch.bfloat16, torch.float16)
+def gemv_mma_takes(x2: torch.Tensor, w: Int4Weight) -> bool:
+    """The mma GEMV takes M <= MMA_ROWS rows of 16-bit x, groups of 64 or 128, on the bf16 / fp16 mma of sm_80+."""
+    return (x2.shape[0] <= MMA_ROWS and w.group_size in (64, 128) and x2.dtype in (torch.bfloat16, torch.float16)
             and (not x2.is_cuda or _capability(x2.device) >= (8, 0)))
+
+
+def gemv_mma_supports(x2: torch.Tensor, w: Int4Weight) -> bool:
+    """Whether the default takes the mma GEMV: it can, for at most GEMV_MMA_MAX_M rows."""
+    return x2.shape[0] <= GEMV_MMA_MAX_M and gemv_mma_takes(x2, w)
 
 
 @functools.cache
@@ -409,7 +417,7 @@ def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None, 
     config says PDL=False. swiglu: W is gate | up stacked by rows and y [M, N / 2] = silu(x2 @ gate^T) * (x2 @ up^T),
     made in the epilogue (each warp's two tiles: a gate tile and the up tile N / 2 rows below; R = 2)."""
     M, (N, K) = x2.shape[0], w.shape
-    assert gemv_mma_supports(x2, w), "the mma GEMV: M <= 32, group 64 or 128, 16-bit x"
+    assert gemv_mma_takes(x2, w), "the mma GEMV: M <= 32, group 64 or 128, 16-bit x"
     assert w.x_repeats in (1, 2) and x2.shape[1] * w.x_repeats == K and (w.x_repeats == 1 or K % 256 == 0), \
         "x read twice needs whole blocks in each half of W"
     if x2.stride(0) % 2 or x2.data_ptr() % 16:

@@ -115,17 +115,17 @@ def _rows(x: torch.Tensor, K: int) -> torch.Tensor:
 def int4_linear_triton(x: torch.Tensor, w: Int4Weight, config: dict | None = None,
                        variant: str | None = None) -> torch.Tensor:
     """x [..., K / x_repeats] -> [..., N] in x's dtype: GEMV for M <= 32 rows, the fused GEMM (the dot GEMV tiled
-    over M) up to FUSED_MAX_M, else dequantise + matmul. The GEMV is the mma GEMV where it applies
-    (gemv_mma.gemv_mma_supports), else A; variant="A" / "C" forces one; config forces one
-    config of the variant that runs (see gemv_dot.gemv, gemv_mma.gemv). The mma GEMV reads x twice itself where
-    x_repeats = 2 (an int8 weight as int4 planes); the other paths take x repeated."""
+    over M) up to FUSED_MAX_M, else dequantise + matmul. The GEMV is the mma GEMV where the default takes it
+    (gemv_mma.gemv_mma_supports: up to 16 rows), else A; variant="A" / "C" forces one (C up to 32 rows); config
+    forces one config of the variant that runs (see gemv_dot.gemv, gemv_mma.gemv). The mma GEMV reads x twice itself
+    where x_repeats = 2 (an int8 weight as int4 planes); the other paths take x repeated."""
     N, K = w.shape
     x2 = _rows(x, K // w.x_repeats)
     M = x2.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if variant is None:
         variant = "C" if gemv_mma.gemv_mma_supports(x2, w) else "A"
-    if 0 < M <= gemv_mma.GEMV_MMA_MAX_M and variant == "C":
+    if 0 < M <= gemv_mma.MMA_ROWS and variant == "C":
         gemv_mma.gemv(x2, w, y, config)
     elif 0 < M <= FUSED_MAX_M:
         gemv_dot.gemv(_repeated(x2, w), w.qweight, w.scales, w.zeros, y, 4, w.group_size, config)
@@ -173,11 +173,11 @@ def int8_embedding_triton(ids: torch.Tensor, w: Int8Weight) -> torch.Tensor:
 
 def int4_swiglu(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     """silu(x @ gate^T) * (x @ up^T) for W = gate | up stacked by rows (the MLP's fused gate_up), [..., N / 2]. On
-    CUDA where the mma GEMV runs (decode and verify, M <= 32) in the GEMV's epilogue: one launch, and N / 2 outputs
+    CUDA where the mma GEMV runs (decode and verify, M <= 16) in the GEMV's epilogue: one launch, and N / 2 outputs
     written instead of N; elsewhere the linear, then silu_mul (the same roundings either way)."""
     N, K = w.shape
     x2 = _rows(x, K)
-    if x.is_cuda and x2.shape[0] > 0 and gemv_mma.gemv_mma_supports(x2, w) and N % 32 == 0:     # (supports: M <= 32)
+    if x.is_cuda and x2.shape[0] > 0 and gemv_mma.gemv_mma_supports(x2, w) and N % 32 == 0:     # (supports: M <= 16)
         y = torch.empty(x2.shape[0], N // 2, dtype=x.dtype, device=x.device)
         gemv_mma.gemv(x2, w, y, None, swiglu=True)
         return y.view(*x.shape[:-1], N // 2)

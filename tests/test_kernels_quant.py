@@ -241,13 +241,13 @@ def test_int4_gemv_mma_strided_x():
 
 
 def test_gemv_variant_switch():
-    """The default: the mma GEMV for 16-bit x, M <= 32 and group 64 / 128; else the dot GEMV."""
+    """The default: the mma GEMV for 16-bit x, M <= 16 and group 64 / 128; else the dot GEMV."""
     w32, _ = random_int4(32, 128, 64, torch.float32, seed=9)
     w16, _ = random_int4(32, 128, 64, torch.float16, seed=9)
     w16_g32, _ = random_int4(32, 128, 32, torch.float16, seed=9)
     for w, M, dtype, variant in ((w32, 4, torch.float32, "A"), (w16, 1, torch.float16, "C"),
                                  (w16, 8, torch.float16, "C"), (w16, 9, torch.float16, "C"),
-                                 (w16, 32, torch.float16, "C"),
+                                 (w16, 16, torch.float16, "C"), (w16, 17, torch.float16, "A"),
                                  (w16_g32, 2, torch.float16, "A")):
         x = torch.randn(M, 128).to(dtype)
         assert torch.equal(int4_linear_triton(x, w), int4_linear_triton(x, w, variant=variant))
