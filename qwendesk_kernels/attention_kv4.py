@@ -24,7 +24,7 @@ import triton.language as tl
 from qwendesk_kernels import attention, pdl
 from qwendesk_kernels.attention import (LOG2E, _dot_precision, _store_rows, decode_num_splits,
                                         gather_kv)
-from qwendesk_kernels.runtime import INTERPRET, smem_per_block, sm_count
+from qwendesk_kernels.runtime import INTERPRET, capability, smem_per_block, sm_count
 
 INT4_MAX = 7
 EMPTY_BYTE = 0x88               # both nibbles code 0
@@ -366,22 +366,25 @@ def decode_attention4(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len,
     assert T == n * q_len and hq % hkv == 0 and q.stride(-1) == 1 and block_tables.stride(-1) == 1
     group = hq // hkv
     block_n = min(page, max(16, 16384 // d))       # 64 keys at D = 256: 16 KB of int8 K, 8 KB of 4-bit V
-    rows, tiles = attention.decode_row_tiles(q_len, group)
+    k4 = k_cache.dtype == torch.uint8
+    # 4-bit K's 64-row tiles (a round of 5 drafts on the 27B) kept 8-24 B of stack on sm_86 / sm_89 and 48 B on sm_120
+    # (make check-consumer-all): programs of at most 32 rows there; sm_90 keeps its 64
+    cap = capability(q.device) if q.is_cuda else (9, 0)
+    rows, tiles = attention.decode_row_tiles(q_len, group, 32 if k4 and cap[0] != 9 else attention.MAX_TILE_ROWS)
     block_m = max(16, triton.next_power_of_2(rows * group))
     # verify rows (block_m 32+: L 3-5 x the 27B's group 6) spill at 4 warps on sm_86 (24-136 B of stack, make
     # check-consumer); 8 warps there, and tiles of 64 rows (5 drafts) take fewer keys per block: half (k8v4), a
     # quarter (k4v4: its K unpacks too) of 64 (at 64 keys: 8-80 B of stack at 8 warps, 88-536 B at 16)
     warps = 8 if block_m >= 32 else 4
     if block_m >= 64:
-        block_n = max(16, block_n // (4 if k_cache.dtype == torch.uint8 else 2))
+        block_n = max(16, block_n // (4 if k4 else 2))
     o_part = torch.empty((T, hq, num_splits, d), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((T, hq, num_splits), dtype=torch.float32, device=q.device)
     _decode4_split_kernel[(num_splits, hkv, n * tiles)](
         q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, o_part, lse_part, scale * LOG2E,
         q.stride(0), q.stride(1), block_tables.stride(0), *_pool_strides(k_cache, v_cache, k_scale, v_scale),
         L=q_len, GROUP=group, D=d, G=_group(v_cache, v_scale), PAGE=page, ROWS=rows, TILES=tiles, BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        K4=k_cache.dtype == torch.uint8, DOT_PRECISION=_dot_precision(q.dtype), num_warps=warps, num_stages=3,
+        BLOCK_N=block_n, K4=k4, DOT_PRECISION=_dot_precision(q.dtype), num_warps=warps, num_stages=3,
         **pdl.launch_args(q.device))
     return attention.combine_splits(o_part, lse_part, q.dtype)
 

@@ -56,12 +56,6 @@ KV = (KVFormat.INT8, KVFormat.BF16, KVFormat.K8V4, KVFormat.K4V4)   # every form
 # A kernel launched with a register cap (maxnreg: the mma GEMVs' 128, so that 16 one-warp programs stay resident per
 # SM) may keep this much stack: they have 8-16 B at that cap on the H100 too, where the cap was measured faster.
 CAPPED_STACK = 16
-# Rounds of more than 3 drafts are opt-in (speculative_tokens 4-5): a decode kernel built for their verify rows only
-# (its query rows are a constexpr) may keep this much stack: 64-row tiles of k4v4 KV keep 8-24 B on sm_86 / sm_89 and
-# 48 B on sm_120 (docs/performance.md, 2026-12-06; the fix is two programs per 64-row tile). The default rounds of 3
-# drafts may keep none.
-OPT_IN_STACK = 48
-OPT_IN_ROUND = re.compile(r"verify N=\d+ k=([4-9])")
 BELOW_SM90_PTX = re.compile(r"griddepcontrol|wgmma|cp\.async\.bulk|setmaxnreg|\.e4m3|\.e5m2")
 
 
@@ -275,8 +269,7 @@ def findings(jobs: dict[str, Job], tuned: dict[str, Tuned], card: Card) -> list[
             bad.append(f"PTX uses {', '.join(r.forbidden)} below sm_90: {where}")
         if below90 and (r.launch_pdl or job.launch.options.get("launch_pdl") or job.launch.args.get("PDL")):
             bad.append(f"PDL on below sm_90: {where}")
-        allowed = OPT_IN_STACK if OPT_IN_ROUND.search(job.launch.where) else 0
-        allowed = max(allowed, CAPPED_STACK if job.launch.options.get("maxnreg") else 0)
+        allowed = CAPPED_STACK if job.launch.options.get("maxnreg") else 0
         if is_decode(job.launch) and job.key not in tuned_keys and (r.stack or 0) > allowed:
             bad.append(f"decode-path kernel spills ({r.stack} B of stack, {r.regs} registers): {where}")
     for t in tuned.values():
