@@ -58,6 +58,7 @@ class SettingsPage(QWidget):
         self._loading = True                     # values are being put in: edits are not the user's
         self.current = current
         self.model_path = ""                     # the checkpoint plans are made for
+        self._drafter_checked: tuple[tuple[str, str], str] = (("", ""), "")   # (drafter, model) -> the check's answer
         self.loaded_plan = None
         self.engine_status_text = ""
         self.descriptions = profile_descriptions()
@@ -388,7 +389,10 @@ class SettingsPage(QWidget):
             return ""
         if not self.model_path:
             return "Load a model first: a drafter is made for one model."
-        return check_drafter_folder(path, self.model_path)
+        key = (path, self.model_path)
+        if self._drafter_checked[0] != key:      # (asked several times a refresh: the folders are read once)
+            self._drafter_checked = (key, check_drafter_folder(path, self.model_path))
+        return self._drafter_checked[1]
 
     def _edited_drafters(self) -> dict[str, str]:
         """The drafters per model with this model's as the field shows it (one that cannot serve it is not kept)."""

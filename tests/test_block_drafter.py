@@ -205,23 +205,11 @@ def test_a_prefix_hit_restores_the_drafter_context_from_pages_and_the_host_tier(
 
 def test_cancels_mid_round_give_every_page_and_slot_back(ckpt, drafter):
     """60 random requests, a third cancelled at random moments while rounds run: pages and state slots all back."""
-    import random
-    import time
+    from tests.cancel_storm import cancel_storm
     e = make(ckpt, drafter, profile="C4", max_queue=64)
     e.set_draft_oracle(DraftOracle(0.7, {}), adaptive=False)
-    rng = random.Random(0)
     try:
-        handles = [e.submit(prompt(rng.randint(1, 60), i), SamplingParams(max_tokens=rng.randint(1, 12), **GREEDY))
-                   for i in range(60)]
-        for h in rng.sample(handles, 20):
-            time.sleep(rng.random() * 0.002)
-            h.cancel()
-        finals = [[ev for ev in h][-1] for h in handles]
-        assert {f.finish_reason for f in finals} <= {"length", "cancelled"}
-        deadline = time.time() + 5
-        while e.stats()["running"] and time.time() < deadline:
-            time.sleep(0.01)
-        s = e.stats()
+        s = cancel_storm(e, 60, 20)
         assert s["kv_pages_used"] == 0 and s["state_slots_used"] == 0 and s["spec_rounds"] > 0, s
     finally:
         e.close()

@@ -6,9 +6,7 @@ gets drafts accepted well above chance on its own; a request whose tool calls ar
 auto) speculates until the call opens, and the round ends there."""
 
 import gc
-import random
 import shutil
-import time
 import weakref
 
 import pytest
@@ -205,20 +203,10 @@ def test_thinking_budget_is_kept(ckpt, plain):
 
 def test_cancels_give_everything_back(ckpt):
     """200 random requests, a third cancelled at random moments: pages, state slots and snapshot slots all back."""
+    from tests.cancel_storm import cancel_storm
     e = with_oracle(make(ckpt, 3, profile="C4", max_queue=256), 0.7, {})
-    rng = random.Random(0)
     try:
-        handles = [e.submit(prompt(rng.randint(1, 60), i), SamplingParams(max_tokens=rng.randint(1, 12), **GREEDY))
-                   for i in range(200)]
-        for h in rng.sample(handles, 70):
-            time.sleep(rng.random() * 0.002)
-            h.cancel()
-        finals = [[ev for ev in h][-1] for h in handles]
-        assert {f.finish_reason for f in finals} <= {"length", "cancelled"}
-        deadline = time.time() + 5
-        while e.stats()["running"] and time.time() < deadline:
-            time.sleep(0.01)
-        s = e.stats()
+        s = cancel_storm(e, 200, 70)
         assert s["kv_pages_used"] == 0 and s["state_slots_used"] == 0, s
         held = e._cache.snapshots
         assert len(held._free) + len(held) == e._cache.scratch_slot - e.config.max_running   # no slot lost

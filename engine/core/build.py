@@ -106,9 +106,7 @@ def plan(config: EngineConfig, loaded: Loaded, device: torch.device, dtype: torc
     max_pixels = loaded.image_config.max_pixels if loaded.image_config else checkpoint_max_pixels(config.model)
     vision = dataclasses.replace(vision_cost(loaded.model_config, config, dtype, probe(config.device), max_pixels),
                                  placement=loaded.encoder.placement if loaded.encoder else "off")
-    drafter = loaded.model.drafter
-    if drafter is None:                     # the plan for what was loaded (a drafter that did not fit was not)
-        config = dataclasses.replace(config, drafter=None)
+    drafter = loaded.model.drafter          # what was loaded (a drafter that did not fit was not)
     made = plan_memory(loaded.model_config, config, dtype, weights_bytes=0,
                        budget_bytes=budget_for(config, probe(config.device), held), drafts=drafts, on_gpu=gpu,
                        vision=dataclasses.replace(vision, weights_bytes=0) if vision.placement == "resident"

@@ -210,25 +210,18 @@ def model_drafts(config: EngineConfig, on_gpu: bool, has_mtp: bool, drafter: Dra
     return config.drafts(on_gpu, config.method(has_mtp, drafter is not None), block)
 
 
-def planned_drafter(config: EngineConfig, drafts: int) -> DrafterConfig | None:
-    """The block drafter's config when the engine drafts with it (its weights and context K / V are planned)."""
-    drafting = drafts and config.method(has_mtp=False, has_drafter=bool(config.drafter)) == "dflash"
-    return read_drafter_config(config.drafter) if drafting else None
-
-
 def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, weights_bytes: int,
                 budget_bytes: int, drafts: int, on_gpu: bool, explain: bool = True,
                 vision: VisionCost = VisionCost("off"), drafter: DrafterConfig | None = None) -> MemoryPlan:
     """The largest plan for this profile that fits `budget_bytes`, or one marked fits=False with
     a message saying what would fit. weights_bytes: the language model's; a resident vision tower adds its own. The
     tower encodes between forward passes, so its activations (and its weights, on demand) share the workspace.
-    drafter: a block drafter already loaded (else the config's is read, when it drafts with one)."""
+    drafter: the block drafter the engine drafts with (its context K / V and workspace planned in; None: none)."""
     C, page = config.max_running, config.page_size
     one_of("kv_dtype", config.kv_dtype, KV_DTYPES)
     if config.kv_dtype == "auto":
         return _plan_auto_kv(cfg, config, dtype, weights_bytes=weights_bytes, budget_bytes=budget_bytes,
                              drafts=drafts, on_gpu=on_gpu, explain=explain, vision=vision, drafter=drafter)
-    drafter = drafter or planned_drafter(config, drafts)
     if drafter is not None:
         check_drafter(drafter, cfg)
     kv = KVFormat(config.kv_dtype)
@@ -328,11 +321,11 @@ def budget_for(config: EngineConfig, device: DeviceInfo, held_bytes: int = 0) ->
     return min(offered, int(config.gpu_memory_gb * GIB) - held_bytes)
 
 
-def weight_bytes(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, weights: str, drafts: int) -> int:
-    """Device bytes of the language model's weights (MTP only when it drafts; a block drafter's when it does, under
-    the same policy; the vision tower is VisionCost's) under `weights` (bf16: 16-bit, or int4 per the default
-    policy), from the model's tensor shapes."""
-    drafter = planned_drafter(config, drafts)
+def weight_bytes(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, weights: str, drafts: int,
+                 drafter: DrafterConfig | None = None) -> int:
+    """Device bytes of the language model's weights (MTP only when it drafts; `drafter`'s, the block drafter it drafts
+    with, under the same policy; the vision tower is VisionCost's) under `weights` (bf16: 16-bit, or int4 per the
+    default policy), from the model's tensor shapes."""
     shapes = dict(model_tensor_shapes(cfg, with_mtp=drafts > 0 and drafter is None, with_vision=False))  # (cached)
     if drafter is not None:
         shapes.update({f"drafter.{name}": shape for name, shape in drafter_tensor_shapes(drafter).items()})
@@ -369,12 +362,15 @@ def plan_for(config: EngineConfig, device: DeviceInfo | None = None, budget_byte
                         else [])
     refusal = None
     for attempt in tries:
+        has_mtp = cfg.num_mtp_layers > 0
         drafter = read_drafter_config(attempt.drafter) if attempt.drafter else None
-        drafts = model_drafts(attempt, device.on_gpu, has_mtp=cfg.num_mtp_layers > 0, drafter=drafter)
+        drafts = model_drafts(attempt, device.on_gpu, has_mtp=has_mtp, drafter=drafter)
+        if not drafts or attempt.method(has_mtp, drafter is not None) != "dflash":
+            drafter = None                                      # named, but not drafted with
         for weights in choices:
-            plan = plan_memory(cfg, attempt, dtype, weights_bytes=weight_bytes(cfg, attempt, dtype, weights, drafts),
-                               budget_bytes=budget, drafts=drafts, on_gpu=device.on_gpu,
-                               explain=weights == choices[-1], vision=vision)
+            plan = plan_memory(cfg, attempt, dtype, budget_bytes=budget, drafts=drafts, on_gpu=device.on_gpu,
+                               weights_bytes=weight_bytes(cfg, attempt, dtype, weights, drafts, drafter),
+                               explain=weights == choices[-1], vision=vision, drafter=drafter)
             plan.weights = weights
             if plan.fits:
                 return plan

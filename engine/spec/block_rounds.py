@@ -31,7 +31,7 @@ class BlockRoundRunner(Rounds):
         assert drafter is not None and pools.draft_k is not None
         self.block = drafter.cfg.block_size
         assert 1 <= k < self.block, f"a block of {self.block} rows drafts at most {self.block - 1} tokens"
-        super().__init__(model, pools, k, max_batch, max_context, draft_vocab, reach=self.block)
+        super().__init__(model, pools, k, max_batch, max_context, draft_vocab)
         self.drafter = drafter
 
     def reach_of(self, k: int) -> int:

@@ -95,14 +95,13 @@ class Rounds:
     method: str                   # how it drafts: "mtp" | "dflash" (EngineConfig.method)
 
     def __init__(self, model: Qwen3_5Model, pools: CacheTensors, k: int, max_batch: int, max_context: int,
-                 draft_vocab: int, reach: int):
-        """k: the most drafts a round makes (buffers are sized for it); reach: the rows past a sequence's cached
-        tokens a round of k drafts writes KV at (`reach_of`)."""
+                 draft_vocab: int):
+        """k: the most drafts a round makes (buffers are sized for it)."""
         cfg = model.cfg
         assert 1 <= k
         self.model, self.pools, self.k = model, pools, k
         self.max_context = max_context
-        self.max_seq_len = max_context + reach     # rows may run past the context (writing nothing there)
+        self.max_seq_len = max_context + self.reach_of(k)   # rows may run past the context (writing nothing there)
         self.draft_vocab = min(draft_vocab, cfg.vocab_size) // 16 * 16 or cfg.vocab_size
         self.rows = VerifyRows.allocate(len(cfg.linear_attention_layers), max_batch, k + 1, cfg.conv_dim,
                                         cfg.linear_num_v_heads, pools.conv.dtype, pools.conv.device)
@@ -156,7 +155,7 @@ class RoundRunner(Rounds):
                  draft_vocab: int = EngineConfig.draft_vocab):
         """k: the most drafts a round makes (buffers are sized for it)."""
         assert model.mtp is not None
-        super().__init__(model, pools, k, max_batch, max_context, draft_vocab, reach=k + 1)
+        super().__init__(model, pools, k, max_batch, max_context, draft_vocab)
         dev, dtype = pools.conv.device, pools.conv.dtype
         # per state slot (graph padding rows use the scratch slot: every slot has a row)
         self.draft_tokens = torch.zeros(pools.num_slots, dtype=torch.int64, device=dev)

@@ -103,6 +103,8 @@ class Speculation:
     # ---- drafts of a new sequence ---------------------------------------------------------------------------------
     def start(self, seqs: list[Sequence], hidden: torch.Tensor) -> None:
         """Sequences whose first token was just sampled from their prompt's last hidden states [N, H]: draft d_1."""
+        for s in seqs:
+            s.spec_counts.method = self.spec.method
         reqs = [self._request(s, base=s.num_computed - 1) for s in seqs]
         self.spec.first_draft(round_inputs(reqs, self.max_pages, hidden.device), hidden)
         if self.spec.oracle is not None:
@@ -133,7 +135,6 @@ class Speculation:
         self.round_ms += 1e3 * (time.perf_counter() - started)
         self.policy.kept_drafts(k, kept)
         for s, n in zip(seqs, kept):
-            s.spec_counts.method = self.spec.method
             s.spec_counts.add(k, n)
             self.totals.add(k, n)
         return [t[:n + 1] for t, n in zip(tokens, kept)]
