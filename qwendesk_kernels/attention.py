@@ -24,6 +24,8 @@ GPU kernels:
   (K/V read once per kv head) over one slice of the context, writes a partial output + log-sum-exp,
   and a combine kernel merges the slices. Slice sizes are computed in the kernel from seq_lens, so a
   captured CUDA graph replays correctly for any lengths up to the max_seq_len it was built for.
+  The same kernel runs a block drafter's attention (block_attention): each row seeing the whole block instead of
+  the rows up to itself, and / or only the keys within a sliding window of its position.
 - prefill (packed chunks, each causal over its cached pages + itself): flash-attention with online
   softmax and tl.dot, one program per (query block, q head, sequence), key blocks aligned to pages.
 """
@@ -73,9 +75,11 @@ def gather_kv(cache, block_table, length):
 
 
 def paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *,
-                        k_scale=None, v_scale=None, gate=None):
+                        k_scale=None, v_scale=None, gate=None, causal=True, window=0):
     """q [T, Hq, D] -> o [T, Hq, D] (q's dtype; softmax in fp32). Scale pools given: int8 KV. gate [T, Hq, D]
-    given: o * sigmoid(gate), in q's dtype (the output gate of Qwen3.5's attention)."""
+    given: o * sigmoid(gate), in q's dtype (the output gate of Qwen3.5's attention). causal False: every query row
+    sees all of its sequence's keys; window > 0: only keys less than `window` positions behind the row (and, not
+    causal, ahead of it). A row that sees no key gives 0, as the kernels do."""
     out = torch.empty_like(q)
     rep = q.shape[1] // k_cache.shape[2]
     bounds = cu_seqlens_q.tolist()
@@ -89,10 +93,15 @@ def paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_len
             v = v * gather_kv(v_scale, block_tables[i], total).float()[..., None]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q[s:e].float(), k) * scale
-        qpos = torch.arange(total - lq, total, device=q.device)
-        mask = torch.arange(total, device=q.device)[None, :] > qpos[:, None]
-        scores.masked_fill_(mask, float("-inf"))
-        out[s:e] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(q.dtype)
+        qpos = torch.arange(total - lq, total, device=q.device)[:, None]
+        keys = torch.arange(total, device=q.device)[None, :]
+        hidden = keys > qpos if causal else keys >= total
+        if window:
+            hidden = hidden | (qpos - keys >= window)
+            if not causal:
+                hidden = hidden | (keys - qpos >= window)
+        scores.masked_fill_(hidden, float("-inf"))
+        out[s:e] = torch.einsum("hqk,khd->qhd", scores.softmax(-1).nan_to_num(0.0), v).to(q.dtype)
     return out if gate is None else out * torch.sigmoid(gate)
 
 
@@ -177,14 +186,15 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
-def _attend_block(acc, l_i, m_i, q, n0, last_key, seq_len, table_ptr,
+def _attend_block(acc, l_i, m_i, q, n0, last_key, first_key, seq_len, table_ptr,
                   k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, kv_head,
                   stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh, qk_scale,
                   PAGE: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-                  QUANT: tl.constexpr, MASK: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                  QUANT: tl.constexpr, MASK: tl.constexpr, WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Online-softmax update with keys n0 .. n0+BLOCK_N-1; scores in log2 units (qk_scale has log2 e).
-    MASK: the block may hold keys past a row's last_key (score masked) or past seq_len (stale slots of
-    the page: their scores are masked and their V rows are not loaded, so stale NaN cannot leak in)."""
+    MASK: the block may hold keys past a row's last_key (score masked), before its first_key (WINDOW) or past
+    seq_len (stale slots of the page: their scores are masked and their V rows are not loaded, so stale NaN cannot
+    leak in)."""
     page = tl.load(table_ptr + n0 // PAGE).to(tl.int64)
     keys = n0 + tl.arange(0, BLOCK_N)
     slots = n0 % PAGE + tl.arange(0, BLOCK_N)
@@ -197,7 +207,10 @@ def _attend_block(acc, l_i, m_i, q, n0, last_key, seq_len, table_ptr,
     else:
         s = s * qk_scale
     if MASK:
-        s = tl.where(keys[None, :] <= last_key[:, None], s, float("-inf"))
+        visible = keys[None, :] <= last_key[:, None]
+        if WINDOW:
+            visible &= keys[None, :] >= first_key[:, None]
+        s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
@@ -226,22 +239,22 @@ def _gated(o, gate_ptrs, mask, dtype: tl.constexpr):
 
 
 @triton.jit
-def _attend_range(acc, l_i, m_i, q, lo, mid, hi, last_key, seq_len, table_ptr,
+def _attend_range(acc, l_i, m_i, q, lo, mid, hi, last_key, first_key, seq_len, table_ptr,
                   k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, kv_head,
                   stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh, qk_scale,
                   PAGE: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-                  QUANT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                  QUANT: tl.constexpr, WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Keys lo .. hi in blocks: [lo, mid) visible to every query row (no masking), [mid, hi) masked."""
     for n0 in range(lo, mid, BLOCK_N):
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, n0, last_key, seq_len, table_ptr,
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, n0, last_key, first_key, seq_len, table_ptr,
                                       k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, kv_head,
                                       stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh, qk_scale,
-                                      PAGE, BLOCK_N, D, QUANT, False, DOT_PRECISION)
+                                      PAGE, BLOCK_N, D, QUANT, False, WINDOW, DOT_PRECISION)
     for n0 in range(mid, hi, BLOCK_N):
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, n0, last_key, seq_len, table_ptr,
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, n0, last_key, first_key, seq_len, table_ptr,
                                       k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, kv_head,
                                       stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh, qk_scale,
-                                      PAGE, BLOCK_N, D, QUANT, True, DOT_PRECISION)
+                                      PAGE, BLOCK_N, D, QUANT, True, WINDOW, DOT_PRECISION)
     return acc, l_i, m_i
 
 
@@ -251,14 +264,15 @@ def _attend_range(acc, l_i, m_i, q, lo, mid, hi, last_key, seq_len, table_ptr,
 
 @triton.jit
 def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr, seq_lens_ptr,
-                         o_part_ptr, lse_part_ptr, qk_scale,
+                         o_part_ptr, lse_part_ptr, qk_scale, window,
                          stride_qt, stride_qh, stride_bt,
                          stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh,
                          L: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                          ROWS: tl.constexpr, TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         QUANT: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
+                         QUANT: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+                         DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
     """Query rows j0 .. j0 + ROWS - 1 of a sequence (its TILES row tiles: program_id(2) = seq x TILES + tile) against
-    one split of its keys."""
+    one split of its keys (with WINDOW, of the keys the tile's rows' windows span)."""
     pdl.enter(PDL)
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -267,8 +281,11 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_p
     num_splits = tl.num_programs(0)
     num_q_heads = tl.num_programs(1) * GROUP
     seq_len = tl.load(seq_lens_ptr + seq)
-    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    lo = split * per_split
+    start = 0
+    if WINDOW:      # the tile's first row has the earliest window
+        start = tl.maximum(seq_len - L + j0 - window + 1, 0) // BLOCK_N * BLOCK_N
+    per_split = tl.cdiv(tl.cdiv(seq_len - start, num_splits), BLOCK_N) * BLOCK_N
+    lo = start + split * per_split
     hi = tl.minimum(lo + per_split, seq_len)
 
     # tile row r = query row j of this sequence x q head g of this kv head's group
@@ -279,17 +296,28 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_p
     head = kv_head * GROUP + r % GROUP
     d = tl.arange(0, D)
     q = tl.load(q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :], mask=row_ok[:, None], other=0)
-    last_key = seq_len - L + j
+    position = seq_len - L + j
+    if CAUSAL:
+        last_key = position
+        visible_to_all = (seq_len - L + 1 + j0) // BLOCK_N * BLOCK_N
+    else:           # every row sees the whole block (within its window)
+        last_key = tl.zeros_like(position) + seq_len - 1
+        if WINDOW:
+            last_key = tl.minimum(last_key, position + window - 1)
+        visible_to_all = seq_len // BLOCK_N * BLOCK_N
+    first_key = position - window + 1
+    if WINDOW:      # each row its own first key: every block masked
+        visible_to_all = lo
 
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], -1e30, dtype=tl.float32)   # finite: a fully masked block leaves p = 0, not NaN
     table_ptr += seq * stride_bt
-    visible_to_all = tl.minimum(tl.maximum((seq_len - L + 1 + j0) // BLOCK_N * BLOCK_N, lo), hi)
-    acc, l_i, m_i = _attend_range(acc, l_i, m_i, q, lo, visible_to_all, hi, last_key, seq_len, table_ptr,
+    visible_to_all = tl.minimum(tl.maximum(visible_to_all, lo), hi)
+    acc, l_i, m_i = _attend_range(acc, l_i, m_i, q, lo, visible_to_all, hi, last_key, first_key, seq_len, table_ptr,
                                   k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, kv_head,
                                   stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh, qk_scale,
-                                  PAGE, BLOCK_N, D, QUANT, DOT_PRECISION)
+                                  PAGE, BLOCK_N, D, QUANT, WINDOW, DOT_PRECISION)
 
     # partials [T, Hq, splits, D] and [T, Hq, splits]; an empty split has lse = -inf and o = 0
     has_keys = l_i > 0
@@ -361,10 +389,10 @@ def _dot_precision(dtype):
 
 
 def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len, num_splits, *,
-                     k_scale=None, v_scale=None, gate=None):
+                     k_scale=None, v_scale=None, gate=None, causal=True, window=0):
     """Launcher: q [N * q_len, Hq, D] (rows i*q_len .. i*q_len+q_len-1 belong to sequence i; any token and head
     strides) -> o [N * q_len, Hq, D], times sigmoid(gate) (like q) if given. Reads seq_lens [N] and block_tables
-    [N, max_pages] on the device; no host syncs (graph-capturable)."""
+    [N, max_pages] on the device; no host syncs (graph-capturable). causal / window: as paged_attention_ref's."""
     _check_pools(k_cache, v_cache, k_scale, v_scale)
     T, hq, d = q.shape
     _, page, hkv, _ = k_cache.shape
@@ -386,10 +414,11 @@ def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len, 
     scale_strides = k_scale.stride() if quant else (0, 0, 0)
     _decode_split_kernel[(num_splits, hkv, n * tiles)](
         q, k_cache, v_cache, k_scale if quant else k_cache, v_scale if quant else v_cache, block_tables, seq_lens,
-        o_part, lse_part, scale * LOG2E,
+        o_part, lse_part, scale * LOG2E, window,
         q.stride(0), q.stride(1), block_tables.stride(0), *k_cache.stride()[:3], *scale_strides,
         L=q_len, GROUP=group, D=d, PAGE=page, ROWS=rows, TILES=tiles, BLOCK_M=block_m,
-        BLOCK_N=block_n, QUANT=quant, DOT_PRECISION=_dot_precision(q.dtype), num_warps=warps, num_stages=3,
+        BLOCK_N=block_n, QUANT=quant, CAUSAL=causal, WINDOW=window > 0, DOT_PRECISION=_dot_precision(q.dtype),
+        num_warps=warps, num_stages=3,
         **pdl.launch_args(q.device))
     return combine_splits(o_part, lse_part, q.dtype, gate)
 
@@ -480,10 +509,10 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, t
     table_ptr += seq * stride_bt
     visible_to_all = (cached + block * BLOCK_M + 1) // BLOCK_N * BLOCK_N
     hi = tl.minimum(seq_len, cached + (block + 1) * BLOCK_M)
-    acc, l_i, m_i = _attend_range(acc, l_i, m_i, q, 0, visible_to_all, hi, last_key, seq_len, table_ptr,
+    acc, l_i, m_i = _attend_range(acc, l_i, m_i, q, 0, visible_to_all, hi, last_key, last_key, seq_len, table_ptr,
                                   k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, kv_head,
                                   stride_cp, stride_cs, stride_ch, stride_sp, stride_ss, stride_sh, qk_scale,
-                                  PAGE, BLOCK_N, D, QUANT, DOT_PRECISION)
+                                  PAGE, BLOCK_N, D, QUANT, False, DOT_PRECISION)
     o = acc / l_i[:, None]
     if GATE:
         o = _gated(o, gate_ptr + t[:, None] * stride_gt + head * stride_gh + d[None, :], row_ok[:, None],
@@ -544,3 +573,21 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s
     splits = decode_num_splits(seq_lens.shape[0], k_cache.shape[2], max_seq_len, sm_count(q.device))
     return decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, decode_q_len, splits,
                             k_scale=k_scale, v_scale=v_scale, gate=gate)
+
+
+def block_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, block: int, *, causal: bool, window: int = 0,
+                    k_scale=None, v_scale=None, max_seq_len=None):
+    """A block drafter's attention: each sequence's `block` query rows q [N * block, Hq, D] sit at its last positions
+    (seq_lens[i] - block ..); causal or every row seeing the whole block; window > 0: only keys within `window`
+    positions of the row. The decode kernel (graph-capturable) on CUDA, the reference elsewhere."""
+    if not q.is_cuda:
+        cu = torch.arange(0, q.shape[0] + 1, block, dtype=torch.int32, device=q.device)
+        return paged_attention_ref(q, k_cache, v_cache, block_tables, cu, seq_lens, scale, k_scale=k_scale,
+                                   v_scale=v_scale, causal=causal, window=window)
+    if max_seq_len is None:
+        max_seq_len = block_tables.shape[1] * k_cache.shape[1]
+    if window:
+        max_seq_len = min(max_seq_len, window + block)
+    splits = decode_num_splits(seq_lens.shape[0], k_cache.shape[2], max_seq_len, sm_count(q.device))
+    return decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, block, splits,
+                            k_scale=k_scale, v_scale=v_scale, causal=causal, window=window)

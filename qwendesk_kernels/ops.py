@@ -4,6 +4,7 @@ on CUDA, the torch references (`*_ref`) elsewhere."""
 import torch
 
 from qwendesk_kernels.activation import silu_mul
+from qwendesk_kernels.attention import block_attention           # 16-bit / int8 pools: a block drafter's
 from qwendesk_kernels.attention_kv4 import paged_attention, store_kv   # bf16 / int8 pools: attention.py
 from qwendesk_kernels.conv1d import causal_conv1d
 from qwendesk_kernels.gdn import gated_delta_rule, gdn_decode, gdn_gating, gdn_replay
@@ -34,6 +35,6 @@ def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     return moe_decode(x, ids, weights, gate_up, down, inter)
 
 
-__all__ = ["add_rms_norm", "causal_conv1d", "gated_delta_rule", "gated_rms_norm", "gdn_decode", "gdn_gating",
-           "gdn_replay", "int4_swiglu", "int8_embedding", "matmul", "moe_experts", "moe_route", "paged_attention",
-           "qk_norm_rope", "rms_norm", "silu_mul", "store_kv"]
+__all__ = ["add_rms_norm", "block_attention", "causal_conv1d", "gated_delta_rule", "gated_rms_norm", "gdn_decode",
+           "gdn_gating", "gdn_replay", "int4_swiglu", "int8_embedding", "matmul", "moe_experts", "moe_route",
+           "paged_attention", "qk_norm_rope", "rms_norm", "silu_mul", "store_kv"]

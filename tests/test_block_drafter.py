@@ -15,7 +15,9 @@ from engine.bench.oracle import DraftOracle
 from engine.bench.random_model import text_config
 from engine.cache.kv_format import KVFormat
 from engine.cache.pages import CacheTensors
-from engine.model.dflash import BlockRows, Drafter
+from engine.model.block_drafter import BlockDrafter, DraftBlocks
+from engine.model.dflash import Drafter
+from engine.model.linear import Build
 from engine.model.drafter_config import DrafterMismatch, parse_drafter_config
 from tests.fixtures.drafters import drafter_config, write_drafter
 
@@ -64,22 +66,35 @@ def paged_pools(cfg, num_pages: int, page_size: int, kv: KVFormat) -> CacheTenso
                                  drafter=(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim))
 
 
+def engine_drafter(raw: dict, seed: int = 0) -> tuple[Drafter, BlockDrafter]:
+    """A tiny random drafter as the reference modules and as the engine holds them (fp32, CPU), norm weights and
+    DFlash2's kernels not at their initial values."""
+    cfg = parse_drafter_config(raw)
+    torch.manual_seed(seed)
+    ref = Drafter(cfg).eval()
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if "base_kernel" in name:
+                p.normal_(0, 0.3)
+            elif name.endswith("norm.weight"):
+                p.normal_(1, 0.2)
+    fused = BlockDrafter(cfg, Build(torch.float32, "cpu"))
+    fused.load_from(ref)
+    return ref, fused.eval()
+
+
 @pytest.mark.parametrize("variant,page_size,window,kv", [("dflash", 4, 5, "bf16"), ("dflash2", 4, 5, "bf16"),
                                                          ("dflash", 1, 3, "bf16"), ("dflash2", 8, 64, "bf16"),
                                                          ("dflash", 4, 5, "k4v4"), ("dflash2", 8, 64, "int8")])
 def test_the_paged_drafter_equals_the_one_sequence_drafter(variant, page_size, window, kv):
     """Two sequences on shuffled pages, their context written as the target's forwards write it, one block each: the
-    same hidden states as Drafter.forward over a DrafterCache, sliding windows included (windows shorter than a page,
-    longer than the context); beside a quantized KV format the drafter's context is int8 (within its rounding)."""
+    engine's drafter gives the same hidden states as the reference's Drafter.forward over a DrafterCache, sliding
+    windows included (windows shorter than a page, than the block, longer than the context); beside a quantized KV
+    format the drafter's context is int8 (within its rounding)."""
     raw = drafter_config({"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 4}, variant, block=4,
                          taps=(0, 1, 3), window=window)
-    cfg = parse_drafter_config(raw)
-    torch.manual_seed(0)
-    drafter = Drafter(cfg).eval()
-    with torch.no_grad():
-        for name, p in drafter.named_parameters():
-            if "base_kernel" in name:
-                p.normal_(0, 0.3)
+    ref, drafter = engine_drafter(raw)
+    cfg = ref.cfg
     lengths, B, pages_each = [11, 6], cfg.block_size, 32 // page_size
     pools = paged_pools(cfg, 2 * pages_each, page_size, KVFormat(kv))
     assert (pools.draft_k.dtype == torch.int8) == (kv != "bf16")
@@ -96,25 +111,34 @@ def test_the_paged_drafter_equals_the_one_sequence_drafter(variant, page_size, w
             pos = torch.arange(f.shape[0])
             drafter.write_context(f, pos, slot(i, pos), pools)
         index = torch.cat([n + torch.arange(B) for n in lengths])
-        base = torch.tensor(lengths).repeat_interleave(B)
-        rows = BlockRows(index=index, base=base, limit=torch.full_like(index, 32),
-                         tables=tables.repeat_interleave(B, 0), slots=torch.cat([slot(i, n + torch.arange(B)) for
-                                                                                 i, n in enumerate(lengths)]),
-                         block=B, max_seq_len=32)
-        got = drafter.draft(torch.cat(blocks), index, rows, pools).view(2, B, -1)
+        where = DraftBlocks(tables=tables, seq_lens=torch.tensor(lengths, dtype=torch.int32) + B,
+                            slots=torch.cat([slot(i, n + torch.arange(B)) for i, n in enumerate(lengths)]),
+                            block=B, max_seq_len=32)
+        got = drafter.draft(torch.cat(blocks), index, where, pools).view(2, B, -1)
         for i, (f, block) in enumerate(zip(feats, blocks)):
-            cache = drafter.new_cache()
-            drafter.extend(cache, f)
+            cache = ref.new_cache()
+            ref.extend(cache, f)
             tol = 1e-5 if kv == "bf16" else 3e-2
-            torch.testing.assert_close(got[i], drafter(block, cache), atol=tol, rtol=tol)
+            torch.testing.assert_close(got[i], ref(block, cache), atol=tol, rtol=tol)
 
 
-def test_rows_past_the_limit_and_padding_rows_see_only_keys_with_k_v():
-    rows = BlockRows(index=torch.tensor([9, 10, 0, 1]), base=torch.tensor([9, 9, 0, 0]),
-                     limit=torch.tensor([10, 10, 0, 0]), tables=torch.zeros(4, 4, dtype=torch.int32),
-                     slots=torch.tensor([0, -1, -1, -1]), block=2, max_seq_len=16)
-    assert rows.key_count(causal=True).tolist() == [10, 10, 1, 1]
-    assert rows.key_count(causal=False).tolist() == [10, 10, 1, 1]
+def test_a_block_past_the_end_of_its_pages_reads_only_keys_with_k_v():
+    """At the end of a sequence's room its block's last rows have no slot: the block then sits at the last positions
+    that have pages, and no row reads a slot nothing was written to (the pools are NaN elsewhere)."""
+    raw = drafter_config({"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 4}, "dflash", block=4,
+                         taps=(0, 1, 3), window=5)
+    ref, drafter = engine_drafter(raw)
+    pools = paged_pools(ref.cfg, 4, 4, KVFormat.BF16)
+    pools.draft_k.fill_(float("nan"))
+    pools.draft_v.fill_(float("nan"))
+    tables = torch.tensor([[2, 0, 3, 1]], dtype=torch.int32)
+    slots = tables[0].long().repeat_interleave(4) * 4 + torch.arange(4).repeat(4)          # position p -> slot
+    with torch.no_grad():
+        drafter.write_context(torch.randn(14, 96), torch.arange(14), slots[:14], pools)
+        where = DraftBlocks(tables=tables, seq_lens=torch.tensor([16], dtype=torch.int32),
+                            slots=torch.cat([slots[14:], torch.tensor([-1, -1])]), block=4, max_seq_len=16)
+        out = drafter.draft(torch.randn(4, 32), torch.arange(14, 18), where, pools)
+    assert torch.isfinite(out).all()
 
 
 # ---- through the engine ---------------------------------------------------------------------------------------------
@@ -326,7 +350,8 @@ def test_int4_weights_quantize_the_drafter_too_and_stay_exact(ckpt, drafter):
     try:
         cfg, policy = e._model.drafter.cfg, config.policy("int4")
         shapes = drafter_tensor_shapes(cfg)
-        held = {f"{n}.weight" for n, m in e._model.drafter.named_modules() if isinstance(m, Linear)}
+        held = {name for m in e._model.drafter.modules() if isinstance(m, Linear) and m.scheme == "int4"
+                for name, *_ in m.checkpoint_slices()}
         assert held == {n for n, (shape, _) in shapes.items() if policy.scheme(n, shape) == "int4"} != set()
         without = plan_for(EngineConfig(**{**config.__dict__, "drafter": None, "speculative_tokens": 0}))
         assert plan_for(config).weights_bytes - without.weights_bytes == policy_bytes(shapes, policy)["total"]

@@ -135,14 +135,14 @@ def test_a_drafter_checkpoint_loads_and_drafts_as_saved(tmp_path):
 
     from safetensors.torch import save_file
 
-    from engine.model.dflash import load_drafter
+    from engine.model.dflash import read_drafter
     config = tiny_config("dflash2")
     ref = reference_model(config)
     ours = ours_from(ref, config)
     state = {k: v.contiguous() for k, v in ours.state_dict().items()}
     (tmp_path / "config.json").write_text(json.dumps(config))
     save_file(state, str(tmp_path / "model.safetensors"))
-    loaded = load_drafter(tmp_path, target_config(), dtype=torch.float32)
+    loaded = read_drafter(tmp_path, target_config(), dtype=torch.float32)
     (features, block), = rounds(3)[:1]
     a, b = ours.new_cache(), loaded.new_cache()
     with torch.no_grad():
@@ -151,7 +151,7 @@ def test_a_drafter_checkpoint_loads_and_drafts_as_saved(tmp_path):
         assert torch.equal(ours(block, a), loaded(block, b))
     save_file({k: v for k, v in state.items() if k != "fc.weight"}, str(tmp_path / "model.safetensors"))
     with pytest.raises(DrafterMismatch, match="lacks 1 weight"):
-        load_drafter(tmp_path, target_config())
+        read_drafter(tmp_path, target_config())
     save_file({**state, "fc.weight": state["fc.weight"][:, :8].contiguous()}, str(tmp_path / "model.safetensors"))
     with pytest.raises(DrafterMismatch, match="fc.weight has shape"):
-        load_drafter(tmp_path, target_config())
+        read_drafter(tmp_path, target_config())

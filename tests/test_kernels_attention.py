@@ -382,3 +382,46 @@ def test_decode_of_16_rows_in_two_row_tiles_matches_ref(quant):
         got = decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 32 ** -0.5, L, splits,
                                **(kv.scales if quant else {}))
         torch.testing.assert_close(got, want, **({"atol": 1e-5, "rtol": 1e-5} if quant else tol(q.dtype)))
+
+
+# --- a block drafter's attention (block_attention: the decode kernel, not causal and / or windowed) ---------------
+
+@pytest.mark.parametrize("causal,window", [(False, 0), (True, 5), (False, 5), (True, 40), (False, 300)])
+@pytest.mark.parametrize("quant", [False, True])
+def test_block_attention_matches_ref(causal, window, quant):
+    """Blocks of 8 rows (6 q heads a kv head: two row tiles) at the end of sequences of 8 .. 150 keys: every row sees
+    the whole block or the rows up to itself, within a window shorter than a key block, longer than a page, longer
+    than the sequence; a split may hold no key of a row's window."""
+    from qwendesk_kernels.attention import block_attention
+    L, lens = 8, [8, 37, 150, 64]
+    q, cu, kv = decode_inputs(lens, L, 6, 1, 32, page=16, quant=quant)
+    want = paged_attention_ref(q, kv.k_cache, kv.v_cache, kv.block_tables, cu, kv.seq_lens, 32 ** -0.5,
+                               causal=causal, window=window, **kv.scales)
+    assert torch.isfinite(want).all()
+    for splits in (1, 3):
+        got = decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 32 ** -0.5, L, splits,
+                               causal=causal, window=window, **kv.scales)
+        torch.testing.assert_close(got, want, **({"atol": 1e-5, "rtol": 1e-5} if quant else tol(q.dtype)))
+    got = block_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 32 ** -0.5, L, causal=causal,
+                          window=window, **kv.scales)
+    torch.testing.assert_close(got, want, **({"atol": 1e-5, "rtol": 1e-5} if quant else tol(q.dtype)))
+
+
+def test_block_attention_ref_masks():
+    """The reference's masks, row by row, on one sequence of 10 keys whose last 4 are the block (one head, V = the
+    key's position one-hot, so each output row is the softmax weight each key got)."""
+    total, L, d = 10, 4, 16
+    k = torch.zeros(1, total, 1, d)
+    v = torch.eye(d)[:total].view(1, total, 1, d)
+    q = torch.zeros(L, 1, d)
+    tables, lens, cu = torch.tensor([[0]]), torch.tensor([total]), torch.tensor([0, L])
+
+    def seen(**kw):
+        o = paged_attention_ref(q, k, v, tables, cu, lens, 1.0, **kw)[:, 0, :total]
+        return [[int(x > 0) for x in row] for row in o.tolist()]
+    assert seen(causal=True) == [[1] * 7 + [0] * 3, [1] * 8 + [0] * 2, [1] * 9 + [0], [1] * 10]
+    assert seen(causal=False) == [[1] * 10] * 4
+    assert seen(causal=True, window=3) == [[0] * 4 + [1] * 3 + [0] * 3, [0] * 5 + [1] * 3 + [0] * 2,
+                                           [0] * 6 + [1] * 3 + [0], [0] * 7 + [1] * 3]
+    assert seen(causal=False, window=2) == [[0] * 5 + [1] * 3 + [0] * 2, [0] * 6 + [1] * 3 + [0],
+                                            [0] * 7 + [1] * 3, [0] * 8 + [1] * 2]

@@ -114,17 +114,14 @@ def drafter_config(shape: str, taps: list[int] | None = None) -> dict:
 
 def build_random_drafter(shape: str, weights: str, device="cuda", dtype: torch.dtype = torch.bfloat16):
     """A block drafter at the published size for `shape`'s target, random weights, held as the engine holds it with
-    `weights` (int4: its projections quantized per the default policy, round-to-nearest: the values are noise)."""
+    `weights` (int4: its projections' codes, scales and zeros random, as the target's)."""
     from engine.core.params import EngineConfig
-    from engine.model.dflash import Drafter, quantize_
+    from engine.model.block_drafter import BlockDrafter
     from engine.model.linear import Build
     from engine.model.drafter_config import parse_drafter_config
-    with torch.device(device):
-        drafter = Drafter(parse_drafter_config(drafter_config(shape))).to(dtype)
+    policy = EngineConfig(model="").policy(weights)
+    drafter = BlockDrafter(parse_drafter_config(drafter_config(shape)), Build(dtype, device, policy))
     randomize_(drafter)
-    policy = EngineConfig(model="", quant_method="rtn").policy(weights)
-    if policy is not None:
-        quantize_(drafter, Build(dtype, device, policy))
     return drafter.eval()
 
 

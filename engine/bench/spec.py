@@ -58,16 +58,18 @@ def _graph_ms(fn, iters: int = 30) -> float:
 
 def components(eng, k: int, context: int) -> dict:
     """Times of one draft step and one verify forward of k + 1 rows for one sequence at `context` tokens (CUDA graphs
-    of their own over the engine's model and pools, on the scratch slot; what they write is never read)."""
+    of their own over the engine's model and pools, on the scratch slot). Run on a fresh engine: they write their K / V
+    into the first pages, which no sequence holds yet."""
     from engine.spec.rounds import RoundRequest, round_inputs, rows_batch
     spec, cache = eng._spec.spec, eng._cache
     model, pools, page = spec.model, spec.pools, cache.page_size
-    pages = list(range(-(-(context + k + 1) // page)))
-    req = RoundRequest(cache.scratch_slot, context, 1, pages, 0, -1, cache.scratch_slot)     # greedy
+    assert len(cache.free_pages) == cache.num_pages, "components() needs a fresh engine: it writes pages 0 .."
+    pages = list(range(-(-(context + max(k + 1, spec.reach_of(k))) // page)))
+    req = RoundRequest(cache.scratch_slot, context, 1, pages, len(pages) * page, -1, cache.scratch_slot)    # greedy
     inp = round_inputs([req], eng._spec.max_pages, pools.conv.device)
 
     def draft():
-        if spec.method == "dflash":     # the whole block (limit 0: it writes nothing, so its rows see one key)
+        if spec.method == "dflash":     # the whole block, over `context` keys
             spec.pick(*spec.draft_rows(inp, k), inp, False)
             return
         m = model.mtp_forward(inp.last, spec.draft_hidden[inp.slots], rows_batch(inp, 0, 1, page, spec.max_seq_len),

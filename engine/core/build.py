@@ -20,7 +20,7 @@ from engine.core.memory import MemoryPlan, budget_for, checkpoint_max_pixels, pl
 from engine.core.params import EngineConfig
 from engine.core.runner import ModelRunner, batch_buckets
 from engine.core.scheduler import Scheduler
-from engine.model.dflash import load_drafter
+from engine.model.block_drafter import load_drafter
 from engine.model.load import load_model
 from engine.model.config import ModelConfig, load_model_config
 from engine.model.layers import MLP

@@ -13,18 +13,15 @@ config sets `is_causal`). DFlash2 adds, in each layer, a 2-tap grouped dynamic c
 around attention and around the MLP, and picks the drafts with a candidate selector (the top-k of each row re-scored
 left to right with low-rank predecessor / successor codebooks).
 
-Two ways through the same layers:
-- one sequence over a `DrafterCache` (`extend`, `forward`): the reference's way, checked against it in
-  tests/test_dflash.py;
-- the engine's way (`write_context`, `draft`): the context K / V live in pages of the engine's CacheTensors
-  (`draft_k` / `draft_v`, one pool per drafter layer; int8 beside a quantized KV format: KVFormat.drafter) at the
-  same page and slot as the target's KV of that token, so a sequence's page table, the prefix cache and its tiers
-  carry them with no bookkeeping of their own. The target's forward writes them for every row it computes
-  (Qwen3_5Model.forward: prefill, decode and verify); a round's block writes its own K / V at its rows' slots (past
-  the committed tokens: overwritten by the verify that follows) and attends over the pages: a full layer through the
-  paged decode attention (each row a query of its own), a sliding layer over its window's keys gathered from the
-  pages (window + block - 1 of them per sequence, whatever the context: exact, where a window starting at a page
-  boundary would see up to page_size - 1 keys too many).
+This module holds the drafter as its checkpoint lays it out and as the reference runs it, one sequence over a
+`DrafterCache` (`extend`, `forward`: checked against the `dflash` package in tests/test_dflash.py). The engine runs
+the same layers fused (engine/model/block_drafter.py BlockDrafter, loaded from these modules by `load_drafter`), with
+the context K / V in pages of the engine's CacheTensors (`draft_k` / `draft_v`, one pool per drafter layer; int8
+beside a quantized KV format: KVFormat.drafter) at the same page and slot as the target's KV of that token, so a
+sequence's page table, the prefix cache and its tiers carry them with no bookkeeping of their own. The target's
+forward writes them for every row it computes (Qwen3_5Model.forward: prefill, decode and verify); a round's block
+writes its own K / V at its rows' slots (past the committed tokens: overwritten by the verify that follows) and
+attends over the pages.
 """
 
 from __future__ import annotations
@@ -39,10 +36,7 @@ from torch import nn
 
 from engine.model.config import ModelConfig
 from engine.model.drafter_config import DrafterConfig, DrafterMismatch, check_drafter, read_drafter_config
-from engine.model.linear import Build, Linear
 from engine.weights.checkpoint import TensorReader, list_tensors
-from engine.weights.quantize import quantize_int4, quantize_int8
-from qwendesk_kernels import ops
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]   # (q, k, v) of a layer -> its output
 
@@ -78,11 +72,14 @@ class DynamicCausalConv(nn.Module):
     """DFlash2's grouped dynamic causal convolution over each block's rows: y[t] = sum_o (base[o] + dyn[t, o]) x[t - o]
     per channel group; `prepare` makes the kernels from its input and applies the first, `finish` the second."""
 
-    def __init__(self, hidden: int, taps: int, group: int):
+    def __init__(self, hidden: int, taps: int, group: int, projection: nn.Module | None = None,
+                 base_kernel: torch.Tensor | None = None):
+        """projection / base_kernel: the engine's (engine/model/block_drafter.py); default the checkpoint's."""
         super().__init__()
         self.taps, self.group = taps, group
-        self.base_kernel = nn.Parameter(torch.zeros(2, taps, hidden))
-        self.kernel_projection = nn.Linear(hidden, 2 * taps * (hidden // group), bias=False)
+        self.base_kernel = nn.Parameter(torch.zeros(2, taps, hidden) if base_kernel is None else base_kernel,
+                                        requires_grad=base_kernel is None)
+        self.kernel_projection = projection or nn.Linear(hidden, 2 * taps * (hidden // group), bias=False)
 
     def _convolve(self, x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor, block: int) -> torch.Tensor:
         """x [N * block, H] (N blocks back to back; the shift stays inside each), dynamic [N * block, taps, groups]."""
@@ -108,12 +105,12 @@ class DynamicCausalConv(nn.Module):
 class Attention(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
-        h, d, bias = cfg.hidden_size, cfg.head_dim, cfg.attention_bias
+        h, d = cfg.hidden_size, cfg.head_dim
         self.heads, self.kv_heads, self.head_dim, self.theta = cfg.num_heads, cfg.num_kv_heads, d, cfg.rope_theta
-        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=bias)
-        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=bias)
-        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=bias)
-        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=bias)
+        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
@@ -209,12 +206,17 @@ class CandidateSelector(nn.Module):
     """DFlash2: each draft row keeps its top-k tokens by logit; left to right, a candidate's score is its logit plus
     <predecessor code (x) projected row hidden, successor code>, and the best (or a sample) is the row's draft."""
 
-    def __init__(self, cfg: DrafterConfig):
+    def __init__(self, cfg: DrafterConfig, projection: nn.Module | None = None,
+                 predecessor: torch.Tensor | None = None, successor: torch.Tensor | None = None):
+        """projection and the codebooks: the engine's (engine/model/block_drafter.py); default the checkpoint's."""
         super().__init__()
         self.top_k = cfg.selector_top_k
-        self.predecessor_codebook = nn.Parameter(torch.zeros(cfg.vocab_size, cfg.selector_rank))
-        self.successor_codebook = nn.Parameter(torch.zeros(cfg.vocab_size, cfg.selector_rank))
-        self.hidden_projection = nn.Linear(cfg.hidden_size, cfg.selector_rank, bias=False)
+        shape = (cfg.vocab_size, cfg.selector_rank)
+        self.predecessor_codebook = nn.Parameter(torch.zeros(shape) if predecessor is None else predecessor,
+                                                 requires_grad=predecessor is None)
+        self.successor_codebook = nn.Parameter(torch.zeros(shape) if successor is None else successor,
+                                               requires_grad=successor is None)
+        self.hidden_projection = projection or nn.Linear(cfg.hidden_size, cfg.selector_rank, bias=False)
 
     def candidates(self, hidden: torch.Tensor, logits: torch.Tensor):
         """(unary logits [..., k], candidate ids [..., k], projected hidden [..., rank]) of rows hidden / logits."""
@@ -296,105 +298,28 @@ class Drafter(nn.Module):
             x = layer(x, positions, attend, rows)
         return self.norm(x)
 
+    def logits(self, hidden: torch.Tensor, head) -> torch.Tensor:
+        return draft_logits(self.cfg, hidden, head)
+
     def crop(self, cache: DrafterCache, length: int) -> None:
         """Forget the context past `length` tokens (a cancelled or rewound sequence)."""
         cache.k = [k[:length] for k in cache.k]
         cache.v = [v[:length] for v in cache.v]
 
-    # ---- the engine's way: context in pages ----------------------------------------------------------------------
-    def write_context(self, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, pools) -> None:
-        """The context K / V of rows the target just computed (features [T, len(taps) x H] at rotary `positions` [T])
-        into the drafter's pages at their KV `slots` [T] (-1: written nowhere). pools: CacheTensors."""
-        ctx = self.context(features)
-        for i, layer in enumerate(self.layers):
-            k, v = layer.self_attn.kv(ctx, positions)
-            kc, vc, ks, vs = pools.drafter_layer(i)
-            ops.store_kv(k, v.contiguous(), kc, vc, slots, k_scale=ks, v_scale=vs)
 
-    def draft(self, x: torch.Tensor, positions: torch.Tensor, rows: BlockRows, pools) -> torch.Tensor:
-        """N blocks at once: x [N * B, H] the target's embeddings of each [anchor, MASK x (B - 1)] (times
-        embedding_scale) at rotary `positions` [N * B], over the context in `pools`' pages; -> final-normed hidden
-        states [N * B, H]."""
-        B, page = rows.block, pools.page_size
-        scale = self.cfg.head_dim ** -0.5
-        for i, layer in enumerate(self.layers):
-            def attend(q, k, v, i=i, layer=layer):
-                kc, vc, ks, vs = pools.drafter_layer(i)
-                ops.store_kv(k, v.contiguous(), kc, vc, rows.slots, k_scale=ks, v_scale=vs)
-                if layer.window is not None:
-                    return rows.window_attention(q, pools.drafter_layer(i), layer.causal, layer.window, page, scale)
-                return ops.paged_attention(q.contiguous(), kc, vc, rows.tables, rows.cu_seqlens,
-                                           rows.key_count(layer.causal), scale, k_scale=ks, v_scale=vs,
-                                           decode_q_len=1, max_seq_len=rows.max_seq_len)
-            x = layer(x, positions, attend, B)
-        return self.norm(x)
-
-    def logits(self, hidden: torch.Tensor, head) -> torch.Tensor:
-        """Draft logits of hidden rows through the target's LM head `head` (a callable), scaled and soft-capped as
-        the config says."""
-        logits = head(hidden) * self.cfg.output_multiplier
-        if self.cfg.logit_softcap:
-            logits = torch.tanh(logits / self.cfg.logit_softcap) * self.cfg.logit_softcap
-        return logits
+def draft_logits(cfg: DrafterConfig, hidden: torch.Tensor, head) -> torch.Tensor:
+    """Draft logits of hidden rows through the target's LM head `head` (a callable), scaled and soft-capped as the
+    config says."""
+    logits = head(hidden) * cfg.output_multiplier
+    if cfg.logit_softcap:
+        logits = torch.tanh(logits / cfg.logit_softcap) * cfg.logit_softcap
+    return logits
 
 
-@dataclass
-class BlockRows:
-    """Where N blocks of B rows sit in their sequences' pages, for the drafter's attention: each row is a query of
-    its own (decode attention with one query row), whose keys end where its layer's mask says."""
-    index: torch.Tensor          # [N * B] int64 token index of each row (anchor at the sequence's base)
-    base: torch.Tensor           # [N * B] int64 its block's first token index
-    limit: torch.Tensor          # [N * B] int64 positions below this have pages (and so K / V)
-    tables: torch.Tensor         # [N * B, max_pages] int32 its sequence's page table
-    slots: torch.Tensor          # [N * B] int64 KV slot of each row (-1: none)
-    block: int
-    max_seq_len: int
-
-    @property
-    def cu_seqlens(self) -> torch.Tensor:
-        return torch.arange(self.index.shape[0] + 1, device=self.index.device, dtype=torch.int32)
-
-    def key_count(self, causal: bool) -> torch.Tensor:
-        """[N * B] int32: the keys 0 .. count - 1 each row sees in a full layer (causal rows up to themselves, others
-        the whole block), only those with K / V (below limit; at least one, for padding rows)."""
-        end = self.index + 1 if causal else self.base + self.block
-        return torch.minimum(end, self.limit).clamp(min=1).int()
-
-    def window_attention(self, q: torch.Tensor, pools: tuple, causal: bool, window: int, page: int,
-                         scale: float) -> torch.Tensor:
-        """A sliding layer's attention, q [N * B, heads, D] -> [N * B, heads, D] over its (k, v, k_scale, v_scale)
-        pools: each sequence's keys at positions base - window + 1 .. base + B - 1 gathered from its pages (static
-        shapes: graphable; int8 ones scaled back), masked per row."""
-        B = self.block
-        N, span = q.shape[0] // B, window + B - 1
-        base, limit, tables = self.base[::B], self.limit[::B], self.tables[::B]
-        pos = base[:, None] - window + 1 + torch.arange(span, device=q.device)                      # [N, span]
-        at = pos.clamp(min=0)
-        slots = tables.gather(1, (at // page).clamp(max=tables.shape[1] - 1)).long() * page + at % page
-        rows = self.index.view(N, B, 1)
-        visible = (pos >= 0)[:, None] & (pos < limit[:, None])[:, None] & (rows - pos[:, None] < window)
-        visible &= pos[:, None] <= (rows if causal else (base + B - 1)[:, None, None])
-        visible |= ~visible.any(-1, keepdim=True)            # a padding row (no keys): any finite output will do
-        k_cache, v_cache, k_scale, v_scale = pools
-        kv_heads, D = k_cache.shape[-2:]
-        k = k_cache.reshape(-1, kv_heads, D)[slots]                                                # [N, span, kv, D]
-        v = v_cache.reshape(-1, kv_heads, D)[slots]
-        if k_scale is not None:
-            k = k.float() * k_scale.reshape(-1, kv_heads)[slots][..., None]
-            v = v.float() * v_scale.reshape(-1, kv_heads)[slots][..., None]
-        k, v = k.transpose(1, 2), v.transpose(1, 2)                                               # [N, kv, span, D]
-        groups = q.shape[1] // kv_heads
-        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-        out = F.scaled_dot_product_attention(q.view(N, B, -1, D).transpose(1, 2), k.to(q.dtype), v.to(q.dtype),
-                                             attn_mask=visible[:, None], scale=scale)
-        return out.transpose(1, 2).reshape(q.shape)
-
-
-def load_drafter(path, target: ModelConfig, device="cpu", dtype: torch.dtype = torch.bfloat16,
-                 policy=None) -> Drafter:
-    """The drafter checkpoint at `path` (config.json + safetensors, as z-lab publishes them) for `target`: refused in
-    one line (DrafterMismatch) when it was made for another model or lacks a weight. policy: the target's
-    quantization policy (engine/weights/policy.py), which the drafter's projections take too (None: all `dtype`)."""
+def read_drafter(path, target: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> Drafter:
+    """The drafter checkpoint at `path` (config.json + safetensors, as z-lab publishes them) for `target`, as its
+    reference modules on the CPU: refused in one line (DrafterMismatch) when it was made for another model or lacks a
+    weight."""
     path = Path(path)
     cfg = read_drafter_config(path)
     check_drafter(cfg, target)
@@ -411,29 +336,7 @@ def load_drafter(path, target: ModelConfig, device="cpu", dtype: torch.dtype = t
         if tuple(t.shape) != tuple(p.shape):
             raise DrafterMismatch(f"drafter weight {name} has shape {tuple(t.shape)}, its config needs "
                                   f"{tuple(p.shape)}")
-        state[name] = t.to(device=device, dtype=dtype)
+        state[name] = t.to(dtype=dtype)
     reader.close()
     drafter.load_state_dict(state, assign=True)
-    if policy is not None:
-        quantize_(drafter, Build(dtype, device, policy))
     return drafter.eval()
-
-
-@torch.no_grad()
-def quantize_(drafter: Drafter, build: Build, load: bool = True) -> None:
-    """Each bias-free projection whose checkpoint name the policy quantizes (engine/weights/policy.py: as the target's
-    of the same kind) becomes an engine Linear holding it int4 / int8 (same call, the engine's GEMV). load False: the
-    layout only, nothing quantized (a drafter on the meta device: the readiness check)."""
-    method = getattr(build.policy, "method", "als")
-    for name, module in list(drafter.named_modules()):
-        if not isinstance(module, nn.Linear) or module.bias is not None:
-            continue
-        prefix, _, attr = name.rpartition(".")
-        linear = Linear(module.in_features, {attr: module.out_features}, build, f"{prefix}." if prefix else "")
-        if linear.scheme == "float":
-            continue
-        if load:
-            w = module.weight.float()
-            linear.load_rows(0, quantize_int4(w, build.group_size, method) if linear.scheme == "int4"
-                             else quantize_int8(w, build.group_size))
-        setattr(drafter.get_submodule(prefix) if prefix else drafter, attr, linear)

@@ -32,7 +32,6 @@ class DrafterConfig:
     head_dim: int
     rms_norm_eps: float
     rope_theta: float
-    attention_bias: bool
     layer_types: tuple[str, ...]          # "full_attention" | "sliding_attention" per layer
     sliding_window: int | None
     is_causal: bool | None                # None: the reference's rule (sliding layers causal, full ones not)
@@ -84,6 +83,9 @@ def parse_drafter_config(raw: dict) -> DrafterConfig:
     mask = value("mask_token_id")
     if mask is None:
         raise DrafterMismatch("drafter config has no mask_token_id")
+    if raw.get("attention_bias"):
+        raise DrafterMismatch("drafters with attention biases are not supported (the published DFlash drafters "
+                              "have none)")
     n_target = value("num_target_layers")
     taps = value("target_layer_ids") or default_target_layer_ids(int(n_target), layers)
     softcap = value("final_logit_softcapping")
@@ -95,7 +97,6 @@ def parse_drafter_config(raw: dict) -> DrafterConfig:
         head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         rope_theta=float(rope.get("rope_theta", raw.get("rope_theta", 10000.0))),
-        attention_bias=bool(raw.get("attention_bias", False)),
         layer_types=tuple(raw.get("layer_types") or ["full_attention"] * layers),
         sliding_window=raw.get("sliding_window"), is_causal=raw.get("is_causal"),
         target_layer_ids=tuple(int(i) for i in taps), num_target_layers=None if n_target is None else int(n_target),
@@ -166,10 +167,6 @@ def drafter_tensor_shapes(cfg: DrafterConfig) -> dict[str, tuple[tuple[int, ...]
                     p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
                     p + "mlp.down_proj.weight": (h, inter),
                     p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)})
-        if cfg.attention_bias:
-            out.update({p + "self_attn.q_proj.bias": (cfg.num_heads * d,), p + "self_attn.k_proj.bias":
-                        (cfg.num_kv_heads * d,), p + "self_attn.v_proj.bias": (cfg.num_kv_heads * d,),
-                        p + "self_attn.o_proj.bias": (h,)})
         if cfg.conv_kernel:
             for conv in ("attention_conv", "mlp_conv"):
                 out.update({f"{p}{conv}.base_kernel": (2, cfg.conv_kernel, h),

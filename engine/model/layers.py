@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from engine.model.config import ModelConfig
+from engine.model.drafter_config import DrafterConfig
 from engine.model.batch import ForwardBatch
 from engine.model.linear import Build, Linear, param
 from engine.model.moe import SparseMoE
@@ -38,7 +39,7 @@ class RMSNorm(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, build: Build, prefix: str, intermediate: int | None = None):
+    def __init__(self, cfg: ModelConfig | DrafterConfig, build: Build, prefix: str, intermediate: int | None = None):
         """intermediate: the SwiGLU width (default: the config's; an MoE layer's shared expert has its own)."""
         super().__init__()
         n = intermediate or cfg.intermediate_size

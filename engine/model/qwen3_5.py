@@ -9,7 +9,7 @@ from torch import nn
 from engine.model.config import ModelConfig
 from engine.cache.pages import CacheTensors
 from engine.model.batch import ForwardBatch
-from engine.model.dflash import Drafter
+from engine.model.block_drafter import BlockDrafter
 from engine.model.drafter_config import check_drafter
 from engine.model.layers import DecoderLayer, RMSNorm
 from engine.model.linear import Build, Embedding, Linear
@@ -45,7 +45,7 @@ class Qwen3_5Model(nn.Module):
             Linear(cfg.hidden_size, {"lm_head": cfg.vocab_size}, build, prefix="")
         self.rotary = Rotary(cfg, device)
         self.mtp = MTP(cfg, build) if with_mtp and cfg.num_mtp_layers else None
-        self.drafter: Drafter | None = None      # a block drafter: every forward writes its context (attach_drafter)
+        self.drafter: BlockDrafter | None = None    # every forward writes its context (attach_drafter)
         # where each layer's pools are: index into CacheTensors.k/v (attention) or .conv/.ssm (GDN)
         self._pool_index = []
         n_attn = n_gdn = 0
@@ -85,9 +85,9 @@ class Qwen3_5Model(nn.Module):
         h, _ = self.norm.add_forward(x, residual)
         return h
 
-    def attach_drafter(self, drafter: Drafter) -> None:
+    def attach_drafter(self, drafter: BlockDrafter) -> None:
         """From now on every forward (prefill, decode, verify) also writes the drafter's context K / V of its rows
-        (engine/model/dflash.py), inside the same CUDA graphs."""
+        (engine/model/block_drafter.py), inside the same CUDA graphs."""
         check_drafter(drafter.cfg, self.cfg)
         self.drafter = drafter
 

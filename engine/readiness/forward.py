@@ -75,7 +75,7 @@ def run_drafter(rec: Recorder, shape: str, weights: str, kv: KVFormat | str) -> 
     from engine.cache.pages import CacheTensors
     from engine.core.sampling import SamplingRow
     from engine.model.batch import build_batch
-    from engine.model.dflash import Drafter, quantize_
+    from engine.model.block_drafter import BlockDrafter
     from engine.model.drafter_config import parse_drafter_config
     from engine.model.linear import Build
     from engine.spec.block_rounds import BlockRoundRunner
@@ -85,9 +85,7 @@ def run_drafter(rec: Recorder, shape: str, weights: str, kv: KVFormat | str) -> 
     taps = len(DRAFTERS[shape][5])
     model = model_on_meta(shape, weights, layers=taps)
     cfg = parse_drafter_config(drafter_config(shape, list(range(taps))))
-    with torch.device("meta"):
-        drafter = Drafter(cfg).to(torch.bfloat16)
-    quantize_(drafter, Build(torch.bfloat16, "meta", DEFAULTS.policy(weights)), load=False)
+    drafter = BlockDrafter(cfg, Build(torch.bfloat16, "meta", DEFAULTS.policy(weights)))
     model.attach_drafter(drafter)
     pages = max(BUCKETS) * (CONTEXT + 2 * PAGE) // PAGE
     pools = CacheTensors.allocate(model.cfg, pages, PAGE, 9, torch.bfloat16, "meta", kv=KVFormat(kv),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from engine.cache.pages import CacheTensors
-from engine.model.dflash import BlockRows
+from engine.model.block_drafter import DraftBlocks
 from engine.model.qwen3_5 import Qwen3_5Model
 from engine.spec.acceptance import draft_probs, draw_draft
 from engine.spec.rounds import RoundInputs, RoundOutputs, Rounds, rows_batch
@@ -62,11 +62,10 @@ class BlockRoundRunner(Rounds):
         x = model.embed_tokens(ids.reshape(-1))
         if drafter.cfg.embedding_scale != 1.0:
             x = x * drafter.cfg.embedding_scale
-        index = inp.base[:, None] + torch.arange(n, device=inp.base.device)
-        rows = BlockRows(index=index.reshape(-1), base=inp.base.repeat_interleave(n),
-                         limit=inp.limit.repeat_interleave(n), tables=inp.block_tables.repeat_interleave(n, 0),
-                         slots=batch.slot_mapping, block=n, max_seq_len=self.max_seq_len)
-        hidden = drafter.draft(x, batch.positions[0], rows, self.pools).view(B, n, -1)[:, 1:k + 1]
+        ends = torch.minimum(inp.base + n, inp.limit).clamp(min=1).int()
+        blocks = DraftBlocks(tables=inp.block_tables, seq_lens=ends, slots=batch.slot_mapping, block=n,
+                             max_seq_len=self.max_seq_len)
+        hidden = drafter.draft(x, batch.positions[0], blocks, self.pools).view(B, n, -1)[:, 1:k + 1]
         return hidden, drafter.logits(hidden, self.draft_logits)
 
     def pick(self, hidden: torch.Tensor, logits: torch.Tensor, inp: RoundInputs, sampled: bool):
