@@ -6,7 +6,9 @@ app loads a published checkpoint: the weights the planner picks for the card (in
 24 GiB), the MTP module with the speculation buffers (3 drafts, the default on a GPU), and the vision tower where
 the plan puts it (on demand on 24 GiB: in page-locked host memory, on the GPU only while an image is encoded).
 Each shape's scenarios must load and decode; the last sends the largest image the preprocessor keeps (16.7
-megapixels, 16,384 tokens). For each, the plan's prediction for what the scenario uses (weights held + KV + state
+megapixels, 16,384 tokens). With `--drafter random`, the MTP module then makes way for a random block drafter of
+the published size (held as the plan holds it) and the drafter's scenarios run too (issue #45: >= 128K tokens of int8
+KV beside it). For each, the plan's prediction for what the scenario uses (weights held + KV + state
 + the workspace of a prefill chunk, or of encoding the largest image where it sends one: the plan's workspace is the
 larger of the two) is printed beside the measured peak: the peak must not exceed it, and should be within 3% under
 it; the plan's whole total beside them.
@@ -39,6 +41,10 @@ DENSE = [
     Scenario("C8, bf16 KV, 8K context each", dict(profile="C8", max_context=8192), 2048, 8),
     Scenario("C1, the largest image", dict(profile="C1"), 100, 1, image=True),
 ]
+DRAFTER = [   # issue 45: the 27B with its block drafter, the tower on demand
+    Scenario("C1, int8 KV, block drafter, 128K", dict(profile="C1", kv_dtype="int8"), 4096, 1, context=131072),
+    Scenario("C4, int8 KV, block drafter, 8K each", dict(profile="C4", kv_dtype="int8", max_context=8192), 2048, 4),
+]
 MOE = [   # issue 30: C1 at >= 64K context and C8 at 8K each on a 24 GiB card, vision on demand
     Scenario("C1, bf16 KV, a 64K conversation", dict(profile="C1"), 65536 - 16, 1, context=65536),
     Scenario("C8, bf16 KV, 8K context each", dict(profile="C8", max_context=8192), 8192 - 32, 8),
@@ -55,11 +61,11 @@ def largest_image(max_pixels: int) -> bytes:
     return out.getvalue()
 
 
-def simulate(shape: str, gb: float) -> dict:
+def simulate(shape: str, gb: float, drafter: bool = False) -> dict:
     from engine.api import Engine, EngineConfig, SamplingParams, parse_model_config, plan_for
     from engine.core.memory import workspace_bytes
-    from engine.bench.random_model import (PREPROCESSOR, bench_tokenizer, build_random_model, build_random_tower,
-                                     rand_ids, wrapper_config)
+    from engine.bench.random_model import (PREPROCESSOR, bench_tokenizer, build_random_drafter, build_random_model,
+                                           build_random_tower, rand_ids, wrapper_config)
     from engine.vision.processor import parse_processor_config
 
     total = torch.cuda.get_device_properties(0).total_memory
@@ -76,7 +82,14 @@ def simulate(shape: str, gb: float) -> dict:
     image = largest_image(proc.max_pixels)
     tok = bench_tokenizer()
     rows = []
-    for sc in MOE if cfg.is_moe else DENSE:
+    scenarios = MOE if cfg.is_moe else DENSE
+    for i, sc in enumerate(scenarios + (DRAFTER if drafter else [])):
+        if i == len(scenarios):                   # the MTP module makes way for the drafter
+            model.mtp = None
+            torch.cuda.empty_cache()
+            model.attach_drafter(build_random_drafter(shape, planned.weights))
+            held = torch.cuda.memory_allocated()
+            print(f"block drafter instead of MTP: the weights hold {held / GIB:.2f} GiB", flush=True)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         row = {"scenario": sc.name}

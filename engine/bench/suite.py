@@ -203,8 +203,8 @@ def main(argv=None) -> int:
                     "(engine/bench/spec.py), per --profiles and --drafts")
     ap.add_argument("--drafts", default="1,3,5", type=token_counts, help="drafts per round (--draft-oracle)")
     ap.add_argument("--drafter", default="none", choices=["none", "random"],
-                    help="(--draft-oracle, --shape 27b) draft with a random block drafter of the published DFlash "
-                    "drafter's size instead of the MTP head")
+                    help="(--draft-oracle or --simulate-gb, --shape 27b) draft with a random block drafter of the "
+                    "published DFlash drafter's size instead of the MTP head")
     ap.add_argument("--spec-context", type=positive_int, default=512, help="prompt tokens (--draft-oracle)")
     ap.add_argument("--profile-rounds", action="store_true",
                     help="(--draft-oracle) also profile the rounds of the first rate by kernel")
@@ -242,7 +242,7 @@ def main(argv=None) -> int:
     raw = text_config(args.shape)
     if args.simulate_gb:
         from engine.bench.memory import simulate
-        results = simulate(args.shape, args.simulate_gb)
+        results = simulate(args.shape, args.simulate_gb, drafter=args.drafter == "random")
         write_json(results, args.json)
         return 0
     bw = copy_bandwidth()
