@@ -294,7 +294,10 @@ class ToolCall:
     arguments: str = ""
 
 
-def add_calls(calls: list[ToolCall], pieces: list) -> None:
+Piece = Text | Reasoning | CallStart | CallArgs
+
+
+def add_calls(calls: list[ToolCall], pieces: list[Piece]) -> None:
     """Grow `calls` by the CallStart / CallArgs among a stream's pieces."""
     for piece in pieces:
         if isinstance(piece, CallStart):
@@ -317,7 +320,7 @@ class StreamEvent:
     and the reply made calls) | cancelled | error.
     stop_sequence: the stop string that ended the reply (None when anything else did)."""
     kind: EventKind
-    pieces: list = field(default_factory=list)          # Text | Reasoning | CallStart | CallArgs, in order
+    pieces: list[Piece] = field(default_factory=list)   # in order
     token_ids: list[int] = field(default_factory=list)
     token_kinds: list[TokenKind] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
