@@ -12,7 +12,7 @@ import torch
 
 from engine.core.params import FinishReason, Piece, SamplingParams, StreamEvent, Timings, TokenKind, Usage
 from engine.core.scheduler import Scheduler
-from engine.core.sequence import Sequence
+from engine.core.sequence import Sequence, submitted
 from engine.text.grammar import Grammars, Matcher
 from engine.text.output_stream import OutputStream, starts_in_reasoning
 from engine.text.tokenizer import Tokenizer
@@ -103,12 +103,6 @@ class OutputStage:
         seq.finish_reason = reason
         seq.emit(StreamEvent("finish", pieces, finish_reason=reason, stop_sequence=stream.stop_sequence,
                              usage=usage, timings=timings(seq, time.perf_counter()), error=error))
-
-
-def submitted(seq: Sequence) -> OutputStream:
-    """A request's output stream: every request the output stage sees was submitted with one (Engine.submit)."""
-    assert seq.stream is not None, f"request {seq.id} has no output stream"
-    return seq.stream
 
 
 def timings(seq: Sequence, now: float) -> Timings:
