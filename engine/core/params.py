@@ -201,7 +201,7 @@ class SamplingParams:
 @dataclass
 class TokenLogprob:
     token_id: int
-    logprob: float
+    logprob: float | None           # None: a scored prompt's first token (nothing before it to predict it)
     top: list[tuple[int, float]]    # (token id, logprob), most likely first
 
 
