@@ -315,9 +315,9 @@ def check(card: Card, models=MODELS, weights=None, kv=KV, workers: int | None = 
     while todo:
         compile_all(todo, card, workers or os.cpu_count() or 1)
         todo = more_jobs(jobs, tuned, card)
+    seconds = sum(j.compiled.seconds for j in jobs.values())
     log(f"{card.name} (sm_{card.capability[0]}{card.capability[1]}): {len(launches)} launches, {len(jobs)} distinct "
-        f"compiles ({sum(j.compiled.seconds for j in jobs.values()):.0f} s of compiling), {len(tuned)} autotuned launch "
-        f"shapes", flush=True)
+        f"compiles ({seconds:.0f} s of compiling), {len(tuned)} autotuned launch shapes", flush=True)
     bad = findings(jobs, tuned, card)
     done = [j for j in jobs.values() if not j.compiled.error]
     worst = max(done, key=lambda j: j.compiled.shared, default=None)

@@ -24,7 +24,7 @@ class Launch:
     args: dict
     options: dict
     autotuner: Autotuner | None = None       # the kernel's autotuner, where it has one
-    configs: list = field(default_factory=list)  # the configs its autotuner keeps after pruning on the card (check.record)
+    configs: list = field(default_factory=list)   # those its autotuner keeps after pruning on the card (check.record)
     where: str = ""                          # what the engine was running (e.g. "27b int4 decode N=4")
 
     @property
