@@ -223,6 +223,8 @@ class Engine:
             if ev.kind == "finish":
                 if ev.finish_reason == "error":
                     raise RuntimeError(f"generation failed: {ev.error}")
+                # (OutputStage.finish sends every finish event, with its reason, usage and timings)
+                assert ev.finish_reason is not None and ev.usage is not None and ev.timings is not None
                 return GenerateOutput(token_ids=ids, text="".join(p.text for p in pieces if isinstance(p, Text)),
                                       finish_reason=ev.finish_reason, prompt_tokens=handle.prompt_tokens,
                                       reasoning="".join(p.text for p in pieces if isinstance(p, Reasoning)),

@@ -326,8 +326,8 @@ class StreamEvent:
     logprobs: list[TokenLogprob] | None = None
     finish_reason: FinishReason | None = None
     stop_sequence: str | None = None
-    usage: Usage | None = None
-    timings: Timings | None = None
+    usage: Usage = field(default_factory=Usage)
+    timings: Timings = field(default_factory=Timings)
     error: str | None = None
 
     @property
@@ -352,11 +352,11 @@ class ContextLengthError(ValueError):
 class GenerateOutput:
     token_ids: list[int]
     text: str                       # content (reasoning and tool calls excluded)
-    finish_reason: str              # stop | length | tool_calls | cancelled
+    finish_reason: FinishReason     # stop | length | tool_calls | cancelled
     prompt_tokens: int
     reasoning: str = ""             # the model's thinking, when the prompt turned it on
     tool_calls: list[ToolCall] = field(default_factory=list)   # when the request had tools
     stop_sequence: str | None = None
     logprobs: list[TokenLogprob] | None = None
-    usage: Usage | None = None
-    timings: Timings | None = None
+    usage: Usage = field(default_factory=Usage)
+    timings: Timings = field(default_factory=Timings)
