@@ -54,8 +54,8 @@ test-latest:
 lock:
 	$(PY) .ci/lock.py > constraints.txt.new && mv constraints.txt.new constraints.txt
 
-# ruff over the four trees, and mypy over the three packages (pyproject.toml's [tool.ruff] and [tool.mypy]; ~15 s cold
-# on 2 cores, 1 s cached)
+# ruff over the four trees, and mypy over the three packages (pyproject.toml's [tool.ruff] and [tool.mypy]; ~10 s cold
+# on 2 cores, under 1 s cached)
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check app engine qwendesk_kernels tests
 	$(VENV)/bin/python -m mypy app engine qwendesk_kernels
