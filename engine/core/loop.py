@@ -201,9 +201,9 @@ class EngineLoop:
             self.output.accept(ready, self.runner.sample(ready, logits[done], self.output.masks(ready)))
             if self.spec is not None:              # their first drafts, from the prompt's last hidden states
                 live = [i for i, s in zip(done, ready) if s.finish_reason is None]
-                hidden = self.runner.last_hidden
-                assert hidden is not None               # a prefill step keeps its logits rows' hidden states
                 if live:
+                    hidden = self.runner.last_hidden
+                    assert hidden is not None           # a prefill step keeps its logits rows' hidden states
                     self.spec.start([seqs[i] for i in live], hidden[live])
         return True
 
