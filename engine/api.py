@@ -13,7 +13,8 @@ from engine.core.memory import MemoryPlan, budget_for, plan_for, system_share
 from engine.model.drafter_config import check_drafter_folder
 from engine.core.params import (DTYPE_NAMES, KV_DTYPES, MAX_DRAFTS, PROFILES, SPECULATION, VISION, WEIGHTS, CallArgs,
                            CallStart,
-                           Constraint, ContextLengthError, EngineConfig, GenerateOutput, QueueFullError, Reasoning,
+                           Constraint, ContextLengthError, EngineConfig, FinishReason, GenerateOutput, Piece,
+                           QueueFullError, Reasoning,
                            SamplingParams, SpeculationStats, StreamEvent, Text, Timings, TokenLogprob, ToolCall, Usage,
                            add_calls)
 from engine.text.output_stream import starts_in_reasoning
@@ -26,8 +27,9 @@ from engine.weights.formats import detect_format, with_side_quant_config
 __all__ = ["DEFAULT_PORT", "DTYPE_NAMES", "KV_DTYPES", "MAX_DRAFTS", "NO_VISION", "PROFILES", "SPECULATION", "VISION",
            "WEIGHTS", "check_drafter_folder",
            "CallArgs", "CallStart", "CheckpointError", "Constraint", "ContextLengthError", "DeviceInfo", "Engine",
-           "EngineConfig", "GenerateOutput", "ImageInputError", "LoadCancelled", "MemoryPlan", "ModelConfig",
-           "PortInUseError", "QueueFullError", "Reasoning", "RequestHandle", "SamplingParams", "SpeculationStats",
+           "EngineConfig", "FinishReason", "GenerateOutput", "ImageInputError", "LoadCancelled", "MemoryPlan",
+           "ModelConfig", "Piece", "PortInUseError", "QueueFullError", "Reasoning", "RequestHandle", "SamplingParams",
+           "SpeculationStats",
            "StreamEvent", "Text", "Timings", "TokenLogprob", "ToolCall", "ToolCallParser", "UnsupportedModelError",
            "Usage", "add_calls", "budget_for", "call_arguments", "check_checkpoint", "decode_image", "detect_format",
            "listen_socket", "load_model_config", "parse_model_config", "plan_for", "probe", "split_images",

@@ -10,6 +10,8 @@ SDPA (flash) on contiguous K/V with the kv heads repeated beforehand.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -92,7 +94,7 @@ def _prefill(cached, new, quant):
         return paged_attention(q, pools["k_cache"], pools["v_cache"], tables, cu, seq_lens, SCALE,
                                k_scale=pools.get("k_scale"), v_scale=pools.get("v_scale"))
 
-    baseline = None
+    baseline: Callable[[], object] | None = None
     if not quant:
         from torch.nn.attention.bias import causal_lower_right
         k = _contiguous(pools["k_cache"], tables, cached + new, HQ)
@@ -100,8 +102,9 @@ def _prefill(cached, new, quant):
         q4 = q.transpose(0, 1).unsqueeze(0)
         mask = causal_lower_right(new, cached + new)
 
-        def baseline():
+        def sdpa():
             return F.scaled_dot_product_attention(q4, k, v, attn_mask=mask, scale=SCALE)
+        baseline = sdpa
     kind = "int8" if quant else "bf16"
     name = f"prefill_{new // 1024}k" + (f"_on_{cached // 1024}k" if cached else "") + f"_{kind}"
     return Case("attention", name, run, flops=4 * D * HQ * pairs, baseline=baseline,

@@ -9,6 +9,8 @@ its rows' replay inputs; `replay` advances 48 layers' states by the accepted row
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from qwendesk_kernels.bench import Case, graph_replay
@@ -85,8 +87,8 @@ def _decode_cases():
     for B in (1, 2, 4, 8):
         x = _decode_inputs(B, 1)
         fla = _fla_recurrent_baseline(B, 1)
-        cases.append(Case("gdn", f"decode_b{B}", lambda x=x: gdn_decode(**x), bytes=2 * B * STATE_BYTES,
-                          baseline=fla or (lambda x=x: gdn_decode_ref(**x)), target=target + (
+        cases.append(Case("gdn", f"decode_b{B}", partial(gdn_decode, **x), bytes=2 * B * STATE_BYTES,
+                          baseline=fla or partial(gdn_decode_ref, **x), target=target + (
                               ", vs fla fused_recurrent" if fla else ", vs composed torch refs"), target_frac=0.5))
     for B in (1, 8):
         cases.append(Case("gdn", f"decode_b{B}_split_conv", _split_decode(_decode_inputs(B, 1), 1),
@@ -102,8 +104,12 @@ def _decode_cases():
     for B in (1, 8):
         x = _decode_inputs(B, L)
         rows = VerifyRows.allocate(1, B, L, CONV_DIM, HV, torch.bfloat16, DEV)
-        cases.append(Case("gdn", f"verify_b{B}_L{L}", lambda x=x, rows=rows: gdn_decode(**x, verify=rows.layer(0)),
-                          bytes=B * STATE_BYTES, target=">= 50% of copy bw (state read)", target_frac=0.5))
+
+        def verify(x=x, rows=rows):
+            return gdn_decode(**x, verify=rows.layer(0))
+
+        cases.append(Case("gdn", f"verify_b{B}_L{L}", verify, bytes=B * STATE_BYTES,
+                          target=">= 50% of copy bw (state read)", target_frac=0.5))
         cases.append(Case("gdn", f"replay_b{B}_L{L}_x48 (us per round)", _replay(B, L),
                           bytes=LAYERS * 2 * B * STATE_BYTES, target=target + ", 48 layers in one launch",
                           target_frac=0.5))
@@ -123,7 +129,9 @@ def _conv_prefill_case(T=8192):
                 target=">= 70% of copy bw", target_frac=0.7)
 
 
-def _prefill_inputs(T):
+def _prefill_inputs(T: int) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+                                    torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """((q, k, v, g, beta), state, (slots, cu_seqlens, has_state)) of one sequence's prefill of T tokens."""
     qkv = torch.randn(T, CONV_DIM, dtype=torch.bfloat16, device=DEV)
     q, k, v = qkv.split([HK * K, HK * K, HV * V], dim=-1)
     g, beta = gdn_gating_ref(torch.randn(T, HV, device=DEV), torch.randn(T, HV, device=DEV),
@@ -151,12 +159,8 @@ def _short_prefill_cases():
     cases = []
     for T in (64, 256, 512, 1024, 2048):
         x, state, meta = _prefill_inputs(T)
-
-        def recurrent(x=x, state=state, meta=meta):
-            return recurrent_gated_delta_rule_triton(*x, state, *meta)
-
-        def fla(x=x, state=state, meta=meta):
-            return gated_delta_rule_fla(*x, state, *meta)
+        recurrent = partial(recurrent_gated_delta_rule_triton, *x, state, *meta)
+        fla = partial(gated_delta_rule_fla, *x, state, *meta)
 
         cases.append(Case("gdn", f"prefill_{T}_recurrent (vs ref = vs fla chunked)", recurrent,
                           bytes=T * (2 * HK * K + 2 * HV * V) * 2 + 2 * STATE_BYTES,

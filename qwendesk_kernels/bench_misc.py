@@ -7,6 +7,8 @@ Target at prefill: >= 70% of copy bandwidth; decode cases are latency, no target
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from qwendesk_kernels.activation import silu_mul, silu_mul_ref
@@ -21,7 +23,7 @@ TOKENS = (1, 8, 8192)
 
 
 def _case(name, T, fn, baseline, nbytes):
-    target = dict(target=">= 70% of copy bw", target_frac=0.7) if T >= 1024 else {}
+    target: dict[str, Any] = dict(target=">= 70% of copy bw", target_frac=0.7) if T >= 1024 else {}
     return Case("misc", f"{name} T={T}", fn, bytes=nbytes, baseline=baseline, **target)
 
 

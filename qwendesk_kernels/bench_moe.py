@@ -32,9 +32,10 @@ DEV = "cuda"
 SWEEP = [dict(GATE_UP_BN=32, GATE_UP_WARPS=2), dict(GATE_UP_BN=32, GATE_UP_WARPS=4),
          dict(GATE_UP_BN=64, GATE_UP_WARPS=4), dict(DOWN_BN=32, DOWN_WARPS=2), dict(DOWN_BN=64, DOWN_WARPS=4),
          dict(PER_SM=4), dict(PER_SM=16), dict(GATE_UP_PER=H // 128), dict(DOWN_PER=K_TOP + 1)]
-MMA_SWEEP = [dict(GROUP_MIN_T=99), dict(GROUP_MIN_T=1), dict(DOWN_R=1), dict(DOWN_PER_SM=8), dict(DOWN_PER_SM=32),
-             dict(GATE_UP_PER_SM=8), dict(GATE_UP_PER_SM=32), dict(GATE_UP_NW=2, DOWN_NW=2, GATE_UP_PER_SM=8,
-                                                                   DOWN_PER_SM=8), dict(MAXNREG=None)]
+MMA_SWEEP: list[dict[str, int | None]] = [
+    dict(GROUP_MIN_T=99), dict(GROUP_MIN_T=1), dict(DOWN_R=1), dict(DOWN_PER_SM=8), dict(DOWN_PER_SM=32),
+    dict(GATE_UP_PER_SM=8), dict(GATE_UP_PER_SM=32), dict(GATE_UP_NW=2, DOWN_NW=2, GATE_UP_PER_SM=8, DOWN_PER_SM=8),
+    dict(MAXNREG=None)]
 
 
 def _int4(N: int, K: int) -> Int4Weight:
@@ -123,9 +124,9 @@ def bench(kind: str, sweep: bool) -> None:
         _row(f"{kind} T={T} experts, tl.dot kernels (moe_decode) [graph]", graph_us(lambda i: experts(i, moe_decode)),
              nbytes, _launches(lambda: experts(0, moe_decode)))
         if T in (2, 4):                                   # where grouping starts to pay
-            for cfg in (dict(GROUP_MIN_T=99), dict(GROUP_MIN_T=1)):
-                _row(f"{kind} T={T} mma experts {cfg} [graph]",
-                     graph_us(lambda i, cfg=cfg: experts(i, moe_decode_mma, config=cfg)), nbytes)
+            for grouping in (dict(GROUP_MIN_T=99), dict(GROUP_MIN_T=1)):
+                _row(f"{kind} T={T} mma experts {grouping} [graph]",
+                     graph_us(lambda i, cfg=grouping: experts(i, moe_decode_mma, config=cfg)), nbytes)
             continue
         if not sweep:
             continue
@@ -133,9 +134,9 @@ def bench(kind: str, sweep: bool) -> None:
             config = {**DEFAULT_CONFIG, **cfg}
             _row(f"{kind} T={T} experts {cfg} [graph]",
                  graph_us(lambda i, config=config: experts(i, moe_decode, config=config)), nbytes)
-        for cfg in MMA_SWEEP:
-            _row(f"{kind} T={T} mma experts {cfg} [graph]",
-                 graph_us(lambda i, cfg=cfg: experts(i, moe_decode_mma, config=cfg)), nbytes)
+        for mma in MMA_SWEEP:
+            _row(f"{kind} T={T} mma experts {mma} [graph]",
+                 graph_us(lambda i, cfg=mma: experts(i, moe_decode_mma, config=cfg)), nbytes)
 
 
 def main() -> None:

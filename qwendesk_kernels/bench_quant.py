@@ -18,6 +18,9 @@ budget measured in the same run.
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -85,7 +88,7 @@ def _gemv_cases(int4_w, bf16_w):
             tag = f"int4 {name} M={M}"
             eager_bf16 = lambda x=x, wb=wb: F.linear(x, wb)  # noqa: E731
             variant_a = lambda x=x, w=w: int4_linear_triton(x, w, variant="A")  # noqa: E731
-            kw = dict(bytes=_gemv_bytes(w, M), target=GEMV_TARGET, target_frac=0.8)
+            kw: dict[str, Any] = dict(bytes=_gemv_bytes(w, M), target=GEMV_TARGET, target_frac=0.8)
             cases.append(Case("quant", f"{tag} [A {_tuned(variant_a)}, eager]", variant_a, baseline=eager_bf16, **kw))
             if M > MMA_ROWS:
                 continue
@@ -98,7 +101,7 @@ def _gemv_cases(int4_w, bf16_w):
                           f"{programs}x{per}")
                 cases.append(Case("quant", f"{tag} [{name_c}, graph]", graph_replay(variant_c), baseline=graph_bf16,
                                   **kw))
-            cases.append(Case("quant", f"{tag} [C cfg1, eager]", lambda x=x, w=w: int4_linear_triton(x, w, variant="C"),
+            cases.append(Case("quant", f"{tag} [C cfg1, eager]", partial(int4_linear_triton, x, w, variant="C"),
                               baseline=eager_bf16, **kw))
     return cases
 
@@ -111,7 +114,7 @@ def _lm_head_cases():
         x = torch.randn(M, HIDDEN, dtype=torch.bfloat16, device=DEV)
         fn = lambda x=x: int8_linear(x, w)  # noqa: E731
         cases.append(Case("quant", f"int8 lm_head {LM_HEAD[0]}x{HIDDEN} M={M} [{_tuned(fn)}]", fn,
-                          bytes=_gemv_bytes(w, M), baseline=lambda x=x: F.linear(x, wb), target=GEMV_TARGET,
+                          bytes=_gemv_bytes(w, M), baseline=partial(F.linear, x, wb), target=GEMV_TARGET,
                           target_frac=0.8))
     T = 8192
     ids = torch.randint(0, LM_HEAD[0], (T,), device=DEV)
@@ -172,8 +175,8 @@ def _prefill_cases(int4_w, bf16_w):
         (N, K), w, wb = PROJ[name], int4_w[name], bf16_w[name]
         x = torch.randn(M, K, dtype=torch.bfloat16, device=DEV)
         bf16_us = time_us(lambda: F.linear(x, wb))
-        cases.append(Case("quant", f"int4 prefill {name} {N}x{K} M={M}", lambda x=x, w=w: int4_linear(x, w),
-                          flops=2 * M * N * K, baseline=lambda x=x, wb=wb: F.linear(x, wb),
+        cases.append(Case("quant", f"int4 prefill {name} {N}x{K} M={M}", partial(int4_linear, x, w),
+                          flops=2 * M * N * K, baseline=partial(F.linear, x, wb),
                           target=f">= 60% of bf16 speed (<= {bf16_us / 0.6:.0f} us)", target_us=bf16_us / 0.6))
     return cases
 

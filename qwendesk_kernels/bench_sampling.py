@@ -9,6 +9,9 @@ race records. Baseline: the torch references (full sort).
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Any
+
 import torch
 
 from qwendesk_kernels.bench import Case, graph_replay
@@ -46,19 +49,19 @@ def cases() -> list[Case]:
     out = []
     for B in (1, 8):
         logits, params = _inputs(B)
-        target = dict(target="<= 60 us", target_us=60.0) if B == 8 else {}
-        step = lambda lg=logits, p=params: sample(lg, **p)            # noqa: E731
-        ref = lambda lg=logits, p=params: sample_ref(lg, **p)         # noqa: E731
+        target: dict[str, Any] = dict(target="<= 60 us", target_us=60.0) if B == 8 else {}
+        step = partial(sample, logits, **params)
+        ref = partial(sample_ref, logits, **params)
         out.append(Case("sampling", f"sample B={B} mixed, eager", step, bytes=B * VOCAB * 4, baseline=ref, **target))
         out.append(Case("sampling", f"sample B={B} mixed, graph", graph_replay(step), bytes=B * VOCAB * 4, baseline=ref,
                         **target))
         tokens = sample(logits, **params)
-        out.append(Case("sampling", f"logprobs top-20 B={B}", lambda lg=logits, t=tokens: token_logprobs(lg, t, 20),
-                        bytes=B * VOCAB * 4, baseline=lambda lg=logits: top_logprobs_ref(lg, 20)))
+        out.append(Case("sampling", f"logprobs top-20 B={B}", partial(token_logprobs, logits, tokens, 20),
+                        bytes=B * VOCAB * 4, baseline=partial(top_logprobs_ref, logits, 20)))
     logits, params = _inputs(8)
     pen = _penalties(8)
-    step = lambda: sample(logits, **params, penalties=pen)            # noqa: E731
-    ref = lambda: sample_ref(apply_penalties_ref(logits.clone(), pen.output_counts.float(), *pen[1:]), **params)  # noqa: E731
-    out.append(Case("sampling", "sample B=8 mixed + penalties, graph", graph_replay(step),
-                    bytes=8 * VOCAB * (4 + 4 + 1), baseline=ref, target="<= 60 us", target_us=60.0))
+    pen_step = lambda: sample(logits, **params, penalties=pen)            # noqa: E731
+    pen_ref = lambda: sample_ref(apply_penalties_ref(logits.clone(), pen.output_counts.float(), *pen[1:]), **params)  # noqa: E731
+    out.append(Case("sampling", "sample B=8 mixed + penalties, graph", graph_replay(pen_step),
+                    bytes=8 * VOCAB * (4 + 4 + 1), baseline=pen_ref, target="<= 60 us", target_us=60.0))
     return out

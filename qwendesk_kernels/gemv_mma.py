@@ -289,8 +289,8 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, 
         TILES: tl.constexpr = 1
         TILE1: tl.constexpr = 0
     else:                           # R tiles one after the other
-        TILES: tl.constexpr = R
-        TILE1: tl.constexpr = 16
+        TILES: tl.constexpr = R  # type: ignore[no-redef]  # Triton: a constexpr per branch
+        TILE1: tl.constexpr = 16  # type: ignore[no-redef]
     u_end = tl.minimum(u + per, tl.cdiv(N, 16 * TILES * NW) * blocks)
     i = tl.arange(0, 32 * NW * NT)
     lane = i % 32

@@ -129,8 +129,8 @@ def _moe_mma_kernel(x_ptr, ids_ptr, weights_ptr, plan_ptr, w_ptr, s_ptr, z_ptr, 
         TILE1: tl.constexpr = 0
         expert_rows = 2 * N
     else:
-        TILES: tl.constexpr = R
-        TILE1: tl.constexpr = 16
+        TILES: tl.constexpr = R  # type: ignore[no-redef]  # Triton: a constexpr per branch
+        TILE1: tl.constexpr = 16  # type: ignore[no-redef]
         expert_rows = N
     rgs = tl.cdiv(N, 16 * TILES * NW)                           # row groups per expert
     if GROUPED:

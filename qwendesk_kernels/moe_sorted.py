@@ -4,13 +4,15 @@ capturable in a CUDA graph. The path of int8 experts, and of many tokens until t
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import torch
 
 from qwendesk_kernels.activation import silu_mul
 from qwendesk_kernels.quant import int4_swiglu, matmul
 from qwendesk_kernels.quant_format import Int4Weight, Int8Weight, weight_rows
 
-Weight = torch.Tensor | Int4Weight | Int8Weight
+Weight: TypeAlias = torch.Tensor | Int4Weight | Int8Weight
 
 
 def moe_sorted(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: Weight, down: Weight,

@@ -47,6 +47,14 @@ def test_moe_config_needs_its_expert_fields():
     assert cfg.is_moe and cfg.num_experts == 8 and cfg.intermediate_size == 0
 
 
+def test_a_null_rope_theta_is_refused_by_name():
+    from engine.bench.random_model import text_config
+    raw = text_config("tiny")
+    raw["rope_parameters"] = {**raw["rope_parameters"], "rope_theta": None}
+    with pytest.raises(ValueError, match="rope_theta is null"):
+        parse_model_config(raw)
+
+
 def test_missing_config(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_model_config(tmp_path)

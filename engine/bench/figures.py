@@ -81,7 +81,7 @@ def profile_decode(eng, steps: int = 64) -> dict:
     per_kernel = []
     walls = []
     for n in (1, 1 + steps):
-        totals = defaultdict(lambda: [0.0, 0])
+        totals: defaultdict[str, list[float]] = defaultdict(lambda: [0.0, 0])
         with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()
             run(eng, [rand_ids(512, 30 + n)], n)

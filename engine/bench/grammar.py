@@ -33,13 +33,13 @@ def bench_grammar(model, args) -> dict:
             out = masks(matchers)
             spent.append(time.perf_counter() - t)
             return out
-        eng._grammars.masks = timed
+        eng._grammars.masks = timed  # type: ignore[method-assign]  # timed in place for this benchmark
         for mode in ("plain", "json", "plain", "json"):        # each twice: the first of each warms up
             constraint = Constraint(json_schema=schema) if mode == "json" else None
             spent.clear()
             params = [SamplingParams(max_tokens=args.decode_tokens, temperature=0.0, ignore_eos=True,
                                      constraint=constraint) for _ in range(c)]
-            stamps = [[] for _ in params]           # per sequence: the time of each token event
+            stamps: list[list[float]] = [[] for _ in params]   # per sequence: the time of each token event
 
             def stamp(ev, i):
                 if ev.token_ids:
@@ -94,6 +94,7 @@ def mask_cost(tokenizer_dir: str, schema_file: str, vocab: int = 248320, steps: 
         for _ in range(steps):
             t = time.perf_counter()
             mask = grammars.masks([m])
+            assert mask is not None                 # a constrained matcher has one
             masks.append(time.perf_counter() - t)
             bits = ((mask[0].unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).flatten()[:vocab]
             token = rng.choice(torch.nonzero(bits).flatten().tolist())

@@ -128,11 +128,12 @@ def main(argv=None) -> int:
         import cProfile
         profiler = cProfile.Profile()
         run = server.server.run
-        server.thread._target = lambda: profiler.runcall(run)
+        server.thread._target = lambda: profiler.runcall(run)  # type: ignore[attr-defined]  # the thread, profiled
     server.start()
     in_process(engine, ids, 16)                 # warm-up: this batch's shapes, both ways
     through_http(server.url, ids, 16)
-    ours, http_ = [], {s: [] for s in args.stream_interval}
+    ours: list[float] = []
+    http_: dict[float, list[float]] = {s: [] for s in args.stream_interval}
     for _ in range(args.rounds):
         ours.append(in_process(engine, ids, args.tokens))
         for interval in args.stream_interval:

@@ -24,6 +24,7 @@ import math
 import os
 import sysconfig
 import time
+from typing import Any
 
 import torch
 
@@ -94,7 +95,7 @@ def study_attention() -> list[tuple[str, float]]:
 
 # --- 2 and 3. a tiny trained model ---------------------------------------------------------------
 
-_FORMAT = {"fmt": "fp32", "group": KV4_GROUP, "rotated": True}
+_FORMAT: dict[str, Any] = {"fmt": "fp32", "group": KV4_GROUP, "rotated": True}
 
 
 def _kvq_attention(module, query, key, value, attention_mask, **kwargs):

@@ -17,7 +17,7 @@ it; the plan's whole total beside them.
 from __future__ import annotations
 
 import io
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -92,7 +92,7 @@ def simulate(shape: str, gb: float, drafter: bool = False) -> dict:
             print(f"block drafter instead of MTP: the weights hold {held / GIB:.2f} GiB", flush=True)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        row = {"scenario": sc.name}
+        row: dict[str, Any] = {"scenario": sc.name}
         try:
             eng = Engine.from_model(EngineConfig(model="", device="cuda", gpu_memory_gb=gb, **sc.fields), model, tok,
                                     vision=vision)

@@ -26,19 +26,23 @@ class DraftOracle:
     def attach(self, previous: DraftOracle | None, slots: int, max_context: int, k: int, device) -> None:
         """Its tables: a previous oracle's (captured rounds read those tensors), else new ones; its rates set."""
         if previous is not None:
-            self.table, self.rate = previous.table, previous.rate
+            table, rate = previous.table, previous.rate
+            assert table is not None and rate is not None      # an oracle in use is attached
         else:
-            self.table = torch.zeros(slots, max_context, dtype=torch.int64, device=device)
-            self.rate = torch.zeros(k, device=device)
+            table = torch.zeros(slots, max_context, dtype=torch.int64, device=device)
+            rate = torch.zeros(k, device=device)
         rates = list(self.p) if isinstance(self.p, tuple) else [self.p]
-        self.rate.copy_(torch.tensor((rates + rates[-1:] * k)[:k]))
+        rate.copy_(torch.tensor((rates + rates[-1:] * k)[:k]))
+        self.table, self.rate = table, rate
 
     def assign(self, slot: int, prompt: list[int]) -> None:
+        assert self.table is not None, "attach the oracle first"
         tokens = self.continuations.get(tuple(prompt), [])[:self.table.shape[1]]
         self.table[slot].fill_(0)
         self.table[slot, :len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
 
     def apply(self, drafts: torch.Tensor, inp: RoundInputs, vocab: int) -> torch.Tensor:
+        assert self.table is not None and self.rate is not None, "attach the oracle first"
         k = drafts.shape[1]
         pos = (inp.base[:, None] + 1 + torch.arange(k, device=drafts.device)).clamp(max=self.table.shape[1] - 1)
         true = self.table[inp.slots[:, None], pos]

@@ -5,10 +5,11 @@ runs of the same paths; a stand-in tokenizer; random prompts."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
-SHAPES = {
+SHAPES: dict[str, dict[str, Any]] = {
     # Qwen3.6-27B (published config)
     "27b": dict(hidden_size=5120, num_hidden_layers=64, intermediate_size=17408, num_attention_heads=24,
                 num_key_value_heads=4, linear_num_value_heads=48),
@@ -21,9 +22,9 @@ SHAPES = {
                     moe_intermediate_size=512, shared_expert_intermediate_size=512),
 }
 # every dimension small (the CPU runs of what the real shapes run on a GPU: bench_http, the soak), the real vocabulary
-TINY = dict(hidden_size=128, num_hidden_layers=4, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
-            linear_value_head_dim=32)
+TINY: dict[str, Any] = dict(hidden_size=128, num_hidden_layers=4, intermediate_size=256, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+                            linear_key_head_dim=32, linear_value_head_dim=32)
 
 
 # the published checkpoints' vision tower (27B and 35B-A3B alike; out_hidden_size is the language model's width)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import Any
 
 import torch
 
@@ -92,7 +93,7 @@ def bench_speculation(model, args, drafter=None) -> dict:
     from engine.api import Engine, EngineConfig
     from engine.bench.oracle import DraftOracle
     tok = bench_tokenizer()
-    out = {"rows": []}
+    out: dict[str, Any] = {"rows": []}
 
     device = next(model.parameters()).device.type
 
@@ -188,7 +189,7 @@ def profile_rounds(eng, prompts, n: int) -> None:
 
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
-    totals = defaultdict(lambda: [0.0, 0])
+    totals: defaultdict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     before = eng.stats()["spec_rounds"]
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()

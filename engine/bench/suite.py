@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -37,7 +38,7 @@ def bench_ours(model, args, bw) -> dict:
     """Every figure on the path users get (the model with its MTP module, speculation as it is by default) and, beside
     it under keys ending in _spec_off, with speculation off; load_*_s: Engine.from_model's time (the round graphs'
     capture is the difference)."""
-    res = {}
+    res: dict[str, Any] = {}
     for suffix, drafts in SPEC_MODES.items():
         t0 = time.perf_counter()
         context = max(args.contexts + [4096 + 128]) + 1024        # + the turn workload
@@ -138,7 +139,7 @@ def bench_hf(raw_cfg, args) -> dict:
                                                                   if k != "model_type"})
     with torch.device("cuda"):
         hf = (Qwen3_5MoeForCausalLM if moe else Qwen3_5ForCausalLM)(cfg).to(torch.bfloat16).eval()
-    res = {"hf_kernels": kernels}
+    res: dict[str, Any] = {"hf_kernels": kernels}
 
     def timed(fn):
         torch.cuda.synchronize()

@@ -18,6 +18,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -90,7 +91,7 @@ def decode_during_restore(eng, folder: Path, turn2: list[int]) -> dict:
     should not stop for them). Closes eng."""
     from engine.api import SamplingParams
     from engine.bench.random_model import rand_ids
-    greedy = dict(temperature=0.0, ignore_eos=True)
+    greedy: dict[str, Any] = dict(temperature=0.0, ignore_eos=True)
     decode = SamplingParams(max_tokens=RESTORE_DECODE_TOKENS, **greedy)
     try:
         eng.generate(rand_ids(512, 3), SamplingParams(max_tokens=8, **greedy))     # warm-up at this shape
@@ -112,9 +113,9 @@ def bench_tiers(model, args) -> dict:
 
     tok = bench_tokenizer()
     n = args.tiers_context
-    greedy = dict(temperature=0.0, ignore_eos=True)
+    greedy: dict[str, Any] = dict(temperature=0.0, ignore_eos=True)
     turn1 = rand_ids(n, 1)
-    res = {"context": n}
+    res: dict[str, Any] = {"context": n}
 
     def engine(kv, **tiers):
         config = EngineConfig(model=f"random-{args.shape}-{args.weights}-seed0", device="cuda", profile="C1",
@@ -132,7 +133,7 @@ def bench_tiers(model, args) -> dict:
         reply = eng.generate(turn1, SamplingParams(max_tokens=64, **greedy)).token_ids
         turn2 = turn1 + reply + rand_ids(64, 2)
         eng.close()
-        r = {"disk_bytes": drop_page_cache(folder)}
+        r: dict[str, Any] = {"disk_bytes": drop_page_cache(folder)}
         eng = engine(kv, **tiers)
         r["restart_ttft_ms"], r["restart_cached"] = ttft(eng, turn2)
         eng.close()
@@ -158,20 +159,22 @@ def bench_tiers(model, args) -> dict:
     if not args.tiers_decode:
         return res
     # decode of one stream alone, then while the writer thread writes a just-finished long request's pages
-    with tempfile.TemporaryDirectory(prefix="qwendesk-tiers-write-") as folder:
+    with tempfile.TemporaryDirectory(prefix="qwendesk-tiers-write-") as write_dir:
         eng = Engine.from_model(EngineConfig(model=f"random-{args.shape}-write", device="cuda", profile="C1",
                                              max_context=n + 2048, prefill_chunk=args.prefill_chunk, disk_cache=True,
-                                             disk_cache_dir=folder), model, tok)
+                                             disk_cache_dir=write_dir), model, tok)
+        disk = eng._disk
+        assert disk is not None                              # (disk_cache=True)
         decode = SamplingParams(max_tokens=args.decode_tokens, **greedy)
         eng.generate(rand_ids(512, 3), decode)               # warm-up at this shape (its own write is small)
-        eng._disk.flush()
+        disk.flush()
         alone = eng.generate(rand_ids(512, 4), decode).timings.decode_tok_s
-        eng._disk.flush()
+        disk.flush()
         eng.generate(rand_ids(n, 5), SamplingParams(max_tokens=1, **greedy))   # its pages are queued for writing
         t = time.perf_counter()
         during = eng.generate(rand_ids(512, 6), decode)
         decode_s = time.perf_counter() - t
-        eng._disk.flush()
+        disk.flush()
         write_s = time.perf_counter() - t
         res["decode_alone_tok_s"], res["decode_during_write_tok_s"] = alone, during.timings.decode_tok_s
         res["decode_ratio"] = during.timings.decode_tok_s / alone

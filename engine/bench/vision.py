@@ -11,6 +11,7 @@ import argparse
 import io
 import json
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,7 +52,7 @@ def main(argv=None) -> dict:
 
     raw = wrapper_config("27b")
     cfg = parse_model_config(raw)
-    out = {}
+    out: dict[str, Any] = {}
     # the 24 GiB plan (no weights needed)
     card = DeviceInfo("cuda", "24 GiB card", 24 * GIB, int(23.5 * GIB))
     plan = plan_for(EngineConfig(model="", profile="C1"), card, model=cfg)
@@ -65,6 +66,7 @@ def main(argv=None) -> dict:
     eng = Engine.from_model(EngineConfig(model="", device="cuda", profile="C1", max_context=8192), model,
                             bench_tokenizer(), vision=(tower, proc, "resident"))
     encoder = eng._encoder
+    assert encoder is not None                  # built with its tower
     data = png(args.side)
     image = process_image(data, proc)
     with torch.inference_mode():

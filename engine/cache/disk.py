@@ -73,7 +73,7 @@ class WriteJob:
     keys: list[bytes]
     data: torch.Tensor          # [len(keys), nbytes] uint8: its piece of the staging ring
     start: int                  # where that piece starts
-    ready: object = None        # torch.cuda.Event recorded after the copy into `data` (None on the CPU)
+    ready: torch.cuda.Event | None = None   # recorded after the copy into `data` (None on the CPU)
 
 
 class DiskCache:

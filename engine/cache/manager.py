@@ -157,6 +157,7 @@ class CacheManager:
                 except Exception:          # (read_many reports bad files itself: this is a bug, not a disk error)
                     log.exception("disk cache: a background read failed")
                     filled = [False] * len(placed)
+                assert self.host is not None        # disk reads go to the host tier
                 self.host.finish(placed, filled)
 
     def _has(self, kind: str, key: bytes) -> bool:
@@ -171,28 +172,32 @@ class CacheManager:
         hit's host entries there meanwhile; only when all of it fits there (else a part would evict another, and
         the next lookup the first again). Returns how many leading pages are on the GPU or in the host tier, or fit
         there (-1: some are still being read), and whether the snapshot at keys[-1] is in a tier or fits."""
+        host = self.host
+        if host is None:            # no host tier (so no disk tier: EngineConfig.validate): it is all on the GPU
+            return len(keys), True
+
         def kept(kind: str, key: bytes) -> bool:
-            return (key in self.index if kind == "page" else key in self.snapshots) or self.host.has(kind, key)
+            return (key in self.index if kind == "page" else key in self.snapshots) or host.has(kind, key)
 
         wanted = [(kind, key) for kind, key in [("state", keys[-1])] + [("page", k) for k in keys]
                   if not kept(kind, key)]
         if wanted and self.disk is not None:
-            self.host.held.update(("page", k) for k in keys if self.host.has("page", k))
-            fits = self.host.room(wanted)
+            host.held.update(("page", k) for k in keys if host.has("page", k))
+            fits = host.room(wanted)
             if fits < len(wanted):                      # the first entry without room: the hit ends before it
                 kind, key = wanted[fits]
                 return (len(keys), False) if kind == "state" else (keys.index(key), True)
-            placed = self.host.reserve(wanted)          # (it waits for the stream: only when there is a read)
+            placed = host.reserve(wanted)               # (it waits for the stream: only when there is a read)
             if placed:
                 self._loads.append((self.disk.read_many_async(placed), placed))
-            if any(entry in self.host.loading for entry in wanted):
+            if any(entry in host.loading for entry in wanted):
                 return -1, False
         for i, key in enumerate(keys):
             if key in self.index:
                 continue
-            if not self.host.has("page", key):
+            if not host.has("page", key):
                 return i, kept("state", keys[-1])
-            self.host.held.add(("page", key))
+            host.held.add(("page", key))
         return len(keys), kept("state", keys[-1])
 
     # ---- admission and growth ------------------------------------------------------------------
@@ -213,21 +218,24 @@ class CacheManager:
             if hit.snapshot in self.snapshots:
                 self.snapshots.restore(hit.snapshot, slot)
             else:
+                assert self.host is not None        # a hit's snapshot is on the GPU or in the host tier
                 self.host.load_state(hit.snapshot, slot)
             self.hits += hit.tokens
         self.reserved += -(-total_tokens // self.page_size) - len(hit.on_gpu)
         pages = PageTable(hit.pages)
         missing = [i for i, p in enumerate(pages) if p < 0]
         if missing:
+            host = self.host
+            assert host is not None                 # a hit's pages are on the GPU or in the host tier
             keys = [hit.keys[i] for i in missing]
-            self.host.held.update(("page", k) for k in keys)    # the pages taken below spill: not over these
+            host.held.update(("page", k) for k in keys)         # the pages taken below spill: not over these
             try:
                 for i in missing:
                     pages[i] = self._take_page()
                     self.reserved -= 1
-                self.host.load_pages(keys, [pages[i] for i in missing])
+                host.load_pages(keys, [pages[i] for i in missing])
             finally:
-                self.host.held.clear()
+                host.held.clear()
             for i, key in zip(missing, keys):
                 self.index[key] = pages[i]
                 self.page_key[pages[i]] = key
@@ -302,13 +310,13 @@ class CacheManager:
         last = hashes[-1] if hashes else None
         self.snapshots.promote(rolling_slot, last if last in self.index else None)
         if self.disk is not None:
-            self._persist(hashes)
+            self._persist(self.disk, hashes)
 
-    def _persist(self, hashes: list[bytes]) -> None:
+    def _persist(self, disk: DiskCache, hashes: list[bytes]) -> None:
         """Queue a finished sequence's indexed pages and the snapshots along them for the disk tier (the snapshots
         first: when too much is pending, the writes skipped are the last pages')."""
         keys = [h for h in hashes if h in self.index]
         for key in keys:
             if key in self.snapshots:
-                self.disk.write_state(self.pools, key, self.snapshots.slot(key))
-        self.disk.write_pages(self.pools, keys, [self.index[h] for h in keys])
+                disk.write_state(self.pools, key, self.snapshots.slot(key))
+        disk.write_pages(self.pools, keys, [self.index[h] for h in keys])

@@ -82,6 +82,7 @@ class CacheTensors:
 
     def drafter_layer(self, i: int) -> tuple:
         """(k, v, k_scale, v_scale) pools of block drafter layer i (scales None when 16-bit)."""
+        assert self.draft_k is not None and self.draft_v is not None, "the pools hold no block drafter's KV"
         ks = self.draft_k_scale[i] if self.draft_k_scale is not None else None
         vs = self.draft_v_scale[i] if self.draft_v_scale is not None else None
         return self.draft_k[i], self.draft_v[i], ks, vs

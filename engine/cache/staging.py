@@ -31,6 +31,7 @@ class StagingRing:
         do not fit now."""
         if n > self.capacity:
             return None
+        start: int | None
         if not self.live:
             start = 0
         else:

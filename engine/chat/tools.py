@@ -297,7 +297,9 @@ def _closed_json(text: str, tries: int = 64):
     """A JSON value cut short, completed: an open string ends where it was cut, open arrays and objects close,
     and what is left dangling (a key without its value, a partial number or literal) is dropped. Tries the
     places it could be cut back to, latest first; None when none of the last `tries` parses."""
-    cuts, closers, in_string, escaped = [], [], False, False
+    cuts: list[tuple[int, str]] = []
+    closers: list[str] = []
+    in_string, escaped = False, False
     for i, ch in enumerate(text):
         if in_string:
             if escaped:

@@ -27,7 +27,7 @@ from engine.model.layers import MLP
 from engine.model.linear import Embedding, Linear
 from engine.model.moe import SparseMoE
 from engine.spec.block_rounds import BlockRoundRunner
-from engine.spec.rounds import RoundRunner
+from engine.spec.rounds import RoundRunner, Rounds
 from engine.spec.speculation import Speculation
 from engine.text.grammar import Grammars
 from engine.text.tokenizer import Tokenizer
@@ -81,6 +81,7 @@ def load(config: EngineConfig, device: torch.device, dtype: torch.dtype, progres
     loaded = Loaded(model, model_config, Tokenizer.from_checkpoint(config.model),
                     ChatTemplate.from_checkpoint(config.model), weights)
     if placement != "off":                  # on demand: the tower is built in host memory
+        assert model_config.vision is not None      # the plan places no tower where the model has none
         tower = load_vision_tower(model_config.vision, vision_weights, dtype,
                                   device if placement == "resident" else "cpu", config.policy(weights))
         loaded.encoder = ImageEncoder(tower, device, placement)
@@ -116,7 +117,8 @@ def plan(config: EngineConfig, loaded: Loaded, device: torch.device, dtype: torc
         raise MemoryError(made.message)
     weights_bytes = sum(t.numel() * t.element_size() for t in [
         *loaded.model.parameters(), *loaded.model.buffers(),
-        *(loaded.encoder.tower.parameters() if vision.placement == "resident" else ())])
+        *(loaded.encoder.tower.parameters() if loaded.encoder is not None and vision.placement == "resident"
+          else ())])
     vision_bytes = vision.weights_bytes + vision.encode_bytes if vision.placement != "off" else made.vision_bytes
     return dataclasses.replace(made, weights=loaded.weights, weights_bytes=weights_bytes, vision_bytes=vision_bytes)
 
@@ -148,6 +150,7 @@ def assemble(config: EngineConfig, loaded: Loaded, memory: MemoryPlan, device: t
                          scratch_slot=cache.scratch_slot, cuda_graphs=graphs)
     spec = None
     if drafts:
+        speculator: Rounds
         if drafter is not None:
             speculator = BlockRoundRunner(model, pools, drafts, config.max_running, memory.max_context,
                                           config.draft_vocab)
@@ -155,7 +158,7 @@ def assemble(config: EngineConfig, loaded: Loaded, memory: MemoryPlan, device: t
             speculator = runner.speculator = RoundRunner(model, pools, drafts, config.max_running,
                                                          memory.max_context, config.draft_vocab)
         spec = Speculation(speculator, cache, batch_buckets(config.max_running), graphs=graphs,
-                           plain_times=runner.graphs.seconds if graphs else None)
+                           plain_times=runner.graphs.seconds if runner.graphs is not None else None)
     grammars = Grammars(loaded.tokenizer, loaded.model_config.vocab_size)
     return Parts(pools, cache, disk, scheduler, runner, spec, grammars, graphs)
 

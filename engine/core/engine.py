@@ -19,8 +19,8 @@ from engine.core.device import on_gpu, resolve_device, resolve_dtype
 from engine.core.loop import EngineLoop
 from engine.core.memory import MemoryPlan, model_drafts
 from engine.core.messages import Cancel, Score, Submit, Warm
-from engine.core.params import (ContextLengthError, EngineConfig, GenerateOutput, Reasoning, SamplingParams,
-                                StreamEvent, Text, add_calls)
+from engine.core.params import (ContextLengthError, EngineConfig, GenerateOutput, Piece, Reasoning, SamplingParams,
+                                StreamEvent, Text, TokenLogprob, ToolCall, add_calls)
 from engine.core.prompts import NO_VISION, Prompts
 from engine.core.sequence import Sequence
 from engine.vision.processor import ProcessedImage
@@ -211,7 +211,10 @@ class Engine:
         """Submit and wait for the whole result."""
         params = params or SamplingParams()
         handle = self.submit(prompt, params, tools=tools, **template_kwargs)
-        pieces, calls, ids, logprobs = [], [], [], []
+        pieces: list[Piece] = []
+        calls: list[ToolCall] = []
+        ids: list[int] = []
+        logprobs: list[TokenLogprob] = []
         for ev in handle:
             pieces += ev.pieces
             add_calls(calls, ev.pieces)
@@ -220,6 +223,8 @@ class Engine:
             if ev.kind == "finish":
                 if ev.finish_reason == "error":
                     raise RuntimeError(f"generation failed: {ev.error}")
+                # (OutputStage.finish sends every finish event, with its reason, usage and timings)
+                assert ev.finish_reason is not None and ev.usage is not None and ev.timings is not None
                 return GenerateOutput(token_ids=ids, text="".join(p.text for p in pieces if isinstance(p, Text)),
                                       finish_reason=ev.finish_reason, prompt_tokens=handle.prompt_tokens,
                                       reasoning="".join(p.text for p in pieces if isinstance(p, Reasoning)),
@@ -255,7 +260,8 @@ class Engine:
         if self._disk is not None:
             self._disk.close()                  # the writes queued so far are finished first
         # drop every reference to device memory (graphs, pools, cache), then give it back
-        self._runner = self._model = self._pools = self._cache = self._scheduler = self._encoder = self._spec = None
+        del self._runner, self._model, self._pools, self._cache, self._scheduler
+        self._encoder = self._spec = None
         if on_gpu(self.device):
             torch.cuda.synchronize()
             torch.cuda.empty_cache()

@@ -104,7 +104,8 @@ class EngineLoop:
         """End the loop thread: requests in flight finish as cancelled. Then drop what it holds of the device."""
         self._inbox.put(Stop())
         self._thread.join()
-        self.scheduler = self.cache = self.runner = self.spec = self.encoder = self.output = None
+        del self.scheduler, self.cache, self.runner, self.output
+        self.spec = self.encoder = None
         self._in_flight = self._encoding = None
 
     # ---- the loop thread -----------------------------------------------------------------------------------------
@@ -143,7 +144,7 @@ class EngineLoop:
         for seq in self.scheduler.admit():
             seq.t_admit = now
         if self.encoder is not None:
-            self._encode_images()
+            self._encode_images(self.encoder)
         # an image still being encoded holds its activations (on demand, the tower's weights too) between steps: the
         # plan gives them the prefill's workspace, so prompts wait for it (decoding goes on)
         mixed = self._encoding is not None or self._prefill()
@@ -201,7 +202,9 @@ class EngineLoop:
             if self.spec is not None:              # their first drafts, from the prompt's last hidden states
                 live = [i for i, s in zip(done, ready) if s.finish_reason is None]
                 if live:
-                    self.spec.start([seqs[i] for i in live], self.runner.last_hidden[live])
+                    hidden = self.runner.last_hidden
+                    assert hidden is not None           # a prefill step keeps its logits rows' hidden states
+                    self.spec.start([seqs[i] for i in live], hidden[live])
         return True
 
     def _decode(self, seqs: list[Sequence]) -> tuple[int, list[Sequence]] | None:
@@ -214,31 +217,31 @@ class EngineLoop:
         hashes the page's tokens then). With speculation, the step may be a round of drafts instead (_speculate).
         Returns (drafts, sequences) of what ran (0 drafts: a plain step), None when nothing did."""
         k = self.spec.drafts(seqs) if self.spec is not None else 0
-        if k:
-            return self._speculate(seqs, k)
+        if self.spec is not None and k:
+            return self._speculate(self.spec, seqs, k)
         flight, self._in_flight = self._in_flight, None
-        ahead = int(flight is not None and self._can_follow(flight, seqs))
-        if flight is not None and not ahead:
+        ahead = flight if flight is not None and self._can_follow(flight, seqs) else None   # the next step follows it
+        if flight is not None and ahead is None:
             self._accept_in_flight(flight)
             seqs = self.scheduler.decode_batch()
         if not seqs:
             return None
         for seq in seqs:
             self.cache.grow(seq.pages, seq.num_computed + 1)
-        logits = self.runner.forward(seqs, [1] * len(seqs), input_ids=flight.ids if ahead else None)
+        logits = self.runner.forward(seqs, [1] * len(seqs), input_ids=ahead.ids if ahead is not None else None)
         for seq in seqs:
             if seq.num_computed % self.cache.page_size == 0:
                 self._page_passed(seq)
         if all(seq.sampled_on_device for seq in seqs):
-            if ahead and any(seq.matcher is not None for seq in seqs):
-                self._accept_in_flight(flight)      # the masks need those tokens: read them while this step runs
-                ahead = 0
-            ids = self.runner.sample_on_device(seqs, logits, ahead, mask=self.output.masks(seqs))
+            if ahead is not None and any(seq.matcher is not None for seq in seqs):
+                self._accept_in_flight(ahead)       # the masks need those tokens: read them while this step runs
+                ahead = None
+            ids = self.runner.sample_on_device(seqs, logits, int(ahead is not None), mask=self.output.masks(seqs))
             self._in_flight = StepInFlight.launch(seqs, ids)
         else:
             self.output.accept(seqs, self.runner.sample(seqs, logits, self.output.masks(seqs)))
-        if ahead:
-            self._accept_in_flight(flight)
+        if ahead is not None:
+            self._accept_in_flight(ahead)
         return 0, seqs
 
     def _can_follow(self, flight: StepInFlight, seqs: list[Sequence]) -> bool:
@@ -255,32 +258,32 @@ class EngineLoop:
         live = [(s, t) for s, t in zip(flight.seqs, flight.tokens()) if s.finish_reason is None]
         self.output.accept([s for s, _ in live], [s.forced.popleft() if s.forced else t for s, t in live])
 
-    def _speculate(self, seqs: list[Sequence], k: int) -> tuple[int, list[Sequence]] | None:
+    def _speculate(self, spec: Speculation, seqs: list[Sequence], k: int) -> tuple[int, list[Sequence]] | None:
         """A speculative round of k drafts (engine/spec/speculation.py) instead of a decode step; a step in flight is
         taken first."""
         flight, self._in_flight = self._in_flight, None
         if flight is not None:
             self._accept_in_flight(flight)
             seqs = self.scheduler.decode_batch()
-            if not (seqs and all(self.spec.eligible(s, k) for s in seqs)):
+            if not (seqs and all(spec.eligible(s, k) for s in seqs)):
                 return None
         bases = [s.num_computed for s in seqs]
-        for seq, base, tokens in zip(seqs, bases, self.spec.round(seqs, k)):
-            self._commit(seq, base, tokens)
+        for seq, base, tokens in zip(seqs, bases, spec.round(seqs, k)):
+            self._commit(spec, seq, base, tokens)
         return k, seqs
 
-    def _commit(self, seq: Sequence, base: int, tokens: list[int]) -> None:
+    def _commit(self, spec: Speculation, seq: Sequence, base: int, tokens: list[int]) -> None:
         """A round's new tokens, one by one: each one's row is now in the cache; a stop, the length or an error may
         end the sequence before the last (the cache holds a little more than it then uses: nothing reads it)."""
-        boundary = self.spec.boundary(seq)
+        boundary = spec.boundary(seq)
         for i, token in enumerate(tokens):
             seq.num_computed = base + i + 1
             if seq.num_computed == boundary:
-                self._page_passed(seq, taken=self.spec.passed(seq))
+                self._page_passed(seq, taken=spec.passed(seq))
             self.output.accept([seq], [token])
             if seq.finish_reason is not None:
                 break
-        self.spec.round_over(seq)
+        spec.round_over(seq)
 
     def _snapshot_key(self, seq: Sequence) -> bytes:
         """The hash of the page ending at the prompt's snapshot boundary (that page is indexed by now)."""
@@ -298,14 +301,15 @@ class EngineLoop:
             self.cache.snapshots.drop(seq.rolling_slot)
         seq.rolling_slot = taken
 
-    def _encode_images(self) -> None:
+    def _encode_images(self, encoder: ImageEncoder) -> None:
         """A step's share of the tower's work: the image that the first prefill waiting for one reaches next, encoded
         over as many steps as its size needs (engine/vision/encoder.py); its rows are prefilled once it is done."""
         if self._encoding is None:
             for seq in self.scheduler.running:
                 pending = seq.pending_images(seq.num_computed, len(seq.prompt)) if seq.prefilling else []
                 if pending:
-                    self._encoding = (seq, pending[0], self.encoder.start(seq.images.images[pending[0]]))
+                    assert seq.images is not None           # pending images are its prompt's
+                    self._encoding = (seq, pending[0], encoder.start(seq.images.images[pending[0]]))
                     break
         if self._encoding is not None:
             seq, k, encoding = self._encoding

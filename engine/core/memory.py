@@ -185,6 +185,7 @@ def vision_encode_bytes(cfg: ModelConfig, dtype: torch.dtype, max_pixels: int) -
     fp32 pixels and the residual, and one chunk's pixels and fp32 position taps; the rotary tables throughout; plus
     the merged embeddings the prompt's rows take."""
     v = cfg.vision
+    assert v is not None, "only a model with a vision tower encodes images"
     patches = max_pixels // v.patch_size ** 2
     chunk, it, h = min(patches, CHUNK_ROWS), dtype.itemsize, v.hidden_size
     pixels = v.in_channels * v.temporal_patch_size * v.patch_size ** 2
@@ -375,4 +376,5 @@ def plan_for(config: EngineConfig, device: DeviceInfo | None = None, budget_byte
             if plan.fits:
                 return plan
         refusal = refusal or plan
+    assert refusal is not None          # tries and choices are never empty
     return refusal

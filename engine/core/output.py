@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import torch
 
-from engine.core.params import FinishReason, SamplingParams, StreamEvent, Timings, Usage
+from engine.core.params import FinishReason, Piece, SamplingParams, StreamEvent, Timings, TokenKind, Usage
 from engine.core.scheduler import Scheduler
-from engine.core.sequence import Sequence
+from engine.core.sequence import Sequence, submitted
 from engine.text.grammar import Grammars, Matcher
 from engine.text.output_stream import OutputStream, starts_in_reasoning
 from engine.text.tokenizer import Tokenizer
@@ -35,8 +35,8 @@ class OutputStage:
 
     def start(self, seq: Sequence) -> None:
         """A thinking budget of 0: the reply closes its think block at once."""
-        tok = self.tokenizer
-        if seq.params.thinking_budget == 0 and seq.stream.in_reasoning and tok.think_end_id is not None:
+        tok, stream = self.tokenizer, submitted(seq)
+        if seq.params.thinking_budget == 0 and stream.in_reasoning and tok.think_end_id is not None:
             seq.forced.extend([tok.think_end_id] + tok.encode("\n\n"))
 
     def masks(self, seqs: list[Sequence]) -> torch.Tensor | None:
@@ -51,27 +51,29 @@ class OutputStage:
         now = time.perf_counter()
         tok = self.tokenizer
         for seq, token in zip(seqs, tokens):
-            p = seq.params
+            p, stream = seq.params, submitted(seq)
             if seq.error:
                 self.finish(seq, "error", seq.error)
                 continue
             if not seq.output:
                 seq.t_first = now
             seq.append(token)
-            reason, kind, pieces = None, "control", []
+            reason: FinishReason | None = None
+            kind: TokenKind = "control"
+            pieces: list[Piece] = []
             if token in p.stop_token_ids or (not p.ignore_eos and token in tok.eos_token_ids):
                 reason = "stop"
             else:
-                kind, pieces = seq.stream.push(token)
+                kind, pieces = stream.push(token)
                 if seq.matcher is not None and not seq.matcher.advance(token, kind):
                     seq.error = f"the grammar refused token {token}: {seq.matcher.error}"
                     reason = "error"
-                elif seq.stream.stopped or (seq.matcher is not None and seq.matcher.done):
+                elif stream.stopped or (seq.matcher is not None and seq.matcher.done):
                     reason = "stop"
                 elif len(seq.output) >= p.max_tokens or len(seq) >= seq.max_total:
                     reason = "length"
-            if (p.thinking_budget is not None and seq.stream.in_reasoning and not seq.forced
-                    and seq.stream.reasoning_tokens >= p.thinking_budget and tok.think_end_id is not None):
+            if (p.thinking_budget is not None and stream.in_reasoning and not seq.forced
+                    and stream.reasoning_tokens >= p.thinking_budget and tok.think_end_id is not None):
                 seq.forced.extend(tok.encode("\n") + [tok.think_end_id] + tok.encode("\n\n"))
             logprobs = seq.logprobs[-1:] if p.logprobs is not None else None
             seq.emit(StreamEvent("delta", pieces, token_ids=[token], token_kinds=[kind], logprobs=logprobs))
@@ -83,11 +85,12 @@ class OutputStage:
         ending itself fails (the detokenizer's flush, the cache release), as an error: else the caller would wait
         for ever, and a failed step's fail_all would stop at the first such request and take the loop down. A reply
         that stopped after making tool calls finishes with "tool_calls"."""
-        pieces = []
+        stream = submitted(seq)
+        pieces: list[Piece] = []
         try:
             if reason in ("stop", "length"):
-                pieces = seq.stream.finish()
-                if reason == "stop" and seq.stream.made_calls:
+                pieces = stream.finish()
+                if reason == "stop" and stream.made_calls:
                     reason = "tool_calls"
             self.scheduler.remove(seq)
         except Exception as e:
@@ -95,10 +98,10 @@ class OutputStage:
             reason, error = "error", error or f"{type(e).__name__}: {e}"
         self.ended(seq)
         usage = Usage(prompt_tokens=len(seq.prompt), completion_tokens=len(seq.output),
-                      cached_tokens=seq.cached_tokens, reasoning_tokens=seq.stream.reasoning_tokens,
+                      cached_tokens=seq.cached_tokens, reasoning_tokens=stream.reasoning_tokens,
                       speculation=seq.spec_counts if seq.spec_counts.rounds else None)
         seq.finish_reason = reason
-        seq.emit(StreamEvent("finish", pieces, finish_reason=reason, stop_sequence=seq.stream.stop_sequence,
+        seq.emit(StreamEvent("finish", pieces, finish_reason=reason, stop_sequence=stream.stop_sequence,
                              usage=usage, timings=timings(seq, time.perf_counter()), error=error))
 
 

@@ -201,7 +201,7 @@ class SamplingParams:
 @dataclass
 class TokenLogprob:
     token_id: int
-    logprob: float
+    logprob: float | None           # None: a scored prompt's first token (nothing before it to predict it)
     top: list[tuple[int, float]]    # (token id, logprob), most likely first
 
 
@@ -294,7 +294,10 @@ class ToolCall:
     arguments: str = ""
 
 
-def add_calls(calls: list[ToolCall], pieces: list) -> None:
+Piece = Text | Reasoning | CallStart | CallArgs
+
+
+def add_calls(calls: list[ToolCall], pieces: list[Piece]) -> None:
     """Grow `calls` by the CallStart / CallArgs among a stream's pieces."""
     for piece in pieces:
         if isinstance(piece, CallStart):
@@ -317,14 +320,14 @@ class StreamEvent:
     and the reply made calls) | cancelled | error.
     stop_sequence: the stop string that ended the reply (None when anything else did)."""
     kind: EventKind
-    pieces: list = field(default_factory=list)          # Text | Reasoning | CallStart | CallArgs, in order
+    pieces: list[Piece] = field(default_factory=list)   # in order
     token_ids: list[int] = field(default_factory=list)
     token_kinds: list[TokenKind] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     finish_reason: FinishReason | None = None
     stop_sequence: str | None = None
-    usage: Usage | None = None
-    timings: Timings | None = None
+    usage: Usage = field(default_factory=Usage)
+    timings: Timings = field(default_factory=Timings)
     error: str | None = None
 
     @property
@@ -349,11 +352,11 @@ class ContextLengthError(ValueError):
 class GenerateOutput:
     token_ids: list[int]
     text: str                       # content (reasoning and tool calls excluded)
-    finish_reason: str              # stop | length | tool_calls | cancelled
+    finish_reason: FinishReason     # stop | length | tool_calls | cancelled
     prompt_tokens: int
     reasoning: str = ""             # the model's thinking, when the prompt turned it on
     tool_calls: list[ToolCall] = field(default_factory=list)   # when the request had tools
     stop_sequence: str | None = None
     logprobs: list[TokenLogprob] | None = None
-    usage: Usage | None = None
-    timings: Timings | None = None
+    usage: Usage = field(default_factory=Usage)
+    timings: Timings = field(default_factory=Timings)

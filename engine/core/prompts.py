@@ -25,6 +25,8 @@ class Prompts:
         if isinstance(prompt, str):
             raise TypeError("give token ids or chat messages (a list of {'role', 'content'} dicts), not a str")
         if prompt and isinstance(prompt[0], dict):
+            if self.template is None:       # an engine built around a model without its checkpoint (from_model)
+                raise ValueError("this engine has no chat template: give token ids, not chat messages")
             text = self.template.render(prompt, tools=tools, add_generation_prompt=not continue_final_message,
                                         continue_final_message=continue_final_message, **template_kwargs)
             return self.tokenizer.encode(text)
@@ -50,6 +52,7 @@ class Prompts:
         if big is not None:
             raise ImageInputError(f"image {big + 1} is {len(images[big]) / 2**20:.1f} MiB; at most "
                                   f"{self.config.max_image_bytes / 2**20:.1f} MiB per image are allowed")
+        assert self.image_config is not None, "an engine that accepts images has its processor's config"
         processed = []
         for i, data in enumerate(images):
             try:
@@ -60,7 +63,10 @@ class Prompts:
 
     def expand_images(self, ids: list[int], images: list[ProcessedImage]) -> list[int]:
         """Each image placeholder repeated to its image's token count (Engine.expand_images)."""
-        return expand_image_placeholders(ids, self.model_config.image_token_id, images) if images else ids
+        if not images:
+            return ids
+        assert self.model_config.image_token_id is not None, "images are processed only where the model has vision"
+        return expand_image_placeholders(ids, self.model_config.image_token_id, images)
 
     def render(self, prompt, tools, images, template_kwargs) -> tuple[list[int], ImagePrompt | None]:
         """A request's token ids and its ImagePrompt (None without images): submit's and warm's."""
@@ -74,6 +80,8 @@ class Prompts:
             ids = self.encode(prompt, tools=tools, **template_kwargs)
         if images and not self.accepts_images:
             raise ImageInputError(NO_VISION)
-        image_info = image_prompt(ids, list(images), self.model_config.image_token_id,
-                                  self.model_config.vision.spatial_merge_size) if images else None
-        return ids, image_info
+        if not images:
+            return ids, None
+        mc = self.model_config
+        assert mc.image_token_id is not None and mc.vision is not None, "images pass only where the model has vision"
+        return ids, image_prompt(ids, list(images), mc.image_token_id, mc.vision.spatial_merge_size)

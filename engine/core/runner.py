@@ -37,7 +37,7 @@ class ModelRunner:
         self.model = model
         self.pools = pools
         self.device = device
-        self.graphs = None
+        self.graphs: DecodeGraphs | None = None
         self.speculator: RoundRunner | None = None   # set by the engine when it speculates: prompts feed its MTP KV
         self.last_hidden: torch.Tensor | None = None  # a prefill step's hidden states at its logits rows
         if cuda_graphs:                             # (the engine decides: engine.core.device.graphs_on)
@@ -68,19 +68,20 @@ class ModelRunner:
                                 conv_width=self.model.cfg.conv_kernel, **images)
             hidden = self.model(input_ids, batch, self.pools)
             if prefill and self.speculator is not None:
-                self._prompt_mtp(seqs, query_lens, hidden, batch)
+                self._prompt_mtp(self.speculator, seqs, query_lens, hidden, batch)
             if batch.logits_rows is not None:
                 hidden = hidden[batch.logits_rows]
             self.last_hidden = hidden if prefill else None
             logits = self.model.logits(hidden)
         for s, n in zip(seqs, query_lens):
             s.num_computed += n
-            if s.image_embeds:                     # embeddings whose rows are all computed now are dropped
+            if s.images and s.image_embeds:        # embeddings whose rows are all computed now are dropped
                 for k in [k for k in s.image_embeds if s.images.spans[k][1] <= s.num_computed]:
                     del s.image_embeds[k]
         return logits
 
-    def _prompt_mtp(self, seqs: list[Sequence], query_lens: list[int], hidden: torch.Tensor, batch) -> None:
+    def _prompt_mtp(self, speculator: RoundRunner, seqs: list[Sequence], query_lens: list[int], hidden: torch.Tensor,
+                    batch: ForwardBatch) -> None:
         """The MTP layer's KV for a prefill step's rows: row p takes the token after it, known for every prompt row
         but the last (made with the first sampled token: Speculation.start). One slice per sequence (a row loop here
         made a 128K prompt's prefill quadratic on the host)."""
@@ -91,7 +92,7 @@ class ModelRunner:
             known.append(torch.arange(n) < len(after))
         dev = hidden.device
         slots = torch.where(torch.cat(known).to(dev), batch.slot_mapping, -1)
-        self.speculator.prompt_mtp(hidden, torch.cat(next_ids).to(dev),
+        speculator.prompt_mtp(hidden, torch.cat(next_ids).to(dev),
                                    dataclasses.replace(batch, slot_mapping=slots, logits_rows=None, snapshot=None))
 
     @torch.inference_mode()
@@ -155,7 +156,7 @@ def image_inputs(seqs: list[Sequence], query_lens: list[int]) -> dict:
     its images' tokens, taking their embeddings (Sequence.image_embeds, encoded before the step)."""
     rows, embeds = [], []
     for s, n in zip(seqs, query_lens):
-        start, end, mine = s.num_computed, s.num_computed + n, []
+        start, end, mine = s.num_computed, s.num_computed + n, list[int]()
         for k, (a, b) in enumerate(s.images.spans if s.images else ()):
             lo, hi = max(a, start), min(b, end)
             if lo < hi:

@@ -88,6 +88,7 @@ class Scheduler:
                 continue
             n = min(len(seq.prompt) - seq.num_computed, budget)
             for k in seq.pending_images(seq.num_computed, seq.num_computed + n):
+                assert seq.images is not None                                   # pending images are its prompt's
                 n = max(seq.images.spans[k][0], seq.num_computed) - seq.num_computed   # stop before it: the engine
                 break                                                                   # is still encoding it
             if n == 0:

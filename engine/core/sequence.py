@@ -94,3 +94,10 @@ class Sequence:
         self.events.put(event)
         if self.on_event is not None:
             self.on_event(event)
+
+
+def submitted(seq: Sequence) -> OutputStream:
+    """A request's output stream: every request the output stage and speculation see was submitted with one
+    (Engine.submit; a scoring pass has none)."""
+    assert seq.stream is not None, f"request {seq.id} has no output stream"
+    return seq.stream

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
@@ -165,8 +166,10 @@ def parse_model_config(raw: dict) -> ModelConfig:
     if len(layer_types) != num_layers or set(layer_types) - {"full_attention", "linear_attention"}:
         raise ValueError(f"layer_types must list 'full_attention'/'linear_attention' for all {num_layers} layers")
 
-    rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+    rope: dict[str, Any] = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
     rope_theta = rope.get("rope_theta", text.get("rope_theta", 10_000_000.0))
+    if rope_theta is None:
+        raise ValueError("config.json's rope_theta is null")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in ("default", "mrope"):
         raise UnsupportedModelError(f"rope_type {rope_type!r} is not supported (only default / mrope)")

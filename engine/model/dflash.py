@@ -145,6 +145,8 @@ class DrafterLayer(nn.Module):
         self.mlp = _MLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attention_conv: DynamicCausalConv | None      # dflash2's (None: dflash)
+        self.mlp_conv: DynamicCausalConv | None
         if cfg.variant == "dflash2":
             self.attention_conv = DynamicCausalConv(cfg.hidden_size, cfg.conv_kernel, cfg.conv_group)
             self.mlp_conv = DynamicCausalConv(cfg.hidden_size, cfg.conv_kernel, cfg.conv_group)
@@ -179,7 +181,7 @@ class DrafterLayer(nn.Module):
         out = attend(attn.q(h, positions), k, v)
         h = attn.o_proj(out.reshape(x.shape[0], -1))
         if kernel is not None:
-            h = self.attention_conv.finish(h, kernel, block)
+            h = self.attention_conv.finish(h, kernel, block)  # type: ignore[union-attr]  # kernel: attention_conv's
         x = residual + h
         residual = x
         h = self.post_attention_layernorm(x)

@@ -16,6 +16,7 @@ from engine.model.config import ModelConfig
 from engine.model.drafter_config import DrafterConfig
 from engine.model.batch import ForwardBatch
 from engine.model.linear import Build, Linear, param
+from qwendesk_kernels.quant_format import Int4Weight
 from engine.model.moe import SparseMoE
 from qwendesk_kernels import ops
 
@@ -48,7 +49,9 @@ class MLP(nn.Module):
 
     def forward(self, x):
         if self.gate_up.scheme == "int4":          # at decode: SwiGLU in the GEMV's epilogue, one launch fewer
-            return self.down(ops.int4_swiglu(x, self.gate_up.quantized()))
+            w = self.gate_up.quantized()
+            assert isinstance(w, Int4Weight)
+            return self.down(ops.int4_swiglu(x, w))
         return self.down(ops.silu_mul(self.gate_up(x)))
 
     def checkpoint_slices(self):

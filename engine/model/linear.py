@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.weights.policy import int8_held_as_planes
+from engine.weights.policy import QuantPolicy, int8_held_as_planes
 from qwendesk_kernels import ops
 from qwendesk_kernels.quant_format import (Int4Weight, Int8Weight, int8_as_int4_planes, pack_int8, weight_rows,
                                   write_group_param_rows, write_int4_rows)
@@ -25,7 +25,7 @@ class Build:
     (None: every weight in `dtype`)."""
     dtype: torch.dtype
     device: torch.device | str
-    policy: object = None
+    policy: QuantPolicy | None = None
 
     def scheme(self, name: str, shape: tuple[int, int]) -> str:
         return "float" if self.policy is None else self.policy.scheme(name, shape)
@@ -156,5 +156,7 @@ class Embedding(Linear):
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         if self.scheme == "int8":
-            return ops.int8_embedding(ids, self.quantized())
+            table = self.quantized()
+            assert isinstance(table, Int8Weight)    # an embedding's int8 is never held as planes (int8_planes)
+            return ops.int8_embedding(ids, table)
         return self.weight[ids]

@@ -65,11 +65,12 @@ class Qwen3_5Model(nn.Module):
         """Packed input ids [T] -> final hidden states [T, hidden] (after the final norm). Rows of image tokens take
         the batch's image embeddings instead of the token table's."""
         x = self.embed_tokens(input_ids)
-        if batch.image_rows is not None:
+        if batch.image_rows is not None and batch.image_embeds is not None:
             x = x.index_copy(0, batch.image_rows, batch.image_embeds.to(x.dtype))
         rope = self.rotary()
         residual = None
-        taps = self.drafter.taps if self.drafter is not None else {}
+        drafter = self.drafter
+        taps = drafter.taps if drafter is not None else {}
         features = x.new_empty(x.shape[0], len(taps) * x.shape[1]) if taps else None
         for i, (layer, idx) in enumerate(zip(self.layers, self._pool_index)):
             if layer.kind == "full_attention":
@@ -77,11 +78,11 @@ class Qwen3_5Model(nn.Module):
             else:
                 verify = batch.verify.layer(idx) if batch.verify is not None else None
                 x, residual = layer(x, residual, batch, rope, pools.gdn_layer(idx), verify)
-            if i in taps:                          # the residual stream after layer i (HF's hidden_states[i + 1])
+            if features is not None and i in taps:  # the residual stream after layer i (HF's hidden_states[i + 1])
                 H = x.shape[1]
                 torch.add(x, residual, out=features[:, taps[i] * H:(taps[i] + 1) * H])
-        if features is not None:
-            self.drafter.write_context(features, batch.positions[0], batch.slot_mapping, pools)
+        if drafter is not None and features is not None:
+            drafter.write_context(features, batch.positions[0], batch.slot_mapping, pools)
         h, _ = self.norm.add_forward(x, residual)
         return h
 
@@ -97,6 +98,8 @@ class Qwen3_5Model(nn.Module):
     def mtp_forward(self, next_ids, hidden, batch: ForwardBatch, pools: CacheTensors) -> torch.Tensor:
         """MTP draft step: token t+1 ids with the main model's hidden state at t -> MTP hidden [T, H].
         Its attention layer's KV pages come after the main model's in the pools."""
+        if self.mtp is None:
+            raise RuntimeError("the model was built without its MTP layer")
         rope = self.rotary()
         return self.mtp(self.embed_tokens(next_ids), hidden, batch, rope, pools.attention_layer(self.num_attn_layers))
 

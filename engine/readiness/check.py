@@ -38,7 +38,10 @@ def fla_pin() -> str:
     """The fla-core version pyproject.toml pins (the one this check passed with)."""
     from pathlib import Path
     text = (Path(__file__).parents[2] / "pyproject.toml").read_text(encoding="utf-8")
-    return re.search(r'^\s*"fla-core==([\w.]+)', text, re.M).group(1)
+    pin = re.search(r'^\s*"fla-core==([\w.]+)', text, re.M)
+    if pin is None:
+        raise RuntimeError("pyproject.toml pins no fla-core version")
+    return pin.group(1)
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,12 @@ class Job:
     key: str
     result: Compiled | None = None
 
+    @property
+    def compiled(self) -> Compiled:
+        """Its compile's result (check compiles every job before it reads one)."""
+        assert self.result is not None, f"{self.key} was not compiled"
+        return self.result
+
 
 def weights_for(shape: str) -> tuple[str, ...]:
     """int4, and 16-bit where the memory plan fits those weights on a 24 GiB card (the 9B; not the 27B's 54 GB)."""
@@ -112,6 +121,7 @@ def record(card: Card, models=MODELS, weights=None, kv=KV) -> list[Launch]:
 def kept_configs(launch: Launch) -> list:
     """The configs the kernel's autotuner keeps for this launch after its own pruning."""
     tuner = launch.autotuner
+    assert tuner is not None
     tuner.nargs = {} if tuner.perf_model else launch.args      # (its perf model takes nargs and kwargs together)
     try:
         return tuner.prune_configs(dict(launch.args, **launch.options))
@@ -185,7 +195,7 @@ def jobs_for(launches: list[Launch], card: Card) -> tuple[dict[str, Job], dict[s
 
 
 def _fits(job: Job, card: Card) -> bool:
-    return not job.result.error and job.result.shared <= card.smem_per_block
+    return not job.compiled.error and job.compiled.shared <= card.smem_per_block
 
 
 def more_jobs(jobs: dict[str, Job], tuned: dict[str, Tuned], card: Card) -> list[Job]:
@@ -207,6 +217,7 @@ _CARD: Card | None = None
 def _compile_one(i: int) -> Compiled:
     import triton
     job, card = _JOBS[i], _CARD
+    assert card is not None                 # compile_all sets it before the workers start
     out = Compiled()
     t0 = time.monotonic()
     try:
@@ -257,7 +268,7 @@ def findings(jobs: dict[str, Job], tuned: dict[str, Tuned], card: Card) -> list[
     below90 = card.capability < (9, 0)
     tuned_keys = {k for t in tuned.values() for k in t.keys}
     for job in jobs.values():
-        r, where = job.result, f"{job.launch.name} ({job.launch.where}{_config_text(job.config)})"
+        r, where = job.compiled, f"{job.launch.name} ({job.launch.where}{_config_text(job.config)})"
         if job.key in tuned_keys and not ours(job.launch):
             continue                          # a library's config: its autotuner skips it if it does not fit
         if r.error:
@@ -278,9 +289,9 @@ def findings(jobs: dict[str, Job], tuned: dict[str, Tuned], card: Card) -> list[
             bad.append(f"no config of {t.launch.name} fits after pruning ({t.launch.where})")
         elif ours(t.launch) and len(fits) < len(t.keys):
             bad.append(f"{t.launch.name} keeps {len(t.keys) - len(fits)} config(s) that do not fit ({t.launch.where})")
-        spills = [k for k in fits if jobs[k].result.stack]
+        spills = [k for k in fits if jobs[k].compiled.stack]
         if is_decode(t.launch) and spills and ours(t.launch):      # (its autotuner times them, it may pick one)
-            r = jobs[spills[0]].result
+            r = jobs[spills[0]].compiled
             bad.append(f"{t.launch.name} keeps {len(spills)} config(s) that spill (e.g. {r.stack} B of stack, {r.regs} "
                        f"registers{_config_text(jobs[spills[0]].config)}) ({t.launch.where})")
         elif is_decode(t.launch) and fits and len(spills) == len(fits):
@@ -304,17 +315,17 @@ def check(card: Card, models=MODELS, weights=None, kv=KV, workers: int | None = 
     while todo:
         compile_all(todo, card, workers or os.cpu_count() or 1)
         todo = more_jobs(jobs, tuned, card)
+    seconds = sum(j.compiled.seconds for j in jobs.values())
     log(f"{card.name} (sm_{card.capability[0]}{card.capability[1]}): {len(launches)} launches, {len(jobs)} distinct "
-        f"compiles ({sum(j.result.seconds for j in jobs.values()):.0f} s of compiling), {len(tuned)} autotuned launch "
-        f"shapes", flush=True)
+        f"compiles ({seconds:.0f} s of compiling), {len(tuned)} autotuned launch shapes", flush=True)
     bad = findings(jobs, tuned, card)
-    done = [j for j in jobs.values() if not j.result.error]
-    worst = max(done, key=lambda j: j.result.shared, default=None)
+    done = [j for j in jobs.values() if not j.compiled.error]
+    worst = max(done, key=lambda j: j.compiled.shared, default=None)
     if worst is not None:
-        log(f"  largest shared memory: {worst.result.shared:,} B ({worst.launch.name}{_config_text(worst.config)})")
+        log(f"  largest shared memory: {worst.compiled.shared:,} B ({worst.launch.name}{_config_text(worst.config)})")
     per_kernel: dict[str, list[float]] = {}
     for j in jobs.values():
-        per_kernel.setdefault(j.launch.name, []).append(j.result.seconds)
+        per_kernel.setdefault(j.launch.name, []).append(j.compiled.seconds)
     slowest = sorted(per_kernel.items(), key=lambda kv: -sum(kv[1]))[:5]
     log("  most compile time: " + ", ".join(f"{name} {sum(t):.0f} s ({len(t)})" for name, t in slowest))
     log(f"  {len(bad)} finding(s), {time.monotonic() - t0:.0f} s", flush=True)

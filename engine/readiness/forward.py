@@ -130,6 +130,7 @@ def run_vision(rec: Recorder, shape: str, weights: str, policy=None) -> None:
     from engine.bench.random_model import wrapper_config
     from engine.vision.tower import VisionTower
     vision = parse_model_config(wrapper_config(shape)).vision
+    assert vision is not None                   # the multimodal wrapper's config has its tower's
     tower = VisionTower(vision, Build(torch.bfloat16, "meta", policy or DEFAULTS.policy(weights)))
     patch = vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2
     for grid in VISION_GRIDS:

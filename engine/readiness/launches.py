@@ -24,7 +24,7 @@ class Launch:
     args: dict
     options: dict
     autotuner: Autotuner | None = None       # the kernel's autotuner, where it has one
-    configs: list | None = None              # the configs it keeps after its own pruning on the card (check.record)
+    configs: list = field(default_factory=list)   # those its autotuner keeps after pruning on the card (check.record)
     where: str = ""                          # what the engine was running (e.g. "27b int4 decode N=4")
 
     @property
@@ -77,8 +77,9 @@ def recording(capability: tuple[int, int] = (8, 6), sms: int = 82, smem: int = 1
     JITFunction.run = lambda self, *args, grid=None, warmup=False, **kw: rec.jit_run(self, args, kw)
     Autotuner.run = lambda self, *args, **kw: rec.autotuner_run(self, args, kw)
     torch.cuda.get_device_capability = lambda device=None: capability
-    gemv_mma._capability = lambda device: capability
-    pdl.supported = lambda device: pdl.capable(capability)     # (a meta device is no CUDA one to it)
+    # patched functions (restored below): their stubs' types are the cached / real functions'
+    gemv_mma._capability = lambda device: capability  # type: ignore[assignment]
+    pdl.supported = lambda device: pdl.capable(capability)  # type: ignore[assignment]  # (a meta device is no CUDA one)
     try:
         yield rec
     finally:

@@ -17,6 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.cache.kv_format import KVFormat
+from engine.model.config import ModelConfig
 from engine.readiness.cost_model import GPUS, Calibration, Measured, Phase, PhaseTime, Step, fit
 
 DECODE_CONTEXT = 576          # the bench's decode: 512-token prompts, mean context over its 128 tokens
@@ -42,7 +43,7 @@ class Group:
 class ModelFacts:
     shape: str
     weights: str
-    cfg: object
+    cfg: ModelConfig
     dense: Group          # every layer's weights but the routed experts (the embedding table is gathered: not read)
     experts: Group        # routed experts (MoE), all of them
     head: Group

@@ -27,7 +27,7 @@ def create_app(settings: ServerSettings | None = None, engine=None, *, params_ho
     for module in (openai_routes, responses_routes, anthropic_routes, models_routes, tokenize_routes, ops_routes):
         app.include_router(module.router)
     install_error_handlers(app)
-    app.openapi = lambda: openapi(app)
+    app.openapi = lambda: openapi(app)  # type: ignore[method-assign]  # FastAPI's documented way to give the schema
     if settings.cors_origins:   # (an origin not listed never gets here: Guard refuses it)
         app.add_middleware(CORSMiddleware, allow_origins=settings.origins, allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["*"])

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import time
 
+from engine.api import Engine
 from engine.server.http.errors import APIError, from_engine_error
 from engine.server.bridge.generation import Generation, Wakeups
 from engine.server.bridge.images import ImageOptions
@@ -27,7 +28,7 @@ class ServerState:
         self.workers = Workers(settings.prepare_threads, settings.prepare_queue)
         self.params_hook = params_hook
         self.created = int(time.time())
-        self.engine = None
+        self.engine: Engine | None = None
         self.load_error: str | None = None
         self.defaults: dict = {}
         self.token_bytes: TokenBytes | None = None
@@ -40,7 +41,7 @@ class ServerState:
         self.token_bytes = TokenBytes(engine.tokenizer)
         self.engine = engine
 
-    def ready(self):
+    def ready(self) -> Engine:
         """The engine, or a 503 while it loads (or after it failed to)."""
         if self.engine is None:
             why = f"the model failed to load: {self.load_error}" if self.load_error else "the model is still loading"
@@ -54,15 +55,16 @@ class ServerState:
 
     def image_options(self) -> ImageOptions:
         """What requests' images may be: the engine's limits, the server's URL setting."""
-        c = self.engine.config
-        return ImageOptions(vision=self.engine.accepts_images, max_images=c.max_images, max_bytes=c.max_image_bytes,
+        engine = self.ready()
+        c = engine.config
+        return ImageOptions(vision=engine.accepts_images, max_images=c.max_images, max_bytes=c.max_image_bytes,
                             allow_urls=self.settings.allow_image_urls, url_timeout_s=self.settings.image_url_timeout_s)
 
     async def start(self, groups: list[list[Prompt]], raw: bool = False) -> list[Generation]:
         """Submit one request's generations: each group is the samples of one prompt (n of them). The first of
         each group runs first; the others are submitted once it has prefilled, so that their prompt comes from
         the prefix cache. Engine refusals become API errors (429/529, 400, 503), and cancel what started."""
-        c = self.engine.config
+        c = self.ready().config
         total, capacity = sum(len(g) for g in groups), c.max_running + c.max_queue
         if total > capacity:     # a 429 would have the client retry for ever
             raise APIError(400, f"this request asks for {total} generations ({len(groups)} prompts, n = "
@@ -98,14 +100,16 @@ class ServerState:
             self.wakeups = Wakeups(loop)
         make = functools.partial(Generation, self.engine, prompt, self.wakeups, keepalive_s=self.settings.keepalive_s,
                                  interval_s=self.settings.stream_interval_s, raw=raw, metrics=self.metrics)
+        constraint = prompt.params.constraint
         try:
-            if prompt.params.constraint is None:
+            if constraint is None:
                 return make()
             return await self.workers.run(make, timeout=self.settings.grammar_timeout_s, abandoned=Generation.cancel)
         except asyncio.TimeoutError:
             raise APIError(400, f"the grammar of this request's structured output or tools did not compile within "
                                 f"{self.settings.grammar_timeout_s:g} s; simplify the schema", code="grammar_too_slow",
-                           param="response_format" if prompt.params.constraint.json_schema is not None else "tools") \
+                           param="response_format" if constraint is not None and constraint.json_schema is not None
+                           else "tools") \
                 from None
         except APIError:
             raise

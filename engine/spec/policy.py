@@ -58,7 +58,7 @@ class DraftPolicy:
             k = 0 if self.rounds_at.get((b, c), 0) >= PROBE_ROUNDS else self.max_k
         else:
             rates = {k: self.tokens(n, k) / t for k, t in est.items() if t is not None}
-            k = max(rates, key=rates.get)
+            k = max(rates, key=lambda k: rates[k])
             if k == 0:
                 self.plain_run += 1
                 if self.plain_run >= self.probe_every:            # look at the acceptance again

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -143,6 +144,10 @@ class Rounds:
         gdn_replay(pools.conv, pools.ssm, inp.slots, (kept + 1).int(), rows, inp.snap_rows, inp.snap_slots)
         return kept, tokens, hidden
 
+    def round(self, inp: RoundInputs, sampled: bool, k: int) -> RoundOutputs:
+        """One speculative round of k drafts (1 .. self.k): each drafter's own."""
+        raise NotImplementedError
+
     def first_draft(self, inp: RoundInputs, hidden: torch.Tensor) -> None:
         """After a prompt's first token is sampled (hidden: the main model's last hidden states): what the drafter
         needs before the first round (nothing, unless a drafter says otherwise)."""
@@ -222,7 +227,7 @@ class RoundRequest:
     slot: int
     base: int
     last: int
-    pages: list[int]
+    pages: Sequence[int]          # a PageTable
     limit: int
     snap_row: int
     snap_slot: int
@@ -263,7 +268,8 @@ def _fields(inp: RoundInputs) -> list[torch.Tensor]:
 
 
 def _from_fields(t: list[torch.Tensor]) -> RoundInputs:
-    return RoundInputs(*t[:9], Sampling(*t[9:]))
+    slots, base, last, block_tables, limit, snap_rows, snap_slots, delta, stop = t[:9]
+    return RoundInputs(slots, base, last, block_tables, limit, snap_rows, snap_slots, delta, stop, Sampling(*t[9:]))
 
 
 def _map(inp: RoundInputs, fn) -> RoundInputs:
@@ -280,7 +286,7 @@ class RoundGraphs:
     them at load (engine/spec/speculation.py `capture`); running one that was not captured is a bug, not a capture on a
     request's path (that stalled every stream for seconds)."""
 
-    def __init__(self, spec: RoundRunner, buckets: list[int], max_pages: int, scratch_slot: int, pool=None):
+    def __init__(self, spec: Rounds, buckets: list[int], max_pages: int, scratch_slot: int, pool=None):
         self.spec, self.buckets, self.max_pages, self.scratch = spec, buckets, max_pages, scratch_slot
         self.pool = pool
         self.graphs: dict[tuple[int, int, bool], tuple] = {}

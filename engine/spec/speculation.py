@@ -19,7 +19,7 @@ from engine.cache.manager import CacheManager
 from engine.spec.policy import DraftPolicy
 from engine.core.params import SpeculationStats
 from engine.core.sampling import SamplingRow
-from engine.core.sequence import Sequence
+from engine.core.sequence import Sequence, submitted
 from engine.spec.rounds import RoundGraphs, RoundRequest, Rounds, round_inputs
 
 
@@ -77,7 +77,7 @@ class Speculation:
         m = seq.matcher           # a grammar needs each token before the next mask; one waiting for its trigger
         if not seq.sampled_on_device or (m is not None and (m.active or m.banned)):   # (<tool_call>) ends the round
             return False
-        stream = seq.stream
+        stream = submitted(seq)
         return not (p.thinking_budget is not None and stream.in_reasoning
                     and stream.reasoning_tokens + k + 1 >= p.thinking_budget)
 
@@ -146,6 +146,7 @@ class Speculation:
     def passed(self, seq: Sequence) -> int:
         """The sequence's committed tokens reached the round's snapshot boundary: the slot holding the state there
         (the loop makes it the rolling snapshot: EngineLoop._page_passed)."""
+        assert seq.spec_snapshot is not None, "passed a boundary the round did not snapshot at"
         _, slot = seq.spec_snapshot
         seq.spec_snapshot = None
         return slot

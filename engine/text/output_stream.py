@@ -12,7 +12,7 @@ CallArgs pieces, the text around them as Text.
 from __future__ import annotations
 
 from engine.chat.tools import ToolCallParser, tool_schemas
-from engine.core.params import Reasoning, SamplingParams, Text
+from engine.core.params import Piece, Reasoning, SamplingParams, Text, TokenKind
 from engine.text.text_stream import TextStream
 
 
@@ -55,7 +55,7 @@ class OutputStream:
     def made_calls(self) -> bool:
         return self.calls is not None and self.calls.calls > 0
 
-    def push(self, token: int) -> tuple[str, list]:
+    def push(self, token: int) -> tuple[TokenKind, list[Piece]]:
         """-> (the token's kind, the pieces it completes)."""
         if self.in_reasoning:
             if token == self.think_end:
@@ -67,20 +67,20 @@ class OutputStream:
             self.in_reasoning = True
             return "control", []
         piece = self.content_detok.push(token)
-        kind = "content"
+        kind: TokenKind = "content"
         if not self._content_started and piece:
             self._content_started = piece.strip("\n") != ""
             kind = "content" if self._content_started else "control"     # the blank line after </think>
         return kind, self._content(self.content.push(piece))
 
-    def finish(self) -> list:
+    def finish(self) -> list[Piece]:
         """The end of the reply: what the detokenizers, the stop strings' hold-back and the parser still have."""
         pieces = self._content(self.content.finish(self.content_detok.flush()))
         if self.calls is not None:
             pieces += self.calls.finish()
         return pieces + (_reasoning(self.thinking.flush()) if self.in_reasoning else [])
 
-    def _content(self, text: str) -> list:
+    def _content(self, text: str) -> list[Piece]:
         if not self._shown:
             text = text.lstrip("\n")
             self._shown = bool(text)
@@ -89,5 +89,5 @@ class OutputStream:
         return self.calls.feed(text) if self.calls is not None else [Text(text)]
 
 
-def _reasoning(text: str) -> list:
+def _reasoning(text: str) -> list[Piece]:
     return [Reasoning(text)] if text else []

@@ -100,7 +100,7 @@ def _eos_token_ids(path: Path, backend: tokenizers.Tokenizer, config: dict) -> t
     eos = eos.get("content") if isinstance(eos, dict) else eos
     if isinstance(eos, str):
         found.append(backend.token_to_id(eos))
-    ids = []
+    ids: list = []
     for value in found:
         ids += value if isinstance(value, list) else [value]
     return tuple(dict.fromkeys(i for i in ids if isinstance(i, int)))

@@ -28,7 +28,8 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP", "TIFF")   # Pillow's JPEG opener also reads cameras' MPO
 FORMAT_NAMES = "PNG, JPEG, GIF, WebP, BMP or TIFF"
-MAX_DECODED_PIXELS = Image.MAX_IMAGE_PIXELS   # decompression-bomb limit: Pillow's warning threshold, 89 megapixels
+# decompression-bomb limit: Pillow's warning threshold, 89 megapixels (its default, where another import set None)
+MAX_DECODED_PIXELS: int = Image.MAX_IMAGE_PIXELS or 89_478_485
 MAX_ASPECT_RATIO = 200                 # transformers' smart_resize refuses more
 
 

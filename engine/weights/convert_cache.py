@@ -20,7 +20,8 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
+from typing import TypeAlias
 from pathlib import Path
 
 import platformdirs
@@ -39,7 +40,8 @@ MANIFEST = "manifest.json"
 PROGRESS = "progress.json"      # in a conversion's temporary directory: the weights its shards hold so far
 KERNEL_GROUP_SIZES = (32, 64, 128)      # int4 group sizes qwendesk_kernels/quant_format.pack_int4 takes
 
-Weight = torch.Tensor | Int4 | Int8 | ActOrderInt4
+Converted: TypeAlias = torch.Tensor | Int4 | Int8      # a weight in its scheme: what the cache holds
+Weight: TypeAlias = Converted | ActOrderInt4           # a source weight
 Progress = Callable[[int, int], None]
 
 
@@ -65,7 +67,7 @@ def cache_key(identity: dict, policy: QuantPolicy) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def _encode(name: str, value: Weight) -> tuple[str, dict[str, torch.Tensor]]:
+def _encode(name: str, value: Converted) -> tuple[str, dict[str, torch.Tensor]]:
     """-> (kind, stored tensors)."""
     if isinstance(value, torch.Tensor):
         return "float", {name: value}
@@ -76,7 +78,7 @@ def _encode(name: str, value: Weight) -> tuple[str, dict[str, torch.Tensor]]:
     return "int4", {f"{name}.q4": packed, f"{name}.scales": value.scales, f"{name}.zeros": value.zeros}
 
 
-def _decode(kind: str, name: str, get: Callable[[str], torch.Tensor]) -> Weight:
+def _decode(kind: str, name: str, get: Callable[[str], torch.Tensor]) -> Converted:
     if kind == "float":
         return get(name)
     if kind == "int8":
@@ -103,7 +105,7 @@ class CacheEntry:
     def names(self) -> list[str]:
         return list(self.manifest["weights"])
 
-    def read(self, name: str, device: str = "cpu") -> Weight:
+    def read(self, name: str, device: str = "cpu") -> Converted:
         if device not in self._readers:
             self._readers[device] = TensorReader(device)
         reader = self._readers[device]
@@ -159,13 +161,14 @@ class CacheWriter:
             return
         self.kinds, self.weight_map, self._shards = saved["kinds"], saved["weight_map"], saved["shards"]
 
-    def read_resumed(self, name: str, device: str = "cpu") -> Weight:
+    def read_resumed(self, name: str, device: str = "cpu") -> Converted:
         """A weight an earlier, interrupted run converted (name in `resumed`)."""
         if self._reader is None:
             self._reader = TensorReader(device)
-        return _decode(self.kinds[name], name, lambda n: self._reader.get(self._tensors[n]))
+        reader = self._reader
+        return _decode(self.kinds[name], name, lambda n: reader.get(self._tensors[n]))
 
-    def add(self, name: str, value: Weight) -> None:
+    def add(self, name: str, value: Converted) -> None:
         kind, tensors = _encode(name, value)
         self.kinds[name] = kind
         for tname, t in tensors.items():
@@ -256,7 +259,7 @@ class ConvertCache:
         shutil.rmtree(self.root / key, ignore_errors=True)
 
 
-def convert(value: Weight, scheme: str, policy: QuantPolicy) -> Weight:
+def convert(value: Weight, scheme: str, policy: QuantPolicy) -> Converted:
     """One source weight -> the policy's scheme. Exact int4 sources (GPTQ / AWQ) stay as they are when the
     scheme is int4 and the kernels take their group size; otherwise (act-order ones included: the kernels
     have no column permutation) they are dequantized first."""
@@ -282,7 +285,7 @@ def _dequantize_source(value: Int4 | ActOrderInt4) -> torch.Tensor:
 
 def converted_weights(path: str | Path, policy: QuantPolicy = DEFAULT_POLICY, device: str = "cpu",
                       cache: ConvertCache | None = None, identity: dict | None = None,
-                      progress: Progress | None = None) -> Iterator[tuple[str, Weight]]:
+                      progress: Progress | None = None) -> Generator[tuple[str, Converted], None, None]:
     """(checkpoint name, weight) for every logical weight of the checkpoint at `path`, converted per `policy`,
     one at a time on `device`. Read from the cache on a hit; on a miss converted from the checkpoint and
     written to the cache on the way (the entry appears only after the last weight). progress(done, total)."""

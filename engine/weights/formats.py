@@ -141,7 +141,7 @@ def _sibling(name: str, suffix: str) -> str:
 def logical_weights(tensors: dict[str, TensorInfo], fmt: SourceFormat) -> dict[str, tuple[int, ...]]:
     """The weights a checkpoint stands for, by checkpoint name (GPTQ/AWQ `X.qweight` -> `X.weight`), with their
     logical shapes ([N, K] for linears); scale / zero / g_idx side tensors are folded into their weight."""
-    out = {}
+    out: dict[str, tuple[int, ...]] = {}
     for name, info in tensors.items():
         if fmt.kind in ("gptq", "awq"):
             if name.endswith(".qweight"):
@@ -157,7 +157,10 @@ def logical_weights(tensors: dict[str, TensorInfo], fmt: SourceFormat) -> dict[s
                 fmt.kind == "fp8_block" and name + "_scale_inv" in tensors):
             raise UnsupportedFormatError(f"{name} holds fused experts as {info.dtype}; fused expert tensors are read "
                                          f"in 16 or 32 bits, or in FP8 with their {name}_scale_inv beside them")
-        out.update(experts or {name: tuple(info.shape)})
+        if experts:
+            out.update(experts)
+        else:
+            out[name] = tuple(info.shape)
     return out
 
 
@@ -175,9 +178,9 @@ def read_weight(tensors: dict[str, TensorInfo], name: str, fmt: SourceFormat,
             return dequantize_fp8_block(weight, _expert_scales(tensors[fused.fused], scale, fused, fmt, reader),
                                         fmt.block, torch.bfloat16)
         return weight
-    scale = name + "_scale_inv"
-    if fmt.kind == "fp8_block" and scale in tensors:
-        return dequantize_fp8_block(reader.get(tensors[name]), reader.get(tensors[scale]), fmt.block,
+    scale_name = name + "_scale_inv"
+    if fmt.kind == "fp8_block" and scale_name in tensors:
+        return dequantize_fp8_block(reader.get(tensors[name]), reader.get(tensors[scale_name]), fmt.block,
                                     torch.bfloat16)
     return reader.get(tensors[name])
 

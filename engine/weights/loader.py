@@ -107,10 +107,12 @@ def load_weights(model, path: str | Path, device, keep_vision: bool = True, poli
                 if full not in wanted:
                     continue
                 name = wanted[full]
-                if name is None:
+                if name is None:                # a vision weight: the policy keeps those 16-bit
+                    assert isinstance(value, torch.Tensor), f"{full} was quantized"
                     kept[canonical_name(full)[1]] = value.to(device)
                 else:
-                    _copy(*targets[name], value)   # converted_weights gave each weight its target's scheme
+                    target, row, shape = targets[name]
+                    _copy(target, row, shape, value)    # converted_weights gave each weight its target's scheme
                 del value
                 done += sizes[full]
                 if progress:
@@ -131,6 +133,7 @@ def load_state_dict(model, state: dict[str, torch.Tensor]) -> None:
         tensor = state.pop(fused)
         for name in per_expert_weights(fused, tuple(tensor.shape)):
             where = expert_slice(name, {fused: tensor})
+            assert where is not None                    # per_expert_weights named it
             state[name] = tensor[where.expert, where.rows]
     targets, found, _ = _match(model, state)
     with torch.no_grad():

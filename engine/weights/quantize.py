@@ -55,7 +55,8 @@ def _groups(W: torch.Tensor, group_size: int):
         yield slice(r, min(r + rows, N)), W[r:r + rows].float().reshape(-1, group_size)
 
 
-def _stored(s, z, floor, dtype):
+def _stored(s: torch.Tensor, z: torch.Tensor, floor: torch.Tensor,
+            dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(scale, zero) as they will read back from `dtype`; the scale floor keeps zeros (-min/scale) finite."""
     return s.clamp_min(floor).to(dtype).float(), z.to(dtype).float()
 
@@ -68,7 +69,7 @@ def _sq_error(w, s, z):
     return ((_levels(w, s, z) - z[:, None]) * s[:, None] - w).square_().sum(1)
 
 
-def _clipped_start(w, ratio, floor):
+def _clipped_start(w: torch.Tensor, ratio: float, floor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale and zero mapping the group's range, shrunk by `ratio` about its middle, onto 0..15."""
     lo, hi = w.amin(1), w.amax(1)
     mid = (lo + hi) / 2
@@ -77,7 +78,7 @@ def _clipped_start(w, ratio, floor):
     return s, -lo / s
 
 
-def _refit(w, s, z, iters):
+def _refit(w: torch.Tensor, s: torch.Tensor, z: torch.Tensor, iters: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Alternate level assignment and the least-squares (scale, zero) of each group."""
     n = w.shape[1]
     w_sum = w.sum(1)

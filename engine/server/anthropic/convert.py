@@ -68,7 +68,7 @@ def template_messages(system, messages, images: ImageParts) -> tuple[list[dict],
     """-> (the chat template's messages, the prefill). tool_result blocks become tool messages,
     tool_use blocks the assistant's tool_calls, thinking blocks its reasoning_content, image blocks (in user turns)
     the engine's image parts."""
-    out = []
+    out: list[dict] = []
     if system:
         out.append({"role": "system", "content": system if isinstance(system, str) else
                     _texts(system, "system")})

@@ -90,7 +90,8 @@ async def message_stream(events, message: dict, prompt_tokens: int, omit_thinkin
                        "cache_creation_input_tokens": 0}}
     yield event({"type": "message_start", "message": start}, "message_start")
     yield event({"type": "ping"}, "ping")
-    index, open_kind, thinking = -1, None, []
+    index, open_kind = -1, None
+    thinking: list[str] = []
 
     def open_block(kind: str, block: dict):
         nonlocal index, open_kind
@@ -138,8 +139,8 @@ async def message_stream(events, message: dict, prompt_tokens: int, omit_thinkin
         elif isinstance(ev, Finish):
             for chunk in close_block():
                 yield chunk
-            if ev.api_error():
-                yield event(error_payload(ev.api_error(), "anthropic")[1], "error")
+            if (error := ev.api_error()) is not None:
+                yield event(error_payload(error, "anthropic")[1], "error")
                 return
             yield event({"type": "message_delta", "delta": stop_fields(ev), "usage": usage_json(ev.usage)},
                         "message_delta")

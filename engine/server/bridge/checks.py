@@ -56,8 +56,9 @@ ANTHROPIC_MESSAGES = (
 
 def refuse_unsupported(body: dict | None, table: tuple[Unsupported, ...]) -> None:
     """`body`: the request's fields (a pydantic model's model_dump() with its extras)."""
+    fields = body or {}
     for rule in table:
-        if rule.field in (body or {}) and rule.refused(body[rule.field]):
+        if rule.field in fields and rule.refused(fields[rule.field]):
             raise APIError(400, f"{rule.field}: {rule.why}", param=rule.field, code="unsupported_parameter")
 
 

@@ -17,7 +17,8 @@ import asyncio
 import threading
 from dataclasses import dataclass, field
 
-from engine.api import CallArgs, CallStart, Reasoning, StreamEvent, Text, Timings, TokenLogprob, Usage
+from engine.api import (CallArgs, CallStart, FinishReason, Piece, Reasoning, StreamEvent, Text, Timings, TokenLogprob,
+                        Usage)
 from engine.server.http.errors import APIError, ClientGone
 from engine.server.http.metrics import Outcome
 from engine.server.bridge.prompting import Prompt
@@ -35,7 +36,7 @@ class Keepalive:
 
 @dataclass
 class Finish:
-    reason: str                     # stop | length | tool_calls | cancelled | error
+    reason: FinishReason
     usage: Usage
     timings: Timings | None = None
     stop_sequence: str | None = None
@@ -150,8 +151,8 @@ class Generation:
             self.cancel()
 
     # ---- engine events -> output events --------------------------------------------------------
-    def _convert(self, batch: list[StreamEvent]) -> list:
-        out = []
+    def _convert(self, batch: list[StreamEvent]) -> list[Logprobs | Piece | Finish]:
+        out: list[Logprobs | Piece | Finish] = []
         for ev in batch:
             if ev.logprobs and self.params.logprobs is not None:
                 items = [lp for lp, kind in zip(ev.logprobs, ev.token_kinds) if kind in self.shown]
@@ -159,9 +160,9 @@ class Generation:
                     out.append(Logprobs(items))
             for p in ev.pieces:
                 p = Text(p.text) if self.raw and isinstance(p, Reasoning) else p
-                if out and mergeable(out[-1], p):
-                    out[-1] = type(p)(out[-1].text + p.text) if not isinstance(p, CallArgs) else \
-                        CallArgs(p.index, out[-1].text + p.text)
+                one = joined(out[-1], p) if out else None
+                if one is not None:
+                    out[-1] = one
                 else:
                     out.append(p)
             if ev.kind == "finish":
@@ -171,17 +172,23 @@ class Generation:
     def _finish(self, ev: StreamEvent) -> Finish:
         self.finished = True
         usage = ev.usage or Usage(prompt_tokens=len(self.prompt.ids))
+        assert ev.finish_reason is not None, "a finish event has its reason"
         finish = Finish(ev.finish_reason, usage, ev.timings, ev.stop_sequence, ev.error)
         if finish.api_error() is not None and self.outcome is not None:
             self.outcome.failed = True
         return finish
 
 
-def mergeable(a, b) -> bool:
-    """Two pieces that go out as one: text after text, thinking after thinking, a call's arguments after its own."""
+def joined(a: Logprobs | Piece | Finish, b: Piece) -> Piece | None:
+    """Two pieces that go out as one, joined (text after text, thinking after thinking, a call's arguments after its
+    own); None when they do not."""
     if isinstance(a, CallArgs) and isinstance(b, CallArgs):
-        return a.index == b.index
-    return type(a) is type(b) and isinstance(a, (Text, Reasoning))
+        return CallArgs(b.index, a.text + b.text) if a.index == b.index else None
+    if isinstance(a, Text) and isinstance(b, Text):
+        return Text(a.text + b.text)
+    if isinstance(a, Reasoning) and isinstance(b, Reasoning):
+        return Reasoning(a.text + b.text)
+    return None
 
 
 @dataclass
@@ -243,6 +250,7 @@ async def collect_all(request, gens: list[Generation], consume=None) -> list:
 
     watcher = asyncio.ensure_future(watch())
     outcome = gens[0].outcome
+    assert outcome is not None                  # set once all the request's generations started
     try:
         results = list(await asyncio.gather(*(consume(g) for g in gens)))
     finally:

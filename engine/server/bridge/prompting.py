@@ -22,6 +22,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from engine.api import Constraint, ImageInputError, SamplingParams, split_images, tool_schemas
 from engine.server.http.errors import APIError
@@ -84,7 +85,8 @@ def generation_defaults(model_dir: str) -> dict:
 
 def sampling_params(given: dict, defaults: dict) -> SamplingParams:
     values = {**defaults, **{k: v for k, v in given.items() if v is not None}}
-    params = SamplingParams(**{k: list(v) if isinstance(v, list) else v for k, v in values.items()})
+    fields: dict[str, Any] = {k: list(v) if isinstance(v, list) else v for k, v in values.items()}
+    params = SamplingParams(**fields)
     try:
         params.validate()
     except ValueError as e:
@@ -174,7 +176,12 @@ def escape_special(tok, messages: list[dict]) -> tuple[list[dict], dict[str, str
     stay control tokens)."""
     specials = sorted((t.content for t in tok.backend.get_added_tokens_decoder().values()), key=len, reverse=True)
     texts: list[str] = []
-    map_texts(messages, lambda text: texts.append(text) or text)
+
+    def collect(text: str) -> str:
+        texts.append(text)
+        return text
+
+    map_texts(messages, collect)
     free = (chr(c) for c in range(0xF0000, 0xFFFFE) if not any(chr(c) in t for t in texts))
     marks: dict[str, str] = {}                  # special token's text -> its placeholder
 
@@ -257,7 +264,7 @@ def thinking_budget(engine, thinking: Thinking) -> int | None:
     if thinking.budget is not None:
         return thinking.budget
     knows_effort = any("reasoning_effort" in source for source in engine.template.sources.values())
-    return None if knows_effort else EFFORT_BUDGETS.get(thinking.effort)
+    return None if knows_effort or thinking.effort is None else EFFORT_BUDGETS.get(thinking.effort)
 
 
 def completion_room(engine, prompt_tokens: int, max_tokens: int | None) -> int:

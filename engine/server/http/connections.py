@@ -22,6 +22,7 @@ import asyncio
 import errno
 import json
 import logging
+import sys
 import time
 from collections import Counter
 from http import HTTPStatus
@@ -31,11 +32,6 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from engine.server.http.settings import ServerSettings
-
-try:
-    import resource
-except ImportError:         # Windows: no file-descriptor limit of this kind
-    resource = None
 
 log = logging.getLogger("qwendesk.connections")
 READ_CHUNK = 256 * 1024             # the most asyncio reads from a socket at once
@@ -88,8 +84,10 @@ class Connections:
 
 
 def fd_limit() -> int:
-    if resource is None:
+    if sys.platform == "win32":         # no file-descriptor limit of this kind
         return 1 << 20
+    import resource
+
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
@@ -226,7 +224,9 @@ class QuietFilter(logging.Filter):
 def uvicorn_config(app, settings: ServerSettings, host: str, port: int, log_level: str) -> uvicorn.Config:
     """The uvicorn configuration of the endpoint, with the connection limits of `settings`."""
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off", ws="none",
-                          http=protocol_class(settings), timeout_keep_alive=settings.idle_timeout_s,
+                          http=protocol_class(settings),
+                          # uvicorn annotates an int; it hands the value to loop.call_later, which takes seconds
+                          timeout_keep_alive=settings.idle_timeout_s,  # type: ignore[arg-type]
                           h11_max_incomplete_event_size=settings.max_header_bytes + READ_CHUNK + 1,
                           timeout_graceful_shutdown=5, backlog=max(16, min(2048, fd_limit() // 16)))
     error_log = logging.getLogger("uvicorn.error")       # (after Config: it configures uvicorn's loggers)

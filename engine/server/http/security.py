@@ -53,7 +53,7 @@ class Guard:
                                      f"with --cors-origin {origin} to accept them", "permission",
                                 code="origin_not_allowed")
         method, path = scope["method"], scope["path"]
-        if s.api_key and method != "OPTIONS" and path not in OPEN_PATHS and not self._key_ok(headers):
+        if s.api_key and method != "OPTIONS" and path not in OPEN_PATHS and not key_ok(headers, s.api_key):
             return APIError(401, "Incorrect or missing API key: send it as 'Authorization: Bearer KEY' "
                                  "or 'x-api-key: KEY'", "authentication", code="invalid_api_key")
         if method == "POST":
@@ -64,12 +64,6 @@ class Guard:
         if length.isdigit() and int(length) > s.max_body_bytes:
             return too_large(s.max_body_bytes)
         return None
-
-    def _key_ok(self, headers: dict[str, list[str]]) -> bool:
-        given = list(headers.get("x-api-key", []))
-        given += [a[7:].strip() for a in headers.get("authorization", []) if a[:7].lower() == "bearer "]
-        key = self.settings.api_key.encode()
-        return any(g and hmac.compare_digest(g.encode(), key) for g in given)
 
     def _limited(self, receive):
         limit, seen = self.settings.max_body_bytes, 0
@@ -108,3 +102,11 @@ def unsupported_media(why: str) -> APIError:
 
 def too_large(limit: int) -> APIError:
     return APIError(413, f"the request body exceeds {limit} bytes", "too_large", code="request_too_large")
+
+
+def key_ok(headers: dict[str, list[str]], api_key: str) -> bool:
+    """The request carries the API key (x-api-key, or authorization: Bearer)."""
+    given = list(headers.get("x-api-key", []))
+    given += [a[7:].strip() for a in headers.get("authorization", []) if a[:7].lower() == "bearer "]
+    key = api_key.encode()
+    return any(g and hmac.compare_digest(g.encode(), key) for g in given)

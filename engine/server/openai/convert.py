@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from engine.api import call_arguments
 from engine.server.bridge.checks import OPENAI_CHAT, check_tool_schema, refuse_unsupported
 from engine.server.http.errors import APIError
@@ -55,14 +57,12 @@ def legacy_functions(body: ChatCompletionRequest) -> tuple:
                        param="functions" if body.functions is not None else "function_call")
     tools = [Tool(function=f) for f in body.functions or []]
     choice = body.function_call
-    if isinstance(choice, FunctionName):
-        choice = NamedToolChoice(function=choice)
-    return tools, choice, False
+    return tools, NamedToolChoice(function=choice) if isinstance(choice, FunctionName) else choice, False
 
 
 def sampling_fields(body: SamplingFields, vocab_size: int) -> dict:
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    fields = dict(temperature=body.temperature, top_p=body.top_p,
+    fields: dict[str, Any] = dict(temperature=body.temperature, top_p=body.top_p,
                   top_k=0 if body.top_k == -1 else body.top_k, min_p=body.min_p,
                   presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
                   repetition_penalty=body.repetition_penalty,
@@ -92,7 +92,7 @@ def template_messages(messages: list[ChatMessage], images: ImageParts) -> list[d
     """OpenAI messages -> the chat template's: developer is system, leading system messages merge,
     tool-call arguments become objects, earlier reasoning goes back as reasoning_content, image parts become the
     engine's (server/bridge/images.py)."""
-    out = []
+    out: list[dict] = []
     for i, m in enumerate(messages):
         role = {"developer": "system", "function": "tool"}.get(m.role, m.role)
         content = _content(m.content, f"messages.{i}.content", images)

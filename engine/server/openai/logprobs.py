@@ -55,7 +55,7 @@ class TokenBytes:
 
 
 def chat_logprobs(items: list[TokenLogprob], tb: TokenBytes) -> dict:
-    def entry(token_id: int, logprob: float) -> dict:
+    def entry(token_id: int, logprob: float | None) -> dict:
         return {"token": tb.text(token_id), "logprob": logprob, "bytes": list(tb.bytes(token_id))}
 
     return {"content": [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import secrets
 import time
+from typing import Any, cast
 
 from fastapi import APIRouter, Request
 
-from engine.api import CallArgs, CallStart, Reasoning, Text, Usage
+from engine.api import CallArgs, CallStart, Reasoning, Text, TokenLogprob, Usage
 from engine.server.http.body import documented, parse_body
 from engine.server.bridge.checks import OPENAI_COMPLETIONS, refuse_unsupported
 from engine.server.http.errors import APIError, error_payload
@@ -56,7 +57,8 @@ def chat_message(reply: Reply, legacy: bool = False) -> dict:
     """`legacy`: the request used `functions`, so its (one) call goes out as `function_call`."""
     calls = [{"id": "call_" + secrets.token_hex(12), "type": "function", "function": {"name": n, "arguments": a}}
              for n, a in reply.calls]
-    message = {"role": "assistant", "content": reply.text if reply.text or not calls else None, "refusal": None}
+    message: dict[str, Any] = {"role": "assistant", "content": reply.text if reply.text or not calls else None,
+                               "refusal": None}
     if reply.reasoning:
         message["reasoning_content"] = message["reasoning"] = reply.reasoning
     if calls and legacy:
@@ -103,8 +105,8 @@ async def chat_stream(gens, meta: dict, include_usage: bool, token_bytes, legacy
         elif isinstance(ev, Keepalive):
             yield comment()
         elif isinstance(ev, Finish):
-            if ev.api_error():                      # leaving cancels the other samples
-                yield event(error_payload(ev.api_error(), "openai")[1])
+            if (error := ev.api_error()) is not None:    # leaving cancels the other samples
+                yield event(error_payload(error, "openai")[1])
                 break
             yield chunk(i, {}, finish_reason(ev, legacy), logprobs=lp)
             usages.append(ev.usage)
@@ -151,9 +153,9 @@ async def completions(request: Request):
 def completion_prompts(engine, body: CompletionRequest, defaults: dict, n: int) -> list[list[Prompt]]:
     """Each prompt (text or token ids) as the engine takes it (no chat template), as its n samples (each with its own
     processors, and its own seed: seed + i when the client gave one)."""
-    given = body.prompt
-    if isinstance(given, str) or (given and isinstance(given[0], int)):
-        given = [given]
+    # one prompt is a str or token ids (the schema checked the shapes)
+    one = isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], int))
+    given = cast("list[str | list[int]]", [body.prompt] if one else body.prompt)
     if not given:
         raise APIError(400, "prompt is empty", param="prompt")
     tok, groups = engine.tokenizer, []
@@ -193,7 +195,8 @@ async def completion_stream(gens, meta: dict, echoes: list[str], include_usage: 
     for i, echo in enumerate(echoes):
         if echo:
             yield chunk(i, echo, logprobs=completion_logprobs(scored[i], token_bytes) if scored else None)
-    usages, pending = {}, {}                         # prompt -> its samples' usages
+    usages: dict[int, list[Usage]] = {}                  # prompt -> its samples' usages
+    pending: dict[int, list[TokenLogprob]] = {}          # sample -> its logprobs not yet sent
     async for i, ev in merged(gens):
         if isinstance(ev, Logprobs):
             pending.setdefault(i, []).extend(ev.items)
@@ -204,8 +207,8 @@ async def completion_stream(gens, meta: dict, echoes: list[str], include_usage: 
         elif isinstance(ev, Keepalive):
             yield comment()
         elif isinstance(ev, Finish):
-            if ev.api_error():                           # leaving cancels the other prompts
-                yield event(error_payload(ev.api_error(), "openai")[1])
+            if (error := ev.api_error()) is not None:    # leaving cancels the other prompts
+                yield event(error_payload(error, "openai")[1])
                 break
             lp = completion_logprobs(pending.pop(i), token_bytes, offsets[i]) if i in pending else None
             yield chunk(i, "", ev.reason, logprobs=lp)
@@ -220,13 +223,14 @@ async def completion_stream(gens, meta: dict, echoes: list[str], include_usage: 
 def usage_json(u: Usage) -> dict:
     """With speculative decoding, the drafts kept and thrown away are OpenAI's accepted / rejected prediction
     tokens, and `speculation` says per round and per draft position how it went."""
-    out = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-           "total_tokens": u.prompt_tokens + u.completion_tokens,
-           "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-           "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens}}
+    details = {"reasoning_tokens": u.reasoning_tokens}
+    out: dict[str, Any] = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+                           "total_tokens": u.prompt_tokens + u.completion_tokens,
+                           "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+                           "completion_tokens_details": details}
     if u.speculation is not None:
         spec = u.speculation
-        out["completion_tokens_details"].update(accepted_prediction_tokens=spec.accepted,
+        details.update(accepted_prediction_tokens=spec.accepted,
                                                 rejected_prediction_tokens=spec.drafted - spec.accepted)
         out["speculation"] = speculation_json(spec)
     return out

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -130,7 +131,9 @@ def _refuse_tool(tool: dict, i: int):
 # ---- items -> chat messages ------------------------------------------------------------------------
 def chat_messages(items: list[dict], n_history: int) -> tuple[list[dict], list]:
     """-> (chat messages, the index in `items` each message starts at)."""
-    messages, sources, turn = [], [], None
+    messages: list[dict] = []
+    sources: list[int | str] = []
+    turn: dict[str, Any] | None = None
 
     def where(j: int) -> str:
         return "previous_response_id" if j < n_history else f"input.{j - n_history}"
@@ -260,6 +263,7 @@ class Renames:
 
     def __call__(self, err: APIError) -> APIError:
         param = err.param or ""
+        new: str | None
         head, _, rest = param.partition(".")
         if head == "messages" and rest:
             index, _, tail = rest.partition(".")
@@ -270,6 +274,6 @@ class Renames:
         else:
             new = FIELDS.get(param, param) or None
         if new != (err.param or None):
-            err.message = err.message.replace(param, new) if param and param in err.message else err.message
+            err.message = err.message.replace(param, new) if new is not None and param in err.message else err.message
             err.param = new
         return err

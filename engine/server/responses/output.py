@@ -86,8 +86,12 @@ class ResponseBuilder:
         self.response["output"].append(item)
         return self.event("response.output_item.added", output_index=self.index, item=copy.deepcopy(item))
 
+    def _open_item(self) -> dict:
+        assert self.item is not None, "no output item is open"
+        return self.item
+
     def _at(self) -> dict:
-        return {"item_id": self.item["id"], "output_index": self.index}
+        return {"item_id": self._open_item()["id"], "output_index": self.index}
 
     def open_reasoning(self) -> list[dict]:
         item = {"id": new_id("rs"), "type": "reasoning", "summary": [], "status": "in_progress"}
@@ -110,7 +114,7 @@ class ResponseBuilder:
 
     def delta(self, text: str) -> list[dict]:
         self.text.append(text)
-        kind = self.item["type"]
+        kind = self._open_item()["type"]
         if kind == "function_call":
             return [self.event("response.function_call_arguments.delta", **self._at(), delta=text)]
         if kind == "message":

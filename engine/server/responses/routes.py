@@ -63,6 +63,7 @@ async def create_response(request: Request):
                 builder.finish(ev)
                 return ev
             builder.feed(ev)
+        raise RuntimeError("the generation ended without a finish event")
 
     [finish] = await collect_all(request, [gen], consume=build)
     if finish.api_error():
