@@ -180,8 +180,8 @@ class DrafterLayer(nn.Module):
         k, v = attn.kv(h, positions)
         out = attend(attn.q(h, positions), k, v)
         h = attn.o_proj(out.reshape(x.shape[0], -1))
-        if kernel is not None:
-            h = self.attention_conv.finish(h, kernel, block)  # type: ignore[union-attr]  # kernel: attention_conv's
+        if self.attention_conv is not None and kernel is not None:
+            h = self.attention_conv.finish(h, kernel, block)
         x = residual + h
         residual = x
         h = self.post_attention_layernorm(x)
