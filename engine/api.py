@@ -4,7 +4,8 @@ app/ imports the engine only from here (and the endpoint from engine.server); en
 the engine from here too.
 """
 
-from engine.chat.tools import ToolCallParser, call_arguments, tool_schemas
+from engine.chat.tool_values import call_arguments
+from engine.chat.tools import ToolCallParser, tool_schemas
 from engine.model.config import ModelConfig, UnsupportedModelError, load_model_config, parse_model_config
 from engine.core.device import DeviceInfo, probe
 from engine.core.engine import NO_VISION, Engine, LoadCancelled, RequestHandle

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.chat.tools import CallArgs, CallStart, Text, ToolCallParser, call_arguments, coerce, tool_schemas
+from engine.chat.tool_values import call_arguments, coerce
+from engine.chat.tools import CallArgs, CallStart, Text, ToolCallParser, tool_schemas
 
 TOOLS = tool_schemas([
     {"type": "function", "function": {"name": "get_weather", "parameters": {

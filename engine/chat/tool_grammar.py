@@ -22,7 +22,8 @@ from __future__ import annotations
 import json
 import re
 
-from engine.chat.tools import FUNC_CLOSE, FUNC_OPEN, PARAM_CLOSE, PARAM_OPEN, VALUE_ENDS, param_schema, value_types
+from engine.chat.tool_values import param_schema, value_types
+from engine.chat.tools import FUNC_CLOSE, FUNC_OPEN, PARAM_CLOSE, PARAM_OPEN, VALUE_ENDS
 
 # a raw text value: any text without the tags that end a value
 # (re.escape writes a line break as a backslash and the line break itself: the regex wants backslash n)
