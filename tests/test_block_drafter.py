@@ -7,6 +7,8 @@ back; a drafter made for another model is refused in one line before anything lo
 
 import json
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -15,7 +17,7 @@ from engine.bench.oracle import DraftOracle
 from engine.bench.random_model import text_config
 from engine.cache.kv_format import KVFormat
 from engine.cache.pages import CacheTensors
-from engine.model.block_drafter import BlockDrafter, DraftBlocks
+from engine.model.block_drafter import BlockDrafter, DraftBlocks, drafter_from_state
 from engine.model.dflash import Drafter
 from engine.model.linear import Build
 from engine.model.drafter_config import DrafterMismatch, parse_drafter_config
@@ -78,9 +80,7 @@ def engine_drafter(raw: dict, seed: int = 0) -> tuple[Drafter, BlockDrafter]:
                 p.normal_(0, 0.3)
             elif name.endswith("norm.weight"):
                 p.normal_(1, 0.2)
-    fused = BlockDrafter(cfg, Build(torch.float32, "cpu"))
-    fused.load_from(ref)
-    return ref, fused.eval()
+    return ref, drafter_from_state(cfg, Build(torch.float32, "cpu"), ref.state_dict())
 
 
 @pytest.mark.parametrize("variant,page_size,window,kv", [("dflash", 4, 5, "bf16"), ("dflash2", 4, 5, "bf16"),
@@ -359,6 +359,47 @@ def test_int4_weights_quantize_the_drafter_too_and_stay_exact(ckpt, drafter):
         assert run(e, ids, 30) == want
     finally:
         e.close()
+
+
+def test_a_drafter_converts_to_int4_once_then_loads_from_the_conversion_cache(ckpt, drafter, tmp_path, monkeypatch):
+    """The drafter's int4 conversion is cached on disk as the model's is: the second load reads it back (its stage
+    says so) and holds the same weights."""
+    from engine.core.params import EngineConfig
+    from engine.model.block_drafter import load_drafter
+    from engine.model.config import load_model_config
+    from engine.model.linear import Linear
+    monkeypatch.setenv("QWENDESK_CACHE_DIR", str(tmp_path / "cache"))
+    policy, target = EngineConfig(model=str(ckpt)).policy("int4"), load_model_config(ckpt)
+    loads, stages = [], []
+    for _ in range(2):
+        seen: set[str] = set()
+        loads.append(load_drafter(drafter, target, "cpu", torch.float32, policy,
+                                  lambda stage, done, total, seen=seen: seen.add(stage)))
+        stages.append(seen)
+    assert stages == [{"Converting weights to int4 (first load)"}, {"Loading int4 weights from the cache"}]
+    first, second = ({n: m for n, m in d.named_modules() if isinstance(m, Linear) and m.scheme == "int4"}
+                     for d in loads)
+    assert first.keys() == second.keys() != set()
+    for name in first:
+        assert torch.equal(first[name].qweight, second[name].qweight)
+        assert torch.equal(first[name].scales, second[name].scales)
+    for (n, a), (_, b) in zip(loads[0].named_parameters(), loads[1].named_parameters()):
+        assert torch.equal(a, b), n
+
+
+def test_a_drafter_checkpoint_missing_a_tensor_is_refused_in_one_line(ckpt, drafter, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from engine.model.block_drafter import load_drafter
+    from engine.model.config import load_model_config
+    broken = Path(shutil.copytree(drafter, tmp_path / "broken"))
+    state = load_file(str(broken / "model.safetensors"))
+    save_file({k: v for k, v in state.items() if k != "layers.0.mlp.up_proj.weight"}, str(broken / "model.safetensors"))
+    with pytest.raises(DrafterMismatch, match="lacks 1 tensor") as err:
+        load_drafter(broken, load_model_config(ckpt), "cpu", torch.float32)
+    assert "\n" not in str(err.value) and "up_proj" in str(err.value)
 
 
 def test_the_27b_drafter_is_planned_at_under_a_third_of_its_16_bit_bytes_with_int4_weights():

@@ -77,7 +77,10 @@ def load(config: EngineConfig, device: torch.device, dtype: torch.dtype, progres
     model, vision_weights = load_model(config.model, device, dtype, mtp=method == "mtp", vision=placement != "off",
                                        policy=config.policy(weights), progress=progress)
     if method == "dflash":
-        model.attach_drafter(load_drafter(config.drafter, model_config, device, dtype, config.policy(weights)))
+        def drafter_progress(stage: str, done: int, total: int) -> None:
+            progress(f"Block drafter: {stage[0].lower()}{stage[1:]}", done, total)
+        model.attach_drafter(load_drafter(config.drafter, model_config, device, dtype, config.policy(weights),
+                                          drafter_progress if progress else None))
     loaded = Loaded(model, model_config, Tokenizer.from_checkpoint(config.model),
                     ChatTemplate.from_checkpoint(config.model), weights)
     if placement != "off":                  # on demand: the tower is built in host memory

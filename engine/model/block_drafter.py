@@ -9,6 +9,8 @@ the engine's layout, so that a block's forward is a few fused launches a layer i
 - Attention runs the paged decode kernel once per block (qwendesk_kernels/attention.block_attention): the block's
   rows are the last rows of their sequence, seeing the whole block (full layers) or the rows up to themselves
   within the sliding window; each key is read once per block, whatever the context.
+- Its checkpoint loads through the model's loader (engine/weights/loader.py): its int4 conversion is cached on disk as
+  the model's is, so only the first load converts.
 
 Where the context K / V live and who writes them: engine/model/dflash.py's docstring.
 """
@@ -21,11 +23,12 @@ import torch
 from torch import nn
 
 from engine.model.config import ModelConfig
-from engine.model.dflash import CandidateSelector, Drafter, DynamicCausalConv, draft_logits, read_drafter
-from engine.model.drafter_config import DrafterConfig
+from engine.model.dflash import CandidateSelector, DynamicCausalConv, draft_logits
+from engine.model.drafter_config import DrafterConfig, DrafterMismatch, check_drafter, read_drafter_config
 from engine.model.layers import MLP, RMSNorm
 from engine.model.linear import Build, Linear
-from engine.weights.quantize import quantize_int4, quantize_int8
+from engine.weights.checkpoint import CheckpointError
+from engine.weights.loader import load_state_dict, load_weights
 from qwendesk_kernels import ops
 from qwendesk_kernels.rope import inv_freq
 
@@ -113,12 +116,11 @@ class BlockDrafterLayer(nn.Module):
 
 
 class BlockDrafter(nn.Module):
-    """A DFlash / DFlash2 drafter in the engine's layout (see the module docstring); weights from `load_from`."""
+    """A DFlash / DFlash2 drafter in the engine's layout (see the module docstring): `load_drafter` fills it."""
 
     def __init__(self, cfg: DrafterConfig, build: Build):
         super().__init__()
         self.cfg = cfg
-        self.method = getattr(build.policy, "method", "als")      # how int4 weights are fitted (the target's)
         norms = Build(torch.float32, build.device)                # w - 1 of a bf16 w is exact in fp32, not in bf16
         h = cfg.hidden_size
         self.fc = Linear(len(cfg.target_layer_ids) * h, {"fc": h}, build, "")
@@ -136,29 +138,24 @@ class BlockDrafter(nn.Module):
         self.register_buffer("axis", torch.zeros(cfg.head_dim // 2, dtype=torch.int64, device=build.device),
                              persistent=False)
 
-    @torch.no_grad()
-    def load_from(self, ref: Drafter) -> None:
-        """The checkpoint's weights, from the reference modules that read it (same names): each projection into its
-        rows of a fused weight (quantized on this drafter's device), each norm weight w as w - 1."""
-        source = dict(ref.named_parameters())
+    def checkpoint_slices(self):
+        """(checkpoint name, target, first row, checkpoint shape) of every weight, as Qwen3_5Model's (the loader in
+        engine/weights/loader.py fills them; then `centre_norms_`)."""
         for path, module in self.named_modules():
             if isinstance(module, Linear):
-                for name, linear, row, _ in module.checkpoint_slices():
-                    linear.load_rows(row, self._held(source[name], linear))
+                yield from module.checkpoint_slices()
             elif isinstance(module, RMSNorm):
-                module.weight.copy_(source[f"{path}.weight"].float() - 1)
+                yield f"{path}.weight", module.weight, 0, tuple(module.weight.shape)
             elif isinstance(module, (DynamicCausalConv, CandidateSelector)):
                 for name, p in module.named_parameters(recurse=False):
-                    p.copy_(source[f"{path}.{name}"])
+                    yield f"{path}.{name}", p, 0, tuple(p.shape)
 
-    def _held(self, w: torch.Tensor, linear: Linear):
-        """A checkpoint weight as `linear` holds it: as is, or quantized (along K, so each fused part on its own)."""
-        if linear.scheme == "float":
-            return w
-        w = w.to(linear.qweight.device).float()
-        if linear.scheme == "int4":
-            return quantize_int4(w, linear.group_size, self.method)
-        return quantize_int8(w, linear.group_size)
+    @torch.no_grad()
+    def centre_norms_(self) -> None:
+        """The norm weights as loaded (the checkpoint's w) -> w - 1, what the engine's kernels take."""
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.weight.sub_(1)
 
     @property
     def rope(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,12 +181,27 @@ class BlockDrafter(nn.Module):
         return draft_logits(self.cfg, hidden, head)
 
 
-def load_drafter(path, target: ModelConfig, device="cpu", dtype: torch.dtype = torch.bfloat16,
-                 policy=None) -> BlockDrafter:
-    """The drafter checkpoint at `path` for `target` (refused in one line, DrafterMismatch, when it was made for another
-    model or lacks a weight), read on the CPU and held on `device` in the engine's layout. policy: the target's
-    quantization policy (engine/weights/policy.py), which the drafter's projections take too (None: all `dtype`)."""
-    ref = read_drafter(path, target, dtype)
-    drafter = BlockDrafter(ref.cfg, Build(dtype, device, policy))
-    drafter.load_from(ref)
+def load_drafter(path, target: ModelConfig, device="cpu", dtype: torch.dtype = torch.bfloat16, policy=None,
+                 progress=None) -> BlockDrafter:
+    """The drafter checkpoint at `path` for `target`, in the engine's layout on `device` (refused in one line,
+    DrafterMismatch, when it was made for another model or its tensors are not its config's). policy: the target's
+    quantization policy (engine/weights/policy.py), which the drafter's projections take too (None: all `dtype`);
+    their conversion is cached on disk as the model's is. progress(stage, done, total): as load_weights'."""
+    cfg = read_drafter_config(path)
+    check_drafter(cfg, target)
+    drafter = BlockDrafter(cfg, Build(dtype, device, policy))
+    try:
+        load_weights(drafter, path, device, keep_vision=False, policy=policy, progress=progress)
+    except CheckpointError as e:
+        raise DrafterMismatch(f"the drafter checkpoint: {e}") from None
+    drafter.centre_norms_()
+    return drafter.eval()
+
+
+def drafter_from_state(cfg: DrafterConfig, build: Build, state: dict[str, torch.Tensor]) -> BlockDrafter:
+    """A drafter in the engine's layout from checkpoint-named tensors in memory (a reference Drafter's state_dict:
+    the tests); 16-bit builds only (a quantized one loads from a folder)."""
+    drafter = BlockDrafter(cfg, build)
+    load_state_dict(drafter, state)
+    drafter.centre_norms_()
     return drafter.eval()
