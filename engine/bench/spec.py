@@ -59,13 +59,11 @@ def _graph_ms(fn, iters: int = 30) -> float:
 
 def components(eng, k: int, context: int) -> dict:
     """Times of one draft step and one verify forward of k + 1 rows for one sequence at `context` tokens (CUDA graphs
-    of their own over the engine's model and pools, on the scratch slot). Run on a fresh engine: they write their K / V
-    into the first pages, which no sequence holds yet."""
+    of their own over the engine's model and pools, on the scratch slot). They write their K / V into free pages."""
     from engine.spec.rounds import RoundRequest, round_inputs, rows_batch
     spec, cache = eng._spec.spec, eng._cache
     model, pools, page = spec.model, spec.pools, cache.page_size
-    assert len(cache.free_pages) == cache.num_pages, "components() needs a fresh engine: it writes pages 0 .."
-    pages = list(range(-(-(context + max(k + 1, spec.reach_of(k))) // page)))
+    pages = cache.free_pages[:-(-(context + max(k + 1, spec.reach_of(k))) // page)]   # the last ones taken
     req = RoundRequest(cache.scratch_slot, context, 1, pages, len(pages) * page, -1, cache.scratch_slot)    # greedy
     inp = round_inputs([req], eng._spec.max_pages, pools.conv.device)
 

@@ -76,7 +76,7 @@ class Engine:
             report(stage, done, total)
 
         self._progress = step
-        config.validate()
+        config.validate(has_drafter=bool(config.drafter) or (_parts is not None and _parts[0].drafter is not None))
         self.config = config
         self.device = resolve_device(config.device)
         self._dtype = resolve_dtype(config.dtype, self.device.type)

@@ -86,8 +86,9 @@ class EngineConfig:
             k = min(k, block - 1)
         return 0 if method == "off" else k
 
-    def validate(self) -> None:
-        """Refuse settings no engine can run with (a one-line ValueError), before anything loads."""
+    def validate(self, has_drafter: bool | None = None) -> None:
+        """Refuse settings no engine can run with (a one-line ValueError), before anything loads. has_drafter: a
+        block drafter comes with the model (Engine.from_model's; default: whether config.drafter names one)."""
         if self.device not in DEVICES and not re.fullmatch(r"cuda:\d+", self.device):
             raise ValueError(f"device must be {', '.join(DEVICES)} or cuda:N, not {self.device!r}")
         one_of("dtype", self.dtype, DTYPE_NAMES)
@@ -97,7 +98,8 @@ class EngineConfig:
         one_of("vision", self.vision, VISION)
         if self.max_images < 0 or self.max_image_bytes < 1:
             raise ValueError("max_images must be >= 0 and max_image_bytes >= 1")
-        self.drafts(on_gpu=False, method=self.method(has_mtp=True, has_drafter=bool(self.drafter)))
+        has_drafter = bool(self.drafter) if has_drafter is None else has_drafter
+        self.drafts(on_gpu=False, method=self.method(has_mtp=True, has_drafter=has_drafter))
         if self.max_context is not None and self.max_context < 1:
             raise ValueError(f"max_context must be at least 1 token, not {self.max_context}")
         if self.max_queue < 0:
