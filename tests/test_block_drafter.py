@@ -402,6 +402,21 @@ def test_a_drafter_checkpoint_missing_a_tensor_is_refused_in_one_line(ckpt, draf
     assert "\n" not in str(err.value) and "up_proj" in str(err.value)
 
 
+def test_a_model_with_a_drafter_attached_takes_more_drafts_than_mtp(ckpt, drafter):
+    """Engine.from_model (the benchmarks' way: the drafter attached to the model, no folder in the config) allows
+    the block drafter's draft counts, capped to its block."""
+    from engine.model.block_drafter import load_drafter
+    from engine.model.load import load_model
+    from engine.text.tokenizer import Tokenizer
+    model, _ = load_model(ckpt, dtype=torch.float32)
+    model.attach_drafter(load_drafter(drafter, model.cfg, "cpu", torch.float32))
+    config = EngineConfig(model=str(ckpt), device="cpu", dtype="float32", speculative_tokens=7)
+    with pytest.raises(ValueError, match="between 0 and 5"):
+        config.validate()                   # no drafter named: the MTP head's limit
+    with Engine.from_model(config, model, Tokenizer.from_checkpoint(ckpt)) as e:
+        assert e.drafts == model.drafter.cfg.block_size - 1 == 5
+
+
 def test_the_27b_drafter_is_planned_at_under_a_third_of_its_16_bit_bytes_with_int4_weights():
     from engine.bench.random_model import drafter_config
     from engine.model.drafter_config import drafter_parameters, drafter_tensor_shapes
