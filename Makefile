@@ -61,9 +61,10 @@ lint: $(VENV)/.test
 	$(VENV)/bin/python -m mypy app engine qwendesk_kernels
 
 # The consumer-GPU readiness check (no GPU): every Triton launch of the 27B / 9B / 35B-A3B forwards compiled for a
-# card and checked against it (engine/readiness/check.py says what). CI checks the RTX 3090 (~7.5 min on 2 cores:
-# four KV formats, rounds of 1-5 drafts); check-consumer-all the 4090 (sm_89) and 5090 (sm_120, the PDL path) too
-# (~22 min): run it after changing a kernel.
+# card and checked against it (engine/readiness/check.py says what), one compile process per core (--workers N).
+# CI checks the RTX 3090 (~10 min alone on 2 cores: four KV formats, rounds of 1-5 drafts, a block drafter's; .ci/run
+# runs it beside the test suite); check-consumer-all the 4090 (sm_89) and 5090 (sm_120, the PDL path) too (about
+# three times as long): run it after changing a kernel.
 check-consumer: $(VENV)/.test
 	$(PY) -m engine.readiness.check --cards "RTX 3090"
 

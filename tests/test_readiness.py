@@ -33,11 +33,12 @@ from engine.readiness.check import CARDS
 from engine.readiness.forward import run_all
 from engine.readiness.launches import recording
 out = {}
-for card in (CARDS[0], CARDS[2]):
+# the 3090: three forwards for the kernels they launch; the 5090: one, for the PDL it launches with
+for card, forwards in ((CARDS[0], (("27b", "int4", "int8"), ("27b", "int4", "k8v4"), ("9b", "bf16", "bf16"))),
+                       (CARDS[2], (("27b", "int4", "int8"),))):
     with recording(card.capability, card.sms, card.smem_per_block) as rec:
-        run_all(rec, "27b", "int4", "int8")
-        run_all(rec, "27b", "int4", "k8v4")
-        run_all(rec, "9b", "bf16", "bf16")
+        for forward in forwards:
+            run_all(rec, *forward)
     out[card.name] = dict(names=sorted({la.name for la in rec.launches}),
                           wheres=sorted({la.where.split(" KV ")[1].split(" N=")[0] for la in rec.launches}),
                           pdl=sorted({bool(la.options.get("launch_pdl")) for la in rec.launches if "PDL" in la.args}))
@@ -194,3 +195,34 @@ def test_a_decode_kernel_that_keeps_any_stack_is_a_finding():
     assert finds("27b int4 k4v4 KV verify N=8 k=5 sampled", 8)
     assert finds("27b int4 k4v4 KV verify N=8 k=3 sampled", 8)
     assert finds("27b int4 k4v4 KV decode N=8", 8)
+
+
+WORKER_FAILS = """
+import json, os
+from engine.readiness import check
+from engine.readiness.launches import Launch
+
+def compile_one(i):
+    if i == 3:
+        {fail}
+    return check.Compiled(shared=i)
+
+check._compile_one = compile_one      # (the forked workers inherit it)
+jobs = [check.Job(Launch(fn=None, args={{}}, options={{}}), None, f"job {{i}}") for i in range(8)]
+try:
+    check.compile_all(jobs, check.CARDS[0], workers=2)
+    print(json.dumps([j.result.shared for j in jobs]))
+except RuntimeError as e:
+    print(json.dumps(str(e)))
+"""
+
+
+@pytest.mark.parametrize("fail, reported", [("return check.Compiled(shared=3)", list(range(8))),
+                                            ("raise OSError('cuobjdump is gone')", "compiling job 3 failed in its "
+                                                                                   "worker: OSError: cuobjdump"),
+                                            ("os._exit(1)", "a compile worker died")])
+def test_compile_workers_keep_the_jobs_order_and_report_a_failure(fail, reported):
+    """Results come back in the jobs' order whichever worker compiled them; an error that is not a compile finding
+    (cuobjdump failing), or a worker that dies (the compiler crashing), stops the check instead of being lost."""
+    found = run_check_code(WORKER_FAILS.format(fail=fail), timeout=120)
+    assert found == reported if isinstance(reported, list) else found.startswith(reported), found

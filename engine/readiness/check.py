@@ -28,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
 from engine.cache.kv_format import KVFormat
@@ -136,19 +138,66 @@ def _target(card: Card):
 
 
 def _bind(launch: Launch, config, card: Card):
-    """(ASTSource, options) of a launch for `card`, as JITFunction.run would make them there."""
-    from triton.compiler import ASTSource, make_backend
-    from triton.runtime.jit import create_function_from_signature
+    """(ASTSource, options, specialization) of a launch for `card`, as JITFunction.run would make them there."""
+    from triton.compiler import ASTSource
     fn = launch.fn
-    kwargs = dict(launch.args, **launch.options)
-    if config is not None:
-        kwargs.update(config.all_kwargs())
-    backend = make_backend(_target(card))
-    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    kwargs = _kwargs(launch, config)
+    backend, binder = _binder(fn, card)
     bound, specialization, extra = binder(**kwargs)
     options, signature, constexprs, attrs = fn._pack_args(backend, dict(kwargs, debug=False), bound, specialization,
                                                           extra)
     return ASTSource(fn, signature, constexprs, attrs), options, str(specialization)
+
+
+def _kwargs(launch: Launch, config) -> dict:
+    kwargs = dict(launch.args, **launch.options)
+    if config is not None:
+        kwargs.update(config.all_kwargs())
+    return kwargs
+
+
+_BINDERS: dict = {}
+
+
+def _binder(fn, card: Card):
+    """(backend, argument binder) of `fn` for `card`: made once each, as JITFunction keeps them per device (making
+    a binder execs generated code)."""
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+    key = (id(fn), card.capability)
+    if key not in _BINDERS:
+        backend = make_backend(_target(card))
+        _BINDERS[key] = backend, create_function_from_signature(fn.signature, fn.params, backend)
+    return _BINDERS[key]
+
+
+_KEYS: dict = {}
+
+
+def _job_key(launch: Launch, config, card: Card) -> tuple[str, str]:
+    """(compile key, specialization) of a launch with `config` on `card`: what a compile depends on. The same for
+    launches with equal arguments, options and config (a tensor counts by its dtype and address, all the binder
+    reads of it), so those bind once."""
+    kwargs = _kwargs(launch, config)
+    args = tuple((k, _arg_identity(v)) for k, v in kwargs.items())
+    memo = (id(launch.fn), card.capability, args) if all(a is not None for _, a in args) else None
+    if memo is None or memo not in _KEYS:
+        _, options, spec = _bind(launch, config, card)
+        found = f"{launch.fn.fn.__module__}.{launch.name} {spec} {options}", spec
+        if memo is None:
+            return found
+        _KEYS[memo] = found
+    return _KEYS[memo]
+
+
+def _arg_identity(value):
+    """What binding reads of an argument, hashable (None: not a kind this knows; that launch is bound every time)."""
+    import torch
+    if isinstance(value, torch.Tensor):
+        return "tensor", value.dtype, value.data_ptr()
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
+        return type(value), value
+    return None
 
 
 def is_decode(launch: Launch) -> bool:
@@ -170,8 +219,7 @@ class Tuned:
 
 
 def _add_job(jobs: dict, launch: Launch, config, card: Card) -> str:
-    _, options, spec = _bind(launch, config, card)
-    key = f"{launch.fn.fn.__module__}.{launch.name} {spec} {options}"
+    key, _ = _job_key(launch, config, card)
     job = jobs.setdefault(key, Job(launch, config, key))
     if is_decode(launch):
         job.launch = launch                   # (a decode-path launch decides whether spills count)
@@ -188,7 +236,7 @@ def jobs_for(launches: list[Launch], card: Card) -> tuple[dict[str, Job], dict[s
             continue
         first = launch.configs if ours(launch) else launch.configs[:1]
         keys = [_add_job(jobs, launch, config, card) for config in first]
-        tkey = f"{launch.name} {[_bind(launch, c, card)[2] for c in launch.configs]}"
+        tkey = f"{launch.name} {[_job_key(launch, c, card)[1] for c in launch.configs]}"
         if tkey not in tuned or is_decode(launch):
             tuned[tkey] = Tuned(launch, keys, [] if ours(launch) else launch.configs[1:])
     return jobs, tuned
@@ -250,16 +298,28 @@ def resource_usage(cubin: bytes) -> tuple[int | None, int | None]:
 
 
 def compile_all(jobs: list[Job], card: Card, workers: int) -> None:
-    """Compile every job for `card` (fork workers; each compile once, in a fresh cache)."""
+    """Compile every job for `card`, in `workers` forked processes (each inherits the jobs; a job is compiled once,
+    in a fresh cache). A compile that fails is a finding (Compiled.error); anything else that goes wrong in a worker,
+    a worker that dies included, stops the check with the job it was on."""
     global _JOBS, _CARD
     _JOBS, _CARD = jobs, card
     if workers <= 1:
         results = [_compile_one(i) for i in range(len(jobs))]
     else:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            results = pool.map(_compile_one, range(len(jobs)), chunksize=1)
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = [pool.submit(_compile_one, i) for i in range(len(jobs))]
+            results = [_result(future, job) for future, job in zip(futures, jobs)]
     for job, res in zip(jobs, results):
         job.result = res
+
+
+def _result(future, job: Job) -> Compiled:
+    try:
+        return future.result()
+    except BrokenProcessPool as e:
+        raise RuntimeError(f"a compile worker died (the compiler crashed or was killed); unfinished: {job.key}") from e
+    except Exception as e:
+        raise RuntimeError(f"compiling {job.key} failed in its worker: {type(e).__name__}: {e}") from e
 
 
 def findings(jobs: dict[str, Job], tuned: dict[str, Tuned], card: Card) -> list[str]:
