@@ -113,3 +113,20 @@ def test_projection_stays_under_the_cards_roofline(recorded):
 def test_rounds_record_more_launches_than_a_step(recorded):
     assert recorded["step"] > 4 * 64                                  # four GEMVs per layer at least
     assert recorded["round"] > recorded["step"]
+
+
+def test_the_block_drafters_weights_split_into_its_block_and_its_context_writes():
+    """A block's forward reads every drafter weight but fc; the context writes of the target's rows read fc and each
+    layer's k | v rows again; int4 as the engine holds them."""
+    from engine.bench.random_model import drafter_config
+    from engine.model.drafter_config import drafter_parameters, parse_drafter_config
+    from engine.readiness.projection import drafter_facts
+    cfg = parse_drafter_config(drafter_config("27b"))
+    block, context = drafter_facts("27b", "int4")
+    h, kv = cfg.hidden_size, 2 * cfg.num_kv_heads * cfg.head_dim
+    fc = len(cfg.target_layer_ids) * h * h
+    assert context.params == fc + cfg.num_layers * kv * h
+    norms = (2 * cfg.num_layers + 2) * h + 2 * cfg.num_layers * cfg.head_dim
+    assert block.params == drafter_parameters(cfg) - norms - fc
+    assert block.int4 == block.params and context.int4 == context.params       # every projection int4 here
+    assert 0.5 < block.bytes / (block.params / 2) < 1.2                         # ~4 bits a weight, with scales

@@ -80,6 +80,25 @@ def model_facts(shape: str, weights: str) -> ModelFacts:
                       tensor_group([(n, t) for n, t in named if n.startswith("mtp.")]))
 
 
+@cache
+def drafter_facts(shape: str, weights: str) -> tuple[Group, Group]:
+    """(the weights a block's forward reads, those the context writes read: fc and each layer's k | v rows) of a
+    block drafter of the published size for `shape` (engine/bench/random_model.DRAFTERS), as the engine holds it."""
+    from engine.bench.random_model import drafter_config
+    from engine.model.block_drafter import BlockDrafter
+    from engine.model.drafter_config import parse_drafter_config
+    from engine.model.linear import Build
+    from engine.readiness.forward import DEFAULTS
+    cfg = parse_drafter_config(drafter_config(shape))
+    drafter = BlockDrafter(cfg, Build(torch.bfloat16, "meta", DEFAULTS.policy(weights)))
+    named = [(n, t) for n, t in [*drafter.named_parameters(), *drafter.named_buffers()] if n not in ("freqs", "axis")]
+    kv = 2 * cfg.num_kv_heads * cfg.head_dim
+    kv_share = kv / (kv + cfg.num_heads * cfg.head_dim)
+    fc = tensor_group([(n, t) for n, t in named if n.startswith("fc.")])
+    kvq = tensor_group([(n, t) for n, t in named if ".kvq." in n])
+    return tensor_group(named) + fc * -1, fc + kvq * kv_share
+
+
 def moe_layers(m: ModelFacts) -> int:
     return m.cfg.num_layers if m.cfg.num_experts else 0
 
@@ -157,6 +176,30 @@ def spec_round(m: ModelFacts, seqs: int, drafts: int, tokens_per_round: float, c
                 moe_layers(m))
 
 
+def block_round(m: ModelFacts, seqs: int, drafts: int, tokens_per_round: float, context: int = DECODE_CONTEXT) -> Step:
+    """A block drafter's round (engine/spec/block_rounds.py): the drafter's forward over each sequence's 16-row block
+    (its attention over the context; sliding layers over their window), the draft head over the k draft rows, the
+    verify of k + 1 rows with the drafter's context writes of those rows, and the GDN replay."""
+    from engine.bench.random_model import drafter_config
+    from engine.core.params import EngineConfig
+    from engine.model.drafter_config import parse_drafter_config
+    cfg = parse_drafter_config(drafter_config(m.shape))
+    block_weights, context_weights = drafter_facts(m.shape, m.weights)
+    rows, block, full = drafts + 1, cfg.block_size, len(m.cfg.full_attention_layers)
+    draft_head = m.head * (EngineConfig.draft_vocab / m.cfg.vocab_size)
+    kv_per_token = 2 * cfg.num_kv_heads * cfg.head_dim * 2                     # bf16 context K and V, one layer
+    keys = [min(context + block, cfg.window(i) or context + block) for i in range(cfg.num_layers)]
+    drafter_attention = Phase("drafter attention", seqs * kv_per_token * sum(keys),
+                              4 * seqs * block * sum(keys) * cfg.num_heads * cfg.head_dim)
+    phases = [gemv("drafter", block_weights, seqs * block), drafter_attention,
+              gemv("draft head", draft_head, seqs * drafts),
+              *weight_phases(m, seqs, rows), gemv("LM head", m.head, seqs * rows),
+              attention("attention", m, full, seqs, rows, context, False), gdn_state("GDN state", m, seqs),
+              gdn_state("GDN replay", m, seqs), gemv("drafter context", context_weights, seqs * rows)]
+    return Step(tuple(phases), launches("block", m.shape, m.weights, seqs, drafts), seqs * tokens_per_round, True,
+                moe_layers(m))
+
+
 def prefill(m: ModelFacts, tokens: int, chunk: int, mtp: bool) -> list[Step]:
     """The chunks of a `tokens`-token prompt: int4 weights are dequantized to bf16 per chunk (read 4 bits, write 16)
     and multiplied by cuBLAS; attention is causal over the context so far; the MTP layer runs on every token when
@@ -223,6 +266,24 @@ def launches(what: str, shape: str, weights: str, seqs: int, drafts: int) -> int
                 hidden = model(ids(rows), batch, pools)
                 model.mtp_forward(ids(rows), hidden, batch, pools)
                 model.logits(hidden[batch.logits_rows])
+        elif what == "block":
+            from engine.bench.random_model import drafter_config
+            from engine.cache.pages import CacheTensors
+            from engine.model.block_drafter import BlockDrafter
+            from engine.model.drafter_config import parse_drafter_config
+            from engine.model.linear import Build
+            from engine.spec.block_rounds import BlockRoundRunner
+            model = fw.model_on_meta(shape, weights, layers)
+            cfg = parse_drafter_config(drafter_config(shape))
+            model.attach_drafter(BlockDrafter(cfg, Build(torch.bfloat16, "meta", fw.DEFAULTS.policy(weights))))
+            pools = CacheTensors.allocate(model.cfg, len(tables) * per_seq, fw.PAGE, 9, torch.bfloat16, "meta",
+                                          drafter=(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim))
+            block_spec = BlockRoundRunner(model, pools, drafts, seqs, fw.CONTEXT + fw.PAGE, fw.DEFAULTS.draft_vocab)
+            reqs = [RoundRequest(i, fw.CONTEXT, 0, tables[i], fw.CONTEXT + fw.PAGE, -1, 8,
+                                 SamplingRow(0.7, 20, 0.9, 0.0, 1)) for i in range(seqs)]
+            inp = round_inputs(reqs, len(tables[0]), "meta")
+            with _KernelOps() as ops:
+                block_spec.round(inp, False, drafts)
         else:
             spec = RoundRunner(model, pools, drafts, seqs, fw.CONTEXT + fw.PAGE)
             reqs = [RoundRequest(i, fw.CONTEXT, 0, tables[i], fw.CONTEXT + fw.PAGE, -1, 8,
@@ -257,6 +318,8 @@ def measured() -> dict[str, Measured]:
                  "2026-12-06, spec off"),
         Measured("27B int4 k=3 round", "h100", (spec_round(i4, 1, 3, 3.02),), 3.02 / (1.98 * 137.7),
                  "2026-12-06: 1.98x of 137.7 tok/s at 3.02 tokens/round"),
+        Measured("27B int4 block drafter k=5 round", "h100", (block_round(i4, 1, 5, 4.23),), 12.14e-3,
+                 "2026-12-07 second session: the fused drafter, 12.14 ms a round (a check, not fitted)"),
         Measured("9B bf16 C1 step", "h100", (decode_step(model_facts("9b", "bf16"), 1),), 1 / 163.9,
                  "FACTS 2026-12-06, 163.9 tok/s"),
         Measured("35B-A3B int4 C1 step", "h100", (decode_step(model_facts("35b-a3b", "int4"), 1),), 1 / 421.8,
@@ -297,6 +360,9 @@ def projections(gpu_key: str, cal: Calibration) -> list[tuple[str, float, str]]:
     out.append(("27B int4 C1, MTP k=3 at 3.04 tokens/round", spec_round(i4, 1, 3, 3.04).tok_s(gpu, cal), "tok/s"))
     out.append(("27B int4 C1, MTP k=5 at 4.0 tokens/round", spec_round(i4, 1, 5, 4.0).tok_s(gpu, cal), "tok/s"))
     out.append(("27B int4 C8, MTP k=3 at 3.04 tokens/round", spec_round(i4, 8, 3, 3.04).tok_s(gpu, cal), "tok/s"))
+    for k, accepted in ((7, 5.47), (15, 5.47), (15, 8.31)):   # exllamav3's DFlash2 length; Luce DFlash's (tree)
+        out.append((f"27B int4 C1, block drafter k={k} at {accepted} tokens/round",
+                    block_round(i4, 1, k, accepted).tok_s(gpu, cal), "tok/s"))
     for n in (8192, 32768):
         t = sum(s.seconds(gpu, cal) for s in prefill(i4, n, chunk, True))
         out.append((f"27B int4 TTFT {n // 1024}K (prefill {n / t:,.0f} tok/s)", t * 1e3, "ms"))
