@@ -425,3 +425,19 @@ def test_block_attention_ref_masks():
                                            [0] * 6 + [1] * 3 + [0], [0] * 7 + [1] * 3]
     assert seen(causal=False, window=2) == [[0] * 5 + [1] * 3 + [0] * 2, [0] * 6 + [1] * 3 + [0],
                                             [0] * 7 + [1] * 3, [0] * 8 + [1] * 2]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal,window", [(False, 0), (True, 2048)])
+@pytest.mark.parametrize("quant", [False, True])
+def test_gpu_block_attention_of_the_27b_drafter(causal, window, quant):
+    """The 27B DFlash drafter's attention (32 q heads over 8 kv heads of 128, 16-row blocks): its full layer (every
+    row sees the whole block) and its sliding layers (2,048 keys) over contexts shorter and longer than the window."""
+    from qwendesk_kernels.attention import block_attention
+    L, lens = 16, [16, 700, 2100, 5000]
+    q, cu, kv = decode_inputs(lens, L, 32, 8, 128, PAGE, torch.bfloat16, quant)
+    got = block_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 128 ** -0.5, L, causal=causal,
+                          window=window, max_seq_len=8192, **kv.scales)
+    want = paged_attention_ref(q, kv.k_cache, kv.v_cache, kv.block_tables, cu, kv.seq_lens, 128 ** -0.5,
+                               causal=causal, window=window, **kv.scales)
+    torch.testing.assert_close(got, want, **BF16_TOL)
