@@ -128,30 +128,29 @@ def test_a_drafter_for_another_model_is_refused_in_one_line():
                       target)
 
 
-def test_a_drafter_checkpoint_loads_and_drafts_as_saved(tmp_path):
-    """A checkpoint folder as z-lab publishes it (config.json + model.safetensors) loads into the same drafter; a
-    missing or misshapen weight is refused in one line."""
+def test_a_drafter_checkpoint_loads_as_saved(tmp_path):
+    """A checkpoint folder as z-lab publishes it (config.json + model.safetensors) loads into the engine's drafter
+    exactly as the same weights in memory do (tests/test_block_drafter.py checks that one drafts as the reference
+    does); a missing or misshapen weight is refused in one line."""
     import json
 
     from safetensors.torch import save_file
 
-    from engine.model.dflash import read_drafter
+    from engine.model.block_drafter import drafter_from_state, load_drafter
+    from engine.model.linear import Build
     config = tiny_config("dflash2")
-    ref = reference_model(config)
-    ours = ours_from(ref, config)
+    ours = ours_from(reference_model(config), config)
     state = {k: v.contiguous() for k, v in ours.state_dict().items()}
     (tmp_path / "config.json").write_text(json.dumps(config))
     save_file(state, str(tmp_path / "model.safetensors"))
-    loaded = read_drafter(tmp_path, target_config(), dtype=torch.float32)
-    (features, block), = rounds(3)[:1]
-    a, b = ours.new_cache(), loaded.new_cache()
-    with torch.no_grad():
-        ours.extend(a, features)
-        loaded.extend(b, features)
-        assert torch.equal(ours(block, a), loaded(block, b))
+    loaded = load_drafter(tmp_path, target_config(), "cpu", torch.float32)
+    want = drafter_from_state(ours.cfg, Build(torch.float32, "cpu"), state)
+    for (name, a), (_, b) in zip(loaded.state_dict().items(), want.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
     save_file({k: v for k, v in state.items() if k != "fc.weight"}, str(tmp_path / "model.safetensors"))
-    with pytest.raises(DrafterMismatch, match="lacks 1 weight"):
-        read_drafter(tmp_path, target_config())
+    with pytest.raises(DrafterMismatch, match="lacks 1 tensor") as err:
+        load_drafter(tmp_path, target_config(), "cpu", torch.float32)
+    assert "\n" not in str(err.value)
     save_file({**state, "fc.weight": state["fc.weight"][:, :8].contiguous()}, str(tmp_path / "model.safetensors"))
     with pytest.raises(DrafterMismatch, match="fc.weight has shape"):
-        read_drafter(tmp_path, target_config())
+        load_drafter(tmp_path, target_config(), "cpu", torch.float32)

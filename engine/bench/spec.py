@@ -63,7 +63,8 @@ def components(eng, k: int, context: int) -> dict:
     from engine.spec.rounds import RoundRequest, round_inputs, rows_batch
     spec, cache = eng._spec.spec, eng._cache
     model, pools, page = spec.model, spec.pools, cache.page_size
-    pages = cache.free_pages[:-(-(context + max(k + 1, spec.reach_of(k))) // page)]   # the last ones taken
+    need = -(-(context + max(k + 1, spec.reach_of(k))) // page)
+    pages = cache.free_pages[:need]           # free pages, the last ones the cache would hand out
     req = RoundRequest(cache.scratch_slot, context, 1, pages, len(pages) * page, -1, cache.scratch_slot)    # greedy
     inp = round_inputs([req], eng._spec.max_pages, pools.conv.device)
 

@@ -28,15 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.model.config import ModelConfig
-from engine.model.drafter_config import DrafterConfig, DrafterMismatch, check_drafter, read_drafter_config
-from engine.weights.checkpoint import TensorReader, list_tensors
+from engine.model.drafter_config import DrafterConfig
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]   # (q, k, v) of a layer -> its output
 
@@ -316,29 +313,3 @@ def draft_logits(cfg: DrafterConfig, hidden: torch.Tensor, head) -> torch.Tensor
     if cfg.logit_softcap:
         logits = torch.tanh(logits / cfg.logit_softcap) * cfg.logit_softcap
     return logits
-
-
-def read_drafter(path, target: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> Drafter:
-    """The drafter checkpoint at `path` (config.json + safetensors, as z-lab publishes them) for `target`, as its
-    reference modules on the CPU: refused in one line (DrafterMismatch) when it was made for another model or lacks a
-    weight."""
-    path = Path(path)
-    cfg = read_drafter_config(path)
-    check_drafter(cfg, target)
-    with torch.device("meta"):
-        drafter = Drafter(cfg)
-    tensors, reader = list_tensors(path), TensorReader("cpu")
-    wanted = dict(drafter.named_parameters())
-    missing = sorted(set(wanted) - set(tensors))
-    if missing:
-        raise DrafterMismatch(f"the drafter checkpoint lacks {len(missing)} weight(s), e.g. {missing[0]}")
-    state = {}
-    for name, p in wanted.items():
-        t = reader.get(tensors[name])
-        if tuple(t.shape) != tuple(p.shape):
-            raise DrafterMismatch(f"drafter weight {name} has shape {tuple(t.shape)}, its config needs "
-                                  f"{tuple(p.shape)}")
-        state[name] = t.to(dtype=dtype)
-    reader.close()
-    drafter.load_state_dict(state, assign=True)
-    return drafter.eval()
