@@ -20,7 +20,7 @@ def _features(model, drafter_cls, cfg, ids: list[int]) -> torch.Tensor:
     from engine.model.batch import build_batch
 
     class Recorder(drafter_cls):
-        def write_context(self, features, positions, slots, pools):
+        def write_context(self, features, positions, slots, ring_slots, pools):
             self.recorded = features
 
     recorder = Recorder(cfg)

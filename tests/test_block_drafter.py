@@ -17,7 +17,7 @@ from engine.bench.oracle import DraftOracle
 from engine.bench.random_model import text_config
 from engine.cache.kv_format import KVFormat
 from engine.cache.pages import CacheTensors
-from engine.model.block_drafter import BlockDrafter, DraftBlocks, drafter_from_state
+from engine.model.block_drafter import BlockDrafter, DraftBlocks, drafter_from_state, ring_slots, ring_table
 from engine.model.dflash import Drafter
 from engine.model.linear import Build
 from engine.model.drafter_config import DrafterMismatch, parse_drafter_config
@@ -60,12 +60,11 @@ def run(e, ids, n, **kw):
 
 # ---- the paged drafter against the one-sequence one ------------------------------------------------------------------
 
-def paged_pools(cfg, num_pages: int, page_size: int, kv: KVFormat) -> CacheTensors:
+def paged_pools(cfg, num_pages: int, page_size: int, kv: KVFormat, num_slots: int = 2) -> CacheTensors:
     """Pools of a tiny target (one layer of each kind) beside `kv`, with the drafter's."""
     from engine.model.config import parse_model_config
     target = parse_model_config({**text_config("tiny"), "num_hidden_layers": 2, "full_attention_interval": 2})
-    return CacheTensors.allocate(target, num_pages, page_size, 1, torch.float32, "cpu", kv=kv,
-                                 drafter=(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim))
+    return CacheTensors.allocate(target, num_pages, page_size, num_slots, torch.float32, "cpu", kv=kv, drafter=cfg)
 
 
 def engine_drafter(raw: dict, seed: int = 0) -> tuple[Drafter, BlockDrafter]:
@@ -83,43 +82,101 @@ def engine_drafter(raw: dict, seed: int = 0) -> tuple[Drafter, BlockDrafter]:
     return ref, drafter_from_state(cfg, Build(torch.float32, "cpu"), ref.state_dict())
 
 
+class Placed:
+    """Sequences i = 0, 1 .. on shuffled pages, sequence i in state slot i: where the target's forwards write a
+    position's context (its KV slot, its ring slot) and where a block sits (DraftBlocks)."""
+
+    def __init__(self, pools: CacheTensors, pages_each: int, sequences: int = 2):
+        self.pools, self.page = pools, pools.page_size
+        order = torch.randperm(sequences * pages_each, generator=torch.Generator().manual_seed(2))
+        self.tables = order.view(sequences, pages_each).int()
+
+    def slots(self, i: int, pos: torch.Tensor) -> torch.Tensor:
+        return self.tables[i, pos // self.page].long() * self.page + pos % self.page
+
+    def rings(self, i: int, pos: torch.Tensor, slots: torch.Tensor) -> torch.Tensor | None:
+        ring = self.pools.ring_tokens
+        return ring_slots(torch.full_like(pos, i), pos, slots, ring) if ring else None
+
+    def write(self, drafter: BlockDrafter, i: int, features: torch.Tensor, start: int = 0, step: int = 7) -> None:
+        """Sequence i's context from `start` on, a step of `step` rows at a time, as the target's forwards write it."""
+        for a in range(0, features.shape[0], step):
+            pos = start + torch.arange(a, min(a + step, features.shape[0]))
+            slots = self.slots(i, pos)
+            drafter.write_context(features[pos - start], pos, slots, self.rings(i, pos, slots), self.pools)
+
+    def blocks(self, lengths: list[int], block: int, max_seq_len: int) -> DraftBlocks:
+        """Each sequence's block at its next `block` positions, all of them with pages."""
+        slots = torch.cat([self.slots(i, n + torch.arange(block)) for i, n in enumerate(lengths)])
+        where = DraftBlocks(tables=self.tables, seq_lens=torch.tensor(lengths, dtype=torch.int32) + block,
+                            slots=slots, block=block, max_seq_len=max_seq_len)
+        if self.pools.ring_tokens:
+            pos = torch.cat([n + torch.arange(block) for n in lengths])
+            state = torch.arange(len(lengths)).repeat_interleave(block)
+            where.ring_slots = ring_slots(state, pos, slots, self.pools.ring_tokens)
+            where.ring_tables = ring_table(torch.arange(len(lengths)), self.tables.shape[1], self.pools.ring_tokens,
+                                           self.page)
+        return where
+
+
 @pytest.mark.parametrize("variant,page_size,window,kv", [("dflash", 4, 5, "bf16"), ("dflash2", 4, 5, "bf16"),
                                                          ("dflash", 1, 3, "bf16"), ("dflash2", 8, 64, "bf16"),
                                                          ("dflash", 4, 5, "k4v4"), ("dflash2", 8, 64, "int8")])
 def test_the_paged_drafter_equals_the_one_sequence_drafter(variant, page_size, window, kv):
-    """Two sequences on shuffled pages, their context written as the target's forwards write it, one block each: the
-    engine's drafter gives the same hidden states as the reference's Drafter.forward over a DrafterCache, sliding
-    windows included (windows shorter than a page, than the block, longer than the context); beside a quantized KV
-    format the drafter's context is int8 (within its rounding)."""
+    """Two sequences on shuffled pages, their context written as the target's forwards write it (7 rows a step), one
+    block each: the engine's drafter gives the same hidden states as the reference's Drafter.forward over a
+    DrafterCache, sliding windows included (windows shorter than a page, than the block, longer than the context; the
+    ring of a 5-key window wraps twice over the 41-token sequence); beside a quantized KV format the drafter's
+    context is int8 (within its rounding)."""
     raw = drafter_config({"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 4}, variant, block=4,
                          taps=(0, 1, 3), window=window)
     ref, drafter = engine_drafter(raw)
     cfg = ref.cfg
-    lengths, B, pages_each = [11, 6], cfg.block_size, 32 // page_size
+    lengths, B, pages_each = [41, 6], cfg.block_size, 48 // page_size
     pools = paged_pools(cfg, 2 * pages_each, page_size, KVFormat(kv))
     assert (pools.draft_k.dtype == torch.int8) == (kv != "bf16")
-    order = torch.randperm(2 * pages_each, generator=torch.Generator().manual_seed(2))
-    tables = order.view(2, pages_each).int()
+    assert pools.ring_tokens == (-(-(window + B) // page_size) + 1) * page_size
+    placed = Placed(pools, pages_each)
     feats = [torch.randn(n, 3 * cfg.hidden_size) for n in lengths]
     blocks = [torch.randn(B, cfg.hidden_size) for _ in lengths]
-
-    def slot(i, pos):
-        return tables[i, pos // page_size].long() * page_size + pos % page_size
-
     with torch.no_grad():
         for i, f in enumerate(feats):
-            pos = torch.arange(f.shape[0])
-            drafter.write_context(f, pos, slot(i, pos), pools)
+            placed.write(drafter, i, f)
         index = torch.cat([n + torch.arange(B) for n in lengths])
-        where = DraftBlocks(tables=tables, seq_lens=torch.tensor(lengths, dtype=torch.int32) + B,
-                            slots=torch.cat([slot(i, n + torch.arange(B)) for i, n in enumerate(lengths)]),
-                            block=B, max_seq_len=32)
-        got = drafter.draft(torch.cat(blocks), index, where, pools).view(2, B, -1)
+        got = drafter.draft(torch.cat(blocks), index, placed.blocks(lengths, B, 48), pools).view(2, B, -1)
         for i, (f, block) in enumerate(zip(feats, blocks)):
             cache = ref.new_cache()
             ref.extend(cache, f)
             tol = 1e-5 if kv == "bf16" else 3e-2
             torch.testing.assert_close(got[i], ref(block, cache), atol=tol, rtol=tol)
+
+
+def test_only_the_full_layers_context_is_paged_and_a_ring_is_part_of_a_slots_state():
+    """The sliding-window layer's context lives in a ring per state slot: the pages carry the full layer's only,
+    and copy_state / read_state / write_state carry the ring (so snapshots, prefix hits and the tiers do); a slot's
+    ring moved to another slot drafts there as it did in the first."""
+    raw = drafter_config({"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 4}, "dflash", block=4,
+                         taps=(0, 1, 3), window=5)
+    ref, drafter = engine_drafter(raw)
+    pools = paged_pools(ref.cfg, 24, 4, KVFormat.BF16, num_slots=3)
+    assert pools.draft_k.shape[0] == 1 and pools.ring_k.shape[:3] == (1, 3, 16)
+    assert "ring_k" in pools.layout() and pools.snapshot_tail == 16 - 5 + 1
+    placed = Placed(pools, 12)
+    with torch.no_grad():
+        placed.write(drafter, 0, torch.randn(30, 96))
+        block = torch.randn(4, 32)
+        before = drafter.draft(block, torch.arange(30, 34), placed.blocks([30], 4, 48), pools)
+        state = pools.read_state(0)
+        pools.ring_k[:, 0].zero_()
+        pools.ring_v[:, 0].zero_()
+        pools.write_state(2, state)                  # slot 0's state, through bytes, into slot 2
+        pools.copy_state(2, 1)                       # then into slot 1
+        pages = placed.tables[:, :8].tolist()        # sequence 1: a copy of sequence 0's pages, state slot 1
+        pools.write_pages(pages[1], pools.read_pages(pages[0]))
+        after = drafter.draft(block.repeat(2, 1), torch.arange(30, 34).repeat(2), placed.blocks([30, 30], 4, 48),
+                              pools).view(2, 4, -1)
+    assert not torch.allclose(after[0], before)      # slot 0's ring is gone
+    torch.testing.assert_close(after[1], before)
 
 
 def test_a_block_past_the_end_of_its_pages_reads_only_keys_with_k_v():
@@ -128,15 +185,19 @@ def test_a_block_past_the_end_of_its_pages_reads_only_keys_with_k_v():
     raw = drafter_config({"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 4}, "dflash", block=4,
                          taps=(0, 1, 3), window=5)
     ref, drafter = engine_drafter(raw)
-    pools = paged_pools(ref.cfg, 4, 4, KVFormat.BF16)
-    pools.draft_k.fill_(float("nan"))
-    pools.draft_v.fill_(float("nan"))
+    pools = paged_pools(ref.cfg, 4, 4, KVFormat.BF16, num_slots=1)
+    for t in (pools.draft_k, pools.draft_v, pools.ring_k, pools.ring_v):
+        t.fill_(float("nan"))
     tables = torch.tensor([[2, 0, 3, 1]], dtype=torch.int32)
     slots = tables[0].long().repeat_interleave(4) * 4 + torch.arange(4).repeat(4)          # position p -> slot
+    zero = torch.zeros(16, dtype=torch.long)
+    rings = ring_slots(zero, torch.arange(16), slots, pools.ring_tokens)
     with torch.no_grad():
-        drafter.write_context(torch.randn(14, 96), torch.arange(14), slots[:14], pools)
+        drafter.write_context(torch.randn(14, 96), torch.arange(14), slots[:14], rings[:14], pools)
         where = DraftBlocks(tables=tables, seq_lens=torch.tensor([16], dtype=torch.int32),
-                            slots=torch.cat([slots[14:], torch.tensor([-1, -1])]), block=4, max_seq_len=16)
+                            slots=torch.cat([slots[14:], torch.tensor([-1, -1])]), block=4, max_seq_len=16,
+                            ring_slots=torch.cat([rings[14:], torch.tensor([-1, -1])]),
+                            ring_tables=ring_table(zero[:1], 4, pools.ring_tokens, 4))
         out = drafter.draft(torch.randn(4, 32), torch.arange(14, 18), where, pools)
     assert torch.isfinite(out).all()
 
@@ -198,9 +259,11 @@ class Recorder:
 
 
 def test_a_prefix_hit_restores_the_drafter_context_from_pages_and_the_host_tier(ckpt, drafter):
-    """A second request over the same 64-token prefix (4 pages) reads the drafter's context from the cached pages: its
-    drafts equal a cold engine's, round for round; and again after the pages went to the host tier and came back."""
-    ids = prompt(70, 9)
+    """A second request over the same 64-token prefix (4 pages) reads the drafter's context from the cached pages and
+    the snapshot taken in passing (the sliding layer's ring, copied after the step): its drafts equal a cold engine's,
+    round for round; and again after the pages and the snapshot went to the host tier and came back. The request
+    computes one token past the hit, so its first blocks see the window before the boundary."""
+    ids = prompt(65, 9)
 
     def drafts_of(e, ids):
         rec = Recorder()
@@ -215,7 +278,7 @@ def test_a_prefix_hit_restores_the_drafter_context_from_pages_and_the_host_tier(
         cold.close()
     e = make(ckpt, drafter, host_cache_gb=0.01)
     try:
-        run(e, ids[:66] + [1, 2, 3, 4], 4)                          # caches the shared pages
+        run(e, ids[:64] + [1, 2, 3, 4, 5, 6], 4)                    # caches the shared pages, a snapshot at 64
         assert drafts_of(e, ids) == want
         assert e.stats()["prefix_hit_tokens"] >= 64
         for n in range(8):                                           # other prompts push the pages to the host tier
@@ -225,6 +288,34 @@ def test_a_prefix_hit_restores_the_drafter_context_from_pages_and_the_host_tier(
         assert e.stats()["host_hit_pages"] >= hits + 4
     finally:
         e.close()
+
+
+def test_the_next_turn_hits_the_snapshot_a_round_took_with_the_drafters_rings(ckpt, drafter):
+    """A reply decoded in rounds passes page boundaries mid-round: its end-of-turn snapshot is a round's (the GDN state
+    by the verify's replay, the rings copied after the round, which still hold the window before the boundary). The
+    next turn, over the conversation to one token past it, hits it: its drafts equal a cold engine's, round for
+    round."""
+    ids = prompt(37, 13)
+
+    def drafts_of(e, ids):
+        rec = Recorder()
+        e.set_draft_oracle(rec, adaptive=False)
+        return run(e, ids, 10), rec.drafts
+
+    e = make(ckpt, drafter)
+    try:
+        e.set_draft_oracle(Recorder(), adaptive=False)
+        turn = (ids + run(e, ids, 44))[:81]          # the reply passes 48, 64 and 80 in rounds; one token past 80
+        hits = e.stats()["prefix_hit_tokens"]
+        got = drafts_of(e, turn)
+        assert e.stats()["prefix_hit_tokens"] - hits == 80    # the last boundary the reply passed
+    finally:
+        e.close()
+    cold = make(ckpt, drafter)
+    try:
+        assert got == drafts_of(cold, turn)
+    finally:
+        cold.close()
 
 
 def test_cancels_mid_round_give_every_page_and_slot_back(ckpt, drafter):
@@ -254,19 +345,27 @@ def test_a_drafter_for_another_model_is_refused_before_loading(ckpt, tmp_path):
 
 
 def test_the_plan_counts_the_drafter(ckpt, drafter):
-    """Its context K / V in each token's bytes (and no MTP layer's), its weights in the engine's."""
+    """Its full layer's context K / V in each token's bytes (and no MTP layer's), its sliding layer's ring in each
+    state slot's, as the engine's pools hold them; its weights in the engine's."""
     from engine.core.memory import kv_bytes_per_token
     from engine.model.config import load_model_config
-    base = EngineConfig(model=str(ckpt), device="cpu", dtype="float32", speculative_tokens=3, max_context=512)
+    base = EngineConfig(model=str(ckpt), device="cpu", dtype="float32", speculative_tokens=3, max_context=512,
+                        page_size=16)
     mtp, dflash = plan_for(base), plan_for(EngineConfig(**{**base.__dict__, "drafter": str(drafter)}))
     cfg = parse_drafter_config(json.loads((drafter / "config.json").read_text()))
     target = load_model_config(str(ckpt))
     assert mtp.kv_bytes_per_token == kv_bytes_per_token(target, torch.float32, mtp=True)
-    assert dflash.kv_bytes_per_token == kv_bytes_per_token(target, torch.float32, mtp=False) + \
-        cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4
+    assert cfg.ring_layers == (True, False)
+    per_token = 2 * cfg.num_kv_heads * cfg.head_dim * 4                     # K and V of one layer, fp32
+    assert dflash.kv_bytes_per_token == kv_bytes_per_token(target, torch.float32, mtp=False) + per_token
+    assert dflash.state_bytes_per_slot == mtp.state_bytes_per_slot + cfg.ring_tokens(16) * per_token
     e = make(ckpt, drafter, k=3, max_context=512)
     try:
         assert e.plan().kv_bytes_per_token == dflash.kv_bytes_per_token and e.drafts == 3
+        assert e.plan().state_bytes_per_slot == dflash.state_bytes_per_slot
+        pools = e._pools
+        assert pools.state_nbytes == dflash.state_bytes_per_slot and pools.ring_tokens == cfg.ring_tokens(16) == 32
+        assert pools.page_nbytes == 16 * dflash.kv_bytes_per_token
         assert e._model.mtp is None and e._model.drafter is not None
         n_params = sum(p.numel() for p in Drafter(cfg).parameters())
         assert sum(p.numel() for p in e._model.drafter.parameters()) == n_params
@@ -425,6 +524,22 @@ def test_the_27b_drafter_is_planned_at_under_a_third_of_its_16_bit_bytes_with_in
     n = drafter_parameters(cfg)
     assert 1.70e9 < n < 1.76e9                                  # ~1.73 B, as published
     assert policy_bytes(drafter_tensor_shapes(cfg), DEFAULT_POLICY)["total"] < 2 * n / 3.5
+
+
+def test_the_27b_with_its_drafter_plans_128k_tokens_of_int8_kv_on_a_24gib_card(tmp_path):
+    """Issue 45's plan: the 27B int4, its DFlash drafter (4 sliding layers of 2,048 in rings, one full layer paged)
+    and the tower on demand, C1, on a headless 24 GiB card: at least 128K tokens of int8 KV (before the rings: 122,752);
+    with kv_dtype auto the native 262,144."""
+    from engine.bench.random_model import drafter_config
+    from engine.core.memory import GIB
+    from tests.test_kv_formats import qwen27b_on
+    (tmp_path / "config.json").write_text(json.dumps(drafter_config("27b")))
+    cfg, card = qwen27b_on(23.5)
+    int8 = plan_for(EngineConfig(model="", profile="C1", kv_dtype="int8", drafter=str(tmp_path)), card, model=cfg)
+    assert int8.method == "dflash" and int8.weights == "int4" and int8.vision == "on_demand", int8.summary()
+    assert int8.fits and int8.max_context >= 128 * 1024 and int8.total_bytes <= 23.5 * GIB, int8.summary()
+    auto = plan_for(EngineConfig(model="", profile="C1", kv_dtype="auto", drafter=str(tmp_path)), card, model=cfg)
+    assert auto.method == "dflash" and auto.kv_dtype == "k4v4" and auto.max_context == 262144, auto.summary()
 
 
 def test_auto_drafts_with_the_drafter_where_it_fits_else_with_the_mtp_head(ckpt, drafter):

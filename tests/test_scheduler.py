@@ -219,3 +219,24 @@ def test_a_request_whose_prefix_is_loading_steps_aside_and_is_looked_up_again_on
     sched.cache.reads_done += 1                                       # (a read batch was kept)
     loading.clear()
     assert sched.admit() == [restored] and len(lookups) == 3
+
+
+def test_with_a_drafters_rings_a_snapshot_far_before_the_steps_end_ends_the_step_there(tiny_pools):
+    """A block drafter's rings are copied into a snapshot taken in passing after the step: they still hold the
+    window before the boundary only if the step ran at most CacheTensors.snapshot_tail rows past it. Further, the
+    step stops at the boundary (the engine copies the state there, rings included)."""
+    import torch
+    pools = tiny_pools(32, 8)
+    pools.ring_k = torch.zeros(1, 8, 12, 1, 1)           # a ring of 12 tokens for a window of 5: a tail of 8
+    pools.ring_v = torch.zeros(1, 8, 12, 1, 1)
+    pools.draft_rings, pools.draft_window = (True,), 5
+    assert pools.snapshot_tail == 8
+    sched = Scheduler(CacheManager(pools, num_seq_slots=2), max_running=1, prefill_chunk=64, im_start_id=IM)
+    near, far = seq(0, [5] * 9 + [IM] + [6] * 6), seq(1, [5] * 9 + [IM] + [6] * 7)    # boundary 8; 8 / 9 rows past it
+    sched.add(near)
+    sched.admit()
+    assert sched.prefill_batch() == ([near], [16], [8])   # in passing
+    sched.remove(near)
+    sched.add(far)
+    sched.admit()
+    assert sched.prefill_batch() == ([far], [8], [0])     # stops at the boundary

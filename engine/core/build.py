@@ -134,8 +134,7 @@ def assemble(config: EngineConfig, loaded: Loaded, memory: MemoryPlan, device: t
     drafter = model.drafter.cfg if drafts and model.drafter is not None else None
     pools = CacheTensors.allocate(loaded.model_config, memory.num_pages, config.page_size, memory.num_slots, dtype,
                                   device, mtp_layers=1 if model.mtp is not None else 0,
-                                  kv=memory.kv_dtype, drafter=drafter and (drafter.num_layers, drafter.num_kv_heads,
-                                                                           drafter.head_dim))
+                                  kv=memory.kv_dtype, drafter=drafter)
     host = HostCache(pools, memory.host_cache_bytes) if memory.host_cache_bytes else None
     cache = CacheManager(pools, num_seq_slots=config.max_running, host=host)
     disk = DiskCache(config.disk_cache_dir or default_root(),

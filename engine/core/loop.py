@@ -190,7 +190,8 @@ class EngineLoop:
         done = []
         for i, seq in enumerate(seqs):
             c.index_pages(seq.hashes, seq.hash_tokens, seq.num_computed, seq.pages)
-            if snap_slots[i] >= 0:           # taken in passing
+            if snap_slots[i] >= 0:           # taken in passing (a drafter's rings still hold the window before it)
+                c.pools.copy_rings(seq.state_slot, snap_slots[i])
                 snapshots.keep(snap_slots[i], self._snapshot_key(seq))
             elif seq.num_computed == seq.snapshot_at:      # the step ended at the boundary: copy the state
                 snapshots.save(seq.state_slot, self._snapshot_key(seq))

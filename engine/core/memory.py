@@ -18,6 +18,7 @@ import torch
 
 from engine.model.config import ModelConfig, load_model_config
 from engine.model.drafter_config import (DrafterConfig, check_drafter, drafter_kv_bytes_per_token,
+                                         drafter_ring_bytes_per_slot,
                                          drafter_tensor_shapes, read_drafter_config)
 from engine.core.device import DeviceInfo, host_ram_bytes, probe, resolve_dtype
 from engine.cache.disk import MAX_PENDING_BYTES
@@ -228,7 +229,8 @@ def plan_memory(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype, *, w
     kv = KVFormat(config.kv_dtype)
     per_tok = kv_bytes_per_token(cfg, dtype, drafts > 0 and drafter is None, kv) + \
         (drafter_kv_bytes_per_token(drafter, kv, dtype) if drafter is not None else 0)
-    per_slot = state_bytes_per_slot(cfg, dtype)
+    per_slot = state_bytes_per_slot(cfg, dtype) + \
+        (drafter_ring_bytes_per_slot(drafter, kv, dtype, page) if drafter is not None else 0)
     spec = speculation_bytes(cfg, dtype, drafts, C, drafter, config.prefill_chunk)
     work = workspace_bytes(cfg, dtype, config.prefill_chunk, C) + spec
     on_demand = vision.placement == "on_demand"

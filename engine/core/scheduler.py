@@ -79,7 +79,8 @@ class Scheduler:
         GDN state is to be snapshotted (0: nowhere). A step of at most RECURRENT_MAX_TOKENS tokens takes its
         snapshots in passing; a longer one stops each sequence at its snapshot boundary instead (the engine
         then copies the state), because fla's chunked kernel keeps no state inside a chunk. A snapshot at
-        least a page into the step keeps the conv window inside it."""
+        least a page into the step keeps the conv window inside it; one at most CacheTensors.snapshot_tail rows before
+        its end keeps a block drafter's window in the rings."""
         seqs, lens, cuts, budget = [], [], [], self.prefill_chunk
         for seq in self.running:
             if budget <= 0:
@@ -98,7 +99,9 @@ class Scheduler:
             lens.append(n)
             cuts.append(cut if 0 < cut < n else 0)
             budget -= n
-        in_pass = sum(lens) <= RECURRENT_MAX_TOKENS and all(c == 0 or c >= self.cache.page_size for c in cuts)
+        tail = self.cache.pools.snapshot_tail
+        in_pass = sum(lens) <= RECURRENT_MAX_TOKENS and all(c == 0 or c >= self.cache.page_size for c in cuts) and \
+            (tail is None or all(c == 0 or n - c <= tail for c, n in zip(cuts, lens)))
         if not in_pass:
             lens = [c or n for c, n in zip(cuts, lens)]
             cuts = [0] * len(lens)

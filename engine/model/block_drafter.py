@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from engine.model.batch import ForwardBatch
 from engine.model.config import ModelConfig
 from engine.model.dflash import CandidateSelector, DynamicCausalConv, draft_logits
 from engine.model.drafter_config import DrafterConfig, DrafterMismatch, check_drafter, read_drafter_config
@@ -42,6 +43,34 @@ class DraftBlocks:
     slots: torch.Tensor          # [N * block] int64 KV slot of each row (-1: none)
     block: int
     max_seq_len: int
+    ring_tables: torch.Tensor | None = None   # [N, max_pages] int32 each sequence's ring as pages (ring_table)
+    ring_slots: torch.Tensor | None = None    # [N * block] int64 ring slot of each row (ring_slots; -1: none)
+
+
+def ring_slots(state_slots: torch.Tensor, positions: torch.Tensor, kv_slots: torch.Tensor, ring: int) -> torch.Tensor:
+    """Flat ring slot of rows at token `positions` of sequences in `state_slots` (per row): slot x ring + position mod
+    ring; -1 where the row's KV slot is -1 (it is written nowhere)."""
+    return torch.where(kv_slots >= 0, state_slots * ring + positions % ring, -1)
+
+
+def ring_table(state_slots: torch.Tensor, width: int, ring: int, page_size: int) -> torch.Tensor:
+    """[N, width] int32: each sequence's ring read as pages (CacheTensors.drafter_layer), so that the paged attention
+    kernels read it: entry i is page i mod (ring / page_size) of its slot's ring. A window's keys (the only ones a
+    ring layer's rows see) never wrap onto each other, since a ring holds a window and a block."""
+    pages = ring // page_size
+    return (state_slots[:, None] * pages + torch.arange(width, device=state_slots.device) % pages).int()
+
+
+def step_ring_slots(batch: ForwardBatch, ring: int) -> torch.Tensor:
+    """Ring slots of a forward's rows [T] (on the device, no host sync): a row more than `ring` rows before the end of
+    its sequence's rows in the step writes nothing (a later row of the step takes its slot)."""
+    ends = batch.cu_seqlens[1:]
+    rows = torch.arange(batch.slot_mapping.shape[0], dtype=ends.dtype, device=ends.device)
+    seq = torch.searchsorted(ends, rows, right=True)
+    after = ends[seq] - 1 - rows                       # the sequence's rows after this one in the step
+    positions = (batch.seq_lens[seq] - 1 - after).long()
+    slots = ring_slots(batch.state_slots[seq], positions, batch.slot_mapping, ring)
+    return torch.where(after < ring, slots, -1)
 
 
 class BlockAttention(nn.Module):
@@ -50,6 +79,7 @@ class BlockAttention(nn.Module):
         h, d, prefix = cfg.hidden_size, cfg.head_dim, f"layers.{index}.self_attn."
         self.heads, self.kv_heads, self.head_dim, self.eps = cfg.num_heads, cfg.num_kv_heads, d, cfg.rms_norm_eps
         self.causal, self.window = cfg.causal(index), cfg.window(index) or 0
+        self.ring = cfg.ring_layers[index]               # its context is in the state slots' rings, not in pages
         kv = cfg.num_kv_heads * d
         self.kvq = Linear(h, {"k_proj": kv, "v_proj": kv, "q_proj": cfg.num_heads * d}, build, prefix)
         self.o_proj = Linear(cfg.num_heads * d, {"o_proj": h}, build, prefix)
@@ -74,8 +104,10 @@ class BlockAttention(nn.Module):
         k, v = k.view(T, self.kv_heads, self.head_dim), v.view(T, self.kv_heads, self.head_dim)
         ops.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, self.eps, positions, *rope)
         kc, vc, ks, vs = pools
-        ops.store_kv(k, v, kc, vc, blocks.slots, k_scale=ks, v_scale=vs)
-        o = ops.block_attention(q, kc, vc, blocks.tables, blocks.seq_lens, self.head_dim ** -0.5, blocks.block,
+        tables, slots = (blocks.ring_tables, blocks.ring_slots) if self.ring else (blocks.tables, blocks.slots)
+        assert tables is not None and slots is not None, "a ring layer's block needs ring tables and slots"
+        ops.store_kv(k, v, kc, vc, slots, k_scale=ks, v_scale=vs)
+        o = ops.block_attention(q, kc, vc, tables, blocks.seq_lens, self.head_dim ** -0.5, blocks.block,
                                 causal=self.causal, window=self.window, k_scale=ks, v_scale=vs,
                                 max_seq_len=blocks.max_seq_len)
         return self.o_proj(o.view(T, -1))
@@ -161,12 +193,16 @@ class BlockDrafter(nn.Module):
     def rope(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.freqs, self.axis
 
-    def write_context(self, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, pools) -> None:
+    def write_context(self, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                      ring_slots: torch.Tensor | None, pools) -> None:
         """The context K / V of rows the target just computed (features [T, len(taps) x H] at rotary `positions` [T])
-        into the drafter's pages at their KV `slots` [T] (-1: written nowhere). pools: CacheTensors."""
+        into the drafter's pages at their KV `slots` [T] and, for its sliding-window layers, into their sequences'
+        rings at `ring_slots` [T] (step_ring_slots; None: no ring layer); -1: written nowhere. pools: CacheTensors."""
         ctx = self.hidden_norm(self.fc(features))
         for i, layer in enumerate(self.layers):
-            layer.self_attn.context(ctx, positions, slots, pools.drafter_layer(i), self.rope)
+            where = ring_slots if layer.self_attn.ring else slots
+            assert where is not None, "a ring layer's context needs ring slots"
+            layer.self_attn.context(ctx, positions, where, pools.drafter_layer(i), self.rope)
 
     def draft(self, x: torch.Tensor, positions: torch.Tensor, blocks: DraftBlocks, pools) -> torch.Tensor:
         """N blocks at once: x [N * B, H] the target's embeddings of each [anchor, MASK x (B - 1)] (times

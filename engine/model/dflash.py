@@ -16,12 +16,12 @@ left to right with low-rank predecessor / successor codebooks).
 This module holds the drafter as its checkpoint lays it out and as the reference runs it, one sequence over a
 `DrafterCache` (`extend`, `forward`: checked against the `dflash` package in tests/test_dflash.py). The engine runs
 the same layers fused (engine/model/block_drafter.py BlockDrafter, loaded from these modules by `load_drafter`), with
-the context K / V in pages of the engine's CacheTensors (`draft_k` / `draft_v`, one pool per drafter layer; int8
-beside a quantized KV format: KVFormat.drafter) at the same page and slot as the target's KV of that token, so a
-sequence's page table, the prefix cache and its tiers carry them with no bookkeeping of their own. The target's
-forward writes them for every row it computes (Qwen3_5Model.forward: prefill, decode and verify); a round's block
-writes its own K / V at its rows' slots (past the committed tokens: overwritten by the verify that follows) and
-attends over the pages.
+the context K / V in the engine's CacheTensors (int8 beside a quantized KV format: KVFormat.drafter): a full layer's
+in pages (`draft_k` / `draft_v`) at the same page and slot as the target's KV of that token, so a sequence's page
+table, the prefix cache and its tiers carry them with no bookkeeping of their own; a sliding layer's in a ring per
+state slot (`ring_k` / `ring_v`: the window and a block), carried with the GDN state. The target's forward writes
+them for every row it computes (Qwen3_5Model.forward: prefill, decode and verify); a round's block writes its own K /
+V at its rows' slots (past the committed tokens: overwritten by the verify that follows) and attends over them.
 """
 
 from __future__ import annotations

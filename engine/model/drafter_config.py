@@ -55,6 +55,22 @@ class DrafterConfig:
     def window(self, layer: int) -> int | None:
         return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
 
+    @property
+    def ring_layers(self) -> tuple[bool, ...]:
+        """Per layer: its context K / V live in a ring per state slot (a sliding-window layer: only the window's keys
+        are kept), else in pages with the sequence."""
+        return tuple(self.window(i) is not None for i in range(self.num_layers))
+
+    def ring_tokens(self, page_size: int) -> int:
+        """Tokens of context a ring keeps (0: no ring layer): the window and a block (a block's rows see up to a window
+        behind them and write their own K / V ahead), and a page more, so that a prefill step can take a prefix
+        snapshot in passing up to a page and a block before its end (CacheTensors.snapshot_tail); whole pages, read
+        through a page table."""
+        if not any(self.ring_layers):
+            return 0
+        assert self.sliding_window is not None
+        return -(-(self.sliding_window + self.block_size) // page_size) * page_size + page_size
+
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
     """The reference's taps when a config names none: evenly from layer 1 to num_target_layers - 3."""
@@ -184,6 +200,13 @@ def drafter_parameters(cfg: DrafterConfig) -> int:
 
 
 def drafter_kv_bytes_per_token(cfg: DrafterConfig, kv: KVFormat, dtype: torch.dtype) -> int:
-    """K and V of one token in every drafter layer (its context, paged with the sequence's pages) beside the model's
-    KV format `kv` (KVFormat.drafter: int8 beside a quantized one)."""
-    return cfg.num_layers * cfg.num_kv_heads * kv.drafter.bytes_per_head_token(cfg.head_dim, dtype)
+    """K and V of one token in every drafter layer whose context is paged with the sequence (the full-attention ones)
+    beside the model's KV format `kv` (KVFormat.drafter: int8 beside a quantized one)."""
+    paged = cfg.ring_layers.count(False)
+    return paged * cfg.num_kv_heads * kv.drafter.bytes_per_head_token(cfg.head_dim, dtype)
+
+
+def drafter_ring_bytes_per_slot(cfg: DrafterConfig, kv: KVFormat, dtype: torch.dtype, page_size: int) -> int:
+    """K and V a state slot holds of the sliding-window layers' context (a ring of ring_tokens each)."""
+    rings = cfg.ring_layers.count(True)
+    return rings * cfg.ring_tokens(page_size) * cfg.num_kv_heads * kv.drafter.bytes_per_head_token(cfg.head_dim, dtype)

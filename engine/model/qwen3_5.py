@@ -9,7 +9,7 @@ from torch import nn
 from engine.model.config import ModelConfig
 from engine.cache.pages import CacheTensors
 from engine.model.batch import ForwardBatch
-from engine.model.block_drafter import BlockDrafter
+from engine.model.block_drafter import BlockDrafter, step_ring_slots
 from engine.model.drafter_config import check_drafter
 from engine.model.layers import DecoderLayer, RMSNorm
 from engine.model.linear import Build, Embedding, Linear
@@ -82,7 +82,8 @@ class Qwen3_5Model(nn.Module):
                 H = x.shape[1]
                 torch.add(x, residual, out=features[:, taps[i] * H:(taps[i] + 1) * H])
         if drafter is not None and features is not None:
-            drafter.write_context(features, batch.positions[0], batch.slot_mapping, pools)
+            rings = step_ring_slots(batch, pools.ring_tokens) if pools.ring_tokens else None
+            drafter.write_context(features, batch.positions[0], batch.slot_mapping, rings, pools)
         h, _ = self.norm.add_forward(x, residual)
         return h
 

@@ -89,7 +89,7 @@ def run_drafter(rec: Recorder, shape: str, weights: str, kv: KVFormat | str) -> 
     model.attach_drafter(drafter)
     pages = max(BUCKETS) * (CONTEXT + 2 * PAGE) // PAGE
     pools = CacheTensors.allocate(model.cfg, pages, PAGE, 9, torch.bfloat16, "meta", kv=KVFormat(kv),
-                                  drafter=(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim))
+                                  drafter=cfg)
     per_seq = (CONTEXT + 2 * PAGE) // PAGE
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(max(BUCKETS))]
     tag = f"{shape} {weights} {kv} KV drafter"

@@ -277,7 +277,7 @@ def launches(what: str, shape: str, weights: str, seqs: int, drafts: int) -> int
             cfg = parse_drafter_config(drafter_config(shape))
             model.attach_drafter(BlockDrafter(cfg, Build(torch.bfloat16, "meta", fw.DEFAULTS.policy(weights))))
             pools = CacheTensors.allocate(model.cfg, len(tables) * per_seq, fw.PAGE, 9, torch.bfloat16, "meta",
-                                          drafter=(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim))
+                                          drafter=cfg)
             block_spec = BlockRoundRunner(model, pools, drafts, seqs, fw.CONTEXT + fw.PAGE, fw.DEFAULTS.draft_vocab)
             reqs = [RoundRequest(i, fw.CONTEXT, 0, tables[i], fw.CONTEXT + fw.PAGE, -1, 8,
                                  SamplingRow(0.7, 20, 0.9, 0.0, 1)) for i in range(seqs)]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from engine.cache.pages import CacheTensors
-from engine.model.block_drafter import DraftBlocks
+from engine.model.block_drafter import DraftBlocks, ring_slots, ring_table
 from engine.model.qwen3_5 import Qwen3_5Model
 from engine.spec.acceptance import draft_probs, draw_draft
 from engine.spec.rounds import RoundInputs, RoundOutputs, Rounds, rows_batch
@@ -28,7 +28,7 @@ class BlockRoundRunner(Rounds):
                  draft_vocab: int):
         """k: the most drafts a round makes (below the drafter's block size)."""
         drafter = model.drafter
-        assert drafter is not None and pools.draft_k is not None
+        assert drafter is not None and pools.draft_rings, "the model has no drafter, or the pools none of its KV"
         self.block = drafter.cfg.block_size
         assert 1 <= k < self.block, f"a block of {self.block} rows drafts at most {self.block - 1} tokens"
         super().__init__(model, pools, k, max_batch, max_context, draft_vocab)
@@ -65,6 +65,12 @@ class BlockRoundRunner(Rounds):
         ends = torch.minimum(inp.base + n, inp.limit).clamp(min=1).int()
         blocks = DraftBlocks(tables=inp.block_tables, seq_lens=ends, slots=batch.slot_mapping, block=n,
                              max_seq_len=self.max_seq_len)
+        ring = self.pools.ring_tokens
+        if ring:
+            positions = inp.base[:, None] + torch.arange(n, device=inp.base.device)
+            blocks.ring_slots = ring_slots(inp.slots[:, None], positions, batch.slot_mapping.view(B, n),
+                                           ring).reshape(-1)
+            blocks.ring_tables = ring_table(inp.slots, inp.block_tables.shape[1], ring, self.pools.page_size)
         hidden = drafter.draft(x, batch.positions[0], blocks, self.pools).view(B, n, -1)[:, 1:k + 1]
         return hidden, drafter.logits(hidden, self.draft_logits)
 

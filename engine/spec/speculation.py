@@ -131,6 +131,9 @@ class Speculation:
             out = self.graphs.run(reqs, k, sampled)
         else:
             out = self.spec.round(round_inputs(reqs, self.max_pages, self.spec.pools.conv.device), sampled, k)
+        for s in seqs:          # a block drafter's rings hold the window before the round's boundary still: copy them
+            if s.spec_snapshot is not None:
+                self.cache.pools.copy_rings(s.state_slot, s.spec_snapshot[1])
         kept, tokens = out.kept.tolist(), out.tokens.tolist()
         self.round_ms += 1e3 * (time.perf_counter() - started)
         self.policy.kept_drafts(k, kept)
