@@ -358,10 +358,12 @@ def assert_fused_norm(inp, steps, tol, block_v=None):
 
 
 @pytest.mark.parametrize("B, Hk, Hv, L, dtype", [(2, 2, 2, 1, torch.float32), (1, 1, 3, 1, torch.float16),
-                                                  (2, 1, 3, 4, torch.float32), (3, 1, 3, 1, torch.float32)])
+                                                  (2, 1, 3, 4, torch.float32), (3, 1, 3, 1, torch.float32),
+                                                  (1, 1, 3, 3, torch.float32), (2, 2, 2, 6, torch.float16)])
 def test_gdn_decode_fused_norm(B, Hk, Hv, L, dtype):
     """norm: up to FUSED_NORM_MAX_B (2) sequences the last program of each qk head normalises its v heads' outputs
-    (two V blocks each here); B = 3 takes the norm kernel after the step."""
+    (two V blocks each here), all L rows of a head in one tile (3 and 6 rows: a tile padded to 4 / 8); B = 3 takes the
+    norm kernel after the step."""
     torch.manual_seed(6)
     assert_fused_norm(decode_inputs(B, L, Hk, Hv, 16, 16, dtype, "cpu"), L > 1, 1e-4 if dtype == torch.float32
                       else 5e-3, block_v=8)
