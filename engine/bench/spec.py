@@ -40,15 +40,21 @@ def _generate(eng, prompts, n):
     return outs, sum(f.timings.decode_tok_s for f in fins), fins
 
 
-def _graph_ms(fn, iters: int = 30) -> float:
+def _graph(fn) -> torch.cuda.CUDAGraph:
+    """fn captured in a CUDA graph (after two eager runs: autotuning, allocations)."""
     for _ in range(2):
         fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     graph.replay()
+    return graph
+
+
+def _graph_ms(fn, iters: int = 30) -> float:
+    graph = _graph(fn)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(iters):
         graph.replay()
@@ -57,9 +63,23 @@ def _graph_ms(fn, iters: int = 30) -> float:
     return start.elapsed_time(end) / iters
 
 
-def components(eng, k: int, context: int) -> dict:
+def _kernel_us(fn, iters: int = 20) -> dict[str, float]:
+    """GPU time per replay of fn's graph by kernel name (us; CUPTI sees the kernels inside a graph)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    graph = _graph(fn)
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            graph.replay()
+        torch.cuda.synchronize()
+    return {k.key: k.self_device_time_total / iters for k in prof.key_averages() if k.self_device_time_total > 0}
+
+
+def components(eng, k: int, context: int, profile: bool = False) -> dict:
     """Times of one draft step and one verify forward of k + 1 rows for one sequence at `context` tokens (CUDA graphs
-    of their own over the engine's model and pools, on the scratch slot). They write their K / V into free pages."""
+    of their own over the engine's model and pools, on the scratch slot). They write their K / V into free pages.
+    profile: also each kernel's time in a one-row forward and in the verify (`print_verify_profile`)."""
     from engine.spec.rounds import RoundRequest, round_inputs, rows_batch
     spec, cache = eng._spec.spec, eng._cache
     model, pools, page = spec.model, spec.pools, cache.page_size
@@ -76,14 +96,29 @@ def components(eng, k: int, context: int) -> dict:
                               pools)
         spec.draft_logits(m).argmax(-1)
 
-    rows = spec.rows.first(1, k + 1)
-
-    def verify():
-        batch = rows_batch(inp, 0, k + 1, page, spec.max_seq_len, verify=rows)
-        model.logits(model(inp.last.repeat(k + 1), batch, pools))
+    def forward(n: int):
+        """The main model over n rows and the full head: a plain step's forward (n = 1) or a verify's."""
+        rows = spec.rows.first(1, n) if n > 1 else None
+        return lambda: model.logits(model(inp.last.repeat(n), rows_batch(inp, 0, n, page, spec.max_seq_len,
+                                                                          verify=rows), pools))
 
     with torch.inference_mode():
-        return {"draft_ms": _graph_ms(draft), "verify_ms": _graph_ms(verify)}
+        out: dict[str, Any] = {"draft_ms": _graph_ms(draft), "verify_ms": _graph_ms(forward(k + 1))}
+        if profile:
+            out["kernels_1"], out[f"kernels_{k + 1}"] = _kernel_us(forward(1)), _kernel_us(forward(k + 1))
+        return out
+
+
+def print_verify_profile(comp: dict, k: int) -> None:
+    """Where a verify of k + 1 rows spends its time beyond a one-row forward, kernel by kernel (largest growth
+    first)."""
+    one, many = comp["kernels_1"], comp[f"kernels_{k + 1}"]
+    names = sorted(set(one) | set(many), key=lambda n: one.get(n, 0.0) - many.get(n, 0.0))
+    print(f"verify profile: 1 row {sum(one.values()):.0f} us, {k + 1} rows {sum(many.values()):.0f} us of kernels",
+          flush=True)
+    for name in names[:25]:
+        a, b = one.get(name, 0.0), many.get(name, 0.0)
+        print(f"  {a:8.1f} us -> {b:8.1f} us  (+{b - a:7.1f})  {name[:100]}", flush=True)
 
 
 def bench_speculation(model, args, drafter=None) -> dict:
@@ -124,11 +159,13 @@ def bench_speculation(model, args, drafter=None) -> dict:
             print(f"{profile} k={k}: load {load_s:.1f} s (plain {plain_load_s:.1f} s; the rounds' capture at load)",
                   flush=True)
             if c == 1:
-                comp = components(eng, k, prompt_len)
+                comp = components(eng, k, prompt_len, args.profile_rounds)
                 out[f"draft_{profile}_k{k}_ms"], out[f"verify_{profile}_k{k}_ms"] = comp["draft_ms"], comp["verify_ms"]
                 print(f"{profile} k={k}: draft step {comp['draft_ms']:.3f} ms ({comp['draft_ms'] / step_ms:.3f}x a "
                       f"step), verify of {k + 1} rows {comp['verify_ms']:.3f} ms "
                       f"({comp['verify_ms'] / step_ms:.3f}x)", flush=True)
+                if args.profile_rounds:
+                    print_verify_profile(comp, k)
             _generate(eng, prompts, 1)   # the prompts in the prefix cache, as for plain (one token: no round runs)
             for p, adaptive in [(p, a) for p in args.draft_oracle for a in (False, True)]:
                 eng.set_draft_oracle(DraftOracle(p, runs), adaptive=adaptive)

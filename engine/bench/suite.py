@@ -208,7 +208,8 @@ def main(argv=None) -> int:
                     "published DFlash drafter's size instead of the MTP head")
     ap.add_argument("--spec-context", type=positive_int, default=512, help="prompt tokens (--draft-oracle)")
     ap.add_argument("--profile-rounds", action="store_true",
-                    help="(--draft-oracle) also profile the rounds of the first rate by kernel")
+                    help="(--draft-oracle) also profile the rounds of the first rate by kernel, and at C1 the "
+                    "verify of k + 1 rows against a one-row forward")
     ap.add_argument("--kv-dtype", default="bf16", choices=KV_DTYPES, help="KV cache of the engines measured")
     ap.add_argument("--moe-goals", action="store_true",
                     help="instead of the speed runs: issue 30's figures, the 35B-A3B int4 (C1 and C8 decode, prefill "
