@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from qwendesk_kernels import pdl
-from qwendesk_kernels.runtime import INTERPRET, capability, sm_count, smem_per_block
+from qwendesk_kernels.runtime import INTERPRET, capability, sm_count, smem_per_block, smem_per_sm
 LOG2E = 1.4426950408889634
 MIN_SPLIT_TOKENS = 256      # fewest context tokens per decode split (at max_seq_len)
 
@@ -376,6 +376,16 @@ def decode_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, sm_count:
     return max(1, min(want, triton.cdiv(max_seq_len, MIN_SPLIT_TOKENS)))
 
 
+def decode_tile_bytes(device, block_m: int) -> int:
+    """Bytes of the K tile (and of the V tile) each step of the decode kernel reads: 16 KB, or 8 KB where two programs
+    of block_m query rows would not share an SM's shared memory with 16 KB (1 KB reserved per block). Compiled for
+    sm_86, bf16 KV, D = 256: 42,000 / 51,204 / 69,636 B at 16 / 32 / 64 rows with 16 KB tiles, 25,092 / 33,796 /
+    51,204 with 8 KB. So 8 KB on the RTX 3090 / 4090 (100 KB per SM), 8 KB for 64-row tiles on the 5090 (128 KB);
+    the H100 / H200 (228 KB) keep 16 KB. `make check-consumer` asserts two 4-warp programs fit."""
+    smem = smem_per_sm(device)
+    return 8192 if smem < 128 * 1024 or (smem < 160 * 1024 and block_m >= 64) else 16384
+
+
 def _gate_args(gate, o):
     """(gate or a stand-in, its token and head strides) for a kernel's GATE epilogue."""
     if gate is None:
@@ -401,9 +411,10 @@ def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len, 
     group = hq // hkv
     quant = k_scale is not None
     kv_bytes = k_cache.element_size()
-    block_n = min(page, max(16, 16384 // (d * kv_bytes)))     # ~16 KB K tile (+ 16 KB V) per pipeline stage
     rows, tiles = decode_row_tiles(q_len, group)
     block_m = max(16, triton.next_power_of_2(rows * group))
+    tile = decode_tile_bytes(q.device, block_m) if q.is_cuda else 16384
+    block_n = min(page, max(16, tile // (d * kv_bytes)))
     # 8 warps where 4 spill (make check-consumer found them; no consumer card ran either): sm_120's int8 tiles (255
     # registers and 32 B of stack, every L and group), and below sm_90 tiles of 64 query rows (a round of 5 drafts:
     # 6 rows x 6 heads of the 27B, 5 x 8 of the 35B-A3B; 255 registers and 8 B of stack on sm_86 and sm_89).

@@ -1,5 +1,5 @@
 """Where the kernels run: under Triton's CPU interpreter or on a GPU, its compute capability, how many SMs it has
-and how much shared memory a block may take there."""
+and how much shared memory a block may take there (and an SM holds)."""
 
 import functools
 import os
@@ -27,3 +27,10 @@ def smem_per_block(device) -> int:
     index = device.index if isinstance(device, torch.device) and device.index is not None \
         else torch.cuda.current_device()
     return driver.active.utils.get_device_properties(index)["max_shared_mem"]
+
+
+@functools.cache
+def smem_per_sm(device) -> int:
+    """Bytes of shared memory one SM holds for all its resident blocks (228 KB on an H100, 100 KB on an RTX 3090 /
+    4090, 128 KB on a 5090): with smem_per_block it says how many blocks of a kernel can share an SM."""
+    return torch.cuda.get_device_properties(device).shared_memory_per_multiprocessor

@@ -197,6 +197,26 @@ def test_a_decode_kernel_that_keeps_any_stack_is_a_finding():
     assert finds("27b int4 k4v4 KV decode N=8", 8)
 
 
+def test_a_decode_attention_program_that_fills_an_sm_alone_is_a_finding():
+    """Two 4-warp decode attention programs must fit a 100 KB SM (the 3090's and 4090's; the 5090 has 128 KB): 51,204 B
+    each (a tile of 32 query rows with 16 KB K / V tiles) leaves one per SM; 33,796 B (8 KB tiles) two. 8-warp
+    programs (64-row tiles) are held to one by their registers and are not asked to."""
+    from types import SimpleNamespace
+
+    from engine.readiness.check import CARDS, Compiled, Job, findings
+    from engine.readiness.launches import Launch
+
+    def finds(card, shared: int, warps: int = 4) -> list[str]:
+        launch = Launch(fn=SimpleNamespace(__name__="_decode_split_kernel"), args={}, options={"num_warps": warps},
+                        where="27b int4 bf16 KV verify N=1 k=3")
+        return findings({"k": Job(launch, None, "k", Compiled(shared=shared, stack=0, regs=168))}, {}, card)
+
+    rtx3090, rtx5090 = CARDS[0], CARDS[2]
+    assert finds(rtx3090, 51_204) and finds(rtx3090, 33_796) == []
+    assert finds(rtx5090, 51_204) == []
+    assert finds(rtx3090, 69_636, warps=8) == []
+
+
 WORKER_FAILS = """
 import json, os
 from engine.readiness import check

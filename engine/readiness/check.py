@@ -10,6 +10,8 @@ kernel, specialization and options), compiled in a fresh cache, and checked:
 - decode-path kernels (decode steps and speculative rounds) have no stack frame (spills) where cuobjdump reports it
   (up to CAPPED_STACK under a deliberate register cap); our decode-path autotuned kernels keep no config that spills
   after pruning on the card (their autotuner times the configs and may pick one), a library's needs one without;
+- decode attention programs of 4 warps (one row tile of up to 32 query rows x heads) fit two to an SM's shared memory
+  (1 KB per block reserved), so that a long context is not read by one program per SM;
 - every autotuned kernel keeps at least one config that fits after its own pruning, and ours keep none that does not
   (fla's configs are not ours to prune: they are compiled one at a time until one fits, as its autotuner skips the
   others);
@@ -52,15 +54,20 @@ class Card:
     capability: tuple[int, int]
     sms: int
     smem_per_block: int       # cudaDevAttrMaxSharedMemoryPerBlockOptin
+    smem_per_sm: int          # cudaDevAttrMaxSharedMemoryPerMultiprocessor
 
 
-CARDS = (Card("RTX 3090", (8, 6), 82, 101_376), Card("RTX 4090", (8, 9), 128, 101_376),
-         Card("RTX 5090", (12, 0), 170, 101_376))
+# CUDA C++ Programming Guide, "Technical Specifications per Compute Capability": 99 KB per block on all three,
+# 100 KB per SM on sm_86 / sm_89, 128 KB on sm_120
+CARDS = (Card("RTX 3090", (8, 6), 82, 101_376, 102_400), Card("RTX 4090", (8, 9), 128, 101_376, 102_400),
+         Card("RTX 5090", (12, 0), 170, 101_376, 131_072))
 MODELS = ("27b", "9b", "35b-a3b")
 KV = (KVFormat.INT8, KVFormat.BF16, KVFormat.K8V4, KVFormat.K4V4)   # every format, int8 first
 # A kernel launched with a register cap (maxnreg: the mma GEMVs' 128, so that 16 one-warp programs stay resident per
 # SM) may keep this much stack: they have 8-16 B at that cap on the H100 too, where the cap was measured faster.
 CAPPED_STACK = 16
+DECODE_ATTENTION = ("_decode_split_kernel", "_decode4_split_kernel")
+BLOCK_RESERVED_SMEM = 1024    # shared memory the driver keeps per resident block (sm_80 and later)
 BELOW_SM90_PTX = re.compile(r"griddepcontrol|wgmma|cp\.async\.bulk|setmaxnreg|\.e4m3|\.e5m2")
 
 
@@ -107,7 +114,7 @@ def record(card: Card, models=MODELS, weights=None, kv=KV) -> list[Launch]:
     """Every launch of the forwards of `models` x `weights` (default: weights_for each) x `kv`, as the engine makes
     them on `card`."""
     from engine.readiness.forward import run_all, run_drafter, run_vision
-    with recording(card.capability, card.sms, card.smem_per_block) as rec:
+    with recording(card.capability, card.sms, card.smem_per_block, card.smem_per_sm) as rec:
         for shape in models:
             for w in weights or weights_for(shape):
                 for fmt in kv:
@@ -340,6 +347,9 @@ def findings(jobs: dict[str, Job], tuned: dict[str, Tuned], card: Card) -> list[
             bad.append(f"PTX uses {', '.join(r.forbidden)} below sm_90: {where}")
         if below90 and (r.launch_pdl or job.launch.options.get("launch_pdl") or job.launch.args.get("PDL")):
             bad.append(f"PDL on below sm_90: {where}")
+        if job.launch.name in DECODE_ATTENTION and job.launch.options.get("num_warps") == 4 \
+                and 2 * (r.shared + BLOCK_RESERVED_SMEM) > card.smem_per_sm:
+            bad.append(f"one decode attention program per SM ({r.shared:,} B of {card.smem_per_sm:,}): {where}")
         allowed = CAPPED_STACK if job.launch.options.get("maxnreg") else 0
         if is_decode(job.launch) and job.key not in tuned_keys and (r.stack or 0) > allowed:
             bad.append(f"decode-path kernel spills ({r.stack} B of stack, {r.regs} registers): {where}")

@@ -58,16 +58,16 @@ def _is_cuda(self) -> bool:
 
 
 @contextlib.contextmanager
-def recording(capability: tuple[int, int] = (8, 6), sms: int = 82, smem: int = 101_376):
-    """Within: meta tensors count as CUDA ones, a device has `capability`, `sms` SMs and `smem` bytes of shared
-    memory per block, and Triton launches are recorded (yielded Recorder), not run."""
+def recording(capability: tuple[int, int] = (8, 6), sms: int = 82, smem: int = 101_376, smem_sm: int = 102_400):
+    """Within: meta tensors count as CUDA ones, a device has `capability`, `sms` SMs, `smem` bytes of shared
+    memory per block and `smem_sm` per SM, and Triton launches are recorded (yielded Recorder), not run."""
     from qwendesk_kernels import gemv_mma, pdl
     rec = Recorder()
     saved = [(torch.Tensor, "is_cuda"), (JITFunction, "run"), (Autotuner, "run"), (torch.cuda, "get_device_capability"),
              (gemv_mma, "_capability"), (pdl, "supported")]
     old = [(obj, name, obj.__dict__.get(name, getattr(obj, name))) for obj, name in saved]
     fakes = {"sm_count": lambda device: sms, "smem_per_block": lambda device: smem,
-             "capability": lambda device: capability}
+             "smem_per_sm": lambda device: smem_sm, "capability": lambda device: capability}
     for mod in _kernel_modules():
         for name, fake in fakes.items():
             if name in vars(mod):
