@@ -416,8 +416,8 @@ def _ba_proj(x_row, w_b_row, w_a_row, H: tl.constexpr, BH: tl.constexpr):
 def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, x, x_row_stride, w_ba, conv_w, conv_state,
                    conv_slot_stride, conv_row_stride, A_log, dt_bias, ssm, slots, has_state, counters, out, keep_raw,
                    keep_qkv, keep_gb, z, z_row_stride, norm_w, eps, scale, HK: tl.constexpr, HV: tl.constexpr,
-                   K: tl.constexpr, V: tl.constexpr, L: tl.constexpr, LP: tl.constexpr, W: tl.constexpr,
-                   BV: tl.constexpr, VERIFY: tl.constexpr, H: tl.constexpr, BH: tl.constexpr, BA_PROJ: tl.constexpr,
+                   K: tl.constexpr, V: tl.constexpr, L: tl.constexpr, W: tl.constexpr, BV: tl.constexpr,
+                   VERIFY: tl.constexpr, H: tl.constexpr, BH: tl.constexpr, BA_PROJ: tl.constexpr,
                    NORM: tl.constexpr, ROUND_WY: tl.constexpr, PDL: tl.constexpr):
     """Program per (sequence, v head, V block) holding a [K, BV] fp32 state tile. Each program convolves the
     q/k channels of its qk head and its own v channels itself (a few KB, L2-resident) rather than reading
@@ -492,20 +492,18 @@ def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, x, x_r
         store_conv_window(x_rows, qkv_row_stride, win, conv_row_stride, win, conv_row_stride, cqk, qk_mask, live,
                           L - 1, W)
     if NORM:
-        if last:        # a [rows, V] tile per v head: one round trip to memory for all L rows, not one per row
+        if last:        # row by row, a [1, V] tile as a plain step has: a [rows, V] tile sums in another order
             cols = tl.arange(0, V)
             w = tl.load(norm_w + cols).to(tl.float32)
-            ts = tl.arange(0, LP)
-            rows = i_b.to(tl.int64) * L + ts
-            rows_ok = (ts < L)[:, None]
-            for j in tl.static_range(HV // HK):
-                hv = i_h * (HV // HK) + j
-                p_o = out + (rows[:, None] * HV + hv) * V + cols[None, :]
-                o_h = tl.load(p_o, mask=rows_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-                z_h = tl.load(z + rows[:, None] * z_row_stride + hv * V + cols[None, :], mask=rows_ok,
-                              other=0.0).to(tl.float32)
-                tl.store(p_o, gated_norm_tile(o_h, z_h, w, eps, V, ROUND_WY, out.dtype.element_ty)
-                         .to(out.dtype.element_ty), mask=rows_ok)
+            for t in tl.static_range(L):
+                row = i_b.to(tl.int64) * L + t
+                for j in tl.static_range(HV // HK):
+                    hv = i_h * (HV // HK) + j
+                    p_o = out + (row * HV + hv) * V + cols[None, :]
+                    o_h = tl.load(p_o, cache_modifier=".cg").to(tl.float32)
+                    z_h = tl.load(z + row * z_row_stride + hv * V + cols[None, :]).to(tl.float32)
+                    tl.store(p_o, gated_norm_tile(o_h, z_h, w, eps, V, ROUND_WY, out.dtype.element_ty)
+                             .to(out.dtype.element_ty))
     tl.store(counters + i_b * HK + i_h, 0, mask=last)
 
 
@@ -570,8 +568,7 @@ def gdn_decode_triton(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_st
         qkv, qkv.stride(0), a, a.stride(0), b, b.stride(0), x, x.stride(0), w_ba, conv_weight, conv_state,
         conv_state.stride(0), conv_state.stride(1), A_log, dt_bias, ssm_state, slots, has_state.view(torch.uint8),
         _counters(qkv.device, B * HK), out, *keep, z, z_row_stride,
-        norm_w, eps, K ** -0.5, HK=HK, HV=HV, K=K, V=V, L=T // B, LP=triton.next_power_of_2(T // B), W=W,
-        BV=block_v, VERIFY=verify is not None, H=H,
+        norm_w, eps, K ** -0.5, HK=HK, HV=HV, K=K, V=V, L=T // B, W=W, BV=block_v, VERIFY=verify is not None, H=H,
         BH=min(1024, triton.next_power_of_2(H)), BA_PROJ=ba_proj is not None, NORM=norm is not None,
         ROUND_WY=round_wy, num_warps=4, **pdl.launch_args(qkv.device))
     return out

@@ -48,8 +48,9 @@ def assert_untouched(pool, slots):
 
 
 def check_pool(actual, expected, slots, tol):
-    """Batch slots close to the reference, the others untouched."""
-    torch.testing.assert_close(actual[slots], expected[slots], atol=tol, rtol=tol)
+    """Batch slots close to the reference (a verify leaves a stateless sequence's poison: NaN in both), the others
+    untouched."""
+    torch.testing.assert_close(actual[slots], expected[slots], atol=tol, rtol=tol, equal_nan=True)
     assert_untouched(actual, slots)
 
 
@@ -362,8 +363,7 @@ def assert_fused_norm(inp, steps, tol, block_v=None):
                                                   (1, 1, 3, 3, torch.float32), (2, 2, 2, 6, torch.float16)])
 def test_gdn_decode_fused_norm(B, Hk, Hv, L, dtype):
     """norm: up to FUSED_NORM_MAX_B (2) sequences the last program of each qk head normalises its v heads' outputs
-    (two V blocks each here), all L rows of a head in one tile (3 and 6 rows: a tile padded to 4 / 8); B = 3 takes the
-    norm kernel after the step."""
+    (two V blocks each here), row by row (1, 3, 4 and 6 rows); B = 3 takes the norm kernel after the step."""
     torch.manual_seed(6)
     assert_fused_norm(decode_inputs(B, L, Hk, Hv, 16, 16, dtype, "cpu"), L > 1, 1e-4 if dtype == torch.float32
                       else 5e-3, block_v=8)
@@ -400,6 +400,26 @@ def test_verify_then_replay_gpu(B, L):
             if snap_rows[i] >= 0:
                 _, snap_ssm = plain_states(x, slot, conv0[j], ssm0[j], snap_rows[i] + 1, B, L)
                 assert rel_err(ssm[j, snap_slots[i]], snap_ssm) < 1e-2
+
+
+@gpu
+@pytest.mark.parametrize("B, L", [(1, 4), (1, 8), (1, 16), (2, 6), (8, 6)])
+def test_verify_rows_are_plain_steps_bit_for_bit_gpu(B, L):
+    """What exact speculation rests on: a verify's row outputs are the bits L plain one-token steps give, at the
+    27B shape with b|a projected and the gated norm applied as the int4 model runs them (fused up to two sequences)."""
+    torch.manual_seed(18)
+    inp = with_ba_proj(decode_inputs(B, L, **SHAPE_27B, dtype=torch.bfloat16, device="cuda", has_state=[True] * B),
+                       5120)
+    norm = with_norm(inp)
+    verify = run_decode(gdn_decode, inp, True, norm=norm)[0]
+    x, w_ba = inp["ba_proj"]
+    z, w, eps = norm
+    conv, ssm = inp["conv_state"].clone(), inp["ssm_state"].clone()
+    for t in range(L):
+        rows = [i * L + t for i in range(B)]
+        step = gdn_decode(inp["qkv"][rows], None, None, inp["conv_weight"], conv, inp["A_log"], inp["dt_bias"], ssm,
+                          inp["slots"], inp["has_state"], ba_proj=(x[rows], w_ba), norm=(z[rows], w, eps))
+        assert torch.equal(verify[rows], step), (t, (verify[rows] != step).sum().item())
 
 
 @gpu
