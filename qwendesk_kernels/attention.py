@@ -381,7 +381,10 @@ def decode_tile_bytes(device, block_m: int) -> int:
     of block_m query rows would not share an SM's shared memory with 16 KB (1 KB reserved per block). Compiled for
     sm_86, bf16 KV, D = 256: 42,000 / 51,204 / 69,636 B at 16 / 32 / 64 rows with 16 KB tiles, 25,092 / 33,796 /
     51,204 with 8 KB. So 8 KB on the RTX 3090 / 4090 (100 KB per SM), 8 KB for 64-row tiles on the 5090 (128 KB);
-    the H100 / H200 (228 KB) keep 16 KB. `make check-consumer` asserts two 4-warp programs fit."""
+    the H100 / H200 (228 KB) keep 16 KB, and so does the interpreter. `make check-consumer` asserts two 4-warp
+    programs fit."""
+    if device.type == "cpu":
+        return 16384
     smem = smem_per_sm(device)
     return 8192 if smem < 128 * 1024 or (smem < 160 * 1024 and block_m >= 64) else 16384
 
@@ -413,8 +416,7 @@ def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len, 
     kv_bytes = k_cache.element_size()
     rows, tiles = decode_row_tiles(q_len, group)
     block_m = max(16, triton.next_power_of_2(rows * group))
-    tile = decode_tile_bytes(q.device, block_m) if q.is_cuda else 16384
-    block_n = min(page, max(16, tile // (d * kv_bytes)))
+    block_n = min(page, max(16, decode_tile_bytes(q.device, block_m) // (d * kv_bytes)))
     # 8 warps where 4 spill (make check-consumer found them; no consumer card ran either): sm_120's int8 tiles (255
     # registers and 32 B of stack, every L and group), and below sm_90 tiles of 64 query rows (a round of 5 drafts:
     # 6 rows x 6 heads of the 27B, 5 x 8 of the 35B-A3B; 255 registers and 8 B of stack on sm_86 and sm_89).

@@ -372,8 +372,7 @@ def decode_attention4(q, k_cache, v_cache, block_tables, seq_lens, scale, q_len,
     rows, tiles = attention.decode_row_tiles(q_len, group, 32 if k4 and cap[0] != 9 else attention.MAX_TILE_ROWS)
     block_m = max(16, triton.next_power_of_2(rows * group))
     # 64 keys at D = 256: 16 KB of int8 K, 8 KB of 4-bit V; half where two programs would not share an SM
-    tile = attention.decode_tile_bytes(q.device, block_m) if q.is_cuda else 16384
-    block_n = min(page, max(16, tile // d))
+    block_n = min(page, max(16, attention.decode_tile_bytes(q.device, block_m) // d))
     # verify rows (block_m 32+: L 3-5 x the 27B's group 6) spill at 4 warps on sm_86 (24-136 B of stack, make
     # check-consumer); 8 warps there, and tiles of 64 rows (5 drafts) take fewer keys per block: half (k8v4), a
     # quarter (k4v4: its K unpacks too) of 64 (at 64 keys: 8-80 B of stack at 8 warps, 88-536 B at 16)
