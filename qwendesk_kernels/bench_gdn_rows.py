@@ -13,6 +13,7 @@ import importlib.util
 import torch
 
 from qwendesk_kernels import gdn
+from qwendesk_kernels.bench import graph_replay, time_us
 
 HK, HV, K, V, H, W = 16, 48, 128, 128, 5120, 4
 C = 2 * HK * K + HV * V
@@ -58,26 +59,13 @@ def _differing(module, x: dict, B: int, L: int) -> int:
     return int((verify != plain).sum().item())
 
 
-def _graph_us(module, B: int, L: int, iters: int = 50) -> float:
+def _graph_us(module, B: int, L: int) -> float:
     layers = [_layer(B, L) for _ in range(LAYERS)]
 
     def run():
         for x in layers:
             module.gdn_decode_triton(**x)
-    for _ in range(2):
-        run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters * 1e3
+    return time_us(graph_replay(run))
 
 
 def main(argv=None) -> int:
