@@ -1,9 +1,10 @@
 """A GDN verify's rows against plain steps (`python -m qwendesk_kernels.bench_gdn_rows [--against FILE]`), at the 27B
 shape with b|a projected and the gated norm applied as the int4 model runs them (fused up to two sequences):
-1) a verify of L rows gives the bits of L plain one-token steps (what exact speculation rests on), a few random
-   draws each, where tests/test_kernels_gdn.py's GPU test takes one;
+1) a verify of L rows gives the bits of L plain one-token steps, and a replay of its rows leaves their state (what
+   exact speculation rests on), a few random draws each, where tests/test_kernels_gdn.py's GPU test takes one;
 2) 48 layers' steps in one CUDA graph, us, L = 1..16 rows.
---against: another version of qwendesk_kernels/gdn.py (a file) checked and timed beside this one, in one process."""
+--against: another version of qwendesk_kernels/gdn.py (a file) checked and timed beside this one, in one process;
+--check / --time: the shapes (B x L) to check and to time (each a compile per version: a cold machine takes seconds)."""
 
 from __future__ import annotations
 
@@ -45,9 +46,12 @@ def _layer(B: int, L: int) -> dict:
                 verify=gdn.VerifyRows.allocate(1, B, L, C, HV, torch.bfloat16, DEV).layer(0) if L > 1 else None)
 
 
-def _differing(module, x: dict, B: int, L: int) -> int:
-    """Outputs of a verify that differ from those of L plain steps over the same pools' copies."""
-    verify = module.gdn_decode_triton(**dict(x, conv_state=x["conv_state"].clone(), ssm_state=x["ssm_state"].clone()))
+def _differing(module, x: dict, B: int, L: int) -> tuple[int, int]:
+    """(outputs, state elements) of a verify, and of a replay of all its rows, that differ from L plain steps'
+    over the same pools' copies."""
+    verify_rows = module.VerifyRows.allocate(1, B, L, C, HV, torch.bfloat16, DEV)
+    verify = module.gdn_decode_triton(**dict(x, conv_state=x["conv_state"].clone(), ssm_state=x["ssm_state"].clone(),
+                                             verify=verify_rows.layer(0)))
     conv, ssm = x["conv_state"].clone(), x["ssm_state"].clone()
     (h, w_ba), (z, w, eps) = x["ba_proj"], x["norm"]
     plain = torch.empty_like(verify)
@@ -56,7 +60,11 @@ def _differing(module, x: dict, B: int, L: int) -> int:
         plain[rows] = module.gdn_decode_triton(x["qkv"][rows], None, None, x["conv_weight"], conv, x["A_log"],
                                                x["dt_bias"], ssm, x["slots"], x["has_state"], None, (h[rows], w_ba),
                                                (z[rows], w, eps))
-    return int((verify != plain).sum().item())
+    conv_r, ssm_r = x["conv_state"].clone()[None], x["ssm_state"].clone()[None]
+    module.gdn_replay_triton(conv_r, ssm_r, x["slots"], torch.full((B,), L, dtype=torch.int32, device=DEV),
+                             verify_rows)
+    slots = x["slots"]
+    return int((verify != plain).sum().item()), int((ssm_r[0][slots] != ssm[slots]).sum().item())
 
 
 def _graph_us(module, B: int, L: int) -> float:
@@ -68,26 +76,34 @@ def _graph_us(module, B: int, L: int) -> float:
     return time_us(graph_replay(run))
 
 
+def _shapes(text: str) -> list[tuple[int, int]]:
+    """"1x8,8x6" -> [(1, 8), (8, 6)]: B sequences of L rows."""
+    return [tuple(int(n) for n in shape.split("x")) for shape in text.split(",")]   # type: ignore[misc]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m qwendesk_kernels.bench_gdn_rows", description=__doc__.split("\n")[0])
-    ap.add_argument("--against", metavar="FILE", help="another gdn.py, checked and timed beside this one")
+    ap.add_argument("--against", metavar="FILE", action="append", default=[],
+                    help="another gdn.py, checked and timed beside this one (repeatable)")
     ap.add_argument("--draws", type=int, default=3, help="random inputs per shape for the bit check")
+    ap.add_argument("--check", type=_shapes, default=_shapes("1x4,1x8,1x16,2x6,8x6"), help="BxL shapes to check")
+    ap.add_argument("--time", type=_shapes, default=_shapes("1x1,1x4,1x8,1x16,8x1,8x6"), help="BxL shapes to time")
     args = ap.parse_args(argv)
-    versions = {"main": gdn, **({"against": _load(args.against)} if args.against else {})}
+    versions = {"main": gdn, **{path.rsplit("/", 1)[-1]: _load(path) for path in args.against}}
     torch.manual_seed(0)
     exact = True
-    for B, L in ((1, 4), (1, 8), (1, 16), (2, 6), (8, 6)):
+    for B, L in args.check:
         for draw in range(args.draws):
             x = _layer(B, L)
             for name, module in versions.items():
-                n = _differing(module, x, B, L)
-                exact &= n == 0 or name != "main"
-                print(f"B={B} L={L:2d} draw {draw} {name:7s}: {n} of {B * L * HV * V} outputs differ from plain steps",
-                      flush=True)
-    print(f"{'B':>2s} {'L':>2s} " + " ".join(f"{name + ' us':>12s}" for name in versions) + f"   ({LAYERS} layers)")
-    for B, L in ((1, 1), (1, 4), (1, 8), (1, 16), (8, 1), (8, 6)):
+                n, n_state = _differing(module, x, B, L)
+                exact &= n == n_state == 0 or name != "main"
+                print(f"B={B} L={L:2d} draw {draw} {name:12s}: {n} of {B * L * HV * V} outputs and {n_state} of "
+                      f"{B * HV * K * V} state elements after a replay differ from plain steps", flush=True)
+    print(f"{'B':>2s} {'L':>2s} " + " ".join(f"{name + ' us':>15s}" for name in versions) + f"   ({LAYERS} layers)")
+    for B, L in args.time:
         times = [_graph_us(module, B, L) for module in versions.values()]
-        print(f"{B:2d} {L:2d} " + " ".join(f"{t:12.1f}" for t in times), flush=True)
+        print(f"{B:2d} {L:2d} " + " ".join(f"{t:15.1f}" for t in times), flush=True)
     return 0 if exact else 1
 
 

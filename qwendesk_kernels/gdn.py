@@ -416,15 +416,15 @@ def _ba_proj(x_row, w_b_row, w_a_row, H: tl.constexpr, BH: tl.constexpr):
 def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, x, x_row_stride, w_ba, conv_w, conv_state,
                    conv_slot_stride, conv_row_stride, A_log, dt_bias, ssm, slots, has_state, counters, out, keep_raw,
                    keep_qkv, keep_gb, z, z_row_stride, norm_w, eps, scale, HK: tl.constexpr, HV: tl.constexpr,
-                   K: tl.constexpr, V: tl.constexpr, L: tl.constexpr, W: tl.constexpr, BV: tl.constexpr,
-                   VERIFY: tl.constexpr, H: tl.constexpr, BH: tl.constexpr, BA_PROJ: tl.constexpr,
+                   K: tl.constexpr, V: tl.constexpr, L: tl.constexpr, LP: tl.constexpr, W: tl.constexpr,
+                   BV: tl.constexpr, VERIFY: tl.constexpr, H: tl.constexpr, BH: tl.constexpr, BA_PROJ: tl.constexpr,
                    NORM: tl.constexpr, ROUND_WY: tl.constexpr, PDL: tl.constexpr):
     """Program per (sequence, v head, V block) holding a [K, BV] fp32 state tile. Each program convolves the
     q/k channels of its qk head and its own v channels itself (a few KB, L2-resident) rather than reading
     them from a separate conv kernel. With BA_PROJ it also projects its head's b and a from the layer input x
     (two dot products of H; the weight rows are shared by the head's programs through L2) instead of reading them:
-    two launches fewer per layer than a separate 96-row GEMV. With NORM the last program of a qk head applies the
-    gated RMSNorm to its v heads' outputs in place (o / rms(o) * w * silu(z)): one launch fewer per layer.
+    two launches fewer per layer than a separate 96-row GEMV. With NORM the last programs apply the gated RMSNorm to
+    the outputs in place (o / rms(o) * w * silu(z)): one launch fewer per layer.
     With VERIFY the states stay as they are and each row's replay inputs are kept instead (VerifyRows): every
     program its own v columns, the first program of each qk head the head's q / k, the first of each v head g and
     beta."""
@@ -439,6 +439,7 @@ def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, x, x_r
     p_S = ssm + (slot * HV + i_hv) * K * V + ok[:, None] * V + ov[None, :]
     S = tl.where(live, tl.load(p_S), 0.0)          # issued first: its latency overlaps the conv below
     cq = i_h * K + ok
+    cq_k2 = i_h * K + tl.arange(0, 2 * K) % K                 # a verify's raw q and k channels, one [2 K] vector
     cv = 2 * HK * K + i_hv * V + ov
     all_k = ok < K
     all_v = ov < V
@@ -446,12 +447,33 @@ def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, x, x_r
     win = conv_state + slot * conv_slot_stride
     neg_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
     dtb = tl.load(dt_bias + i_hv).to(tl.float32)
+    if BA_PROJ and L > 1:       # a verify's rows' b and a first: their loads are not held behind a row's stores
+        rows_b = tl.zeros((LP,), tl.float32)
+        rows_a = tl.zeros((LP,), tl.float32)
+        for t in tl.static_range(L):
+            b_t, a_t = _ba_proj(x + (i_b.to(tl.int64) * L + t) * x_row_stride, w_ba + i_hv * H,
+                                w_ba + (HV + i_hv) * H, H, BH)
+            rows_b = tl.where(tl.arange(0, LP) == t, b_t, rows_b)
+            rows_a = tl.where(tl.arange(0, LP) == t, a_t, rows_a)
+    # Each row's conv is loaded one row ahead, before the stores of the row before it.
+    q_next = conv_token(x_rows, qkv_row_stride, win, conv_row_stride, conv_w, cq, all_k, live, 0, W, True)
+    k_next = conv_token(x_rows, qkv_row_stride, win, conv_row_stride, conv_w, HK * K + cq, all_k, live, 0, W, True)
+    v_next = conv_token(x_rows, qkv_row_stride, win, conv_row_stride, conv_w, cv, all_v, live, 0, W, True)
     for t in tl.static_range(L):
-        q = conv_token(x_rows, qkv_row_stride, win, conv_row_stride, conv_w, cq, all_k, live, t, W, True)
-        k = conv_token(x_rows, qkv_row_stride, win, conv_row_stride, conv_w, HK * K + cq, all_k, live, t, W, True)
-        v = conv_token(x_rows, qkv_row_stride, win, conv_row_stride, conv_w, cv, all_v, live, t, W, True)
+        q, k, v = q_next, k_next, v_next
+        if VERIFY:          # the raw inputs it keeps: loaded before its arithmetic, arrived by its stores
+            raw_qk = tl.load(x_rows + t * qkv_row_stride + tl.arange(0, 2 * K) // K * HK * K + cq_k2)
+            raw_v = tl.load(x_rows + t * qkv_row_stride + cv)
+        if t + 1 < L:
+            q_next = conv_token(x_rows, qkv_row_stride, win, conv_row_stride, conv_w, cq, all_k, live, t + 1, W, True)
+            k_next = conv_token(x_rows, qkv_row_stride, win, conv_row_stride, conv_w, HK * K + cq, all_k, live, t + 1,
+                                W, True)
+            v_next = conv_token(x_rows, qkv_row_stride, win, conv_row_stride, conv_w, cv, all_v, live, t + 1, W, True)
         row = i_b.to(tl.int64) * L + t
-        if BA_PROJ:
+        if BA_PROJ and L > 1:
+            b_t = tl.sum(tl.where(tl.arange(0, LP) == t, rows_b, 0.0))     # exact: one value and zeros
+            a_t = tl.sum(tl.where(tl.arange(0, LP) == t, rows_a, 0.0))
+        elif BA_PROJ:
             b_t, a_t = _ba_proj(x + row * x_row_stride, w_ba + i_hv * H, w_ba + (HV + i_hv) * H, H, BH)
         else:
             a_t = tl.load(a + row * a_row_stride + i_hv).to(tl.float32)
@@ -464,13 +486,12 @@ def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, x, x_r
         tl.store(out + (row * HV + i_hv) * V + ov, o.to(out.dtype.element_ty))
         if VERIFY:
             tl.store(keep_qkv + row * C + cv, v)
-            tl.store(keep_raw + row * C + cv, tl.load(x_rows + t * qkv_row_stride + cv))
+            tl.store(keep_raw + row * C + cv, raw_v)
             first_of_head = (i_hv % (HV // HK) == 0) & (i_v == 0)
             if first_of_head:
                 tl.store(keep_qkv + row * C + cq, qn)
                 tl.store(keep_qkv + row * C + HK * K + cq, kn)
-                tl.store(keep_raw + row * C + cq, tl.load(x_rows + t * qkv_row_stride + cq))
-                tl.store(keep_raw + row * C + HK * K + cq, tl.load(x_rows + t * qkv_row_stride + HK * K + cq))
+                tl.store(keep_raw + row * C + tl.arange(0, 2 * K) // K * HK * K + cq_k2, raw_qk)
             if i_v == 0:
                 tl.store(keep_gb + row * 2 * HV + i_hv, g)
                 tl.store(keep_gb + row * 2 * HV + HV + i_hv, beta)
@@ -479,32 +500,46 @@ def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, x, x_r
         # Conv windows. The v channels belong to this program alone.
         store_conv_window(x_rows, qkv_row_stride, win, conv_row_stride, win, conv_row_stride, cv, all_v, live, L - 1,
                           W)
-    # The q/k channels are read by every program of the (sequence, qk head) group, and the gated norm needs all of
-    # its v heads' outputs: the last of them to get here does both (an arrival counter, reset by that program, so
-    # nothing is overwritten while still read; the outputs it reads were stored before the others arrived).
+    # An arrival counter per group, reset by its last program. A step: the q/k channels are read by every program of
+    # the (sequence, qk head) group, so the last of them stores their conv window (nothing is overwritten while still
+    # read), and it applies the gated norm to the group's v heads. A verify has no window to store, and its rows are
+    # serial in that last program: there each v head's last program normalises the head's rows (L tiles, not 3 L).
+    # The norm reads outputs that were stored before the others arrived.
     tl.debug_barrier()
-    arrived = tl.atomic_add(counters + i_b * HK + i_h, 1)
-    last = arrived == (HV // HK) * (V // BV) - 1
-    o2 = tl.arange(0, 2 * K)
-    cqk = tl.where(o2 < K, i_h * K + o2, HK * K + i_h * K + o2 - K)
-    qk_mask = tl.where(last, o2 < 2 * K, False)
-    if not VERIFY:
+    if VERIFY:
+        group = counters + i_b * HV + i_hv
+        last = tl.atomic_add(group, 1) == V // BV - 1
+        first_head = i_hv
+        NH: tl.constexpr = 1
+    else:
+        group = counters + i_b * HV + i_h
+        last = tl.atomic_add(group, 1) == (HV // HK) * (V // BV) - 1
+        first_head = i_h * (HV // HK)
+        NH: tl.constexpr = HV // HK
+        o2 = tl.arange(0, 2 * K)
+        cqk = tl.where(o2 < K, i_h * K + o2, HK * K + i_h * K + o2 - K)
+        qk_mask = tl.where(last, o2 < 2 * K, False)
         store_conv_window(x_rows, qkv_row_stride, win, conv_row_stride, win, conv_row_stride, cqk, qk_mask, live,
                           L - 1, W)
     if NORM:
         if last:        # row by row, a [1, V] tile as a plain step has: a [rows, V] tile sums in another order
             cols = tl.arange(0, V)
             w = tl.load(norm_w + cols).to(tl.float32)
-            for t in tl.static_range(L):
-                row = i_b.to(tl.int64) * L + t
-                for j in tl.static_range(HV // HK):
-                    hv = i_h * (HV // HK) + j
-                    p_o = out + (row * HV + hv) * V + cols[None, :]
-                    o_h = tl.load(p_o, cache_modifier=".cg").to(tl.float32)
-                    z_h = tl.load(z + row * z_row_stride + hv * V + cols[None, :]).to(tl.float32)
-                    tl.store(p_o, gated_norm_tile(o_h, z_h, w, eps, V, ROUND_WY, out.dtype.element_ty)
-                             .to(out.dtype.element_ty))
-    tl.store(counters + i_b * HK + i_h, 0, mask=last)
+            p_o_next = out + (i_b.to(tl.int64) * L * HV + first_head) * V + cols[None, :]
+            p_z_next = z + i_b.to(tl.int64) * L * z_row_stride + first_head * V + cols[None, :]
+            o_next = tl.load(p_o_next, cache_modifier=".cg").to(tl.float32)
+            z_next = tl.load(p_z_next).to(tl.float32)
+            for n in tl.static_range(L * NH):       # each tile's loads issued before the store of the one before
+                p_o, o_h, z_h = p_o_next, o_next, z_next
+                if n + 1 < L * NH:
+                    row_n = i_b.to(tl.int64) * L + (n + 1) // NH
+                    head_n = first_head + (n + 1) % NH
+                    p_o_next = out + (row_n * HV + head_n) * V + cols[None, :]
+                    o_next = tl.load(p_o_next, cache_modifier=".cg").to(tl.float32)
+                    z_next = tl.load(z + row_n * z_row_stride + head_n * V + cols[None, :]).to(tl.float32)
+                tl.store(p_o, gated_norm_tile(o_h, z_h, w, eps, V, ROUND_WY, out.dtype.element_ty)
+                         .to(out.dtype.element_ty))
+    tl.store(group, 0, mask=last)
 
 
 _arrival_counters: dict = {}
@@ -520,16 +555,19 @@ def _counters(device, n):
 
 
 FUSED_NORM_MAX_B = 2           # the gated norm inside the step up to this batch; a kernel of its own above
+# A verify's rows and a replay must give the bits of plain steps (exact speculation), yet each is another compile of
+# the delta rule (L rows unrolled, or the replay kernel): with FP fusion on, the compiler chose fused multiply-adds
+# differently between them (2026-12-07: 4-17 of 294,912 outputs 1 ulp off at B = 8, 6 rows, row 0 included, with
+# the same layouts). Without it every product is rounded where the code says, the same in each compile.
+STEP_OPTIONS = dict(num_warps=4, enable_fp_fusion=False)
 
 
-def decode_block_v(B: int, fused_norm: bool) -> int:
-    """V columns per program of the decode step for B sequences. Unfused: 16 for B <= 2, 32 up to 4, else 64 (48
-    layers on the H200, 4 warps: 7.4 µs per layer at B = 1 with 16, where 32 and 64 take 8.6; 19.8 µs at B = 8 with
-    64 against 22.8 with 32; docs/performance.md, seventh session). With the norm fused: 32 (B = 1, with the GEMVs
-    around it: 31.0 µs per layer, where 16 takes 31.5 and 64 32.6; tenth session)."""
-    if fused_norm:
-        return 32
-    return 16 if B <= 2 else 32 if B <= 4 else 64
+def decode_block_v(B: int) -> int:
+    """V columns per program of the decode step and of the replay for B sequences (the same tile in both: a sum over
+    K runs in another order in another tile). 32 up to 4 sequences, else 64 (48 layers on the H200, 4 warps: 19.8 µs
+    per layer at B = 8 with 64 against 22.8 with 32, docs/performance.md, seventh session; with the norm fused at
+    B = 1, 32 took 31.0 µs per layer with the GEMVs around it where 16 took 31.5 and 64 32.6, tenth session)."""
+    return 32 if B <= 4 else 64
 
 
 def gdn_decode_triton(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, slots, has_state,
@@ -562,15 +600,16 @@ def gdn_decode_triton(qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_st
         z_row_stride, round_wy = z.stride(0), rounds_weight_product(norm_w, out)
     else:
         z, norm_w, eps, z_row_stride, round_wy = out, out, 0.0, 0, False     # (not read)
-    block_v = min(V, block_v or decode_block_v(B, norm is not None))
+    block_v = min(V, block_v or decode_block_v(B))
     keep = (verify.raw, verify.qkv, verify.gb) if verify is not None else (out, out, out)
     _decode_kernel[(B, HV, V // block_v)](
         qkv, qkv.stride(0), a, a.stride(0), b, b.stride(0), x, x.stride(0), w_ba, conv_weight, conv_state,
         conv_state.stride(0), conv_state.stride(1), A_log, dt_bias, ssm_state, slots, has_state.view(torch.uint8),
-        _counters(qkv.device, B * HK), out, *keep, z, z_row_stride,
-        norm_w, eps, K ** -0.5, HK=HK, HV=HV, K=K, V=V, L=T // B, W=W, BV=block_v, VERIFY=verify is not None, H=H,
+        _counters(qkv.device, B * HV), out, *keep, z, z_row_stride,
+        norm_w, eps, K ** -0.5, HK=HK, HV=HV, K=K, V=V, L=T // B, LP=triton.next_power_of_2(T // B), W=W, BV=block_v,
+        VERIFY=verify is not None, H=H,
         BH=min(1024, triton.next_power_of_2(H)), BA_PROJ=ba_proj is not None, NORM=norm is not None,
-        ROUND_WY=round_wy, num_warps=4, **pdl.launch_args(qkv.device))
+        ROUND_WY=round_wy, **STEP_OPTIONS, **pdl.launch_args(qkv.device))
     return out
 
 
@@ -639,11 +678,11 @@ def gdn_replay_triton(conv_state, ssm_state, slots, accepted, rows: VerifyRows, 
         snap_slots_k = slots
     else:
         snap_slots_k = snap_slots
-    block_v = min(V, 64 if B > 4 else 32)
+    block_v = min(V, decode_block_v(B))
     _replay_kernel[(NL * B, HV, V // block_v)](
         ssm_state, ssm_state.stride(0), slots, accepted, snap_rows, snap_slots_k, rows.qkv, rows.qkv.stride(0),
         rows.gb, rows.gb.stride(0), B,
-        HK=HK, HV=HV, K=K, V=V, L=L, BV=block_v, num_warps=4)
+        HK=HK, HV=HV, K=K, V=V, L=L, BV=block_v, **STEP_OPTIONS)
     _replay_windows(conv_state, slots, accepted, rows.raw,
                     None if snap_slots is None else snap_rows, snap_slots)
 

@@ -12,7 +12,7 @@ import torch
 
 from qwendesk_kernels.conv1d import (causal_conv1d, causal_conv1d_ref, causal_conv1d_triton, causal_conv1d_update,
                             causal_conv1d_update_ref, causal_conv1d_update_triton)
-from qwendesk_kernels.gdn import (FUSED_NORM_MAX_B, VerifyRows, _fla_chunk, decode_block_v, gated_delta_rule,
+from qwendesk_kernels.gdn import (VerifyRows, _fla_chunk, decode_block_v, gated_delta_rule,
                          gated_delta_rule_fla, gated_delta_rule_ref, gdn_decode, gdn_decode_ref, gdn_decode_triton,
                          gdn_gating, gdn_gating_ref, gdn_gating_triton, gdn_replay, gdn_replay_ref, gdn_replay_triton,
                          recurrent_gated_delta_rule_triton)
@@ -330,11 +330,10 @@ def with_norm(inp):
 def assert_fused_norm(inp, steps, tol, block_v=None):
     """gdn_decode with norm: close to the references, and to the step (same V blocks) followed by the gated norm
     kernel. In the interpreter: the same bits as that, states included. On the GPU the two kernels' sums of squares
-    may add in another order, and the compiler may contract the state update into other FMAs when the step carries
-    the norm (its states differed from the plain step's in the last bits on the H200): states against the
-    references there, as in test_gdn_decode_gpu."""
+    may add in another order; the states are the same bits (with FP fusion on, the compiler contracted the state
+    update into other FMAs when the step carried the norm, and they differed in the last bits on the H200)."""
     B = inp["slots"].shape[0]
-    block_v = block_v or decode_block_v(B, B <= FUSED_NORM_MAX_B)
+    block_v = block_v or decode_block_v(B)
     norm = with_norm(inp)
     ref = run_decode(gdn_decode_ref, inp, steps, norm=norm)
     fused = run_decode(gdn_decode_triton, inp, steps, norm=norm, block_v=block_v)
@@ -353,6 +352,7 @@ def assert_fused_norm(inp, steps, tol, block_v=None):
     torch.testing.assert_close(fused[0], unfused, atol=1e-2, rtol=1e-2)
     check_pool(fused[1], ref[1], slots, 0)                 # conv windows are copies of the inputs: exact
     assert rel_err(fused[2][slots], ref[2][slots]) < 1e-2
+    assert torch.equal(fused[2].nan_to_num(), plain[2].nan_to_num())
     assert_untouched(fused[2], slots)
     if steps:
         assert_verify_rows_gpu(fused[3], ref[3])
@@ -362,8 +362,9 @@ def assert_fused_norm(inp, steps, tol, block_v=None):
                                                   (2, 1, 3, 4, torch.float32), (3, 1, 3, 1, torch.float32),
                                                   (1, 1, 3, 3, torch.float32), (2, 2, 2, 6, torch.float16)])
 def test_gdn_decode_fused_norm(B, Hk, Hv, L, dtype):
-    """norm: up to FUSED_NORM_MAX_B (2) sequences the last program of each qk head normalises its v heads' outputs
-    (two V blocks each here), row by row (1, 3, 4 and 6 rows); B = 3 takes the norm kernel after the step."""
+    """norm: up to FUSED_NORM_MAX_B (2) sequences the step's last programs normalise the outputs (a step's: the last of
+    each qk head, its v heads; a verify's: the last of each v head, its rows; two V blocks each here), row by row (1,
+    3, 4 and 6 rows); B = 3 takes the norm kernel after the step."""
     torch.manual_seed(6)
     assert_fused_norm(decode_inputs(B, L, Hk, Hv, 16, 16, dtype, "cpu"), L > 1, 1e-4 if dtype == torch.float32
                       else 5e-3, block_v=8)
@@ -406,20 +407,30 @@ def test_verify_then_replay_gpu(B, L):
 @pytest.mark.parametrize("B, L", [(1, 4), (1, 8), (1, 16), (2, 6), (8, 6)])
 def test_verify_rows_are_plain_steps_bit_for_bit_gpu(B, L):
     """What exact speculation rests on: a verify's row outputs are the bits L plain one-token steps give, at the
-    27B shape with b|a projected and the gated norm applied as the int4 model runs them (fused up to two sequences)."""
+    27B shape with b|a projected and the gated norm applied as the int4 model runs them (fused up to two sequences);
+    and a replay of its first n rows leaves the states n plain steps leave, bit for bit (n = 1 and L)."""
     torch.manual_seed(18)
     inp = with_ba_proj(decode_inputs(B, L, **SHAPE_27B, dtype=torch.bfloat16, device="cuda", has_state=[True] * B),
                        5120)
     norm = with_norm(inp)
-    verify = run_decode(gdn_decode, inp, True, norm=norm)[0]
+    verify, conv0, ssm0, rows_kept = run_decode(gdn_decode, inp, True, norm=norm)
     x, w_ba = inp["ba_proj"]
     z, w, eps = norm
-    conv, ssm = inp["conv_state"].clone(), inp["ssm_state"].clone()
+    slots = inp["slots"]
+    conv, ssm = conv0.clone(), ssm0.clone()
+    after = {}
     for t in range(L):
         rows = [i * L + t for i in range(B)]
         step = gdn_decode(inp["qkv"][rows], None, None, inp["conv_weight"], conv, inp["A_log"], inp["dt_bias"], ssm,
-                          inp["slots"], inp["has_state"], ba_proj=(x[rows], w_ba), norm=(z[rows], w, eps))
+                          slots, inp["has_state"], ba_proj=(x[rows], w_ba), norm=(z[rows], w, eps))
         assert torch.equal(verify[rows], step), (t, (verify[rows] != step).sum().item())
+        after[t + 1] = conv[slots].clone(), ssm[slots].clone()
+    for n in (1, L):
+        conv_r, ssm_r = conv0.clone()[None], ssm0.clone()[None]
+        stacked = VerifyRows(rows_kept.raw[None], rows_kept.qkv[None], rows_kept.gb[None])
+        gdn_replay(conv_r, ssm_r, slots, torch.full((B,), n, dtype=torch.int32, device="cuda"), stacked)
+        assert torch.equal(conv_r[0][slots], after[n][0]), n
+        assert torch.equal(ssm_r[0][slots], after[n][1]), (n, (ssm_r[0][slots] != after[n][1]).sum().item())
 
 
 @gpu

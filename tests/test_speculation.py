@@ -284,3 +284,37 @@ def test_graphed_rounds_on_the_gpu(checkpoint, profile, sampled):
         got = [[t for ev in h for t in ev.token_ids] for h in handles]
         assert got == want
         assert e.stats()["spec_tokens_per_round"] > 2.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("profile", ["C1", "C4"])
+def test_int4_rounds_leave_the_plain_states_bit_for_bit_gpu(checkpoint, profile):
+    """With int4 weights (GEMV rows independent of the row count) a speculative round is exact to the bit, not just
+    to the argmax: every end-of-turn snapshot (the GDN state and conv window at a page boundary, taken inside a
+    round) equals the plain engine's. Greedy output equal to plain decoding alone would miss a last-bit difference."""
+    ckpt = str(checkpoint("calm128"))
+    prompts = [prompt(n, 90 + n) for n in (40, 9, 66, 23)][:int(profile[1:])]
+    mk = lambda k: Engine(EngineConfig(model=ckpt, device="cuda", profile=profile, max_context=512,  # noqa: E731
+                                       speculative_tokens=k, weights="int4", quant_group=64, snapshots=16))
+    params = SamplingParams(max_tokens=60, **GREEDY)
+
+    def run(k, want=None):
+        """(outputs, {snapshot key: (GDN state, conv window)}) of an engine with k drafts (oracle drafts of want)."""
+        with mk(k) as e:
+            if want is not None:
+                e.set_draft_oracle(DraftOracle(0.8, {tuple(p): p + w for p, w in zip(prompts, want)}),
+                                   adaptive=False)
+            handles = [e.submit(p, params) for p in prompts]
+            got = [[t for ev in h for t in ev.token_ids] for h in handles]
+            if want is not None:
+                assert e.stats()["spec_tokens_per_round"] > 2.0
+            return got, {key: (e._pools.ssm[:, slot].clone(), e._pools.conv[:, slot].clone())
+                         for key, slot in e._cache.snapshots._kept.items()}
+
+    want, plain = run(0)
+    got, spec = run(3, want)
+    assert got == want
+    assert len(spec) >= len(prompts) and spec.keys() <= plain.keys(), (len(spec), len(plain))
+    for key, (ssm, conv) in spec.items():
+        assert torch.equal(ssm, plain[key][0]), (ssm != plain[key][0]).sum().item()
+        assert torch.equal(conv, plain[key][1])
