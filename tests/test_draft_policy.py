@@ -48,6 +48,12 @@ def feed(policy, n, context, kept_of, steps):
     return choices
 
 
+def test_the_oracle_expects_one_plus_the_running_products_of_its_rates():
+    assert DraftOracle(0.5, {}).expected_tokens(3) == 1 + 0.5 + 0.25 + 0.125
+    assert DraftOracle((0.9, 0.5), {}).expected_tokens(3) == pytest.approx(1 + 0.9 + 0.45 + 0.225)
+    assert DraftOracle(0.82, {}).expected_tokens(0) == 1
+
+
 def test_drafts_are_made_while_they_are_kept():
     policy = h100_like()
     assert set(feed(policy, 1, 512, lambda k: k, 50)) == {3}
@@ -149,10 +155,13 @@ def test_speculation_turns_off_when_no_draft_is_kept_and_stays_on_when_all_are(c
             assert [[t for ev in evs for t in ev.token_ids] for evs in events] == want
             fins = [evs[-1] for evs in events]
             rounds = [f.usage.speculation.rounds if f.usage.speculation else 0 for f in fins]
+            by_drafts = e.stats()["spec_steps_by_drafts"]   # decode steps with 0 (plain), 1, 2, 3 drafts each
             if p == 0.0:
                 assert max(rounds) <= 12, rounds            # 4 rounds, then plain steps and a probe per 16, 32, ...
+                assert by_drafts[0] > 4 * sum(by_drafts[1:]), by_drafts
             else:
                 assert min(rounds) >= (n - 8) // 4, rounds  # every step a round of 3 drafts, all kept
+                assert by_drafts[3] >= (n - 8) // 4 and by_drafts[1] == by_drafts[2] == 0, by_drafts
 
 
 class StubDecodeGraphs:

@@ -23,6 +23,16 @@ class DraftOracle:
     table: torch.Tensor | None = None                 # [num_slots, max_context] int64
     rate: torch.Tensor | None = None                  # [k] p per position on the device: captured rounds read it
 
+    def expected_tokens(self, k: int) -> float:
+        """Tokens a round of k drafts yields on average: 1 + p_1 + p_1 p_2 + ... (a 64-token run holds ~15 rounds:
+        at k = 5, P = 0.82 its mean lies within 3.2-4.7 of 3.87 in 90% of runs)."""
+        rates = list(self.p) if isinstance(self.p, tuple) else [self.p]
+        total, run = 1.0, 1.0
+        for j in range(k):
+            run *= rates[min(j, len(rates) - 1)]
+            total += run
+        return total
+
     def attach(self, previous: DraftOracle | None, slots: int, max_context: int, k: int, device) -> None:
         """Its tables: a previous oracle's (captured rounds read those tensors), else new ones; its rates set."""
         if previous is not None:

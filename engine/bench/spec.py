@@ -168,12 +168,14 @@ def bench_speculation(model, args, drafter=None) -> dict:
                     print_verify_profile(comp, k)
             _generate(eng, prompts, 1)   # the prompts in the prefix cache, as for plain (one token: no round runs)
             for p, adaptive in [(p, a) for p in args.draft_oracle for a in (False, True)]:
-                eng.set_draft_oracle(DraftOracle(p, runs), adaptive=adaptive)
+                oracle = DraftOracle(p, runs)
+                eng.set_draft_oracle(oracle, adaptive=adaptive)
                 before, retries = eng.stats(), torch.cuda.memory_stats().get("num_alloc_retries", 0)
                 with timed_rounds(eng) as times:
                     outs, rate, fins = _generate(eng, prompts, args.decode_tokens)
                 after = eng.stats()
                 rounds = after["spec_rounds"] - before["spec_rounds"]
+                by_drafts = [b - a for a, b in zip(before["spec_steps_by_drafts"], after["spec_steps_by_drafts"])]
                 row = dict(profile=profile, k=k, p=p, adaptive=adaptive, tok_s=rate, vs_plain=rate / plain_rate,
                            exact=outs == plain, rounds=rounds,
                            tokens_per_round=sum(f.usage.speculation.tokens_per_round for f in fins
@@ -181,7 +183,10 @@ def bench_speculation(model, args, drafter=None) -> dict:
                            round_ms=c * (after["spec_round_ms_total"] - before["spec_round_ms_total"])
                            / max(rounds, 1),   # rounds counts each sequence's
                            round_ms_quartiles=_quartiles(times), first_round_ms=times[0] if times else 0.0,
-                           alloc_retries=torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries)
+                           alloc_retries=torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries,
+                           steps_by_drafts=by_drafts, policy_tok_s=after["spec_policy_tok_s"],
+                           expected_tokens_per_round=sum(n * oracle.expected_tokens(j) for j, n in
+                                                         enumerate(by_drafts) if j) / max(sum(by_drafts[1:]), 1))
                 out["rows"].append(row)
                 print(row, flush=True)
             if args.profile_rounds:
@@ -244,13 +249,17 @@ def profile_rounds(eng, prompts, n: int) -> None:
 
 
 def report(r: dict) -> None:
+    """The rows' table. expect: the tokens a round yields on average at the oracle's P for the drafts the rounds made
+    (a short run's own mean strays from it by chance: compare rows at the expectation); steps by k: decode steps
+    with k drafts each, k = 0 (plain) first."""
     print(f"\n{'profile':7s} {'k':>2s} {'P':>14s} {'adapt':>5s} {'tok/s':>8s} {'x plain':>7s} {'tok/rnd':>7s} "
-          f"{'round ms':>8s} {'first':>7s} {'median':>7s} {'max':>7s} exact")
+          f"{'expect':>6s} {'round ms':>8s} {'first':>7s} {'median':>7s} {'max':>7s} exact  steps by k")
     for row in r["rows"]:
         p = row["p"] if isinstance(row["p"], float) else "/".join(f"{x:.2f}" for x in row["p"])
         q = row["round_ms_quartiles"]
         print(f"{row['profile']:7s} {row['k']:2d} {p:>14} {str(row['adaptive']):>5s} {row['tok_s']:8.1f} "
-              f"{row['vs_plain']:7.2f} {row['tokens_per_round']:7.2f} {row['round_ms']:8.2f} "
-              f"{row['first_round_ms']:7.2f} {q[2]:7.2f} {q[4]:7.2f} {row['exact']}")
+              f"{row['vs_plain']:7.2f} {row['tokens_per_round']:7.2f} {row['expected_tokens_per_round']:6.2f} "
+              f"{row['round_ms']:8.2f} {row['first_round_ms']:7.2f} {q[2]:7.2f} {q[4]:7.2f} {str(row['exact']):5s}  "
+              f"{row['steps_by_drafts']}")
     print({k: round(v, 3) for k, v in r.items() if isinstance(v, float)})
 

@@ -48,6 +48,7 @@ class DraftPolicy:
         self.rounds_at: dict[tuple[int, int], int] = {}          # rounds measured at (b, c) (no warm-up times)
         self.plain_run, self.probe_every = 0, PROBE_MIN
         self.last = 0                                            # the last choice (stats)
+        self.last_rates: dict[int, float] = {}                   # and the tokens per second it expected of each k
 
     # ---- the choice -----------------------------------------------------------------------------------------------
     def choose(self, n: int, context: int) -> int:
@@ -59,6 +60,7 @@ class DraftPolicy:
         else:
             rates = {k: self.tokens(n, k) / t for k, t in est.items() if t is not None}
             k = max(rates, key=lambda k: rates[k])
+            self.last_rates = rates
             if k == 0:
                 self.plain_run += 1
                 if self.plain_run >= self.probe_every:            # look at the acceptance again

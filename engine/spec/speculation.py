@@ -39,6 +39,7 @@ class Speculation:
         self.totals = SpeculationStats(method=speculator.method)   # every sequence's rounds together
         self.round_ms = 0.0                       # time in rounds (host view, waiting for their tokens)
         self._last: tuple[int, tuple[int, ...]] | None = None   # the last decode step: (drafts, sequence ids)
+        self.steps_by_drafts = [0] * (self.max_k + 1)   # decode steps run with k drafts each (0: plain steps)
 
     def capture(self, progress=None) -> None:
         """Capture (and time) every round the engine can run: each batch bucket, each of the drafter's draft counts
@@ -86,7 +87,9 @@ class Speculation:
         if not seqs:
             return 0
         k = self.policy.choose(len(seqs), max(s.num_computed for s in seqs)) if self.adaptive else self.max_k
-        return k if k and all(self.eligible(s, k) for s in seqs) else 0
+        k = k if k and all(self.eligible(s, k) for s in seqs) else 0
+        self.steps_by_drafts[k] += 1
+        return k
 
     def step_done(self, k: int, seqs: list[Sequence], seconds: float) -> None:
         """A step that only decoded these sequences (k drafts each; 0: plain) took `seconds` of wall time: measured
@@ -174,4 +177,6 @@ class Speculation:
                 "spec_on": bool(now), "spec_rounds": t.rounds,
                 "spec_drafted_tokens": t.drafted, "spec_accepted_tokens": t.accepted,
                 "spec_tokens_per_round": round(t.tokens_per_round, 3),
-                "spec_position_rates": [round(r, 3) for r in t.position_rates], "spec_round_ms_total": self.round_ms}
+                "spec_position_rates": [round(r, 3) for r in t.position_rates], "spec_round_ms_total": self.round_ms,
+                "spec_steps_by_drafts": list(self.steps_by_drafts),
+                "spec_policy_tok_s": {k: round(r, 1) for k, r in self.policy.last_rates.items()}}
