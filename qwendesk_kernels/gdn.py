@@ -506,16 +506,15 @@ def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, x, x_r
     # serial in that last program: there each v head's last program normalises the head's rows (L tiles, not 3 L).
     # The norm reads outputs that were stored before the others arrived.
     tl.debug_barrier()
+    NH: tl.constexpr = 1 if VERIFY else HV // HK          # v heads whose rows the last program normalises
     if VERIFY:
         group = counters + i_b * HV + i_hv
         last = tl.atomic_add(group, 1) == V // BV - 1
         first_head = i_hv
-        NH: tl.constexpr = 1
     else:
         group = counters + i_b * HV + i_h
         last = tl.atomic_add(group, 1) == (HV // HK) * (V // BV) - 1
         first_head = i_h * (HV // HK)
-        NH: tl.constexpr = HV // HK
         o2 = tl.arange(0, 2 * K)
         cqk = tl.where(o2 < K, i_h * K + o2, HK * K + i_h * K + o2 - K)
         qk_mask = tl.where(last, o2 < 2 * K, False)
