@@ -3,7 +3,8 @@ V in the engine's pages, written by the target's forwards; a block per sequence)
 tests/test_dflash.py checks against the reference; greedy output with the drafter equals plain decoding, alone and
 batched, with drafts right at every rate (a DraftOracle), int8 KV, stop strings, seeded sampling; a prefix hit, from
 the GPU pages or the host tier, restores the drafter's context (the same drafts as a cold run); cancels give every page
-back; a drafter made for another model is refused in one line before anything loads; the plan counts it."""
+back; a drafter made for another model is refused in one line before anything loads; the plan counts it; a thinking
+budget is kept, and image rows enter the drafter's context as text rows do."""
 
 import json
 
@@ -594,3 +595,36 @@ def test_a_16_row_block_drafts_15_tokens_a_round_and_stays_exact(ckpt, plain, tm
         EngineConfig(model=str(ckpt), speculative_tokens=6).validate()
     with make(ckpt, write_drafter(tmp_path / "b6", ckpt), k=15) as small:      # a 6-row block drafts 5 at most
         assert small.drafts == 5
+
+
+def test_a_thinking_budget_is_kept_with_the_drafter(ckpt, drafter, plain):
+    """Reasoning ends after as many tokens as without speculation: a block round stops before the budget."""
+    tok = plain.tokenizer
+    if tok.think_start_id is None:
+        pytest.skip("the tiny tokenizer has no <think>")
+    ids = prompt(20, 41) + [tok.think_start_id]
+    params = SamplingParams(max_tokens=40, thinking_budget=7, **GREEDY)
+    want = plain.generate(ids, params)
+    with make(ckpt, drafter) as e:
+        e.set_draft_oracle(DraftOracle(0.9, {tuple(ids): ids + want.token_ids}), adaptive=False)
+        got = e.generate(ids, params)
+    assert got.token_ids == want.token_ids and got.reasoning == want.reasoning
+    assert got.usage.speculation.rounds > 0
+
+
+@pytest.mark.parametrize("variant", ["dflash", "dflash2"])
+def test_images_with_the_drafter_equal_plain_greedy(checkpoint, tmp_path, variant):
+    """A vision checkpoint's drafter: the prompt's image rows enter its context through the target's forwards like
+    any other (prefill steps of 16 tokens split the images), and rounds after them give plain greedy output."""
+    from tests.test_vision_engine import SEVERAL, prompt_of
+    target = checkpoint("gqa3_ratio3")
+    path = write_drafter(tmp_path / variant, target, variant, seed=3)
+    params = SamplingParams(max_tokens=24, **GREEDY)
+    with make(target, max_context=1024, prefill_chunk=16) as e:
+        want = e.generate(SEVERAL, params).token_ids
+    with make(target, path, max_context=1024, prefill_chunk=16) as e:
+        ids, _ = prompt_of(e, SEVERAL)
+        e.set_draft_oracle(DraftOracle(0.8, {tuple(ids): ids + want}), adaptive=False)
+        got = e.generate(SEVERAL, params)
+    assert got.token_ids == want
+    assert got.usage.speculation.method == "dflash" and got.usage.speculation.accepted > 0
