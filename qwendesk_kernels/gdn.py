@@ -413,6 +413,15 @@ def _ba_proj(x_row, w_b_row, w_a_row, H: tl.constexpr, BH: tl.constexpr):
 
 
 @triton.jit
+def _norm_tile(out, z, z_row_stride, row, head, HV: tl.constexpr, V: tl.constexpr):
+    """(pointers, fp32 values) of one output row of one v head as a [1, V] tile, and its gate's values."""
+    cols = tl.arange(0, V)[None, :]
+    p_o = out + (row * HV + head) * V + cols
+    return p_o, tl.load(p_o, cache_modifier=".cg").to(tl.float32), tl.load(z + row * z_row_stride + head * V + cols) \
+        .to(tl.float32)
+
+
+@triton.jit
 def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, x, x_row_stride, w_ba, conv_w, conv_state,
                    conv_slot_stride, conv_row_stride, A_log, dt_bias, ssm, slots, has_state, counters, out, keep_raw,
                    keep_qkv, keep_gb, z, z_row_stride, norm_w, eps, scale, HK: tl.constexpr, HV: tl.constexpr,
@@ -439,7 +448,8 @@ def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, x, x_r
     p_S = ssm + (slot * HV + i_hv) * K * V + ok[:, None] * V + ov[None, :]
     S = tl.where(live, tl.load(p_S), 0.0)          # issued first: its latency overlaps the conv below
     cq = i_h * K + ok
-    cq_k2 = i_h * K + tl.arange(0, 2 * K) % K                 # a verify's raw q and k channels, one [2 K] vector
+    o2 = tl.arange(0, 2 * K)
+    cqk = tl.where(o2 < K, i_h * K + o2, HK * K + i_h * K + o2 - K)     # the head's q and k channels, one [2 K] vector
     cv = 2 * HK * K + i_hv * V + ov
     all_k = ok < K
     all_v = ov < V
@@ -462,7 +472,7 @@ def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, x, x_r
     for t in tl.static_range(L):
         q, k, v = q_next, k_next, v_next
         if VERIFY:          # the raw inputs it keeps: loaded before its arithmetic, arrived by its stores
-            raw_qk = tl.load(x_rows + t * qkv_row_stride + tl.arange(0, 2 * K) // K * HK * K + cq_k2)
+            raw_qk = tl.load(x_rows + t * qkv_row_stride + cqk)
             raw_v = tl.load(x_rows + t * qkv_row_stride + cv)
         if t + 1 < L:
             q_next = conv_token(x_rows, qkv_row_stride, win, conv_row_stride, conv_w, cq, all_k, live, t + 1, W, True)
@@ -491,7 +501,7 @@ def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, x, x_r
             if first_of_head:
                 tl.store(keep_qkv + row * C + cq, qn)
                 tl.store(keep_qkv + row * C + HK * K + cq, kn)
-                tl.store(keep_raw + row * C + tl.arange(0, 2 * K) // K * HK * K + cq_k2, raw_qk)
+                tl.store(keep_raw + row * C + cqk, raw_qk)
             if i_v == 0:
                 tl.store(keep_gb + row * 2 * HV + i_hv, g)
                 tl.store(keep_gb + row * 2 * HV + HV + i_hv, beta)
@@ -515,8 +525,6 @@ def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, x, x_r
         group = counters + i_b * HV + i_h
         last = tl.atomic_add(group, 1) == (HV // HK) * (V // BV) - 1
         first_head = i_h * (HV // HK)
-        o2 = tl.arange(0, 2 * K)
-        cqk = tl.where(o2 < K, i_h * K + o2, HK * K + i_h * K + o2 - K)
         qk_mask = tl.where(last, o2 < 2 * K, False)
         store_conv_window(x_rows, qkv_row_stride, win, conv_row_stride, win, conv_row_stride, cqk, qk_mask, live,
                           L - 1, W)
@@ -524,18 +532,12 @@ def _decode_kernel(qkv, qkv_row_stride, a, a_row_stride, b, b_row_stride, x, x_r
         if last:        # row by row, a [1, V] tile as a plain step has: a [rows, V] tile sums in another order
             cols = tl.arange(0, V)
             w = tl.load(norm_w + cols).to(tl.float32)
-            p_o_next = out + (i_b.to(tl.int64) * L * HV + first_head) * V + cols[None, :]
-            p_z_next = z + i_b.to(tl.int64) * L * z_row_stride + first_head * V + cols[None, :]
-            o_next = tl.load(p_o_next, cache_modifier=".cg").to(tl.float32)
-            z_next = tl.load(p_z_next).to(tl.float32)
+            p_o_next, o_next, z_next = _norm_tile(out, z, z_row_stride, i_b.to(tl.int64) * L, first_head, HV, V)
             for n in tl.static_range(L * NH):       # each tile's loads issued before the store of the one before
                 p_o, o_h, z_h = p_o_next, o_next, z_next
                 if n + 1 < L * NH:
-                    row_n = i_b.to(tl.int64) * L + (n + 1) // NH
-                    head_n = first_head + (n + 1) % NH
-                    p_o_next = out + (row_n * HV + head_n) * V + cols[None, :]
-                    o_next = tl.load(p_o_next, cache_modifier=".cg").to(tl.float32)
-                    z_next = tl.load(z + row_n * z_row_stride + head_n * V + cols[None, :]).to(tl.float32)
+                    p_o_next, o_next, z_next = _norm_tile(out, z, z_row_stride, i_b.to(tl.int64) * L + (n + 1) // NH,
+                                                          first_head + (n + 1) % NH, HV, V)
                 tl.store(p_o, gated_norm_tile(o_h, z_h, w, eps, V, ROUND_WY, out.dtype.element_ty)
                          .to(out.dtype.element_ty))
     tl.store(group, 0, mask=last)
