@@ -89,6 +89,8 @@ def main(argv=None) -> int:
     ap.add_argument("--check", type=_shapes, default=_shapes("1x4,1x8,1x16,2x6,8x6"), help="BxL shapes to check")
     ap.add_argument("--time", type=_shapes, default=_shapes("1x1,1x4,1x8,1x16,8x1,8x6"), help="BxL shapes to time")
     args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU; none is available")
     versions = {"main": gdn, **{path.rsplit("/", 1)[-1]: _load(path) for path in args.against}}
     torch.manual_seed(0)
     exact = True
