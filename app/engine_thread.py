@@ -221,7 +221,8 @@ class EngineThread(QThread):
             if not plan.fits:
                 raise MemoryError(plan.message)
             progress(f"Loading {weights_text(plan)}", 0, 0)
-            engine = Engine(replace(config, weights=plan.weights), progress=progress, cancel=cancel)
+            engine = Engine(replace(config, weights=plan.weights), progress=progress, cancel=cancel,
+                            freeze_gc=False)     # the window collects and freezes on its GUI thread (gc_guard)
             if cancel.is_set():                    # cancelled after the engine's last check
                 engine.close()
                 raise LoadCancelled(name)

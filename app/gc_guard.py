@@ -8,8 +8,9 @@ collects on a timer instead.
 A full collection walks every tracked object: with a model loaded that is a couple of hundred
 thousand, ~150 ms of a frozen window. So the timer collects only the young generations (what was
 allocated since the last tick: a few ms), and the long-lived objects (the imports, a loaded
-model) are moved out of the collector's sight with gc.freeze() once they exist; the rare full
-collection then walks only what came after.
+model) are moved out of the collector's sight with gc.freeze() once they exist (the engine's
+freeze_long_lived, called here on the GUI thread: the engine's own, at the end of a load, is off in
+the app); the rare full collection then walks only what came after.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from __future__ import annotations
 import gc
 
 from PySide6.QtCore import QObject, QTimer
+
+from engine.api import freeze_long_lived
 
 FULL_EVERY = 60         # ticks between full collections (of the objects not frozen)
 
@@ -44,14 +47,6 @@ def collect_in_gui_thread(owner: QObject, interval_ms: int = 1000) -> QTimer:
     freeze_long_lived()
     owner.destroyed.connect(_release)
     return _Collector(owner, interval_ms).timer
-
-
-def freeze_long_lived() -> None:
-    """Collect everything once, then keep what survives (a model just loaded or unloaded, the imports) out of
-    later collections. Call it on the GUI thread, at a moment a pause is expected (after a load)."""
-    gc.unfreeze()               # what an unloaded model left in the permanent generation becomes collectable
-    gc.collect()
-    gc.freeze()
 
 
 def _release(*_):

@@ -7,6 +7,7 @@ the engine from here too.
 from engine.chat.tool_values import call_arguments
 from engine.chat.tools import ToolCallParser, tool_schemas
 from engine.model.config import ModelConfig, UnsupportedModelError, load_model_config, parse_model_config
+from engine.core.collector import freeze_long_lived
 from engine.core.device import DeviceInfo, probe
 from engine.core.engine import NO_VISION, Engine, LoadCancelled, RequestHandle
 from engine.listen import DEFAULT_PORT, PortInUseError, listen_socket
@@ -33,5 +34,5 @@ __all__ = ["DEFAULT_PORT", "DTYPE_NAMES", "KV_DTYPES", "MAX_DRAFTS", "NO_VISION"
            "SpeculationStats",
            "StreamEvent", "Text", "Timings", "TokenLogprob", "ToolCall", "ToolCallParser", "UnsupportedModelError",
            "Usage", "add_calls", "budget_for", "call_arguments", "check_checkpoint", "decode_image", "detect_format",
-           "listen_socket", "load_model_config", "parse_model_config", "plan_for", "probe", "split_images",
-           "starts_in_reasoning", "system_share", "tool_schemas", "with_side_quant_config"]
+           "freeze_long_lived", "listen_socket", "load_model_config", "parse_model_config", "plan_for", "probe",
+           "split_images", "starts_in_reasoning", "system_share", "tool_schemas", "with_side_quant_config"]

@@ -19,9 +19,11 @@ RTX3090 = DeviceInfo("cuda", "NVIDIA GeForce RTX 3090", 24 * GIB, int(23.5 * GIB
 class StandInEngine:
     """Records the EngineConfig the app built, then stops the load (there are no weights to read)."""
     configs = []
+    freeze_gc = []
 
-    def __init__(self, config, progress=None, cancel=None):
+    def __init__(self, config, progress=None, cancel=None, freeze_gc=True):
         StandInEngine.configs.append(config)
+        StandInEngine.freeze_gc.append(freeze_gc)
         raise RuntimeError("stand-in engine: no weights here")
 
 
@@ -40,6 +42,7 @@ def load_on_3090(app_env, qtbot, monkeypatch):
     monkeypatch.setattr("engine.core.memory.probe", lambda name="auto": RTX3090)   # the device the planner sees
     monkeypatch.setattr("app.engine_thread.Engine", StandInEngine)
     StandInEngine.configs.clear()
+    StandInEngine.freeze_gc.clear()
 
     def load(path, **settings):
         window = open_window(qtbot, make_context(app_env, device=RTX3090, **settings), autoload=False)
@@ -58,6 +61,7 @@ def load_on_3090(app_env, qtbot, monkeypatch):
 def test_auto_weights_on_a_24gib_card(load_on_3090, tmp_path, size, weights):
     failure, stages = load_on_3090(real_checkpoint(tmp_path / size, size))
     assert [c.weights for c in StandInEngine.configs] == [weights]          # the planner's pick reached the engine
+    assert StandInEngine.freeze_gc == [False]        # the window collects on its GUI thread, not the engine thread
     assert "stand-in engine" in failure and "does not fit" not in failure   # the load went ahead
     kind = "int4" if weights == "int4" else "16-bit"
     assert any(stage.startswith(f"Loading {kind} weights") for stage in stages), stages

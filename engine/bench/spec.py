@@ -15,6 +15,8 @@ from a CUDA graph of its own.
 from __future__ import annotations
 
 import contextlib
+import gc
+import statistics
 import time
 from typing import Any
 
@@ -135,7 +137,7 @@ def bench_speculation(model, args, drafter=None) -> dict:
         model.drafter = drafter if k else None
         return Engine.from_model(EngineConfig(model="", device=device, profile=profile, max_context=ctx,
                                               prefill_chunk=args.prefill_chunk, max_queue=16, speculative_tokens=k,
-                                              kv_dtype=args.kv_dtype), model, tok)
+                                              kv_dtype=args.kv_dtype), model, tok, freeze_gc=args.gc_freeze)
 
     for profile in args.profiles:
         c = int(profile[1:])
@@ -171,8 +173,10 @@ def bench_speculation(model, args, drafter=None) -> dict:
                 oracle = DraftOracle(p, runs)
                 eng.set_draft_oracle(oracle, adaptive=adaptive)
                 before, retries = eng.stats(), torch.cuda.memory_stats().get("num_alloc_retries", 0)
-                with timed_rounds(eng) as times:
+                with timed_rounds(eng) as spans, full_collections() as pauses:
                     outs, rate, fins = _generate(eng, prompts, args.decode_tokens)
+                times = [1e3 * (t1 - t0) for t0, t1 in spans]
+                slow = [span for span, ms in zip(spans, times) if ms > 2 * statistics.median(times)]
                 after = eng.stats()
                 rounds = after["spec_rounds"] - before["spec_rounds"]
                 by_drafts = [b - a for a, b in zip(before["spec_steps_by_drafts"], after["spec_steps_by_drafts"])]
@@ -183,6 +187,9 @@ def bench_speculation(model, args, drafter=None) -> dict:
                            round_ms=c * (after["spec_round_ms_total"] - before["spec_round_ms_total"])
                            / max(rounds, 1),   # rounds counts each sequence's
                            round_ms_quartiles=_quartiles(times), first_round_ms=times[0] if times else 0.0,
+                           slow_rounds=len(slow), slow_rounds_in_gc=sum(any(p0 < t1 and t0 < p1 for p0, p1 in pauses)
+                                                                        for t0, t1 in slow),
+                           gc_full=len(pauses), gc_full_max_ms=max((1e3 * (p1 - p0) for p0, p1 in pauses), default=0.0),
                            alloc_retries=torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries,
                            steps_by_drafts=by_drafts, policy_tok_s=after["spec_policy_tok_s"],
                            expected_tokens_per_round=sum(n * oracle.expected_tokens(j) for j, n in
@@ -204,23 +211,43 @@ def _quartiles(values: list[float]) -> list[float]:
 
 @contextlib.contextmanager
 def timed_rounds(eng):
-    """The wall time of each round (ms, the host waiting for its tokens) while the block runs. The GPU finishes the
-    work queued before the round first (a prefill chunk of a stream being admitted), so that a round's time is its
-    own: unsynchronized, the round after a prefill chunk took the chunk's 100-600 ms at C8."""
-    spec, times = eng._spec, []
+    """The span of each round (perf_counter start and end, the host waiting for its tokens) while the block runs. The
+    GPU finishes the work queued before the round first (a prefill chunk of a stream being admitted), so that a
+    round's time is its own: unsynchronized, the round after a prefill chunk took the chunk's 100-600 ms at C8."""
+    spec, spans = eng._spec, []
     plain = spec.round
 
     def round_(seqs, k):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         out = plain(seqs, k)
-        times.append(1e3 * (time.perf_counter() - t0))
+        spans.append((t0, time.perf_counter()))
         return out
     spec.round = round_
     try:
-        yield times
+        yield spans
     finally:
         del spec.round
+
+
+@contextlib.contextmanager
+def full_collections():
+    """The spans (perf_counter start and end) of the garbage collector's full collections while the block runs, in
+    any thread: each one holds the interpreter, the engine's loop included (engine/core/collector.py)."""
+    spans: list[tuple[float, float]] = []
+    started = [0.0]
+
+    def note(phase: str, info: dict) -> None:
+        if info["generation"] == 2:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            else:
+                spans.append((started[0], time.perf_counter()))
+    gc.callbacks.append(note)
+    try:
+        yield spans
+    finally:
+        gc.callbacks.remove(note)
 
 
 def profile_rounds(eng, prompts, n: int) -> None:
@@ -251,15 +278,19 @@ def profile_rounds(eng, prompts, n: int) -> None:
 def report(r: dict) -> None:
     """The rows' table. expect: the tokens a round yields on average at the oracle's P for the drafts the rounds made
     (a short run's own mean strays from it by chance: compare rows at the expectation); steps by k: decode steps
-    with k drafts each, k = 0 (plain) first."""
+    with k drafts each, k = 0 (plain) first; slow (gc): rounds over twice the row's median, and how many of them a full
+    garbage collection overlapped; gc ms: the longest full collection in the row (how many ran)."""
     print(f"\n{'profile':7s} {'k':>2s} {'P':>14s} {'adapt':>5s} {'tok/s':>8s} {'x plain':>7s} {'tok/rnd':>7s} "
-          f"{'expect':>6s} {'round ms':>8s} {'first':>7s} {'median':>7s} {'max':>7s} exact  steps by k")
+          f"{'expect':>6s} {'round ms':>8s} {'first':>7s} {'median':>7s} {'max':>7s} {'slow (gc)':>9s} "
+          f"{'gc ms (n)':>10s} exact  steps by k")
     for row in r["rows"]:
         p = row["p"] if isinstance(row["p"], float) else "/".join(f"{x:.2f}" for x in row["p"])
         q = row["round_ms_quartiles"]
+        slow = f"{row['slow_rounds']} ({row['slow_rounds_in_gc']})"
+        gc_ms = f"{row['gc_full_max_ms']:.1f} ({row['gc_full']})"
         print(f"{row['profile']:7s} {row['k']:2d} {p:>14} {str(row['adaptive']):>5s} {row['tok_s']:8.1f} "
               f"{row['vs_plain']:7.2f} {row['tokens_per_round']:7.2f} {row['expected_tokens_per_round']:6.2f} "
-              f"{row['round_ms']:8.2f} {row['first_round_ms']:7.2f} {q[2]:7.2f} {q[4]:7.2f} {str(row['exact']):5s}  "
-              f"{row['steps_by_drafts']}")
+              f"{row['round_ms']:8.2f} {row['first_round_ms']:7.2f} {q[2]:7.2f} {q[4]:7.2f} {slow:>9s} {gc_ms:>10s} "
+              f"{str(row['exact']):5s}  {row['steps_by_drafts']}")
     print({k: round(v, 3) for k, v in r.items() if isinstance(v, float)})
 

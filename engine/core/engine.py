@@ -15,6 +15,7 @@ from concurrent.futures import Future
 import torch
 
 from engine.core import build
+from engine.core.collector import freeze_long_lived, release_frozen
 from engine.core.device import on_gpu, resolve_device, resolve_dtype
 from engine.core.loop import EngineLoop
 from engine.core.memory import MemoryPlan, model_drafts
@@ -63,11 +64,14 @@ class LoadCancelled(Exception):
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, progress=None, cancel: threading.Event | None = None, _parts=None):
+    def __init__(self, config: EngineConfig, progress=None, cancel: threading.Event | None = None,
+                 freeze_gc: bool = True, _parts=None):
         """progress(stage, done, total): what loading is doing (weights, int4 conversion, CUDA graphs,
         warm-up), for a progress bar. cancel: set it from any thread to stop loading at the next step
         reported (a weight, a kernel tuned, a warm-up prompt); the constructor then raises LoadCancelled.
-        _parts: from_model's."""
+        freeze_gc: the load ends with a full garbage collection in this thread, and what survives is kept out of
+        later ones (engine/core/collector.py), until close(); off where the program manages the collector itself
+        (the desktop app, on its GUI thread). _parts: from_model's."""
         report = progress or (lambda stage, done, total: None)
 
         def step(stage: str, done: int, total: int) -> None:
@@ -95,7 +99,7 @@ class Engine:
                                 accepts_images=self._encoder is not None)
         self._loop = EngineLoop(config, self.tokenizer, self._grammars, self._scheduler, self._cache, self._runner,
                                 self._spec, self._encoder)
-        self._closed = False
+        self._closed, self._froze_gc = False, False
         if on_gpu(self.device):
             self._warm_up_linears()
         if self._spec is not None:          # every round the engine can run, captured now: never on a request's path
@@ -108,6 +112,9 @@ class Engine:
                 self.close()
                 raise
         self._cache.disk = self._disk          # after the warm-up: its prompts are not worth a disk write
+        if freeze_gc:
+            freeze_long_lived()
+            self._froze_gc = True
 
     def _warm_up_linears(self) -> None:
         """Each quantized weight shape and MoE layer kind run once (build.warm_up_linears), before the loop starts."""
@@ -128,11 +135,12 @@ class Engine:
                           SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
 
     @classmethod
-    def from_model(cls, config: EngineConfig, model, tokenizer, template=None, vision=None) -> Engine:
+    def from_model(cls, config: EngineConfig, model, tokenizer, template=None, vision=None,
+                   freeze_gc: bool = True) -> Engine:
         """An engine around an already built model (benchmarks with random weights). vision: (VisionTower, its
         ImageProcessorConfig, placement: resident | on_demand); the tower on the device when resident, else on the
         CPU."""
-        return cls(config, _parts=(model, tokenizer, template, vision))
+        return cls(config, freeze_gc=freeze_gc, _parts=(model, tokenizer, template, vision))
 
     # ---- public API (any thread) ---------------------------------------------------------
     def encode_prompt(self, prompt, tools=None, continue_final_message: bool = False, **template_kwargs) -> list[int]:
@@ -262,6 +270,8 @@ class Engine:
         # drop every reference to device memory (graphs, pools, cache), then give it back
         del self._runner, self._model, self._pools, self._cache, self._scheduler
         self._encoder = self._spec = None
+        if self._froze_gc:
+            release_frozen()
         if on_gpu(self.device):
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
