@@ -351,7 +351,8 @@ def assert_fused_norm(inp, steps, tol, block_v=None):
     assert rel_err(fused[0], ref[0]) < tol
     torch.testing.assert_close(fused[0], unfused, atol=1e-2, rtol=1e-2)
     check_pool(fused[1], ref[1], slots, 0)                 # conv windows are copies of the inputs: exact
-    assert rel_err(fused[2][slots], ref[2][slots]) < 1e-2
+    written = slots[inp["has_state"]] if steps else slots  # a verify writes no state: a new sequence's stays poison
+    assert rel_err(fused[2][written], ref[2][written]) < 1e-2
     assert torch.equal(fused[2].nan_to_num(), plain[2].nan_to_num())
     assert_untouched(fused[2], slots)
     if steps:
