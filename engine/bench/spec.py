@@ -173,8 +173,9 @@ def bench_speculation(model, args, drafter=None) -> dict:
                 oracle = DraftOracle(p, runs)
                 eng.set_draft_oracle(oracle, adaptive=adaptive)
                 before, retries = eng.stats(), torch.cuda.memory_stats().get("num_alloc_retries", 0)
-                with timed_rounds(eng) as spans, full_collections() as pauses:
+                with timed_rounds(eng) as rounds_, full_collections() as pauses:
                     outs, rate, fins = _generate(eng, prompts, args.decode_tokens)
+                spans = [(t0, t1) for t0, _, t1 in rounds_]
                 times = [1e3 * (t1 - t0) for t0, t1 in spans]
                 slow = [span for span, ms in zip(spans, times) if ms > 2 * statistics.median(times)]
                 after = eng.stats()
@@ -190,6 +191,7 @@ def bench_speculation(model, args, drafter=None) -> dict:
                            slow_rounds=len(slow), slow_rounds_in_gc=sum(any(p0 < t1 and t0 < p1 for p0, p1 in pauses)
                                                                         for t0, t1 in slow),
                            gc_full=len(pauses), gc_full_max_ms=max((1e3 * (p1 - p0) for p0, p1 in pauses), default=0.0),
+                           **host_times(rounds_),
                            alloc_retries=torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries,
                            steps_by_drafts=by_drafts, policy_tok_s=after["spec_policy_tok_s"],
                            expected_tokens_per_round=sum(n * oracle.expected_tokens(j) for j, n in
@@ -211,23 +213,47 @@ def _quartiles(values: list[float]) -> list[float]:
 
 @contextlib.contextmanager
 def timed_rounds(eng):
-    """The span of each round (perf_counter start and end, the host waiting for its tokens) while the block runs. The
-    GPU finishes the work queued before the round first (a prefill chunk of a stream being admitted), so that a
-    round's time is its own: unsynchronized, the round after a prefill chunk took the chunk's 100-600 ms at C8."""
-    spec, spans = eng._spec, []
-    plain = spec.round
+    """Each round's start, the moment its CUDA graph was launched (None without one) and its end (perf_counter; the
+    end is the host holding its tokens) while the block runs. The GPU finishes the work queued before the round first
+    (a prefill chunk of a stream being admitted), so that a round's time is its own: unsynchronized, the round after a
+    prefill chunk took the chunk's 100-600 ms at C8."""
+    spec, rounds = eng._spec, []
+    plain, graphs = spec.round, spec.graphs
+    launched: list[float | None] = [None]
 
     def round_(seqs, k):
         torch.cuda.synchronize()
+        launched[0] = None
         t0 = time.perf_counter()
         out = plain(seqs, k)
-        spans.append((t0, time.perf_counter()))
+        rounds.append((t0, launched[0], time.perf_counter()))
         return out
     spec.round = round_
+    if graphs is not None:
+        run = graphs.run
+
+        def run_(reqs, k, sampled):
+            out = run(reqs, k, sampled)
+            launched[0] = time.perf_counter()
+            return out
+        graphs.run = run_
     try:
-        yield spans
+        yield rounds
     finally:
         del spec.round
+        if graphs is not None:
+            del graphs.run
+
+
+def host_times(rounds: list[tuple[float, float | None, float]]) -> dict:
+    """Where the host holds the GPU up around rounds (timed_rounds' spans, medians, ms): host_ms, from a round's start
+    to its graph's launch (pages grown, snapshots taken, the inputs built and uploaded; the GPU idle since the round
+    before ended); between_ms, from a round's end to the next one's start (its tokens committed and streamed, the
+    loop's step; plain steps and prefills between them leave the median)."""
+    host = [1e3 * (t1 - t0) for t0, t1, _ in rounds if t1 is not None]
+    between = [1e3 * (b[0] - a[2]) for a, b in zip(rounds, rounds[1:])]
+    return dict(host_ms=statistics.median(host) if host else 0.0,
+                between_ms=statistics.median(between) if between else 0.0)
 
 
 @contextlib.contextmanager
@@ -278,11 +304,12 @@ def profile_rounds(eng, prompts, n: int) -> None:
 def report(r: dict) -> None:
     """The rows' table. expect: the tokens a round yields on average at the oracle's P for the drafts the rounds made
     (a short run's own mean strays from it by chance: compare rows at the expectation); steps by k: decode steps
-    with k drafts each, k = 0 (plain) first; slow (gc): rounds over twice the row's median, and how many of them a full
-    garbage collection overlapped; gc ms: the longest full collection in the row (how many ran)."""
+    with k drafts each, k = 0 (plain) first; host, between: host_times' medians; slow (gc): rounds over twice the
+    row's median, and how many of them a full garbage collection overlapped; gc ms: the longest full collection in
+    the row (how many ran)."""
     print(f"\n{'profile':7s} {'k':>2s} {'P':>14s} {'adapt':>5s} {'tok/s':>8s} {'x plain':>7s} {'tok/rnd':>7s} "
-          f"{'expect':>6s} {'round ms':>8s} {'first':>7s} {'median':>7s} {'max':>7s} {'slow (gc)':>9s} "
-          f"{'gc ms (n)':>10s} exact  steps by k")
+          f"{'expect':>6s} {'round ms':>8s} {'first':>7s} {'median':>7s} {'max':>7s} {'host':>5s} {'between':>7s} "
+          f"{'slow (gc)':>9s} {'gc ms (n)':>10s} exact  steps by k")
     for row in r["rows"]:
         p = row["p"] if isinstance(row["p"], float) else "/".join(f"{x:.2f}" for x in row["p"])
         q = row["round_ms_quartiles"]
@@ -290,7 +317,8 @@ def report(r: dict) -> None:
         gc_ms = f"{row['gc_full_max_ms']:.1f} ({row['gc_full']})"
         print(f"{row['profile']:7s} {row['k']:2d} {p:>14} {str(row['adaptive']):>5s} {row['tok_s']:8.1f} "
               f"{row['vs_plain']:7.2f} {row['tokens_per_round']:7.2f} {row['expected_tokens_per_round']:6.2f} "
-              f"{row['round_ms']:8.2f} {row['first_round_ms']:7.2f} {q[2]:7.2f} {q[4]:7.2f} {slow:>9s} {gc_ms:>10s} "
+              f"{row['round_ms']:8.2f} {row['first_round_ms']:7.2f} {q[2]:7.2f} {q[4]:7.2f} {row['host_ms']:5.2f} "
+              f"{row['between_ms']:7.2f} {slow:>9s} {gc_ms:>10s} "
               f"{str(row['exact']):5s}  {row['steps_by_drafts']}")
     print({k: round(v, 3) for k, v in r.items() if isinstance(v, float)})
 
