@@ -52,7 +52,8 @@ def test_fit_recovers_the_constants_the_rows_were_made_with():
 
 
 def test_gemv_flops_follow_the_kernels_padding():
-    from engine.readiness.projection import Group, gemv_flops
+    from engine.readiness.model_facts import Group
+    from engine.readiness.projection import gemv_flops
     int4 = Group(bytes=0.5, params=1, int4=1)
     assert [gemv_flops(int4, m) for m in (1, 8, 9, 16, 17, 32, 48)] == [24, 24, 32, 32, 64, 64, 128]
     assert gemv_flops(Group(bytes=2, params=1), 5) == 10               # a 16-bit weight: 2 per row
@@ -61,7 +62,7 @@ def test_gemv_flops_follow_the_kernels_padding():
 def test_expert_share():
     from types import SimpleNamespace
 
-    from engine.readiness.projection import expert_share
+    from engine.readiness.model_facts import expert_share
     cfg = SimpleNamespace(num_experts=256, num_experts_per_tok=8)
     assert expert_share(cfg, 1) == pytest.approx(8 / 256)
     assert expert_share(cfg, 8) == pytest.approx(1 - (248 / 256) ** 8)
@@ -73,7 +74,7 @@ def test_27b_facts_count_the_model_tensors_the_bench_counts():
     27B shapes, docs/performance.md), split into layers and LM head; 8 int4 weights per packed word."""
     from engine.bench.figures import weight_bytes
     from engine.readiness.forward import model_on_meta
-    from engine.readiness.projection import model_facts
+    from engine.readiness.model_facts import model_facts
     m = model_facts("27b", "int4")
     assert m.dense.bytes + m.head.bytes == weight_bytes(model_on_meta("27b", "int4", layers=64))
     assert 14.2e9 < m.dense.bytes + m.head.bytes < 14.4e9
@@ -88,7 +89,8 @@ def test_27b_facts_count_the_model_tensors_the_bench_counts():
 RECORDED = """
 import json
 from engine.readiness.cost_model import GPUS, Calibration
-from engine.readiness.projection import decode_step, launches, model_facts
+from engine.readiness.model_facts import model_facts
+from engine.readiness.projection import decode_step, launches
 m = model_facts("27b", "int4")
 cal = Calibration(stream=1.0)
 print(json.dumps(dict(step=launches("decode", "27b", "int4", 1, 0), round=launches("round", "27b", "int4", 1, 3),
@@ -120,7 +122,7 @@ def test_the_block_drafters_weights_split_into_its_block_and_its_context_writes(
     layer's k | v rows again; int4 as the engine holds them."""
     from engine.bench.random_model import drafter_config
     from engine.model.drafter_config import drafter_parameters, parse_drafter_config
-    from engine.readiness.projection import drafter_facts
+    from engine.readiness.model_facts import drafter_facts
     cfg = parse_drafter_config(drafter_config("27b"))
     block, context = drafter_facts("27b", "int4")
     h, kv = cfg.hidden_size, 2 * cfg.num_kv_heads * cfg.head_dim

@@ -29,7 +29,7 @@ def run_check_code(code: str, timeout: int = 600):
 
 RECORD = """
 import json
-from engine.readiness.check import CARDS
+from engine.readiness.cards import CARDS
 from engine.readiness.forward import run_all
 from engine.readiness.launches import recording
 out = {}
@@ -71,12 +71,13 @@ def test_pdl_is_off_below_sm90_and_on_at_sm120(recorded):
 FORCED = """
 import json, triton
 from engine.readiness import check
+from engine.readiness.cards import CARDS
 from qwendesk_kernels import attention
 tuner = attention._prefill_kernel
 if {force}:    # the 128 x 64 tile (147,456 B at head_dim 256), the pruning bypassed
     tuner.configs = [triton.Config({{"BLOCK_M": 128, "BLOCK_N": 64}}, num_warps=8, num_stages=2)]
     tuner.early_config_prune = None
-print(json.dumps(check.check(check.CARDS[0], ("27b",), ("int4",), {kv}, workers=1, kernels={{"_prefill_kernel"}})))
+print(json.dumps(check.check(CARDS[0], ("27b",), ("int4",), {kv}, workers=1, kernels={{"_prefill_kernel"}})))
 """
 
 
@@ -118,12 +119,13 @@ def test_prefill_estimate_is_what_triton_compiles():
 SPILLING_GEMV = """
 import json, triton
 from engine.readiness import check
+from engine.readiness.cards import CARDS
 from qwendesk_kernels import gemv_dot
 tuner = gemv_dot.gemv_tuned
 # BM = 32 with 64 weight rows per warp, the pruning bypassed: 255 registers and 208 B of stack on sm_86
 tuner.configs = [triton.Config(dict(BM=32, BN=256, SPLIT_K=1), num_warps=4, num_stages=2)]
 tuner.early_config_prune = None
-print(json.dumps(check.check(check.CARDS[0], ("27b",), ("int4",), ("int8",), workers=1, kernels={"_gemv_kernel"})))
+print(json.dumps(check.check(CARDS[0], ("27b",), ("int4",), ("int8",), workers=1, kernels={"_gemv_kernel"})))
 """
 
 
@@ -183,7 +185,9 @@ def test_a_decode_kernel_that_keeps_any_stack_is_a_finding():
     rows on the consumer cards): 8 B of it is a finding, in any round and in a decode step."""
     from types import SimpleNamespace
 
-    from engine.readiness.check import CARDS, Compiled, Job, findings
+    from engine.readiness.cards import CARDS
+    from engine.readiness.check import findings
+    from engine.readiness.compile_jobs import Compiled, Job
     from engine.readiness.launches import Launch
 
     def finds(where: str, stack: int) -> list[str]:
@@ -203,7 +207,9 @@ def test_a_decode_attention_program_that_fills_an_sm_alone_is_a_finding():
     programs (64-row tiles) are held to one by their registers and are not asked to."""
     from types import SimpleNamespace
 
-    from engine.readiness.check import CARDS, Compiled, Job, findings
+    from engine.readiness.cards import CARDS
+    from engine.readiness.check import findings
+    from engine.readiness.compile_jobs import Compiled, Job
     from engine.readiness.launches import Launch
 
     def finds(card, shared: int, warps: int = 4) -> list[str]:
@@ -219,25 +225,26 @@ def test_a_decode_attention_program_that_fills_an_sm_alone_is_a_finding():
 
 WORKER_FAILS = """
 import json, os
-from engine.readiness import check
+from engine.readiness import compile_jobs
+from engine.readiness.cards import CARDS
 from engine.readiness.launches import Launch
 
 def compile_one(i):
     if i == 3:
         {fail}
-    return check.Compiled(shared=i)
+    return compile_jobs.Compiled(shared=i)
 
-check._compile_one = compile_one      # (the forked workers inherit it)
-jobs = [check.Job(Launch(fn=None, args={{}}, options={{}}), None, f"job {{i}}") for i in range(8)]
+compile_jobs._compile_one = compile_one      # (the forked workers inherit it)
+jobs = [compile_jobs.Job(Launch(fn=None, args={{}}, options={{}}), None, f"job {{i}}") for i in range(8)]
 try:
-    check.compile_all(jobs, check.CARDS[0], workers=2)
+    compile_jobs.compile_all(jobs, CARDS[0], workers=2)
     print(json.dumps([j.result.shared for j in jobs]))
 except RuntimeError as e:
     print(json.dumps(str(e)))
 """
 
 
-@pytest.mark.parametrize("fail, reported", [("return check.Compiled(shared=3)", list(range(8))),
+@pytest.mark.parametrize("fail, reported", [("return compile_jobs.Compiled(shared=3)", list(range(8))),
                                             ("raise OSError('cuobjdump is gone')", "compiling job 3 failed in its "
                                                                                    "worker: OSError: cuobjdump"),
                                             ("os._exit(1)", "a compile worker died")])
