@@ -65,6 +65,7 @@ class RoundInputs:
     delta: torch.Tensor          # int64 rotary position of row p: p + delta (below 0 after a prompt's images)
     stop: torch.Tensor           # int64 a token that ends the round where it is kept (-1: none)
     sampling: Sampling
+    packs: tuple[torch.Tensor, ...] = ()   # the buffers the fields are views of (round_inputs)
 
 
 @dataclass
@@ -243,42 +244,49 @@ class RoundRequest:
 
 def round_inputs(reqs: list[RoundRequest], max_pages: int, device, pad_to: int = 0, pad_slot: int = 0,
                  out: RoundInputs | None = None) -> RoundInputs:
-    """Host lists -> RoundInputs (into `out`'s buffers when given: a graph's static inputs), padded to pad_to rows
-    with rows that write nothing (limit 0) on pad_slot. Copies go from page-locked memory: no wait for the GPU."""
+    """Host lists -> RoundInputs on the device (into `out`'s buffers when given: a graph's static inputs), padded to
+    pad_to rows with rows that write nothing (limit 0) on pad_slot. The fields are views of four buffers, one per
+    dtype, each built in one call and uploaded in one copy from page-locked memory (no wait for the GPU): a round's
+    host work before its graph runs, with the GPU idle (16 tensors built and uploaded one by one took 112 us of a CPU
+    core at 8 sequences, before any upload). Each view starts 16-byte aligned, as a tensor of its own would (Triton
+    specializes a kernel on its pointers' alignment)."""
     pad = max(0, pad_to - len(reqs))
     reqs = reqs + [RoundRequest.padding(pad_slot)] * pad
-    tables = page_table([r.pages for r in reqs], max_pages)
-    host = RoundInputs(ints([r.slot for r in reqs]), ints([r.base for r in reqs]), ints([r.last for r in reqs]),
-                       tables, ints([r.limit for r in reqs]), ints([r.snap_row for r in reqs], torch.int32),
-                       ints([r.snap_slot for r in reqs]), ints([r.delta for r in reqs]), ints([r.stop for r in reqs]),
-                       Sampling.of([r.sampling for r in reqs]))
+    B, s = len(reqs), [r.sampling for r in reqs]
+    fill8, fill4 = [0] * (_aligned(B, 8) - B), [0] * (_aligned(B, 4) - B)
+    ints = [[r.slot for r in reqs], [r.base for r in reqs], [r.last for r in reqs], [r.limit for r in reqs],
+            [r.snap_slot for r in reqs], [r.delta for r in reqs], [r.stop for r in reqs], [x.top_k for x in s],
+            [x.seed for x in s], [x.steps for x in s]]
+    tables = page_table([r.pages for r in reqs], max_pages).view(-1)
+    host = (torch.tensor([row + fill8 for row in ints], dtype=torch.int64),
+            torch.cat([tables, tables.new_zeros(_aligned(B * max_pages, 4) - B * max_pages),
+                       torch.tensor([r.snap_row for r in reqs], dtype=torch.int32)]),
+            torch.tensor([[x.temperature for x in s] + fill4, [x.top_p for x in s] + fill4,
+                          [x.min_p for x in s] + fill4], dtype=torch.float32),
+            torch.tensor([x.seeded for x in s], dtype=torch.bool))
     if out is None:
-        return _map(host, lambda t: pinned(t).to(device, non_blocking=True))
-    _zip(out, host, lambda dst, src: dst.copy_(pinned(src), non_blocking=True))
+        return _views(tuple(pinned(t).to(device, non_blocking=True) for t in host), B, max_pages)
+    for dst, src in zip(out.packs, host, strict=True):
+        dst.copy_(pinned(src), non_blocking=True)
     return out
 
 
-def ints(values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype)
+def _aligned(n: int, itemsize: int) -> int:
+    """n items of itemsize bytes, rounded up to a multiple of 16 bytes."""
+    per = 16 // itemsize
+    return -(-n // per) * per
 
 
-def _fields(inp: RoundInputs) -> list[torch.Tensor]:
-    return [inp.slots, inp.base, inp.last, inp.block_tables, inp.limit, inp.snap_rows, inp.snap_slots, inp.delta,
-            inp.stop, *inp.sampling.tensors()]
-
-
-def _from_fields(t: list[torch.Tensor]) -> RoundInputs:
-    slots, base, last, block_tables, limit, snap_rows, snap_slots, delta, stop = t[:9]
-    return RoundInputs(slots, base, last, block_tables, limit, snap_rows, snap_slots, delta, stop, Sampling(*t[9:]))
-
-
-def _map(inp: RoundInputs, fn) -> RoundInputs:
-    return _from_fields([fn(t) for t in _fields(inp)])
-
-
-def _zip(dst: RoundInputs, src: RoundInputs, fn) -> None:
-    for a, b in zip(_fields(dst), _fields(src)):
-        fn(a, b)
+def _views(packs: tuple[torch.Tensor, ...], B: int, max_pages: int) -> RoundInputs:
+    """round_inputs' four buffers as RoundInputs (each field a contiguous view)."""
+    ints, int32s, floats, seeded = (packs[0][:, :B], packs[1], packs[2][:, :B], packs[3])
+    tables = _aligned(B * max_pages, 4)
+    return RoundInputs(slots=ints[0], base=ints[1], last=ints[2],
+                       block_tables=int32s[:B * max_pages].view(B, max_pages), limit=ints[3],
+                       snap_rows=int32s[tables:], snap_slots=ints[4], delta=ints[5], stop=ints[6],
+                       sampling=Sampling(temperature=floats[0], top_k=ints[7], top_p=floats[1], min_p=floats[2],
+                                         seeds=ints[8], steps=ints[9], seeded=seeded),
+                       packs=packs)
 
 
 class RoundGraphs:
