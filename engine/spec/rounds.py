@@ -280,10 +280,10 @@ def _aligned(n: int, itemsize: int) -> int:
 def _views(packs: tuple[torch.Tensor, ...], B: int, max_pages: int) -> RoundInputs:
     """round_inputs' four buffers as RoundInputs (each field a contiguous view)."""
     ints, int32s, floats, seeded = (packs[0][:, :B], packs[1], packs[2][:, :B], packs[3])
-    tables = _aligned(B * max_pages, 4)
-    return RoundInputs(slots=ints[0], base=ints[1], last=ints[2],
-                       block_tables=int32s[:B * max_pages].view(B, max_pages), limit=ints[3],
-                       snap_rows=int32s[tables:], snap_slots=ints[4], delta=ints[5], stop=ints[6],
+    n = B * max_pages
+    return RoundInputs(slots=ints[0], base=ints[1], last=ints[2], block_tables=int32s[:n].view(B, max_pages),
+                       limit=ints[3], snap_rows=int32s[_aligned(n, 4):], snap_slots=ints[4], delta=ints[5],
+                       stop=ints[6],
                        sampling=Sampling(temperature=floats[0], top_k=ints[7], top_p=floats[1], min_p=floats[2],
                                          seeds=ints[8], steps=ints[9], seeded=seeded),
                        packs=packs)
