@@ -194,11 +194,11 @@ class StubRoundGraphs:
     def fits(self, n):
         return n <= self.buckets[-1]
 
-    def run(self, reqs, k, sampled):
+    def run(self, reqs, k, sampled, carry=None):
         b = next(x for x in self.buckets if x >= len(reqs))
         assert (b, k, sampled) in self.seconds, "a round that was not captured at load"
         StubRoundGraphs.ran.append((b, k, sampled))
-        return self.spec.round(round_inputs(reqs, self.max_pages, self.spec.pools.conv.device), sampled, k)
+        return self.spec.round(round_inputs(reqs, self.max_pages, self.spec.pools.conv.device, carry=carry), sampled, k)
 
 
 def test_every_round_is_captured_at_load_and_none_on_a_requests_path(ckpt, monkeypatch):

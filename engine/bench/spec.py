@@ -18,6 +18,7 @@ import contextlib
 import gc
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -87,7 +88,7 @@ def components(eng, k: int, context: int, profile: bool = False) -> dict:
     model, pools, page = spec.model, spec.pools, cache.page_size
     need = -(-(context + max(k + 1, spec.reach_of(k))) // page)
     pages = cache.free_pages[:need]           # free pages, the last ones the cache would hand out
-    req = RoundRequest(cache.scratch_slot, context, 1, pages, len(pages) * page, -1, cache.scratch_slot)    # greedy
+    req = RoundRequest(cache.scratch_slot, context, 1, pages, len(pages) * page, cache.scratch_slot)    # greedy
     inp = round_inputs([req], eng._spec.max_pages, pools.conv.device)
 
     def draft():
@@ -175,7 +176,8 @@ def bench_speculation(model, args, drafter=None) -> dict:
                 before, retries = eng.stats(), torch.cuda.memory_stats().get("num_alloc_retries", 0)
                 with timed_rounds(eng) as rounds_, full_collections() as pauses:
                     outs, rate, fins = _generate(eng, prompts, args.decode_tokens)
-                spans = [(t0, t1) for t0, _, t1 in rounds_]
+                alone = [r for r in rounds_ if not r.beside_prefill]
+                spans = [(r.start, r.end) for r in alone]
                 times = [1e3 * (t1 - t0) for t0, t1 in spans]
                 median = statistics.median(times) if times else 0.0
                 slow = [span for span, ms in zip(spans, times) if ms > 2 * median]
@@ -189,10 +191,12 @@ def bench_speculation(model, args, drafter=None) -> dict:
                            round_ms=c * (after["spec_round_ms_total"] - before["spec_round_ms_total"])
                            / max(rounds, 1),   # rounds counts each sequence's
                            round_ms_quartiles=_quartiles(times), first_round_ms=times[0] if times else 0.0,
+                           rounds_beside_prefill=len(rounds_) - len(alone),
+                           followed=after["spec_rounds_followed"] - before["spec_rounds_followed"],
                            slow_rounds=len(slow), slow_rounds_in_gc=sum(any(p0 < t1 and t0 < p1 for p0, p1 in pauses)
                                                                         for t0, t1 in slow),
                            gc_full=len(pauses), gc_full_max_ms=max((1e3 * (p1 - p0) for p0, p1 in pauses), default=0.0),
-                           **host_times(rounds_),
+                           **round_gpu_times(alone),
                            alloc_retries=torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries,
                            steps_by_drafts=by_drafts, policy_tok_s=after["spec_policy_tok_s"],
                            expected_tokens_per_round=sum(n * oracle.expected_tokens(j) for j, n in
@@ -212,49 +216,81 @@ def _quartiles(values: list[float]) -> list[float]:
     return [round(v[round(q * (len(v) - 1))], 2) for q in (0, 0.25, 0.5, 0.75, 1)]
 
 
+@dataclass
+class TimedRound:
+    """One round as timed_rounds saw it (perf_counter seconds; GPU figures in ms, None off a GPU)."""
+    start: float                # its launch, or the read of the round before if that came later
+    end: float                  # the read of its tokens: start .. end is what a stream waits for it
+    launch_ms: float            # the host's launch call (pages, snapshots, inputs built and uploaded, the replay)
+    beside_prefill: bool        # a prefill chunk ran inside start .. end (the round's span holds it)
+    gpu_ms: float | None = None     # the round's own GPU time (uploads, graph, the copies of its tokens)
+    idle_ms: float | None = None    # GPU time between the end of the work queued before it and its start: idle,
+    #                                 unless a prefill chunk ran there
+
+
 @contextlib.contextmanager
 def timed_rounds(eng):
-    """Each round's start, the moment its CUDA graph was launched (None without one) and its end (perf_counter; the
-    end is the host holding its tokens) while the block runs. The GPU finishes the work queued before the round first
-    (a prefill chunk of a stream being admitted), so that a round's time is its own: unsynchronized, the round after a
-    prefill chunk took the chunk's 100-600 ms at C8."""
-    spec, rounds = eng._spec, []
-    plain, graphs = spec.round, spec.graphs
-    launched: list[float | None] = [None]
+    """Each round the engine reads while the block runs, as TimedRound, in order. A round is launched before the one
+    in flight is read, where it can be (engine/spec/speculation.py): a span then starts at that read."""
+    spec, loop, rounds = eng._spec, eng._loop, []
+    launch, finish, prefill = spec.launch, spec.finish, loop._prefill
+    on_gpu = torch.cuda.is_available()
+    launched: dict[int, tuple] = {}
+    prefills: list[tuple[float, float]] = []
+    last_read = [0.0]
 
-    def round_(seqs, k):
-        torch.cuda.synchronize()
-        launched[0] = None
+    def event():
+        if not on_gpu:
+            return None
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def launch_(seqs, k, after=None):
+        e0, t0 = event(), time.perf_counter()
+        flight = launch(seqs, k, after)
+        launched[id(flight)] = (t0, time.perf_counter(), e0, event())
+        return flight
+
+    def finish_(flight):
+        new = finish(flight)
+        t2 = time.perf_counter()
+        t0, t1, e0, e1 = launched.pop(id(flight))
+        start = max(t0, last_read[0])
+        last_read[0] = t2
+        rounds.append((TimedRound(start, t2, 1e3 * (t1 - t0), any(p0 < t2 and start < p1 for p0, p1 in prefills)),
+                       e0, e1))
+        return new
+
+    def prefill_():
         t0 = time.perf_counter()
-        out = plain(seqs, k)
-        rounds.append((t0, launched[0], time.perf_counter()))
-        return out
-    spec.round = round_
-    if graphs is not None:
-        run = graphs.run
-
-        def run_(reqs, k, sampled):
-            out = run(reqs, k, sampled)
-            launched[0] = time.perf_counter()
-            return out
-        graphs.run = run_
+        ran = prefill()
+        if ran:
+            prefills.append((t0, time.perf_counter()))
+        return ran
+    spec.launch, spec.finish, loop._prefill = launch_, finish_, prefill_
+    timed: list[TimedRound] = []
     try:
-        yield rounds
+        yield timed
     finally:
-        del spec.round
-        if graphs is not None:
-            del graphs.run
+        del spec.launch, spec.finish, loop._prefill
+        if on_gpu:
+            torch.cuda.synchronize()
+            for i, (r, e0, e1) in enumerate(rounds):
+                r.gpu_ms = e0.elapsed_time(e1)
+                if i:
+                    r.idle_ms = rounds[i - 1][2].elapsed_time(e0)
+        timed.extend(r for r, _, _ in rounds)
 
 
-def host_times(rounds: list[tuple[float, float | None, float]]) -> dict:
-    """Where the host holds the GPU up around rounds (timed_rounds' spans, medians, ms): host_ms, from a round's start
-    to its graph's launch (pages grown, snapshots taken, the inputs built and uploaded; the GPU idle since the round
-    before ended); between_ms, from a round's end to the next one's start (its tokens committed and streamed, the
-    loop's step; plain steps and prefills between them leave the median)."""
-    host = [1e3 * (t1 - t0) for t0, t1, _ in rounds if t1 is not None]
-    between = [1e3 * (b[0] - a[2]) for a, b in zip(rounds, rounds[1:])]
-    return dict(host_ms=statistics.median(host) if host else 0.0,
-                between_ms=statistics.median(between) if between else 0.0)
+def round_gpu_times(rounds: list[TimedRound]) -> dict:
+    """Medians (ms) of timed rounds: launch_ms, the host's launch call; gpu_ms, the round's own GPU time; idle_ms, the
+    GPU's wait before it (what launching a round before reading the one in flight hides)."""
+    def median(values):
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else 0.0
+    return dict(launch_ms=median(r.launch_ms for r in rounds), gpu_ms=median(r.gpu_ms for r in rounds),
+                idle_ms=median(r.idle_ms for r in rounds))
 
 
 @contextlib.contextmanager
@@ -305,12 +341,13 @@ def profile_rounds(eng, prompts, n: int) -> None:
 def report(r: dict) -> None:
     """The rows' table. expect: the tokens a round yields on average at the oracle's P for the drafts the rounds made
     (a short run's own mean strays from it by chance: compare rows at the expectation); steps by k: decode steps
-    with k drafts each, k = 0 (plain) first; host, between: host_times' medians; slow (gc): rounds over twice the
-    row's median, and how many of them a full garbage collection overlapped; gc ms: the longest full collection in
-    the row (how many ran)."""
+    with k drafts each, k = 0 (plain) first; first, median, max: of the rounds' spans (a stream's wait per round;
+    rounds beside a prefill chunk left out); launch, gpu, idle: round_gpu_times' medians; follow: rounds launched
+    before the one in flight was read; slow (gc): rounds over twice the row's median, and how many of them a full
+    garbage collection overlapped; gc ms: the longest full collection in the row (how many ran)."""
     print(f"\n{'profile':7s} {'k':>2s} {'P':>14s} {'adapt':>5s} {'tok/s':>8s} {'x plain':>7s} {'tok/rnd':>7s} "
-          f"{'expect':>6s} {'round ms':>8s} {'first':>7s} {'median':>7s} {'max':>7s} {'host':>5s} {'between':>7s} "
-          f"{'slow (gc)':>9s} {'gc ms (n)':>10s} exact  steps by k")
+          f"{'expect':>6s} {'round ms':>8s} {'first':>7s} {'median':>7s} {'max':>7s} {'launch':>6s} {'gpu':>6s} "
+          f"{'idle':>5s} {'follow':>6s} {'slow (gc)':>9s} {'gc ms (n)':>10s} exact  steps by k")
     for row in r["rows"]:
         p = row["p"] if isinstance(row["p"], float) else "/".join(f"{x:.2f}" for x in row["p"])
         q = row["round_ms_quartiles"]
@@ -318,8 +355,8 @@ def report(r: dict) -> None:
         gc_ms = f"{row['gc_full_max_ms']:.1f} ({row['gc_full']})"
         print(f"{row['profile']:7s} {row['k']:2d} {p:>14} {str(row['adaptive']):>5s} {row['tok_s']:8.1f} "
               f"{row['vs_plain']:7.2f} {row['tokens_per_round']:7.2f} {row['expected_tokens_per_round']:6.2f} "
-              f"{row['round_ms']:8.2f} {row['first_round_ms']:7.2f} {q[2]:7.2f} {q[4]:7.2f} {row['host_ms']:5.2f} "
-              f"{row['between_ms']:7.2f} {slow:>9s} {gc_ms:>10s} "
+              f"{row['round_ms']:8.2f} {row['first_round_ms']:7.2f} {q[2]:7.2f} {q[4]:7.2f} {row['launch_ms']:6.2f} "
+              f"{row['gpu_ms']:6.2f} {row['idle_ms']:5.2f} {row['followed']:6d} {slow:>9s} {gc_ms:>10s} "
               f"{str(row['exact']):5s}  {row['steps_by_drafts']}")
     print({k: round(v, 3) for k, v in r.items() if isinstance(v, float)})
 

@@ -79,7 +79,7 @@ class CacheManager:
         self.cached: OrderedDict[int, None] = OrderedDict()        # indexed pages nobody uses (LRU)
         self.reserved = 0                                          # promised, not yet taken
         self.seq_slots = IdPool(num_seq_slots)
-        self.scratch_slot = pools.num_slots - 1                    # padding rows of graph batches write here
+        self.scratch_slot = pools.scratch_slot
         self.host, self.disk = host, disk
         self.snapshots = Snapshots(pools, range(num_seq_slots, self.scratch_slot),
                                    on_evict=host.put_state if host is not None else None)

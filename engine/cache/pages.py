@@ -139,6 +139,11 @@ class CacheTensors:
     def num_slots(self) -> int:
         return self.conv.shape[1]
 
+    @property
+    def scratch_slot(self) -> int:
+        """The slot that padding rows of graphed batches write to (and nothing reads): the last one."""
+        return self.num_slots - 1
+
     def copy_state(self, src: int, dst: int) -> None:
         """Copy one slot's state (every GDN layer's, a drafter's rings) into another slot."""
         for t in self._state_parts():

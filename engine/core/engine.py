@@ -19,7 +19,7 @@ from engine.core.collector import freeze_long_lived, release_frozen
 from engine.core.device import on_gpu, resolve_device, resolve_dtype
 from engine.core.loop import EngineLoop
 from engine.core.memory import MemoryPlan, model_drafts
-from engine.core.messages import Cancel, Score, Submit, Warm
+from engine.core.messages import Cancel, Score, SetDraftOracle, Submit, Warm
 from engine.core.params import (ContextLengthError, EngineConfig, GenerateOutput, Piece, Reasoning, SamplingParams,
                                 StreamEvent, Text, TokenLogprob, ToolCall, add_calls)
 from engine.core.prompts import NO_VISION, Prompts
@@ -199,7 +199,9 @@ class Engine:
         MTP's own again); adaptive False: every step speculates, paying or not. Call while no request runs."""
         if self._spec is None:
             raise RuntimeError("this engine does not speculate (speculative_tokens 0, or no MTP module)")
-        self._spec.use_oracle(oracle, adaptive)
+        done: Future = Future()
+        self._loop.post(SetDraftOracle(oracle, adaptive, done))
+        done.result()
 
     def plan(self) -> MemoryPlan:
         """The memory plan the engine runs with (weights, KV, state, workspace, margin)."""

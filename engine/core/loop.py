@@ -1,7 +1,7 @@
 """The engine's loop thread: it takes messages from the inbox, then runs a step, for ever. A step admits waiting
-requests, advances an image's encoding, prefills a chunk of prompts, then decodes: a plain step (overlapped with the
-next one when it can be) or a speculative round. Only this thread touches the model, the cache and the scheduler;
-other threads reach it through `post` and read `stats`."""
+requests, advances an image's encoding, prefills a chunk of prompts, then decodes: a plain step or a speculative
+round, each left in flight and read by the next step, after it launched the next one from it where it can. Only this
+thread touches the model, the cache and the scheduler; other threads reach it through `post` and read `stats`."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.cache.manager import CacheManager, PrefixHit
-from engine.core.messages import Cancel, Message, Score, Stop, Submit, Warm
+from engine.core.messages import Cancel, Message, Score, SetDraftOracle, Stop, Submit, Warm
 from engine.core.output import OutputStage
 from engine.core.params import EngineConfig, FinishReason, QueueFullError, SamplingParams
 from engine.core.runner import ModelRunner
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
-from engine.spec.speculation import Speculation
+from engine.spec.speculation import RoundInFlight, Speculation
 from engine.text.grammar import Grammars
 from engine.text.tokenizer import Tokenizer
 from engine.vision.encoder import Encoding, ImageEncoder
@@ -72,7 +72,7 @@ class EngineLoop:
         self.requests = Requests(limit=config.max_running + config.max_queue)
         self._inbox: queue.Queue[Message] = queue.Queue()
         self._seqs: dict[int, Sequence] = {}
-        self._in_flight: StepInFlight | None = None                 # see _decode
+        self._in_flight: StepInFlight | RoundInFlight | None = None   # see _decode and _speculate
         self._encoding: tuple[Sequence, int, Encoding] | None = None   # the image being encoded (its sequence, index)
         self._warming: list[Warm] = []
         self._stats = self._collect_stats()
@@ -111,7 +111,7 @@ class EngineLoop:
     # ---- the loop thread -----------------------------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            block = not (self.scheduler.has_work() or self._warming)
+            block = not (self.scheduler.has_work() or self._warming or self._in_flight)
             # disk reads in flight and nothing running: step every DISK_POLL_S, so that admission keeps what they read
             # (also for a request cancelled meanwhile) and looks again
             waiting_on_disk = self.cache.loading and not self.scheduler.running
@@ -170,6 +170,14 @@ class EngineLoop:
                 msg.done.set_result(self._score(msg.ids))
             except Exception as e:
                 msg.done.set_exception(e)
+        elif isinstance(msg, SetDraftOracle):
+            try:
+                assert self.spec is not None, "set_draft_oracle on an engine that does not speculate"
+                self._settle()                  # a round in flight reads the graphs the oracle's come recaptures
+                self.spec.use_oracle(msg.oracle, msg.adaptive)
+                msg.done.set_result(None)
+            except Exception as e:
+                msg.done.set_exception(e)
 
     def _prefill(self) -> bool:
         """A chunk of the prompts being prefilled; the prompts it ends are sampled. False when none was waiting."""
@@ -220,6 +228,9 @@ class EngineLoop:
         k = self.spec.drafts(seqs) if self.spec is not None else 0
         if self.spec is not None and k:
             return self._speculate(self.spec, seqs, k)
+        if isinstance(self._in_flight, RoundInFlight):
+            self._settle()
+            seqs = self.scheduler.decode_batch()
         flight, self._in_flight = self._in_flight, None
         ahead = flight if flight is not None and self._can_follow(flight, seqs) else None   # the next step follows it
         if flight is not None and ahead is None:
@@ -260,23 +271,40 @@ class EngineLoop:
         self.output.accept([s for s, _ in live], [s.forced.popleft() if s.forced else t for s, t in live])
 
     def _speculate(self, spec: Speculation, seqs: list[Sequence], k: int) -> tuple[int, list[Sequence]] | None:
-        """A speculative round of k drafts (engine/spec/speculation.py) instead of a decode step; a step in flight is
-        taken first."""
-        flight, self._in_flight = self._in_flight, None
+        """A speculative round of k drafts (engine/spec/speculation.py) instead of a decode step, left in flight. A
+        round in flight of the same sequences is read and committed after this one is launched from it, where it can
+        be (Speculation.can_follow): the GPU then runs this round while the host streams that one's tokens (the
+        gap between rounds was ~1 ms of a 9 ms int4 C1 round on the H200); else what is in flight is taken first."""
+        flight = self._in_flight
+        if isinstance(flight, RoundInFlight) and spec.can_follow(flight, seqs, k):
+            self._in_flight = spec.launch(seqs, k, after=flight)
+            self._commit_round(spec, flight)
+            return k, seqs
         if flight is not None:
-            self._accept_in_flight(flight)
+            self._settle()
             seqs = self.scheduler.decode_batch()
             if not (seqs and all(spec.eligible(s, k) for s in seqs)):
                 return None
-        bases = [s.num_computed for s in seqs]
-        for seq, base, tokens in zip(seqs, bases, spec.round(seqs, k)):
-            self._commit(spec, seq, base, tokens)
+        self._in_flight = spec.launch(seqs, k)
         return k, seqs
 
-    def _commit(self, spec: Speculation, seq: Sequence, base: int, tokens: list[int]) -> None:
+    def _settle(self) -> None:
+        """Read and take what is in flight: a plain step's tokens, or a round's."""
+        flight, self._in_flight = self._in_flight, None
+        if isinstance(flight, StepInFlight):
+            self._accept_in_flight(flight)
+        elif flight is not None:
+            assert self.spec is not None                # only a speculating engine launches rounds
+            self._commit_round(self.spec, flight)
+
+    def _commit_round(self, spec: Speculation, flight: RoundInFlight) -> None:
+        for seq, tokens in zip(flight.seqs, spec.finish(flight)):
+            self._commit(spec, seq, tokens)
+
+    def _commit(self, spec: Speculation, seq: Sequence, tokens: list[int]) -> None:
         """A round's new tokens, one by one: each one's row is now in the cache; a stop, the length or an error may
         end the sequence before the last (the cache holds a little more than it then uses: nothing reads it)."""
-        boundary = spec.boundary(seq)
+        boundary, base = spec.boundary(seq), seq.num_computed
         for i, token in enumerate(tokens):
             seq.num_computed = base + i + 1
             if seq.num_computed == boundary:
@@ -290,12 +318,14 @@ class EngineLoop:
         """The hash of the page ending at the prompt's snapshot boundary (that page is indexed by now)."""
         return seq.hashes[seq.snapshot_at // self.cache.page_size - 1]
 
-    def _page_passed(self, seq: Sequence, taken: int = -1) -> None:
+    def _page_passed(self, seq: Sequence, taken: int | None = None) -> None:
         """Decode just passed a page boundary: index the full page and make the state there the rolling snapshot
         (promoted to the end-of-turn snapshot when the sequence ends: CacheManager.release): copied from the live
-        slot, or the slot a speculative round filled at the boundary (`taken`; the older one is given back)."""
+        slot after a plain step (`taken` None), or the slot a speculative round filled at the boundary (`taken`; -1:
+        it had none, so there is no state of this boundary). The older one is given back: it is not the state at
+        the sequence's last indexed page any more."""
         self.cache.index_pages(seq.hashes, seq.hash_tokens, seq.num_computed, seq.pages)
-        if taken < 0:
+        if taken is None:
             seq.rolling_slot = self.cache.snapshots.roll(seq.state_slot, seq.rolling_slot)
             return
         if seq.rolling_slot >= 0:
@@ -362,7 +392,9 @@ class EngineLoop:
             self._stats = stats
 
     def fail_all(self, reason: FinishReason, error: str | None) -> None:
-        self._in_flight = None
+        flight, self._in_flight = self._in_flight, None
+        if isinstance(flight, RoundInFlight) and self.spec is not None:
+            self.spec.abandon(flight)
         for seq in list(self._seqs.values()):
             self.output.finish(seq, reason, error)
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.core.sequence import Sequence
+
+if TYPE_CHECKING:
+    from engine.spec.rounds import DraftHook
 
 
 @dataclass
@@ -33,8 +37,16 @@ class Score:
 
 
 @dataclass
+class SetDraftOracle:
+    """Benchmarks and tests: drafts replaced per a DraftOracle (engine/spec/speculation.py use_oracle)."""
+    oracle: DraftHook | None
+    adaptive: bool
+    done: Future
+
+
+@dataclass
 class Stop:
     pass
 
 
-Message = Submit | Cancel | Warm | Score | Stop
+Message = Submit | Cancel | Warm | Score | SetDraftOracle | Stop

@@ -73,13 +73,11 @@ def run_drafter(rec: Recorder, shape: str, weights: str, kv: KVFormat | str) -> 
     (greedy and sampled) of every bucket."""
     from engine.bench.random_model import DRAFTERS, drafter_config
     from engine.cache.pages import CacheTensors
-    from engine.core.sampling import SamplingRow
     from engine.model.batch import build_batch
     from engine.model.block_drafter import BlockDrafter
     from engine.model.drafter_config import parse_drafter_config
     from engine.model.linear import Build
     from engine.spec.block_rounds import BlockRoundRunner
-    from engine.spec.rounds import RoundRequest, round_inputs
     if shape not in DRAFTERS:
         return
     taps = len(DRAFTERS[shape][5])
@@ -101,9 +99,7 @@ def run_drafter(rec: Recorder, shape: str, weights: str, kv: KVFormat | str) -> 
         model(torch.zeros(DEFAULTS.prefill_chunk, dtype=torch.int64, device="meta"), batch, pools)
     spec = BlockRoundRunner(model, pools, max(BLOCK_DRAFTS), max(BUCKETS), CONTEXT + 2 * PAGE, DEFAULTS.draft_vocab)
     for n in BUCKETS:
-        reqs = [RoundRequest(i, CONTEXT, 0, tables[i], CONTEXT + PAGE, -1, 8, SamplingRow(0.7, 20, 0.9, 0.0, 1))
-                for i in range(n)]
-        inp = round_inputs(reqs, len(tables[0]), "meta")
+        inp = round_inputs_on_meta(tables[:n])
         if own:
             rec.where = f"{tag} decode N={n}"
             batch = build_batch([1] * n, [CONTEXT - 1] * n, list(range(n)), tables[:n], PAGE, "meta")
@@ -156,14 +152,20 @@ def _sample(logits):
     return sample(logits, f(0.7), f(20, torch.int64), f(0.9), f(0.0), f(1, torch.int64), f(0, torch.int64))
 
 
-def _rounds(rec: Recorder, tag: str, model, pools, tables) -> None:
+def round_inputs_on_meta(tables: list[list[int]]):
+    """A sampled round's inputs for one sequence per page table, each at CONTEXT tokens with a page to grow into."""
     from engine.core.sampling import SamplingRow
-    from engine.spec.rounds import RoundRequest, RoundRunner, round_inputs
+    from engine.spec.rounds import RoundRequest, round_inputs
+    reqs = [RoundRequest(slot=i, base=CONTEXT, last=0, pages=table, limit=CONTEXT + PAGE, snap_slot=8,
+                         sampling=SamplingRow(0.7, 20, 0.9, 0.0, 1)) for i, table in enumerate(tables)]
+    return round_inputs(reqs, len(tables[0]), "meta")
+
+
+def _rounds(rec: Recorder, tag: str, model, pools, tables) -> None:
+    from engine.spec.rounds import RoundRunner
     spec = RoundRunner(model, pools, max(DRAFTS), max(BUCKETS), CONTEXT + PAGE)
     for n in BUCKETS:
-        reqs = [RoundRequest(i, CONTEXT, 0, tables[i], CONTEXT + PAGE, -1, 8, SamplingRow(0.7, 20, 0.9, 0.0, 1))
-                for i in range(n)]
-        inp = round_inputs(reqs, len(tables[0]), "meta")
+        inp = round_inputs_on_meta(tables[:n])
         for k in DRAFTS:
             for sampled in (False, True):
                 rec.where = f"{tag} verify N={n} k={k}{' sampled' if sampled else ''}"

@@ -157,8 +157,7 @@ def launches(what: str, shape: str, weights: str, seqs: int, drafts: int) -> int
     from engine.model.batch import build_batch
     from engine.readiness import forward as fw
     from engine.readiness.launches import recording
-    from engine.core.sampling import SamplingRow
-    from engine.spec.rounds import RoundRequest, RoundRunner, round_inputs
+    from engine.spec.rounds import RoundRunner
     from engine.bench.random_model import text_config
     layers = text_config(shape)["num_hidden_layers"]
     with recording() as rec, torch.inference_mode():
@@ -192,16 +191,12 @@ def launches(what: str, shape: str, weights: str, seqs: int, drafts: int) -> int
             pools = CacheTensors.allocate(model.cfg, len(tables) * per_seq, fw.PAGE, 9, torch.bfloat16, "meta",
                                           drafter=cfg)
             block_spec = BlockRoundRunner(model, pools, drafts, seqs, fw.CONTEXT + fw.PAGE, fw.DEFAULTS.draft_vocab)
-            reqs = [RoundRequest(i, fw.CONTEXT, 0, tables[i], fw.CONTEXT + fw.PAGE, -1, 8,
-                                 SamplingRow(0.7, 20, 0.9, 0.0, 1)) for i in range(seqs)]
-            inp = round_inputs(reqs, len(tables[0]), "meta")
+            inp = fw.round_inputs_on_meta(tables[:seqs])
             with _KernelOps() as ops:
                 block_spec.round(inp, False, drafts)
         else:
             spec = RoundRunner(model, pools, drafts, seqs, fw.CONTEXT + fw.PAGE)
-            reqs = [RoundRequest(i, fw.CONTEXT, 0, tables[i], fw.CONTEXT + fw.PAGE, -1, 8,
-                                 SamplingRow(0.7, 20, 0.9, 0.0, 1)) for i in range(seqs)]
-            inp = round_inputs(reqs, len(tables[0]), "meta")
+            inp = fw.round_inputs_on_meta(tables[:seqs])
             with _KernelOps() as ops:
                 spec.round(inp, False, drafts)
     return len(rec.launches) + ops.count

@@ -49,7 +49,7 @@ class BlockRoundRunner(Rounds):
         hidden, logits = self.draft_rows(inp, k)
         drafts, q = self.pick(hidden, logits, inp, sampled)
         kept, tokens, _ = self.verify(inp, drafts, q, sampled, k)
-        return RoundOutputs(kept, tokens)
+        return self.outputs(inp, kept, tokens)
 
     def draft_rows(self, inp: RoundInputs, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The drafter's forward over every sequence's block: (hidden [B, k, H], draft logits [B, k, Vd] fp32) of

@@ -14,6 +14,10 @@ drafts, greedy / sampled: all captured at load):
   5. catch-up: the MTP layer over the same k + 1 rows with the kept tokens and the verify's hidden states (its
      KV at those positions made with the true hidden states); the row after the last kept one drafts d_1 of
      the next round.
+  6. carry: where each sequence's next round starts (its base, last token, sampling step, whether this round ended
+     at its stop token), on the device: the next round of the same sequences can be launched from it before the
+     host has read this one's tokens (engine/spec/speculation.py `launch`), so the GPU does not wait for the host
+     between rounds.
 Between rounds each sequence keeps d_1 and the MTP hidden state it came from, in its live state slot's row of
 `draft_tokens` / `draft_hidden`. The prompt's MTP KV is made during prefill (`prompt_mtp`) and d_1 of the first
 round when its first token is sampled (`first_draft`). MTP KV only steers drafts: where it is stale (a prefix
@@ -54,14 +58,18 @@ class DraftHook(Protocol):
 
 @dataclass
 class RoundInputs:
-    """One round's per-sequence inputs on the device ([B] unless said; static buffers when graphed)."""
+    """One round's per-sequence inputs on the device ([B] unless said; static buffers when graphed). base, last,
+    sampling.steps and halted are the rows a round right after another of the same sequences takes from that one's
+    RoundOutputs.carry (the first CARRIED rows of round_inputs' int64 buffer)."""
     slots: torch.Tensor          # int64 live state slot (also the row of the draft buffers)
     base: torch.Tensor           # int64 tokens already in the cache (n): the verify rows sit at n .. n + k
     last: torch.Tensor           # int64 the last token, not yet in the cache (x_n)
+    halted: torch.Tensor         # int64 1: the round before ended at this row's stop token, so this round does
+    #                              nothing for it (kept -1: the state is not advanced; the host goes on without it)
     block_tables: torch.Tensor   # int32 [B, max_pages]
     limit: torch.Tensor          # int64 positions below this have pages (rows past it write no KV)
-    snap_rows: torch.Tensor      # int32 verify row after which to snapshot the GDN state (-1: none)
-    snap_slots: torch.Tensor     # int64 where (the scratch slot where none)
+    snap_slots: torch.Tensor     # int64 where the GDN state at a page boundary inside the kept rows goes (the
+    #                              scratch slot: nowhere); the row is the device's: snapshot_rows
     delta: torch.Tensor          # int64 rotary position of row p: p + delta (below 0 after a prompt's images)
     stop: torch.Tensor           # int64 a token that ends the round where it is kept (-1: none)
     sampling: Sampling
@@ -70,8 +78,9 @@ class RoundInputs:
 
 @dataclass
 class RoundOutputs:
-    kept: torch.Tensor           # [B] leading drafts kept (0 .. k)
+    kept: torch.Tensor           # [B] leading drafts kept (0 .. k; -1: a halted row, nothing new)
     tokens: torch.Tensor         # [B, k + 1]: tokens[:, :kept + 1] are the new tokens
+    carry: torch.Tensor          # [CARRIED, B] int64: the next round's base, last, sampling steps and halted
 
 
 def rows_batch(inp: RoundInputs, offset: int, rows: int, page_size: int, max_seq_len: int,
@@ -102,6 +111,7 @@ class Rounds:
         cfg = model.cfg
         assert 1 <= k
         self.model, self.pools, self.k = model, pools, k
+        self.scratch = pools.scratch_slot
         self.max_context = max_context
         self.max_seq_len = max_context + self.reach_of(k)   # rows may run past the context (writing nothing there)
         self.draft_vocab = min(draft_vocab, cfg.vocab_size) // 16 * 16 or cfg.vocab_size
@@ -141,9 +151,27 @@ class Rounds:
         hidden = model(torch.cat([inp.last[:, None], drafts], 1).reshape(-1), batch, pools)   # [B (k+1), H]
         logits = model.logits(hidden).view(B, k + 1, -1)
         kept, tokens = accept(drafts, logits, inp.sampling, q)
-        kept = cut_at_stop(kept, tokens, inp.stop)
-        gdn_replay(pools.conv, pools.ssm, inp.slots, (kept + 1).int(), rows, inp.snap_rows, inp.snap_slots)
+        kept = torch.where(inp.halted > 0, -1, cut_at_stop(kept, tokens, inp.stop))
+        gdn_replay(pools.conv, pools.ssm, inp.slots, (kept + 1).int(), rows, *self.snapshot_rows(inp, k))
         return kept, tokens, hidden
+
+    def snapshot_rows(self, inp: RoundInputs, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(row, slot) of each sequence's prefix-cache snapshot in a round of k drafts: the verify row that ends at the
+        page boundary among its k + 1 rows, where the host gave a slot (row -1 and the scratch slot where none, or
+        where the round is halted). The device decides, since a round launched before the host read the one before
+        does not know its base on the host; the replay writes it only if that row is kept."""
+        page = self.pools.page_size
+        boundary = (inp.base + k + 1) // page * page
+        take = (inp.snap_slots != self.scratch) & (boundary > inp.base) & (inp.halted == 0)
+        rows = torch.where(take, boundary - inp.base - 1, -1).int()
+        return rows, torch.where(take, inp.snap_slots, self.scratch)
+
+    def outputs(self, inp: RoundInputs, kept: torch.Tensor, tokens: torch.Tensor) -> RoundOutputs:
+        """A round's outputs with its carry (module docstring, step 6)."""
+        last = torch.where(kept < 0, inp.last, tokens.gather(1, kept.clamp(min=0)[:, None])[:, 0])
+        carry = torch.stack([inp.base + kept + 1, last, inp.sampling.steps + kept + 1,
+                             ((inp.halted > 0) | (last == inp.stop)).long()])
+        return RoundOutputs(kept, tokens, carry)
 
     def round(self, inp: RoundInputs, sampled: bool, k: int) -> RoundOutputs:
         """One speculative round of k drafts (1 .. self.k): each drafter's own."""
@@ -206,11 +234,11 @@ class RoundRunner(Rounds):
                                            sampled, k)
         catch_up = rows_batch(inp, 0, k + 1, page, self.max_seq_len)
         m = model.mtp_forward(tokens.reshape(-1), hidden, catch_up, pools).view(B, k + 1, -1)
-        m = m[torch.arange(B, device=m.device), kept]
+        m = m[torch.arange(B, device=m.device), kept]             # (a halted row's -1: its last row, unused)
         next_s = dataclasses.replace(s, steps=s.steps + kept + 1)
         self.draft_tokens[inp.slots] = pick_draft(self.draft_logits(m), next_s, 1, sampled)[0]
         self.draft_hidden[inp.slots] = m
-        return RoundOutputs(kept, tokens)
+        return self.outputs(inp, kept, tokens)
 
 
 def cut_at_stop(kept: torch.Tensor, tokens: torch.Tensor, stop: torch.Tensor) -> torch.Tensor:
@@ -230,8 +258,7 @@ class RoundRequest:
     last: int
     pages: Sequence[int]          # a PageTable
     limit: int
-    snap_row: int
-    snap_slot: int
+    snap_slot: int                # the slot a snapshot at a page boundary inside the round goes to (scratch: none)
     sampling: SamplingRow = field(default_factory=SamplingRow)
     delta: int = 0
     stop: int = -1
@@ -239,35 +266,43 @@ class RoundRequest:
     @classmethod
     def padding(cls, slot: int, temperature: float = 0.0) -> RoundRequest:
         """A row that writes nothing (limit 0) on `slot`: a batch padded to its bucket, or a graph's capture."""
-        return cls(slot, 0, 0, [], 0, -1, slot, SamplingRow(temperature))
+        return cls(slot, 0, 0, [], 0, slot, SamplingRow(temperature))
+
+
+CARRIED = 4     # the rows of round_inputs' int64 buffer a round takes from another's carry: base, last, steps, halted
 
 
 def round_inputs(reqs: list[RoundRequest], max_pages: int, device, pad_to: int = 0, pad_slot: int = 0,
-                 out: RoundInputs | None = None) -> RoundInputs:
+                 out: RoundInputs | None = None, carry: torch.Tensor | None = None) -> RoundInputs:
     """Host lists -> RoundInputs on the device (into `out`'s buffers when given: a graph's static inputs), padded to
-    pad_to rows with rows that write nothing (limit 0) on pad_slot. The fields are views of four buffers, one per
+    pad_to rows with rows that write nothing (limit 0) on pad_slot. carry: the outputs' carry [CARRIED, len(reqs)]
+    of a round of the same sequences not yet read by the host; its rows replace the requests' base, last, sampling
+    steps and halted (a device copy queued behind the upload). The fields are views of four buffers, one per
     dtype, each built in one call and uploaded in one copy from page-locked memory (no wait for the GPU): a round's
     host work before its graph runs, with the GPU idle (16 tensors built and uploaded one by one took 112 us of a CPU
     core at 8 sequences, before any upload). Each view starts 16-byte aligned, as a tensor of its own would (Triton
     specializes a kernel on its pointers' alignment)."""
-    pad = max(0, pad_to - len(reqs))
+    n = len(reqs)
+    pad = max(0, pad_to - n)
     reqs = reqs + [RoundRequest.padding(pad_slot)] * pad
     B, s = len(reqs), [r.sampling for r in reqs]
     fill8, fill4 = [0] * (_aligned(B, 8) - B), [0] * (_aligned(B, 4) - B)
-    ints = [[r.slot for r in reqs], [r.base for r in reqs], [r.last for r in reqs], [r.limit for r in reqs],
-            [r.snap_slot for r in reqs], [r.delta for r in reqs], [r.stop for r in reqs], [x.top_k for x in s],
-            [x.seed for x in s], [x.steps for x in s]]
+    ints = [[r.base for r in reqs], [r.last for r in reqs], [x.steps for x in s], [0] * B, [r.slot for r in reqs],
+            [r.limit for r in reqs], [r.snap_slot for r in reqs], [r.delta for r in reqs], [r.stop for r in reqs],
+            [x.top_k for x in s], [x.seed for x in s]]
     tables = page_table([r.pages for r in reqs], max_pages).view(-1)
     host = (torch.tensor([row + fill8 for row in ints], dtype=torch.int64),
-            torch.cat([tables, tables.new_zeros(_aligned(B * max_pages, 4) - B * max_pages),
-                       torch.tensor([r.snap_row for r in reqs], dtype=torch.int32)]),
+            torch.cat([tables, tables.new_zeros(_aligned(B * max_pages, 4) - B * max_pages)]),
             torch.tensor([[x.temperature for x in s] + fill4, [x.top_p for x in s] + fill4,
                           [x.min_p for x in s] + fill4], dtype=torch.float32),
             torch.tensor([x.seeded for x in s], dtype=torch.bool))
     if out is None:
-        return _views(tuple(pinned(t).to(device, non_blocking=True) for t in host), B, max_pages)
-    for dst, src in zip(out.packs, host, strict=True):
-        dst.copy_(pinned(src), non_blocking=True)
+        out = _views(tuple(pinned(t).to(device, non_blocking=True) for t in host), B, max_pages)
+    else:
+        for dst, src in zip(out.packs, host, strict=True):
+            dst.copy_(pinned(src), non_blocking=True)
+    if carry is not None:
+        out.packs[0][:CARRIED, :n].copy_(carry)
     return out
 
 
@@ -280,12 +315,11 @@ def _aligned(n: int, itemsize: int) -> int:
 def _views(packs: tuple[torch.Tensor, ...], B: int, max_pages: int) -> RoundInputs:
     """round_inputs' four buffers as RoundInputs (each field a contiguous view)."""
     ints, int32s, floats, seeded = (packs[0][:, :B], packs[1], packs[2][:, :B], packs[3])
-    n = B * max_pages
-    return RoundInputs(slots=ints[0], base=ints[1], last=ints[2], block_tables=int32s[:n].view(B, max_pages),
-                       limit=ints[3], snap_rows=int32s[_aligned(n, 4):], snap_slots=ints[4], delta=ints[5],
-                       stop=ints[6],
-                       sampling=Sampling(temperature=floats[0], top_k=ints[7], top_p=floats[1], min_p=floats[2],
-                                         seeds=ints[8], steps=ints[9], seeded=seeded),
+    return RoundInputs(base=ints[0], last=ints[1], halted=ints[3], slots=ints[4],
+                       block_tables=int32s[:B * max_pages].view(B, max_pages), limit=ints[5], snap_slots=ints[6],
+                       delta=ints[7], stop=ints[8],
+                       sampling=Sampling(temperature=floats[0], top_k=ints[9], top_p=floats[1], min_p=floats[2],
+                                         seeds=ints[10], steps=ints[2], seeded=seeded),
                        packs=packs)
 
 
@@ -323,13 +357,15 @@ class RoundGraphs:
     def fits(self, n: int) -> bool:
         return n <= self.buckets[-1]
 
-    def run(self, reqs: list[RoundRequest], k: int, sampled: bool) -> RoundOutputs:
+    def run(self, reqs: list[RoundRequest], k: int, sampled: bool, carry: torch.Tensor | None = None) -> RoundOutputs:
+        """Replay the round of k drafts for these requests (carry: round_inputs'); its outputs are the graph's
+        static buffers, which the next replay of the same graph overwrites."""
         n = len(reqs)
         b = next(x for x in self.buckets if x >= n)
         graph, inp, out = self.graphs[(b, k, sampled)]
-        round_inputs(reqs, self.max_pages, inp.slots.device, pad_to=b, pad_slot=self.scratch, out=inp)
+        round_inputs(reqs, self.max_pages, inp.slots.device, pad_to=b, pad_slot=self.scratch, out=inp, carry=carry)
         graph.replay()
-        return RoundOutputs(out.kept[:n], out.tokens[:n])
+        return RoundOutputs(out.kept[:n], out.tokens[:n], out.carry[:, :n])
 
 
 def replay_seconds(graph, replays: int = 3) -> float:

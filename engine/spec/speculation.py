@@ -7,11 +7,16 @@ processors, penalties or logprobs), no forced token is pending, and no thinking 
 How many drafts (0: a plain step, EngineLoop._decode) is engine/spec/policy.py's choice, from measured times and the
 running acceptance. The round itself is engine/spec/rounds.py; its CUDA graphs (every batch bucket, number of drafts,
 greedy and sampled) are captured and timed at load (`capture`), never on a request's path.
+
+A round is launched (`launch`) and read later (`finish`): the loop launches the next round of the same sequences
+from the one in flight (its carry, on the device) before it reads and commits that one's tokens, so that the GPU
+goes from round to round while the host streams text (`can_follow` says when it may).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -20,7 +25,37 @@ from engine.spec.policy import DraftPolicy
 from engine.core.params import SpeculationStats
 from engine.core.sampling import SamplingRow
 from engine.core.sequence import Sequence, submitted
-from engine.spec.rounds import RoundGraphs, RoundRequest, Rounds, round_inputs
+from engine.spec.rounds import RoundGraphs, RoundOutputs, RoundRequest, Rounds, round_inputs
+
+
+@dataclass
+class RoundInFlight:
+    """A round launched and not yet read. Its kept counts and tokens are copied to page-locked host memory right
+    behind it, with an event: reading them waits for this round only, not for a round launched after it."""
+    seqs: list[Sequence]
+    k: int                      # drafts per sequence
+    snap_slots: list[int]       # per sequence: the slot given for a snapshot at a page boundary (-1: none)
+    carry: torch.Tensor         # RoundOutputs.carry, on the device: where the next round of these sequences starts
+    kept: torch.Tensor          # [B], on the host once `ready`
+    tokens: torch.Tensor        # [B, k + 1]
+    ready: torch.cuda.Event | None    # recorded after the copies (None on the CPU)
+    launched: float             # perf_counter at launch
+
+    @classmethod
+    def of(cls, seqs: list[Sequence], k: int, snap_slots: list[int], out: RoundOutputs) -> RoundInFlight:
+        if not out.kept.is_cuda:
+            return cls(seqs, k, snap_slots, out.carry, out.kept, out.tokens, None, time.perf_counter())
+        kept = torch.empty(out.kept.shape, dtype=out.kept.dtype, pin_memory=True).copy_(out.kept, non_blocking=True)
+        tokens = torch.empty(out.tokens.shape, dtype=out.tokens.dtype, pin_memory=True)
+        tokens.copy_(out.tokens, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return cls(seqs, k, snap_slots, out.carry, kept, tokens, ready, time.perf_counter())
+
+    def read(self) -> tuple[list[int], list[list[int]]]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.kept.tolist(), self.tokens.tolist()
 
 
 class Speculation:
@@ -37,7 +72,9 @@ class Speculation:
         self.policy = self._new_policy()
         self.adaptive = True                      # off: every eligible step makes max_k drafts (measurements)
         self.totals = SpeculationStats(method=speculator.method)   # every sequence's rounds together
-        self.round_ms = 0.0                       # time in rounds (host view, waiting for their tokens)
+        self.round_ms = 0.0                       # wall time of rounds: each from its launch or the read of the
+        self._read_at = 0.0                       # round before, whichever is later, to the read of its tokens
+        self.followed = 0                         # rounds launched from a round in flight (`can_follow`)
         self._last: tuple[int, tuple[int, ...]] | None = None   # the last decode step: (drafts, sequence ids)
         self.steps_by_drafts = [0] * (self.max_k + 1)   # decode steps run with k drafts each (0: plain steps)
 
@@ -115,44 +152,88 @@ class Speculation:
                 self.spec.oracle.assign(s.state_slot, s.prompt)
 
     # ---- one round ------------------------------------------------------------------------------------------------
-    def round(self, seqs: list[Sequence], k: int) -> list[list[int]]:
-        """One round of k drafts over these sequences (their pages grown for its rows first); returns each one's new
-        tokens (1 .. k + 1), which the caller commits one by one (EngineLoop._commit), calling `passed` when a
-        sequence's committed tokens reach the page boundary the round snapshotted, and `round_over` at the end."""
-        page = self.cache.page_size
-        reqs = []
+    def can_follow(self, flight: RoundInFlight, seqs: list[Sequence], k: int) -> bool:
+        """Whether a round of k drafts over `seqs` may be launched from `flight` before the host reads it: the same
+        sequences, each one eligible still after the tokens in flight (a thinking budget counts both rounds), none
+        that the round in flight may bring to the end of its context (the rows past it would reach beyond the
+        block tables). A sequence that the round in flight ends (a stop) has one round too many run: its tokens
+        are dropped; one whose round in flight ends at its stop token (a grammar's trigger) does nothing in this
+        one (RoundInputs.halted)."""
+        ahead = flight.k + 1
+        return [s.id for s in seqs] == [s.id for s in flight.seqs] and all(
+            s.num_computed + ahead < s.max_total and self.eligible(s, k + ahead) for s in seqs)
+
+    def launch(self, seqs: list[Sequence], k: int, after: RoundInFlight | None = None) -> RoundInFlight:
+        """Start a round of k drafts over these sequences: their pages grown for its rows, a snapshot slot given to
+        each one whose rows may reach a page boundary. after: the round in flight of the same sequences
+        (`can_follow`), not yet read: this one starts where that one ends (its carry), and is sized for any number
+        of tokens it may keep."""
+        page, reach = self.cache.page_size, self.spec.reach_of(k)
+        ahead = after.k + 1 if after is not None else 0      # the round in flight adds 1 .. ahead tokens
+        reqs, slots = [], []
         for s in seqs:
-            self.cache.grow(s.pages, min(s.num_computed + self.spec.reach_of(k), s.max_total))
-            boundary = (s.num_computed + k + 1) // page * page
-            slot = self.cache.snapshots.take() if boundary > s.num_computed else -1
-            s.spec_snapshot = (boundary, slot) if slot >= 0 else None
-            row = boundary - s.num_computed - 1 if slot >= 0 else -1
-            reqs.append(self._request(s, base=s.num_computed, snap_row=row, snap_slot=slot))
+            n = s.num_computed
+            self.cache.grow(s.pages, min(n + ahead + reach, s.max_total))
+            first = n + 1 if after is not None else n         # the lowest base this round may start from
+            slot = self.cache.snapshots.take() if (n + ahead + k + 1) // page * page > first else -1
+            slots.append(slot)
+            reqs.append(self._request(s, base=n, snap_slot=slot))
         sampled = any(s.params.temperature > 0 for s in seqs)
-        started = time.perf_counter()
+        carry = after.carry if after is not None else None
         if self.graphs is not None and self.graphs.fits(len(seqs)):
-            out = self.graphs.run(reqs, k, sampled)
+            out = self.graphs.run(reqs, k, sampled, carry)
         else:
-            out = self.spec.round(round_inputs(reqs, self.max_pages, self.spec.pools.conv.device), sampled, k)
-        for s in seqs:          # a block drafter's rings hold the window before the round's boundary still: copy them
-            if s.spec_snapshot is not None:
-                self.cache.pools.copy_rings(s.state_slot, s.spec_snapshot[1])
-        kept, tokens = out.kept.tolist(), out.tokens.tolist()
-        self.round_ms += 1e3 * (time.perf_counter() - started)
-        self.policy.kept_drafts(k, kept)
-        for s, n in zip(seqs, kept):
-            s.spec_counts.add(k, n)
-            self.totals.add(k, n)
-        return [t[:n + 1] for t, n in zip(tokens, kept)]
+            inp = round_inputs(reqs, self.max_pages, self.spec.pools.conv.device, carry=carry)
+            out = self.spec.round(inp, sampled, k)
+        for s, slot in zip(seqs, slots):   # a block drafter's rings hold the window before the boundary: copy them
+            if slot >= 0:
+                self.cache.pools.copy_rings(s.state_slot, slot)
+        self.followed += after is not None
+        return RoundInFlight.of(seqs, k, slots, out)
+
+    def finish(self, flight: RoundInFlight) -> list[list[int]]:
+        """Read a round's tokens (waiting for that round only): each sequence's new tokens (1 .. k + 1; none for one
+        that ended meanwhile or whose round was halted), which the caller commits one by one (EngineLoop._commit),
+        calling `passed` when a sequence's committed tokens reach the page boundary inside the round's rows, and
+        `round_over` at the end. The round was launched after the tokens before it were committed: each sequence's
+        num_computed is its base now."""
+        kept, tokens = flight.read()
+        now = time.perf_counter()
+        self.round_ms += 1e3 * (now - max(flight.launched, self._read_at))
+        self._read_at = now
+        page, counted, new = self.cache.page_size, [], []
+        for s, slot, n, row in zip(flight.seqs, flight.snap_slots, kept, tokens):
+            if s.finish_reason is not None or n < 0:
+                if slot >= 0:
+                    self.cache.snapshots.drop(slot)
+                new.append([])
+                continue
+            boundary = (s.num_computed + flight.k + 1) // page * page
+            if boundary > s.num_computed:           # the device snapshotted there when it had a slot (-1: none)
+                s.spec_snapshot = (boundary, slot)
+            elif slot >= 0:
+                self.cache.snapshots.drop(slot)
+            s.spec_counts.add(flight.k, n)
+            self.totals.add(flight.k, n)
+            counted.append(n)
+            new.append(row[:n + 1])
+        self.policy.kept_drafts(flight.k, counted)
+        return new
+
+    def abandon(self, flight: RoundInFlight) -> None:
+        """A round in flight that nobody will read (a failed step): give back its snapshot slots."""
+        for slot in flight.snap_slots:
+            if slot >= 0:
+                self.cache.snapshots.drop(slot)
 
     def boundary(self, seq: Sequence) -> int:
-        """The page boundary whose state the round snapshotted for this sequence (-1: none)."""
+        """The page boundary inside the round's rows (-1: none)."""
         return seq.spec_snapshot[0] if seq.spec_snapshot else -1
 
     def passed(self, seq: Sequence) -> int:
-        """The sequence's committed tokens reached the round's snapshot boundary: the slot holding the state there
-        (the loop makes it the rolling snapshot: EngineLoop._page_passed)."""
-        assert seq.spec_snapshot is not None, "passed a boundary the round did not snapshot at"
+        """The sequence's committed tokens reached the page boundary inside the round's rows: the slot holding the
+        state there (-1: none could be had), which the loop makes the rolling snapshot (EngineLoop._page_passed)."""
+        assert seq.spec_snapshot is not None, "passed a boundary the round did not note"
         _, slot = seq.spec_snapshot
         seq.spec_snapshot = None
         return slot
@@ -160,13 +241,14 @@ class Speculation:
     def round_over(self, seq: Sequence) -> None:
         """A snapshot whose boundary the committed tokens did not reach holds nothing of use: give its slot back."""
         if seq.spec_snapshot:
-            self.cache.snapshots.drop(seq.spec_snapshot[1])
+            if seq.spec_snapshot[1] >= 0:
+                self.cache.snapshots.drop(seq.spec_snapshot[1])
             seq.spec_snapshot = None
 
-    def _request(self, s: Sequence, base: int, snap_row: int = -1, snap_slot: int = -1) -> RoundRequest:
+    def _request(self, s: Sequence, base: int, snap_slot: int = -1) -> RoundRequest:
         return RoundRequest(slot=s.state_slot, base=base, last=s.tokens[base], pages=s.pages,
-                            limit=len(s.pages) * self.cache.page_size, snap_row=snap_row,
-                            snap_slot=snap_slot if snap_row >= 0 else self.cache.scratch_slot,
+                            limit=len(s.pages) * self.cache.page_size,
+                            snap_slot=snap_slot if snap_slot >= 0 else self.cache.scratch_slot,
                             sampling=SamplingRow.of(s), delta=s.position_delta,
                             stop=-1 if s.matcher is None or s.matcher.trigger is None else s.matcher.trigger)
 
@@ -178,5 +260,6 @@ class Speculation:
                 "spec_drafted_tokens": t.drafted, "spec_accepted_tokens": t.accepted,
                 "spec_tokens_per_round": round(t.tokens_per_round, 3),
                 "spec_position_rates": [round(r, 3) for r in t.position_rates], "spec_round_ms_total": self.round_ms,
+                "spec_rounds_followed": self.followed,
                 "spec_steps_by_drafts": list(self.steps_by_drafts),
                 "spec_policy_tok_s": {k: round(r, 1) for k, r in self.policy.last_rates.items()}}
