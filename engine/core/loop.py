@@ -232,6 +232,7 @@ class EngineLoop:
             self._settle()
             seqs = self.scheduler.decode_batch()
         flight, self._in_flight = self._in_flight, None
+        assert not isinstance(flight, RoundInFlight)     # (settled above)
         ahead = flight if flight is not None and self._can_follow(flight, seqs) else None   # the next step follows it
         if flight is not None and ahead is None:
             self._accept_in_flight(flight)

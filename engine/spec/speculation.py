@@ -201,7 +201,9 @@ class Speculation:
         now = time.perf_counter()
         self.round_ms += 1e3 * (now - max(flight.launched, self._read_at))
         self._read_at = now
-        page, counted, new = self.cache.page_size, [], []
+        page = self.cache.page_size
+        counted: list[int] = []
+        new: list[list[int]] = []
         for s, slot, n, row in zip(flight.seqs, flight.snap_slots, kept, tokens):
             if s.finish_reason is not None or n < 0:
                 if slot >= 0:
