@@ -92,6 +92,18 @@ def on_gpu(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+def copy_behind(*tensors: torch.Tensor) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+    """Copies of device tensors arriving in page-locked host memory, queued behind the work launched so far, and an
+    event recorded after them: waiting for it waits for that work only, where .tolist() on a device tensor would wait
+    for everything queued since (the next step or round included). Off a GPU: the tensors themselves and None."""
+    if not tensors[0].is_cuda:
+        return list(tensors), None
+    hosts = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True) for t in tensors]
+    ready = torch.cuda.Event()
+    ready.record()
+    return hosts, ready
+
+
 def pinned(t: torch.Tensor) -> torch.Tensor:
     """t in page-locked memory where CUDA is up, for an upload: a copy from pageable memory to the GPU first waits for
     all the work queued on the stream, which would make the host wait for a decode step it has just launched."""

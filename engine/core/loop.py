@@ -17,7 +17,7 @@ from engine.cache.manager import CacheManager, PrefixHit
 from engine.core.messages import Cancel, Message, Score, SetDraftOracle, Stop, Submit, Warm
 from engine.core.output import OutputStage
 from engine.core.params import EngineConfig, FinishReason, QueueFullError, SamplingParams
-from engine.core.runner import ModelRunner
+from engine.core.runner import ModelRunner, StepInFlight
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
 from engine.spec.speculation import RoundInFlight, Speculation
@@ -27,31 +27,6 @@ from engine.vision.encoder import Encoding, ImageEncoder
 
 log = logging.getLogger("qwendesk.engine")
 DISK_POLL_S = 0.002     # how often an otherwise idle loop looks whether the disk tier's reads are done
-
-
-@dataclass
-class StepInFlight:
-    """A decode step whose sampled tokens are still on the device (EngineLoop._decode). Their copy to the host is
-    queued right behind the step, with an event: reading them later waits for this step only, where .tolist() on
-    the device tensor would wait for everything queued since, the next step included."""
-    seqs: list[Sequence]
-    ids: torch.Tensor           # [N] int64, on the device
-    host: torch.Tensor          # the same, arriving in page-locked host memory
-    ready: torch.cuda.Event | None = None     # recorded after the copy (None on the CPU)
-
-    @classmethod
-    def launch(cls, seqs: list[Sequence], ids: torch.Tensor) -> StepInFlight:
-        if not ids.is_cuda:
-            return cls(seqs, ids, ids)
-        host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True).copy_(ids, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
-        return cls(seqs, ids, host, ready)
-
-    def tokens(self) -> list[int]:
-        if self.ready is not None:
-            self.ready.synchronize()
-        return self.host.tolist()
 
 
 @dataclass

@@ -9,10 +9,11 @@ and no KV slot, so they never touch a live sequence.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import torch
 
-from engine.core.device import capture_graph, pinned
+from engine.core.device import capture_graph, copy_behind, pinned
 from engine.cache.pages import CacheTensors
 from engine.model.batch import ForwardBatch, build_batch, page_table
 from engine.model.qwen3_5 import Qwen3_5Model
@@ -29,6 +30,27 @@ def batch_buckets(max_batch: int) -> list[int]:
     """The batch sizes decode steps and speculative rounds are captured at (a batch runs padded to the next one)."""
     buckets = [b for b in BUCKETS if b <= max(BUCKETS[0], max_batch)]
     return buckets + [max_batch] if max_batch > buckets[-1] else buckets
+
+
+@dataclass
+class StepInFlight:
+    """A decode step whose tokens, sampled on the device (ModelRunner.sample_on_device), are still there: the loop
+    launches the next step from them before it reads them (EngineLoop._decode). Their copy to the host is queued
+    right behind the step (engine/core/device.py copy_behind)."""
+    seqs: list[Sequence]
+    ids: torch.Tensor           # [N] int64, on the device
+    host: torch.Tensor          # the same, arriving in page-locked host memory
+    ready: torch.cuda.Event | None = None     # recorded after the copy (None on the CPU)
+
+    @classmethod
+    def launch(cls, seqs: list[Sequence], ids: torch.Tensor) -> StepInFlight:
+        (host,), ready = copy_behind(ids)
+        return cls(seqs, ids, host, ready)
+
+    def tokens(self) -> list[int]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.host.tolist()
 
 
 class ModelRunner:

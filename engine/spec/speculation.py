@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.cache.manager import CacheManager
+from engine.core.device import copy_behind
 from engine.spec.policy import DraftPolicy
 from engine.core.params import SpeculationStats
 from engine.core.sampling import SamplingRow
@@ -30,8 +31,8 @@ from engine.spec.rounds import RoundGraphs, RoundOutputs, RoundRequest, Rounds, 
 
 @dataclass
 class RoundInFlight:
-    """A round launched and not yet read. Its kept counts and tokens are copied to page-locked host memory right
-    behind it, with an event: reading them waits for this round only, not for a round launched after it."""
+    """A round launched and not yet read. Its kept counts and tokens are copied to the host right behind it
+    (engine/core/device.py copy_behind): reading them waits for this round only, not for a round launched after it."""
     seqs: list[Sequence]
     k: int                      # drafts per sequence
     snap_slots: list[int]       # per sequence: the slot given for a snapshot at a page boundary (-1: none)
@@ -43,13 +44,7 @@ class RoundInFlight:
 
     @classmethod
     def of(cls, seqs: list[Sequence], k: int, snap_slots: list[int], out: RoundOutputs) -> RoundInFlight:
-        if not out.kept.is_cuda:
-            return cls(seqs, k, snap_slots, out.carry, out.kept, out.tokens, None, time.perf_counter())
-        kept = torch.empty(out.kept.shape, dtype=out.kept.dtype, pin_memory=True).copy_(out.kept, non_blocking=True)
-        tokens = torch.empty(out.tokens.shape, dtype=out.tokens.dtype, pin_memory=True)
-        tokens.copy_(out.tokens, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
+        (kept, tokens), ready = copy_behind(out.kept, out.tokens)
         return cls(seqs, k, snap_slots, out.carry, kept, tokens, ready, time.perf_counter())
 
     def read(self) -> tuple[list[int], list[list[int]]]:
