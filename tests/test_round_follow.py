@@ -1,16 +1,21 @@
 """A round launched from the one in flight (engine/spec/speculation.py launch's `after`) on the tiny checkpoint (CPU,
 fp32): the device decides each round's prefix-cache snapshot row from its own base; a halted row (its round before
 ended at its stop token) changes nothing of its sequence; the engine launches most rounds that way and its output
-stays plain decoding's; a round whose rows pass a page boundary with no snapshot slot to be had drops the rolling
-snapshot, which would else be promoted under a page it does not end."""
+stays plain decoding's, also through the graph layer's static buffers (a replay overwrites the outputs the round
+before it left); a round whose rows pass a page boundary with no snapshot slot to be had drops the rolling snapshot,
+which would else be promoted under a page it does not end."""
 
 import pytest
 import torch
 
+import engine.core.build
+import engine.core.runner
+import engine.spec.speculation
 from engine.api import Engine, EngineConfig, SamplingParams
 from engine.bench.oracle import DraftOracle
 from engine.core.sampling import SamplingRow
-from engine.spec.rounds import CARRIED, RoundRequest, round_inputs
+from engine.spec.rounds import CARRIED, RoundGraphs, RoundRequest, round_inputs
+from tests.test_draft_policy import StubDecodeGraphs
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 PAGE = 16
@@ -132,3 +137,52 @@ def test_a_page_passed_without_a_snapshot_slot_drops_the_rolling_one(ckpt):
         finally:
             e.close()
     assert checked
+
+
+class EagerGraph:
+    """A captured round as the GPU replays it: over the same static inputs, into the same static outputs."""
+
+    def __init__(self, rounds, inp, sampled, k, out):
+        self.rounds, self.inp, self.sampled, self.k, self.out = rounds, inp, sampled, k, out
+
+    @torch.inference_mode()
+    def replay(self):
+        new = self.rounds.round(self.inp, self.sampled, self.k)
+        for dst, src in ((self.out.kept, new.kept), (self.out.tokens, new.tokens), (self.out.carry, new.carry)):
+            dst.copy_(src)
+
+
+class EagerRoundGraphs(RoundGraphs):
+    """RoundGraphs whose graphs run eagerly on the CPU, with the static buffers RoundGraphs.run writes and reads."""
+
+    def capture(self, b, k, sampled):
+        inp = round_inputs([RoundRequest.padding(self.scratch, temperature=0.5)] * b, self.max_pages, "cpu")
+        out = self.spec.round(inp, sampled, k)
+        self.graphs[(b, k, sampled)] = (EagerGraph(self.spec, inp, sampled, k, out), inp, out)
+        self.seconds[(b, k, sampled)] = 5e-3 + 1e-4 * b * (k + 1)
+
+
+def test_rounds_through_the_graph_layers_buffers(ckpt, monkeypatch):
+    """C4 with the graph layer's static inputs and outputs: a round launched from the one in flight reads its carry
+    out of the buffers the next replay overwrites, greedy and seeded sampling alike: output equal to plain."""
+    monkeypatch.setattr(engine.core.build, "graphs_on", lambda device: True)
+    monkeypatch.setattr(engine.core.runner, "DecodeGraphs", StubDecodeGraphs)
+    monkeypatch.setattr(engine.spec.speculation, "RoundGraphs", EagerRoundGraphs)
+    prompts = [prompt(30 + 11 * i, 90 + i) for i in range(4)]
+    params = [SamplingParams(max_tokens=40 - 5 * i, **GREEDY) if i % 2 == 0 else
+              SamplingParams(max_tokens=40 - 5 * i, temperature=0.8, top_p=0.9, seed=7 + i, ignore_eos=True)
+              for i in range(4)]
+    plain = make(ckpt, 0, profile="C4")
+    try:
+        want = [plain.generate(p, q).token_ids for p, q in zip(prompts, params)]
+    finally:
+        plain.close()
+    e = make(ckpt, 3, profile="C4")
+    try:
+        assert isinstance(e._spec.graphs, EagerRoundGraphs)
+        e.set_draft_oracle(DraftOracle(0.8, {tuple(p): p + w for p, w in zip(prompts, want)}), adaptive=False)
+        handles = [e.submit(p, q) for p, q in zip(prompts, params)]
+        assert [[t for ev in h for t in ev.token_ids] for h in handles] == want
+        assert e.stats()["spec_rounds_followed"] > 4
+    finally:
+        e.close()

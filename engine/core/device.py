@@ -95,9 +95,10 @@ def on_gpu(device: torch.device) -> bool:
 def copy_behind(*tensors: torch.Tensor) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
     """Copies of device tensors arriving in page-locked host memory, queued behind the work launched so far, and an
     event recorded after them: waiting for it waits for that work only, where .tolist() on a device tensor would wait
-    for everything queued since (the next step or round included). Off a GPU: the tensors themselves and None."""
+    for everything queued since (the next step or round included). Off a GPU: copies made now, and None (a
+    captured round's outputs are buffers that its next replay overwrites)."""
     if not tensors[0].is_cuda:
-        return list(tensors), None
+        return [t.clone() for t in tensors], None
     hosts = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True) for t in tensors]
     ready = torch.cuda.Event()
     ready.record()
