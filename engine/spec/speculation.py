@@ -40,12 +40,13 @@ class RoundInFlight:
     kept: torch.Tensor          # [B], on the host once `ready`
     tokens: torch.Tensor        # [B, k + 1]
     ready: torch.cuda.Event | None    # recorded after the copies (None on the CPU)
-    launched: float             # perf_counter at launch
+    launched: float             # perf_counter when its launch began
 
     @classmethod
-    def of(cls, seqs: list[Sequence], k: int, snap_slots: list[int], out: RoundOutputs) -> RoundInFlight:
+    def of(cls, seqs: list[Sequence], k: int, snap_slots: list[int], out: RoundOutputs,
+           launched: float) -> RoundInFlight:
         (kept, tokens), ready = copy_behind(out.kept, out.tokens)
-        return cls(seqs, k, snap_slots, out.carry, kept, tokens, ready, time.perf_counter())
+        return cls(seqs, k, snap_slots, out.carry, kept, tokens, ready, launched)
 
     def read(self) -> tuple[list[int], list[list[int]]]:
         if self.ready is not None:
@@ -163,6 +164,7 @@ class Speculation:
         each one whose rows may reach a page boundary. after: the round in flight of the same sequences
         (`can_follow`), not yet read: this one starts where that one ends (its carry), and is sized for any number
         of tokens it may keep."""
+        started = time.perf_counter()
         page, reach = self.cache.page_size, self.spec.reach_of(k)
         ahead = after.k + 1 if after is not None else 0      # the round in flight adds 1 .. ahead tokens
         reqs, slots = [], []
@@ -184,14 +186,14 @@ class Speculation:
             if slot >= 0:
                 self.cache.pools.copy_rings(s.state_slot, slot)
         self.followed += after is not None
-        return RoundInFlight.of(seqs, k, slots, out)
+        return RoundInFlight.of(seqs, k, slots, out, started)
 
     def finish(self, flight: RoundInFlight) -> list[list[int]]:
         """Read a round's tokens (waiting for that round only): each sequence's new tokens (1 .. k + 1; none for one
         that ended meanwhile or whose round was halted), which the caller commits one by one (EngineLoop._commit),
         calling `passed` when a sequence's committed tokens reach the page boundary inside the round's rows, and
-        `round_over` at the end. The round was launched after the tokens before it were committed: each sequence's
-        num_computed is its base now."""
+        `round_over` at the end. The round before it has been committed by now (before or after this one's launch):
+        each sequence still running has its num_computed at this round's base."""
         kept, tokens = flight.read()
         now = time.perf_counter()
         self.round_ms += 1e3 * (now - max(flight.launched, self._read_at))
