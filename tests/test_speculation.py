@@ -284,6 +284,7 @@ def test_graphed_rounds_on_the_gpu(checkpoint, profile, sampled):
         got = [[t for ev in h for t in ev.token_ids] for h in handles]
         assert got == want
         assert e.stats()["spec_tokens_per_round"] > 2.0
+        assert e.stats()["spec_rounds_followed"] > 0        # rounds launched from the round in flight's carry
 
 
 @pytest.mark.gpu
@@ -307,7 +308,7 @@ def test_int4_rounds_leave_the_plain_states_bit_for_bit_gpu(checkpoint, profile)
             handles = [e.submit(p, params) for p in prompts]
             got = [[t for ev in h for t in ev.token_ids] for h in handles]
             if want is not None:
-                assert e.stats()["spec_tokens_per_round"] > 2.0
+                assert e.stats()["spec_tokens_per_round"] > 2.0 and e.stats()["spec_rounds_followed"] > 0
             return got, {key: (e._pools.ssm[:, slot].clone(), e._pools.conv[:, slot].clone())
                          for key, slot in e._cache.snapshots._kept.items()}
 
