@@ -3,7 +3,11 @@ rounds, and the table that prints them."""
 
 import gc
 
-from engine.bench.spec import TimedRound, full_collections, report, round_gpu_times
+import threading
+import time
+import types
+
+from engine.bench.spec import TimedRound, full_collections, loop_stacks, report, round_gpu_times, slow_stacks
 
 
 def test_the_bench_sees_each_full_collection_and_no_young_one():
@@ -42,3 +46,28 @@ def test_the_table_prints_every_column(capsys):
     assert "idle" in header and "follow" in header and "slow (gc)" in header and "gc ms (n)" in header
     assert "327.49" in line and "0.61" in line and "18.73" in line and "0.04" in line and " 87 " in line
     assert "2 (1)" in line and "311.5 (1)" in line
+
+
+def test_slow_rounds_say_where_the_loop_was():
+    """The sampler reads the loop thread's stack: a round spent in one function names it."""
+    def hold_the_loop(seconds):
+        time.sleep(seconds)
+
+    ready = threading.Event()
+
+    def loop_body():
+        ready.wait()
+        hold_the_loop(0.15)
+    thread = threading.Thread(target=loop_body)
+    thread.start()
+    eng = types.SimpleNamespace(_loop=types.SimpleNamespace(_thread=thread))
+    with loop_stacks(eng) as samples:
+        t0 = time.perf_counter()
+        ready.set()
+        thread.join()
+        t1 = time.perf_counter()
+    (line,) = slow_stacks([(t0, t1)], samples)
+    assert "hold_the_loop" in line and line.split(" ms")[0].replace(".", "").isdigit()
+    with loop_stacks(eng, on=False) as none:
+        pass
+    assert none == [] and slow_stacks([(t0, t1)], []) == []

@@ -14,9 +14,13 @@ from a CUDA graph of its own.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
+import os
 import statistics
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -174,7 +178,8 @@ def bench_speculation(model, args, drafter=None) -> dict:
                 oracle = DraftOracle(p, runs)
                 eng.set_draft_oracle(oracle, adaptive=adaptive)
                 before, retries = eng.stats(), torch.cuda.memory_stats().get("num_alloc_retries", 0)
-                with timed_rounds(eng) as rounds_, full_collections() as pauses:
+                with timed_rounds(eng) as rounds_, full_collections() as pauses, \
+                        loop_stacks(eng, on=args.slow_stacks) as stacks:
                     outs, rate, fins = _generate(eng, prompts, args.decode_tokens)
                 alone = [r for r in rounds_ if not r.beside_prefill]
                 spans = [(r.start, r.end) for r in alone]
@@ -203,6 +208,8 @@ def bench_speculation(model, args, drafter=None) -> dict:
                                                          enumerate(by_drafts) if j) / max(sum(by_drafts[1:]), 1))
                 out["rows"].append(row)
                 print(row, flush=True)
+                for line in slow_stacks(slow, stacks):
+                    print("  slow round:", line, flush=True)
             if args.profile_rounds:
                 eng.set_draft_oracle(DraftOracle(args.draft_oracle[0], runs), adaptive=False)
                 profile_rounds(eng, prompts, args.decode_tokens)
@@ -311,6 +318,49 @@ def full_collections():
         yield spans
     finally:
         gc.callbacks.remove(note)
+
+
+@contextlib.contextmanager
+def loop_stacks(eng, on: bool = True, period: float = 0.002):
+    """Samples (perf_counter, where) of the engine loop thread's Python stack every `period` seconds while the block
+    runs (nothing when not on): where the host was during a slow round. `where` is the innermost frames."""
+    samples: list[tuple[float, str]] = []
+    if not on:
+        yield samples
+        return
+    ident, done = eng._loop._thread.ident, threading.Event()
+
+    def sample():
+        while not done.wait(period):
+            frame = sys._current_frames().get(ident)
+            if frame is not None:
+                samples.append((time.perf_counter(), _where(frame)))
+    sampler = threading.Thread(target=sample, name="bench-stacks", daemon=True)
+    sampler.start()
+    try:
+        yield samples
+    finally:
+        done.set()
+        sampler.join()
+
+
+def _where(frame, depth: int = 5) -> str:
+    parts: list[str] = []
+    while frame is not None and len(parts) < depth:
+        parts.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} {frame.f_code.co_name}")
+        frame = frame.f_back
+    return " < ".join(parts)
+
+
+def slow_stacks(spans: list[tuple[float, float]], samples: list[tuple[float, str]]) -> list[str]:
+    """For each span (a slow round), its length and the stack the loop was seen in most often inside it."""
+    lines = []
+    for t0, t1 in spans:
+        inside = collections.Counter(where for t, where in samples if t0 <= t <= t1)
+        if inside:
+            where, n = inside.most_common(1)[0]
+            lines.append(f"{1e3 * (t1 - t0):.1f} ms: {n} of {sum(inside.values())} samples in {where}")
+    return lines
 
 
 def profile_rounds(eng, prompts, n: int) -> None:

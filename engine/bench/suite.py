@@ -213,6 +213,9 @@ def main(argv=None) -> int:
     ap.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=True,
                     help="(--draft-oracle) engines keep what they loaded out of the garbage collector's walks, as "
                     "every engine does by default (engine/core/collector.py); --no-gc-freeze measures without")
+    ap.add_argument("--slow-stacks", action="store_true",
+                    help="(--draft-oracle) sample the engine loop's Python stack every 2 ms and print, for each round "
+                    "over twice its row's median, where the loop spent it (waiting on the GPU or in which host code)")
     ap.add_argument("--kv-dtype", default="bf16", choices=KV_DTYPES, help="KV cache of the engines measured")
     ap.add_argument("--moe-goals", action="store_true",
                     help="instead of the speed runs: issue 30's figures, the 35B-A3B int4 (C1 and C8 decode, prefill "
