@@ -2,8 +2,9 @@
 
 A full collection walks every object the collector tracks, and it runs in whichever thread happens to allocate,
 holding the interpreter: the engine's loop thread included, so every stream waits. With torch, Triton and a loaded
-model there are a few hundred thousand such objects: 143 ms a walk on a CPU core (the suspect behind speculative
-rounds of 80-330 ms on an H200, docs/performance.md 2026-12-07 sixth session). What a load builds lives as long as
+model there are a few hundred thousand such objects: 143 ms a walk on a CPU core (on an H100 the benchmark's rows
+with the freeze ran no full collection at all; the slow C8 rounds once suspected of it stayed, so they have another
+cause: docs/performance.md 2026-12-07, seventh session). What a load builds lives as long as
 the engine, so it is moved out of the collector's sight (gc.freeze) once it exists: later full collections walk only
 what came after, well under a millisecond.
 """

@@ -160,8 +160,7 @@ class Rounds:
         page boundary among its k + 1 rows, where the host gave a slot (row -1 and the scratch slot where none, or
         where the round is halted). The device decides, since a round launched before the host read the one before
         does not know its base on the host; the replay writes it only if that row is kept."""
-        page = self.pools.page_size
-        boundary = (inp.base + k + 1) // page * page
+        boundary = page_boundary(inp.base, k + 1, self.pools.page_size)
         take = (inp.snap_slots != self.scratch) & (boundary > inp.base) & (inp.halted == 0)
         rows = torch.where(take, boundary - inp.base - 1, -1).int()
         return rows, torch.where(take, inp.snap_slots, self.scratch)
@@ -241,6 +240,12 @@ class RoundRunner(Rounds):
         return self.outputs(inp, kept, tokens)
 
 
+def page_boundary(base, rows: int, page: int):
+    """The last page boundary a round's `rows` rows from `base` reach (base + rows, rounded down to a page): inside the
+    rows when it is above base. base: an int (the host's) or a tensor (the device's): one rule for both."""
+    return (base + rows) // page * page
+
+
 def cut_at_stop(kept: torch.Tensor, tokens: torch.Tensor, stop: torch.Tensor) -> torch.Tensor:
     """kept [B] shortened so that a row's new tokens (tokens[:, :kept + 1]) end at the first `stop` among them: the
     tokens after it would have been drawn under rules that the stop token changes (a grammar that starts there).
@@ -278,9 +283,9 @@ def round_inputs(reqs: list[RoundRequest], max_pages: int, device, pad_to: int =
     pad_to rows with rows that write nothing (limit 0) on pad_slot. carry: the outputs' carry [CARRIED, len(reqs)]
     of a round of the same sequences not yet read by the host; its rows replace the requests' base, last, sampling
     steps and halted (a device copy queued behind the upload). The fields are views of four buffers, one per
-    dtype, each built in one call and uploaded in one copy from page-locked memory (no wait for the GPU): a round's
-    host work before its graph runs, with the GPU idle (16 tensors built and uploaded one by one took 112 us of a CPU
-    core at 8 sequences, before any upload). Each view starts 16-byte aligned, as a tensor of its own would (Triton
+    dtype, each built in one call and uploaded in one copy from page-locked memory (no wait for the GPU): host work
+    before a round's graph runs (16 tensors built and uploaded one by one took 112 us of a CPU core at 8 sequences,
+    before any upload). Each view starts 16-byte aligned, as a tensor of its own would (Triton
     specializes a kernel on its pointers' alignment)."""
     n = len(reqs)
     pad = max(0, pad_to - n)

@@ -26,7 +26,7 @@ from engine.spec.policy import DraftPolicy
 from engine.core.params import SpeculationStats
 from engine.core.sampling import SamplingRow
 from engine.core.sequence import Sequence, submitted
-from engine.spec.rounds import RoundGraphs, RoundOutputs, RoundRequest, Rounds, round_inputs
+from engine.spec.rounds import RoundGraphs, RoundOutputs, RoundRequest, Rounds, page_boundary, round_inputs
 
 
 @dataclass
@@ -172,7 +172,7 @@ class Speculation:
             n = s.num_computed
             self.cache.grow(s.pages, min(n + ahead + reach, s.max_total))
             first = n + 1 if after is not None else n         # the lowest base this round may start from
-            slot = self.cache.snapshots.take() if (n + ahead + k + 1) // page * page > first else -1
+            slot = self.cache.snapshots.take() if page_boundary(n + ahead, k + 1, page) > first else -1
             slots.append(slot)
             reqs.append(self._request(s, base=n, snap_slot=slot))
         sampled = any(s.params.temperature > 0 for s in seqs)
@@ -207,7 +207,7 @@ class Speculation:
                     self.cache.snapshots.drop(slot)
                 new.append([])
                 continue
-            boundary = (s.num_computed + flight.k + 1) // page * page
+            boundary = page_boundary(s.num_computed, flight.k + 1, page)
             if boundary > s.num_computed:           # the device snapshotted there when it had a slot (-1: none)
                 s.spec_snapshot = (boundary, slot)
             elif slot >= 0:
