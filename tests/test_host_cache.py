@@ -125,6 +125,68 @@ def test_reserve_then_finish_keeps_the_filled_entries_within_the_budget():
     assert not host.has("page", b"x") and host.stats()["host_pages"] == 3 and not host.held and not host.loading
 
 
+class SlowSlabs(HostCache):
+    """Slabs allocated only when the test lets them through (pinning takes the OS 100-700 ms a slab), recording the
+    threads that allocated."""
+    def __init__(self, *args, **kwargs):
+        import threading
+        self.let_through, self.threads = threading.Event(), []
+        super().__init__(*args, **kwargs)
+
+    def _allocate(self, rows):
+        import threading
+        self.threads.append(threading.get_ident())
+        assert self.let_through.wait(10)
+        return super()._allocate(rows)
+
+
+def test_in_the_background_mode_a_spill_never_waits_for_a_slab(monkeypatch):
+    """With pinned memory (background mode) the slabs are allocated on their own thread, ahead of need: a spill that
+    finds no free block while they are coming is not kept, and never allocates on the caller's thread; once they are
+    there spills keep entries, and the next slabs are requested while fewer than `ahead` blocks are free."""
+    import threading
+    p = pools(num_pages=8)
+    monkeypatch.setattr("engine.cache.host.SLAB_BYTES", 2 * p.page_nbytes)
+    host = SlowSlabs(p, budget_bytes=1 << 20, background=True)
+    assert (host.state_blocks, host.ahead) == (2, 4) and host._growing is not None     # requested at construction
+    host.put_state(b"s", 1)
+    host.put_pages([b"0"], [0])
+    assert not host.has("state", b"s") and not host.has("page", b"0")              # nothing waited for the slab
+    host.let_through.set()
+    host._growing.result(timeout=10)
+    host.let_through.clear()                                                        # the next slabs wait again
+    host.put_state(b"s", 1)
+    host.put_pages([b"0"], [0])
+    assert host.has("state", b"s") and host.has("page", b"0")
+    assert len(host.free) == 1 and host._growing is not None                        # the next slab on its way
+    host.let_through.set()
+    host._growing.result(timeout=10)
+    host.put_pages([b"1"], [1])                                                     # 1 + 2 free, one taken
+    assert host.has("page", b"1") and len(host.free) == 2 and host._growing is not None
+    host._growing.result(timeout=10)
+    assert threading.get_ident() not in host.threads and len(host.threads) == 3
+
+
+def test_in_the_background_mode_the_disk_tiers_reserve_allocates_in_place():
+    p = pools(num_pages=8)
+    host = SlowSlabs(p, budget_bytes=8 * p.page_nbytes, background=True)
+    host.let_through.set()
+    placed = host.reserve([("page", bytes([i])) for i in range(8)])     # past the slabs allocated ahead
+    assert len(placed) == 8 and host.stats()["host_bytes"] == 8 * p.page_nbytes
+
+
+def test_a_slab_the_os_will_not_pin_ends_the_growth_without_an_error(caplog):
+    class Refused(HostCache):
+        def _allocate(self, rows):
+            raise RuntimeError("CUDA error: out of memory")
+    p = pools(num_pages=8)
+    host = Refused(p, budget_bytes=1 << 20, background=True)
+    host._growing.exception(timeout=10)
+    host.put_pages([b"0"], [0])
+    assert not host.has("page", b"0") and host.max_blocks == 0 and host._growing is None
+    assert "stays at 0.0 GiB" in caplog.text
+
+
 def test_the_cache_spills_evicted_pages_and_snapshots_and_restores_a_hit_from_the_host():
     p = pools(num_pages=4, num_slots=5, page_size=4)
     cache = CacheManager(p, num_seq_slots=1, host=HostCache(p, 1 << 20))
@@ -162,7 +224,7 @@ def test_on_the_gpu_pinned_copies_keep_stream_order(tmp_path):
     cpu = pools(num_pages=8, int8=True)
     p = CacheTensors(**{name: (getattr(cpu, name).cuda() if name != "page_size" else cpu.page_size)
                         for name in ("k", "v", "k_scale", "v_scale", "conv", "ssm", "page_size")})
-    host = HostCache(p, budget_bytes=3 * p.page_nbytes + 1)
+    host = HostCache(p, budget_bytes=3 * p.page_nbytes + 1, background=False)
     assert host.pinned
     want = {i: [t.cpu() for t in page_of(p, i)] for i in range(3)}
     host.put_pages([b"0", b"1", b"2"], [0, 1, 2])

@@ -1,9 +1,16 @@
 """HostCache: KV pages and GDN snapshots evicted from the GPU, kept in (pinned) host memory within a byte budget.
 
 Storage is blocks of one page's bytes (CacheTensors.page_nbytes) in slabs allocated as they are needed, up to the
-budget (so an idle engine holds no host memory); a page takes one block, a snapshot as many as its bytes need. An
-entry is kept under (kind, chain hash) — kind "page" or "state" — least recently used first; making room evicts
-the least recently used entry that is not held (entries a prefix hit is being restored from are held).
+budget; a page takes one block, a snapshot as many as its bytes need. An entry is kept under (kind, chain hash) —
+kind "page" or "state" — least recently used first; making room evicts the least recently used entry that is not
+held (entries a prefix hit is being restored from are held).
+
+Pinning a slab takes the OS 100-700 ms (the 27B's snapshot is ~1.2 slabs: measured 2026-12-08 on an H100, the
+C8 rounds that spilled a snapshot took that long), so with pinned memory slabs are allocated on a thread of their
+own, ahead of need (`ahead` blocks, two snapshots' worth, kept free while the budget allows), and the GPU's
+spills (put_pages, put_state: the decode path) never wait for one: an entry that finds no free block while a
+slab is still coming is not kept. Only reserve() (the disk tier's reads, which wait for the stream anyway)
+allocates in place.
 
 Copies between the GPU and these blocks are queued on the current CUDA stream without waiting (pinned memory), so
 they are ordered with the steps around them; a run of consecutive blocks moves in one copy. Only the disk tier
@@ -13,7 +20,10 @@ out, and they stay loading (not kept, not evictable) until finish(), so a reader
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections import OrderedDict
+from concurrent.futures import Future
 
 import torch
 
@@ -22,23 +32,44 @@ from engine.cache.pages import CacheTensors
 SLAB_BYTES = 128 << 20    # a slab holds as many blocks as fit here (torch's pinned allocator rounds up to a power of 2)
 STAGE_PAGES = 32          # pages restored per GPU staging buffer
 
+log = logging.getLogger(__name__)
+
+
+def _in_thread(fn, *args) -> Future:
+    """fn(*args) on a new daemon thread; its result (or exception) in the Future."""
+    done: Future = Future()
+
+    def work():
+        try:
+            done.set_result(fn(*args))
+        except BaseException as e:           # handed to the reader of the Future
+            done.set_exception(e)
+    threading.Thread(target=work, name="host-cache-slabs", daemon=True).start()
+    return done
+
 
 class HostCache:
-    def __init__(self, pools: CacheTensors, budget_bytes: int):
+    def __init__(self, pools: CacheTensors, budget_bytes: int, background: bool | None = None):
+        """background: allocate slabs on their own thread, ahead of need (default: when the memory is pinned)."""
         self.pools = pools
         self.block = pools.page_nbytes
         self.state_blocks = -(-pools.state_nbytes // self.block)
         self.max_blocks = budget_bytes // self.block
         self.slab_blocks = max(1, min(SLAB_BYTES // self.block, self.max_blocks))
         self.pinned = pools.k.is_cuda
+        self.background = self.pinned if background is None else background
+        self.ahead = 2 * self.state_blocks                     # free blocks kept ready for the GPU's spills
         self.slabs: list[torch.Tensor] = []                                  # [slab_blocks, block] uint8
         self.free: list[int] = []
+        self._growing: Future | None = None     # the slabs being allocated on their own thread
+        self._growing_blocks = 0
         self.entries: OrderedDict[tuple[str, bytes], list[int]] = OrderedDict()   # LRU first
         self.held: set[tuple[str, bytes]] = set()
         self.loading: dict[tuple[str, bytes], list[int]] = {}   # reserved, being filled (the disk tier's reads)
         self.counts = {"page": 0, "state": 0}          # entries by kind (stats are read every engine step)
         self.hit_pages = 0
         self.hit_snapshots = 0
+        self._grow_ahead()
 
     # ---- accounting --------------------------------------------------------------------------
     def has(self, kind: str, key: bytes) -> bool:
@@ -80,21 +111,63 @@ class HostCache:
         """Blocks of the entries that may be evicted: not held, not in `keep`."""
         return sum(len(b) for e, b in self.entries.items() if e not in self.held and e not in keep)
 
-    def _take(self, n: int) -> list[int] | None:
-        """n free blocks, growing the slabs within the budget, else evicting unheld entries (None: cannot, and then
-        nothing is evicted)."""
-        unused = self._unused()
-        if unused < n and unused + self._evictable() < n:
-            return None
-        while len(self.free) < n:
+    def _slab_rows(self, blocks: int) -> list[int]:
+        """The rows of the next slabs that hold at least `blocks` more blocks, within the budget."""
+        rows, first = [], sum(len(slab) for slab in self.slabs) + self._growing_blocks
+        while blocks > 0 and first < self.max_blocks:
+            rows.append(min(self.slab_blocks, self.max_blocks - first))
+            first += rows[-1]
+            blocks -= rows[-1]
+        return rows
+
+    def _allocate(self, rows: list[int]) -> list[torch.Tensor]:
+        return [torch.empty(n, self.block, dtype=torch.uint8, pin_memory=self.pinned) for n in rows]
+
+    def _add(self, slabs: list[torch.Tensor]) -> None:
+        for slab in slabs:
             first = len(self.slabs) * self.slab_blocks
-            if first < self.max_blocks:
-                rows = min(self.slab_blocks, self.max_blocks - first)
-                self.slabs.append(torch.empty(rows, self.block, dtype=torch.uint8, pin_memory=self.pinned))
-                self.free.extend(range(first + rows - 1, first - 1, -1))
-            elif not self._evict_one():
+            self.slabs.append(slab)
+            self.free.extend(range(first + len(slab) - 1, first - 1, -1))
+
+    def _collect(self, wait: bool = False) -> None:
+        """Add the slabs allocated on their own thread, once they are there (wait: until then)."""
+        if self._growing is None or not (wait or self._growing.done()):
+            return
+        growing, self._growing, self._growing_blocks = self._growing, None, 0
+        try:
+            self._add(growing.result())
+        except RuntimeError as e:                       # the OS pins no more: the budget is what there is
+            self.max_blocks = sum(len(slab) for slab in self.slabs)
+            log.warning("host cache tier stays at %.1f GiB: %s", self.allocated_bytes / 2**30, e)
+
+    def _grow_ahead(self) -> None:
+        """While fewer than `ahead` blocks are free and the budget allows, allocate slabs on their own thread."""
+        if self.background and self._growing is None and len(self.free) < self.ahead:
+            rows = self._slab_rows(self.ahead - len(self.free))
+            if rows:
+                self._growing, self._growing_blocks = _in_thread(self._allocate, rows), sum(rows)
+
+    def _take(self, n: int, in_place: bool = False) -> list[int] | None:
+        """n free blocks, growing the slabs within the budget, else evicting unheld entries (None: cannot, and then
+        nothing is evicted). In the background mode only `in_place` allocates here: otherwise an entry that finds
+        too few free blocks while the budget could still grow is not kept (the next slabs are on their way)."""
+        self._collect()
+        try:
+            unused = self._unused()
+            if unused < n and unused + self._evictable() < n:
                 return None
-        return [self.free.pop() for _ in range(n)]
+            while len(self.free) < n:
+                if self._growing is not None or self._slab_rows(1):
+                    if self.background and not in_place:
+                        return None
+                    self._collect(wait=True)
+                    if len(self.free) < n and self._slab_rows(1):
+                        self._add(self._allocate(self._slab_rows(n - len(self.free))))
+                elif not self._evict_one():
+                    return None
+            return [self.free.pop() for _ in range(n)]
+        finally:
+            self._grow_ahead()
 
     def _evict_one(self) -> bool:
         for entry in self.entries:
@@ -207,7 +280,7 @@ class HostCache:
             if (kind, key) in self.loading:
                 continue
             nbytes = self.block if kind == "page" else self.pools.state_nbytes
-            blocks = self._take(self._blocks_of(kind))
+            blocks = self._take(self._blocks_of(kind), in_place=True)
             if blocks is None:
                 break                                     # no room left
             self.loading[(kind, key)] = blocks
