@@ -7,7 +7,8 @@ import threading
 import time
 import types
 
-from engine.bench.spec import TimedRound, full_collections, loop_stacks, report, round_gpu_times, slow_stacks
+from engine.bench.round_timing import TimedRound, full_collections, loop_stacks, round_gpu_times, slow_stacks
+from engine.bench.spec import report
 
 
 def test_the_bench_sees_each_full_collection_and_no_young_one():
