@@ -95,7 +95,8 @@ def test_the_plan_shows_the_host_tier_apart_from_device_memory(ckpt):
     assert (off.host_cache_bytes, some.host_cache_bytes) == (0, int(1.5 * (1 << 30)))
     assert default.host_cache_bytes == min(8 << 30, host_ram_bytes() // 4)
     assert off.total_bytes == some.total_bytes == default.total_bytes
-    assert "host-RAM cache tier up to 1.50 GiB" in some.summary() and "host-RAM" not in off.summary()
+    assert "host-RAM cache tier of 1.50 GiB (pinned at load on a GPU)" in some.summary()
+    assert "host-RAM" not in off.summary()
 
 
 def test_the_plan_shows_the_disk_tiers_write_staging(ckpt):

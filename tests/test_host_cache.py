@@ -125,66 +125,54 @@ def test_reserve_then_finish_keeps_the_filled_entries_within_the_budget():
     assert not host.has("page", b"x") and host.stats()["host_pages"] == 3 and not host.held and not host.loading
 
 
-class SlowSlabs(HostCache):
-    """Slabs allocated only when the test lets them through (pinning takes the OS 100-700 ms a slab), recording the
-    threads that allocated."""
-    def __init__(self, *args, **kwargs):
+class HeldSlabs(HostCache):
+    """Slabs allocated only when the test lets them through (pinning takes the OS ~0.5-3 ms per MiB), recording the
+    threads that allocated; refuse: the slab (0-based) the OS refuses."""
+    def __init__(self, *args, refuse: int | None = None, **kwargs):
         import threading
-        self.let_through, self.threads = threading.Event(), []
+        self.let_through, self.threads, self.refuse = threading.Event(), [], refuse
         super().__init__(*args, **kwargs)
 
     def _allocate(self, rows):
         import threading
         self.threads.append(threading.get_ident())
         assert self.let_through.wait(10)
+        if len(self.threads) - 1 == self.refuse:
+            raise RuntimeError("CUDA error: out of memory")
         return super()._allocate(rows)
 
 
-def test_in_the_background_mode_a_spill_never_waits_for_a_slab(monkeypatch):
-    """With pinned memory (background mode) the slabs are allocated on their own thread, ahead of need: a spill that
-    finds no free block while they are coming is not kept, and never allocates on the caller's thread; once they are
-    there spills keep entries, and the next slabs are requested while fewer than `ahead` blocks are free."""
+def test_slabs_allocated_at_load_are_the_whole_budget_and_nothing_allocates_later(monkeypatch):
+    """Pinned memory's mode (at_load): every slab of the budget is allocated on a thread of its own from construction;
+    until they are there nothing is kept and nothing waits for them; afterwards no spill allocates (a full tier
+    evicts)."""
     import threading
     p = pools(num_pages=8)
     monkeypatch.setattr("engine.cache.host.SLAB_BYTES", 2 * p.page_nbytes)
-    host = SlowSlabs(p, budget_bytes=1 << 20, background=True)
-    assert (host.state_blocks, host.ahead) == (2, 4) and host._growing is not None     # requested at construction
+    host = HeldSlabs(p, budget_bytes=5 * p.page_nbytes, at_load=True)
     host.put_state(b"s", 1)
     host.put_pages([b"0"], [0])
-    assert not host.has("state", b"s") and not host.has("page", b"0")              # nothing waited for the slab
+    assert not host.has("state", b"s") and not host.has("page", b"0") and host.stats()["host_bytes"] == 0
+    assert host.reserve([("page", b"r")]) == []
     host.let_through.set()
-    host._growing.result(timeout=10)
-    host.let_through.clear()                                                        # the next slabs wait again
+    host.wait_allocated()
+    assert host.stats()["host_bytes"] == 5 * p.page_nbytes and len(host.threads) == 3      # slabs of 2, 2, 1
     host.put_state(b"s", 1)
-    host.put_pages([b"0"], [0])
-    assert host.has("state", b"s") and host.has("page", b"0")
-    assert len(host.free) == 1 and host._growing is not None                        # the next slab on its way
-    host.let_through.set()
-    host._growing.result(timeout=10)
-    host.put_pages([b"1"], [1])                                                     # 1 + 2 free, one taken
-    assert host.has("page", b"1") and len(host.free) == 2 and host._growing is not None
-    host._growing.result(timeout=10)
-    assert threading.get_ident() not in host.threads and len(host.threads) == 3
+    host.put_pages([b"0", b"1", b"2", b"3"], [0, 1, 2, 3])          # the snapshot's 2 blocks + 3 pages, then one evicts
+    assert not host.has("state", b"s") and all(host.has("page", k) for k in [b"0", b"1", b"2", b"3"])
+    assert len(host.threads) == 3 and threading.get_ident() not in host.threads
 
 
-def test_in_the_background_mode_the_disk_tiers_reserve_allocates_in_place():
+def test_a_slab_the_os_will_not_pin_at_load_ends_the_budget_there(monkeypatch, caplog):
     p = pools(num_pages=8)
-    host = SlowSlabs(p, budget_bytes=8 * p.page_nbytes, background=True)
+    monkeypatch.setattr("engine.cache.host.SLAB_BYTES", 2 * p.page_nbytes)
+    host = HeldSlabs(p, budget_bytes=6 * p.page_nbytes, at_load=True, refuse=1)
     host.let_through.set()
-    placed = host.reserve([("page", bytes([i])) for i in range(8)])     # past the slabs allocated ahead
-    assert len(placed) == 8 and host.stats()["host_bytes"] == 8 * p.page_nbytes
-
-
-def test_a_slab_the_os_will_not_pin_ends_the_growth_without_an_error(caplog):
-    class Refused(HostCache):
-        def _allocate(self, rows):
-            raise RuntimeError("CUDA error: out of memory")
-    p = pools(num_pages=8)
-    host = Refused(p, budget_bytes=1 << 20, background=True)
-    host._growing.exception(timeout=10)
-    host.put_pages([b"0"], [0])
-    assert not host.has("page", b"0") and host.max_blocks == 0 and host._growing is None
-    assert "stays at 0.0 GiB" in caplog.text
+    host.wait_allocated()
+    assert host.max_blocks == 2 and host.stats()["host_bytes"] == 2 * p.page_nbytes
+    assert "stays at" in caplog.text and "out of memory" in caplog.text
+    host.put_pages([b"0", b"1", b"2"], [0, 1, 2])
+    assert [host.has("page", k) for k in [b"0", b"1", b"2"]] == [True, True, False]    # a batch keeps its first
 
 
 def test_the_cache_spills_evicted_pages_and_snapshots_and_restores_a_hit_from_the_host():
@@ -224,7 +212,8 @@ def test_on_the_gpu_pinned_copies_keep_stream_order(tmp_path):
     cpu = pools(num_pages=8, int8=True)
     p = CacheTensors(**{name: (getattr(cpu, name).cuda() if name != "page_size" else cpu.page_size)
                         for name in ("k", "v", "k_scale", "v_scale", "conv", "ssm", "page_size")})
-    host = HostCache(p, budget_bytes=3 * p.page_nbytes + 1, background=False)
+    host = HostCache(p, budget_bytes=3 * p.page_nbytes + 1)
+    host.wait_allocated()
     assert host.pinned
     want = {i: [t.cpu() for t in page_of(p, i)] for i in range(3)}
     host.put_pages([b"0", b"1", b"2"], [0, 1, 2])

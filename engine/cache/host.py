@@ -1,16 +1,15 @@
 """HostCache: KV pages and GDN snapshots evicted from the GPU, kept in (pinned) host memory within a byte budget.
 
-Storage is blocks of one page's bytes (CacheTensors.page_nbytes) in slabs allocated as they are needed, up to the
-budget; a page takes one block, a snapshot as many as its bytes need. An entry is kept under (kind, chain hash) —
-kind "page" or "state" — least recently used first; making room evicts the least recently used entry that is not
-held (entries a prefix hit is being restored from are held).
+Storage is blocks of one page's bytes (CacheTensors.page_nbytes) in slabs; a page takes one block, a snapshot as
+many as its bytes need. An entry is kept under (kind, chain hash) — kind "page" or "state" — least recently used
+first; making room evicts the least recently used entry that is not held (entries a prefix hit is being restored
+from are held).
 
-Pinning a slab takes the OS 100-700 ms (the 27B's snapshot is ~1.2 slabs: measured 2026-12-08 on an H100, the
-C8 rounds that spilled a snapshot took that long), so with pinned memory slabs are allocated on a thread of their
-own, ahead of need (`ahead` blocks, two snapshots' worth, kept free while the budget allows), and the GPU's
-spills (put_pages, put_state: the decode path) never wait for one: an entry that finds no free block while a
-slab is still coming is not kept. Only reserve() (the disk tier's reads, which wait for the stream anyway)
-allocates in place.
+Pinned slabs (pools on a GPU) are all allocated at load, on a thread of their own, and the engine waits for them
+before it serves (wait_allocated): pinning takes the OS ~0.5-3 ms per MiB, and while it does, CUDA calls from other
+threads wait too. Measured 2026-12-08 on an H100: slabs pinned as spills needed them stalled C8 rounds for 49-704 ms,
+on the loop thread and then, moved to a thread of their own, at the loop's next kernel launch. Unpinned slabs (pools
+on the CPU) cost nothing until touched and are allocated as they are needed, up to the budget.
 
 Copies between the GPU and these blocks are queued on the current CUDA stream without waiting (pinned memory), so
 they are ordered with the steps around them; a run of consecutive blocks moves in one copy. Only the disk tier
@@ -49,27 +48,25 @@ def _in_thread(fn, *args) -> Future:
 
 
 class HostCache:
-    def __init__(self, pools: CacheTensors, budget_bytes: int, background: bool | None = None):
-        """background: allocate slabs on their own thread, ahead of need (default: when the memory is pinned)."""
+    def __init__(self, pools: CacheTensors, budget_bytes: int, at_load: bool | None = None):
+        """at_load: allocate every slab of the budget now, on a thread of their own (default: when the memory is
+        pinned); until they are there (wait_allocated), nothing is kept."""
         self.pools = pools
         self.block = pools.page_nbytes
         self.state_blocks = -(-pools.state_nbytes // self.block)
         self.max_blocks = budget_bytes // self.block
         self.slab_blocks = max(1, min(SLAB_BYTES // self.block, self.max_blocks))
         self.pinned = pools.k.is_cuda
-        self.background = self.pinned if background is None else background
-        self.ahead = 2 * self.state_blocks                     # free blocks kept ready for the GPU's spills
         self.slabs: list[torch.Tensor] = []                                  # [slab_blocks, block] uint8
         self.free: list[int] = []
-        self._growing: Future | None = None     # the slabs being allocated on their own thread
-        self._growing_blocks = 0
         self.entries: OrderedDict[tuple[str, bytes], list[int]] = OrderedDict()   # LRU first
         self.held: set[tuple[str, bytes]] = set()
         self.loading: dict[tuple[str, bytes], list[int]] = {}   # reserved, being filled (the disk tier's reads)
         self.counts = {"page": 0, "state": 0}          # entries by kind (stats are read every engine step)
         self.hit_pages = 0
         self.hit_snapshots = 0
-        self._grow_ahead()
+        at_load = self.pinned if at_load is None else at_load
+        self._allocating = _in_thread(self._allocate_budget) if at_load and self.max_blocks else None
 
     # ---- accounting --------------------------------------------------------------------------
     def has(self, kind: str, key: bytes) -> bool:
@@ -113,61 +110,63 @@ class HostCache:
 
     def _slab_rows(self, blocks: int) -> list[int]:
         """The rows of the next slabs that hold at least `blocks` more blocks, within the budget."""
-        rows, first = [], sum(len(slab) for slab in self.slabs) + self._growing_blocks
+        rows, first = [], sum(len(slab) for slab in self.slabs)
         while blocks > 0 and first < self.max_blocks:
             rows.append(min(self.slab_blocks, self.max_blocks - first))
             first += rows[-1]
             blocks -= rows[-1]
         return rows
 
-    def _allocate(self, rows: list[int]) -> list[torch.Tensor]:
-        return [torch.empty(n, self.block, dtype=torch.uint8, pin_memory=self.pinned) for n in rows]
+    def _allocate(self, rows: int) -> torch.Tensor:
+        return torch.empty(rows, self.block, dtype=torch.uint8, pin_memory=self.pinned)
 
-    def _add(self, slabs: list[torch.Tensor]) -> None:
-        for slab in slabs:
-            first = len(self.slabs) * self.slab_blocks
-            self.slabs.append(slab)
-            self.free.extend(range(first + len(slab) - 1, first - 1, -1))
+    def _add(self, slab: torch.Tensor) -> None:
+        first = len(self.slabs) * self.slab_blocks
+        self.slabs.append(slab)
+        self.free.extend(range(first + len(slab) - 1, first - 1, -1))
+
+    def _allocate_budget(self) -> tuple[list[torch.Tensor], Exception | None]:
+        """Every slab of the budget, in order, up to the first the OS refuses (and why)."""
+        slabs: list[torch.Tensor] = []
+        try:
+            for rows in self._slab_rows(self.max_blocks):
+                slabs.append(self._allocate(rows))
+        except RuntimeError as e:
+            return slabs, e
+        return slabs, None
+
+    def wait_allocated(self) -> None:
+        """Wait for the slabs allocated at load (if any are still coming) and take them into use."""
+        self._collect(wait=True)
 
     def _collect(self, wait: bool = False) -> None:
-        """Add the slabs allocated on their own thread, once they are there (wait: until then)."""
-        if self._growing is None or not (wait or self._growing.done()):
+        if self._allocating is None or not (wait or self._allocating.done()):
             return
-        growing, self._growing, self._growing_blocks = self._growing, None, 0
-        try:
-            self._add(growing.result())
-        except RuntimeError as e:                       # the OS pins no more: the budget is what there is
+        slabs, refused = self._allocating.result()
+        self._allocating = None
+        for slab in slabs:
+            self._add(slab)
+        if refused is not None:                         # the OS pins no more: the budget is what there is
             self.max_blocks = sum(len(slab) for slab in self.slabs)
-            log.warning("host cache tier stays at %.1f GiB: %s", self.allocated_bytes / 2**30, e)
+            log.warning("host cache tier stays at %.1f GiB: %s", self.allocated_bytes / 2**30, refused)
 
-    def _grow_ahead(self) -> None:
-        """While fewer than `ahead` blocks are free and the budget allows, allocate slabs on their own thread."""
-        if self.background and self._growing is None and len(self.free) < self.ahead:
-            rows = self._slab_rows(self.ahead - len(self.free))
-            if rows:
-                self._growing, self._growing_blocks = _in_thread(self._allocate, rows), sum(rows)
-
-    def _take(self, n: int, in_place: bool = False) -> list[int] | None:
+    def _take(self, n: int) -> list[int] | None:
         """n free blocks, growing the slabs within the budget, else evicting unheld entries (None: cannot, and then
-        nothing is evicted). In the background mode only `in_place` allocates here: otherwise an entry that finds
-        too few free blocks while the budget could still grow is not kept (the next slabs are on their way)."""
+        nothing is evicted; or the slabs allocated at load are not there yet)."""
         self._collect()
-        try:
-            unused = self._unused()
-            if unused < n and unused + self._evictable() < n:
+        if self._allocating is not None:
+            return None
+        unused = self._unused()
+        if unused < n and unused + self._evictable() < n:
+            return None
+        while len(self.free) < n:
+            rows = self._slab_rows(n - len(self.free))
+            if rows:
+                for r in rows:
+                    self._add(self._allocate(r))
+            elif not self._evict_one():
                 return None
-            while len(self.free) < n:
-                if self._growing is not None or self._slab_rows(1):
-                    if self.background and not in_place:
-                        return None
-                    self._collect(wait=True)
-                    if len(self.free) < n and self._slab_rows(1):
-                        self._add(self._allocate(self._slab_rows(n - len(self.free))))
-                elif not self._evict_one():
-                    return None
-            return [self.free.pop() for _ in range(n)]
-        finally:
-            self._grow_ahead()
+        return [self.free.pop() for _ in range(n)]
 
     def _evict_one(self) -> bool:
         for entry in self.entries:
@@ -280,7 +279,7 @@ class HostCache:
             if (kind, key) in self.loading:
                 continue
             nbytes = self.block if kind == "page" else self.pools.state_nbytes
-            blocks = self._take(self._blocks_of(kind), in_place=True)
+            blocks = self._take(self._blocks_of(kind))
             if blocks is None:
                 break                                     # no room left
             self.loading[(kind, key)] = blocks

@@ -104,6 +104,9 @@ class Engine:
             self._warm_up_linears()
         if self._spec is not None:          # every round the engine can run, captured now: never on a request's path
             self._spec.capture(lambda done, total: step("Capturing speculative rounds", done, total))
+        if self._cache.host is not None:    # its pinned slabs, allocated beside the steps above: never while serving
+            step("Reserving host memory for the cache", 0, 1)
+            self._cache.host.wait_allocated()
         self._loop.start()
         if on_gpu(self.device):
             try:

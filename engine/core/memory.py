@@ -79,7 +79,8 @@ class MemoryPlan:
                    if self.drafts else "")
                 + (f"; vision tower {self.vision.replace('_', ' ')}, {g(self.vision_bytes)} while encoding"
                    if self.vision != "off" else "")
-                + (f"; host-RAM cache tier up to {g(self.host_cache_bytes)}" if self.host_cache_bytes else "")
+                + (f"; host-RAM cache tier of {g(self.host_cache_bytes)} (pinned at load on a GPU)"
+                   if self.host_cache_bytes else "")
                 + (f"; disk tier's write staging {g(self.disk_staging_bytes)} of host memory"
                    if self.disk_staging_bytes else ""))
 
