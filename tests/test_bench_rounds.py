@@ -1,11 +1,13 @@
 """engine/bench/spec.py's round figures (no GPU needed): full collections seen in any thread, the medians of timed
-rounds, and the table that prints them."""
+rounds, the table that prints them, and the speculation bench run whole on a tiny model."""
 
 import gc
-
 import threading
 import time
 import types
+
+import pytest
+import torch
 
 from engine.bench.round_timing import TimedRound, full_collections, loop_stacks, round_gpu_times, slow_stacks
 from engine.bench.spec import report
@@ -72,3 +74,20 @@ def test_slow_rounds_say_where_the_loop_was():
     with loop_stacks(eng, on=False) as none:
         pass
     assert none == [] and slow_stacks([(t0, t1)], []) == []
+
+
+def test_the_speculation_bench_runs_whole_on_the_cpu():
+    """bench_speculation end to end on a tiny random model (C2, so no C1-only graph components): the plain baseline
+    measured twice from one engine, every row exact against it, its round columns filled."""
+    import argparse
+
+    from engine.bench.random_model import build_random_model, text_config
+    from engine.bench.spec import bench_speculation
+    model = build_random_model(text_config("tiny"), "bf16", mtp=True, device="cpu", dtype=torch.float32)
+    args = argparse.Namespace(profiles=["C2"], spec_context=40, decode_tokens=12, prefill_chunk=512, kv_dtype="bf16",
+                              gc_freeze=False, drafts=[2], draft_oracle=[0.82], profile_rounds=False, slow_stacks=True)
+    out = bench_speculation(model, args)
+    runs = out["plain_C2_runs_tok_s"]
+    assert len(runs) == 2 and out["plain_C2_tok_s"] == pytest.approx(max(runs), rel=1e-2)
+    assert [(r["adaptive"], r["exact"]) for r in out["rows"]] == [(False, True), (True, True)]
+    assert all(r["rounds"] > 0 and r["round_ms_quartiles"][2] > 0 for r in out["rows"])
