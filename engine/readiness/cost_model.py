@@ -7,7 +7,10 @@ its tensor math (FLOPs), and the int4 weights it unpacks. A card is its copy ban
 (fp32 accumulate, dense), its SMs x clock x integer lanes, and a gap per launch inside a CUDA graph. On a card:
 
     phase time = max(bytes / (copy bandwidth x STREAM), FLOPs / (tensor peak x MMA)) + unpack
-    unpack     = int4 weights x (cycles at one row + cycles per further row x (rows - 1)) / (SMs x clock x lanes/64)
+    unpack     = int4 weights x cycles per weight / (SMs x clock x lanes/64), where a GEMV's cycles per weight
+                 follow its kernel: the mma GEMV (up to 16 rows) unpacks the weights once per column tile of up to
+                 8 rows, each tile at (cycles at one row + cycles per further row x (its rows - 1)); the dot GEMV
+                 (17-32 rows, a C8 verify) at cycles per row x rows
     step time  = sum of its phases + launches x launch gap (+ a round's own time, + per MoE layer a fixed time)
 
 The unpack term is added, not overlapped: the H100 and H200 have the same SMs and clock but 3.0 against 4.2 TB/s,
@@ -19,6 +22,9 @@ fitted on measured H200 rows and checked against H100 rows (projection.py prints
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Literal
+
+from qwendesk_kernels.gemv_mma import X_TILE
 
 
 @dataclass(frozen=True)
@@ -54,7 +60,8 @@ GPUS = {
 class Calibration:
     stream: float = 0.9               # fraction of copy bandwidth a streaming kernel reaches
     unpack_cycles: float = 0.0        # SM cycles per int4 weight at one row (at 64 INT32 lanes)
-    unpack_row_cycles: float = 0.0    # SM cycles per int4 weight per further row
+    unpack_row_cycles: float = 0.0    # SM cycles per int4 weight per further row (of an mma column tile)
+    dot_row_cycles: float = 0.0       # SM cycles per int4 weight per row in the dot GEMV (17-32 rows)
     mma: float = 0.6                  # fraction of the tensor peak prefill GEMMs and attention reach
     moe_layer_seconds: float = 0.0    # per MoE layer and step, beyond its phases (its small routing kernels' latency)
     round_seconds: float = 0.0        # per speculative round, beyond its phases and launches (host work, syncs)
@@ -67,6 +74,7 @@ class Phase:
     flops: float = 0.0
     int4_weights: float = 0.0         # int4 weights a GEMV unpacks (0 where a GEMM reads dequantized ones)
     rows: int = 1                     # rows each weight multiplies (the GEMV's M)
+    kernel: Literal["mma", "dot"] = "mma"   # the int4 GEMV that runs (qwendesk_kernels/quant.py int4_linear)
 
 
 @dataclass(frozen=True)
@@ -87,8 +95,15 @@ class PhaseTime:
         return "math" if self.math > self.read else "memory"
 
 
+def cycles_per_weight(p: Phase, cal: Calibration) -> float:
+    if p.kernel == "dot":
+        return cal.dot_row_cycles * p.rows
+    tiles = [min(X_TILE, p.rows - start) for start in range(0, max(p.rows, 1), X_TILE)]
+    return sum(cal.unpack_cycles + cal.unpack_row_cycles * (rows - 1) for rows in tiles)
+
+
 def phase_time(p: Phase, gpu: Gpu, cal: Calibration) -> PhaseTime:
-    cycles = p.int4_weights * (cal.unpack_cycles + cal.unpack_row_cycles * (p.rows - 1))
+    cycles = p.int4_weights * cycles_per_weight(p, cal)
     return PhaseTime(p.name, p.bytes / (gpu.bandwidth * cal.stream), p.flops / (gpu.tensor * cal.mma),
                      cycles / (gpu.sms * gpu.clock * gpu.int_lanes / 64))
 

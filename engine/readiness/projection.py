@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from functools import cache
+from typing import Literal
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -23,18 +24,25 @@ DECODE_CONTEXT = 576          # the bench's decode: 512-token prompts, mean cont
 BENCH_CHUNK = 8192            # the bench's --prefill-chunk (the measured TTFTs)
 
 
+def gemv_kernel(rows: int) -> Literal["mma", "dot"]:
+    """The int4 GEMV the default runs at `rows` rows (qwendesk_kernels/quant.py int4_linear)."""
+    from qwendesk_kernels.gemv_mma import GEMV_MMA_MAX_M
+    return "mma" if rows <= GEMV_MMA_MAX_M else "dot"
+
+
 def gemv_flops(g: Group, rows: int) -> float:
-    """Tensor FLOPs a GEMV of `rows` rows issues over `g`: an int4 weight costs 24 up to 8 rows (the mma GEMV's
-    m16n8k16 with x padded to 8 columns, 16 per weight and 8 for the x sums: qwendesk_kernels/gemv_mma.py), else
-    2 per row padded to its M bucket (the dot GEMV's tl.dot: 16, 32, then M tiles of up to 64 / 128); a 16-bit one
-    2 per row."""
+    """Tensor FLOPs a GEMV of `rows` rows issues over `g`: an int4 weight costs 24 per column tile of 8 rows in the
+    mma GEMV (up to 16 rows: m16n8k16 with x padded to 8 columns, 16 per weight and 8 for the x sums:
+    qwendesk_kernels/gemv_mma.py), else 2 per row padded to its M bucket (the dot GEMV's tl.dot: 32, then M tiles of
+    up to 64 / 128); a 16-bit one 2 per row."""
     from qwendesk_kernels.gemv_dot import m_bucket
-    per_int4 = 24 if rows <= 8 else 2 * m_bucket(rows)
+    from qwendesk_kernels.gemv_mma import X_TILE
+    per_int4 = 24 * -(-rows // X_TILE) if gemv_kernel(rows) == "mma" else 2 * m_bucket(rows)
     return g.int4 * per_int4 + 2 * (g.params - g.int4) * rows
 
 
 def gemv(name: str, g: Group, rows: int) -> Phase:
-    return Phase(name, g.bytes, gemv_flops(g, rows), g.int4, rows)
+    return Phase(name, g.bytes, gemv_flops(g, rows), g.int4, rows, gemv_kernel(rows))
 
 
 def weight_phases(m: ModelFacts, seqs: int, rows: int) -> list[Phase]:
@@ -213,10 +221,13 @@ def measured() -> dict[str, Measured]:
         Measured("27B int4 C8 step", "h200", (decode_step(i4, 8),), 7.17e-3, "2026-12-02 fourteenth, 1,115.8 tok/s"),
         Measured("27B int4 TTFT 8K", "h200", tuple(prefill(i4, 8192, BENCH_CHUNK, False)), 8192 / 11_483.9,
                  "2026-12-02 thirteenth, 11,484 tok/s"),
-        Measured("27B int4 k=3 round", "h200", (spec_round(i4, 1, 3, 3.0),), 9.0e-3, "2026-12-02 fourteenth"),
-        Measured("27B int4 k=5 round", "h200", (spec_round(i4, 1, 5, 3.0),), 10.8e-3, "2026-12-02 fourteenth"),
+        Measured("27B int4 k=3 round", "h200", (spec_round(i4, 1, 3, 3.0),), 9.0e-3,
+                 "2026-12-02 fourteenth, before rounds in flight"),
+        Measured("27B int4 k=5 round", "h200", (spec_round(i4, 1, 5, 3.0),), 10.8e-3,
+                 "2026-12-02 fourteenth, before rounds in flight"),
         Measured("27B bf16 C8 step", "h200", (decode_step(b16, 8),), 15.57e-3, "2026-12-02 fourteenth, 513.5 tok/s"),
-        Measured("27B bf16 k=3 round", "h200", (spec_round(b16, 1, 3, 3.0),), 17.2e-3, "2026-12-02 fourteenth"),
+        Measured("27B bf16 k=3 round", "h200", (spec_round(b16, 1, 3, 3.0),), 17.2e-3,
+                 "2026-12-02 fourteenth, before rounds in flight"),
         Measured("27B int4 C1 step", "h100", (decode_step(i4, 1),), 1 / 142.7, "2026-12-06, spec off 142.7 tok/s"),
         Measured("27B int4 C8 step", "h100", (decode_step(i4, 8),), 8 / 789.9,
                  "2026-12-06, spec off 789.9 tok/s (plain C8 moved 521-897 there)"),
@@ -225,7 +236,17 @@ def measured() -> dict[str, Measured]:
         Measured("27B int4 TTFT 32K", "h100", tuple(prefill(i4, 32768, BENCH_CHUNK, False)), 3234e-3,
                  "2026-12-06, spec off"),
         Measured("27B int4 k=3 round", "h100", (spec_round(i4, 1, 3, 3.02),), 3.02 / (1.98 * 137.7),
-                 "2026-12-06: 1.98x of 137.7 tok/s at 3.02 tokens/round"),
+                 "2026-12-06: 1.98x of 137.7 tok/s at 3.02 tokens/round, before rounds in flight"),
+        Measured("27B int4 k=3 round, in flight", "h100", (spec_round(i4, 1, 3, 3.04),), 9.80e-3,
+                 "2026-12-07 seventh: rounds launched from the one in flight, a round's span = its GPU time"),
+        Measured("27B int4 C2 step", "h100", (decode_step(i4, 2),), 8.46e-3, "2026-12-08 eighth, 236.4 tok/s"),
+        Measured("27B int4 C4 step", "h100", (decode_step(i4, 4),), 8.52e-3, "2026-12-08 eighth, 469.3 tok/s"),
+        Measured("27B int4 C2 k=3 round", "h100", (spec_round(i4, 2, 3, 3.04),), 10.80e-3,
+                 "2026-12-08 eighth, median round"),
+        Measured("27B int4 C4 k=3 round", "h100", (spec_round(i4, 4, 3, 3.04),), 15.51e-3,
+                 "2026-12-08 eighth, median round"),
+        Measured("27B int4 C8 k=3 round", "h100", (spec_round(i4, 8, 3, 3.04),), 20.51e-3,
+                 "2026-12-08 eighth, median round"),
         Measured("27B int4 block drafter k=5 round", "h100", (block_round(i4, 1, 5, 4.23),), 12.14e-3,
                  "2026-12-07 second session: the fused drafter, 12.14 ms a round (a check, not fitted)"),
         Measured("9B bf16 C1 step", "h100", (decode_step(model_facts("9b", "bf16"), 1),), 1 / 163.9,
@@ -240,10 +261,14 @@ def measured() -> dict[str, Measured]:
 
 # Each constant solved on one row, in this order (a constant a row does not depend on is solved first): streaming
 # from a bf16 step (no unpack), the GEMV's unpack from int4 C1 and its growth per row from C8, the tensor fraction
-# from a prefill, the round's own time from a k = 3 round; the MoE layers' own time from an MoE C1 row (H100).
+# from a prefill, the round's own time from a k = 3 round of today's engine (rounds launched from the one in flight:
+# the rows measured before that carry its host work, 10-20% more), the dot GEMV's cost per row from a C8 round (its
+# 32-row verify); the MoE layers' own time from an MoE C1 row (H100). The C4 round (16 rows, the mma GEMV's two
+# column tiles) is modelled 15% fast: a tile beyond the first costs more than the model's.
 FIT = (("stream", "h200 27B bf16 C1 step", 0.3, 1.0), ("unpack_cycles", "h200 27B int4 C1 step", 0.0, 1.0),
        ("unpack_row_cycles", "h200 27B int4 C8 step", 0.0, 1.0), ("mma", "h200 27B int4 TTFT 8K", 0.05, 1.0),
-       ("round_seconds", "h200 27B int4 k=3 round", 0.0, 0.05),
+       ("round_seconds", "h100 27B int4 k=3 round, in flight", 0.0, 0.05),
+       ("dot_row_cycles", "h100 27B int4 C8 k=3 round", 0.0, 1.0),
        ("moe_layer_seconds", "h100 35B-A3B int4 C1 step", 0.0, 1e-3))
 FITTED_ON = tuple(key for _, key, _, _ in FIT)
 
@@ -311,7 +336,8 @@ def main(argv=None) -> int:
     cal, rows = calibration()
     print(f"calibration (fitted on {', '.join(FITTED_ON)}):\n  stream {cal.stream:.3f} of copy bandwidth; int4 GEMV "
           f"unpack {1e3 * cal.unpack_cycles:.1f} SM cycles per 1,000 weights at one row + "
-          f"{1e3 * cal.unpack_row_cycles:.2f} per further row; {1e6 * cal.moe_layer_seconds:.1f} us per MoE layer; MMA "
+          f"{1e3 * cal.unpack_row_cycles:.2f} per further row of an mma column tile, the dot GEMV "
+          f"{1e3 * cal.dot_row_cycles:.2f} per row; {1e6 * cal.moe_layer_seconds:.1f} us per MoE layer; MMA "
           f"{cal.mma:.3f} of the tensor peak; {1e3 * cal.round_seconds:.2f} ms per speculative round; launch gap "
           f"{GPUS['h200'].launch * 1e6:.2f} us")
     print(f"\n{'measured row':42s} {'measured':>9s} {'model':>9s} {'error':>7s}")
