@@ -315,3 +315,18 @@ def test_an_entry_put_from_the_gpu_while_its_disk_read_is_in_flight_is_kept_once
     assert all(torch.equal(a, b) for a, b in zip(page_of(p, 0), page_of(p, 2)))   # the GPU's copy, not the fill
     host.put_pages([b"a", b"b"], [1, 3])                 # the other two blocks are free again
     assert host.stats()["host_pages"] == 3
+
+
+def test_the_pinned_memory_torch_caches_goes_back_where_torch_can(monkeypatch):
+    """Engine.close gives the host tier's page-locked memory back to the OS (empty_host_cache), and an older torch
+    without the call is no error."""
+    import types
+
+    from engine.core.device import empty_host_cache
+    calls = []
+    monkeypatch.setattr(torch, "accelerator", types.SimpleNamespace(memory=types.SimpleNamespace(
+        empty_host_cache=lambda: calls.append(1))))
+    empty_host_cache()
+    assert calls == [1]
+    monkeypatch.setattr(torch, "accelerator", types.SimpleNamespace())
+    empty_host_cache()

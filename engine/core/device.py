@@ -111,6 +111,15 @@ def pinned(t: torch.Tensor) -> torch.Tensor:
     return t.pin_memory() if torch.cuda.is_available() else t
 
 
+def empty_host_cache() -> None:
+    """Give the OS back the page-locked memory torch keeps cached once its tensors are freed (the host tier's slabs,
+    the whole budget: engine/cache/host.py), where this torch can (torch.accelerator.memory.empty_host_cache: the
+    product's torch has it; older ones keep the memory until the process ends)."""
+    empty = getattr(getattr(torch.accelerator, "memory", None), "empty_host_cache", None)
+    if empty is not None:
+        empty()
+
+
 def graphs_on(device: torch.device) -> bool:
     """Whether this device replays CUDA graphs (a GPU)."""
     return on_gpu(device)

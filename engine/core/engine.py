@@ -16,7 +16,7 @@ import torch
 
 from engine.core import build
 from engine.core.collector import freeze_long_lived, release_frozen
-from engine.core.device import on_gpu, resolve_device, resolve_dtype
+from engine.core.device import empty_host_cache, on_gpu, resolve_device, resolve_dtype
 from engine.core.loop import EngineLoop
 from engine.core.memory import MemoryPlan, model_drafts
 from engine.core.messages import Cancel, Score, SetDraftOracle, Submit, Warm
@@ -280,6 +280,7 @@ class Engine:
         if on_gpu(self.device):
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
+            empty_host_cache()
 
     def __enter__(self):
         return self
