@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: GPU tests, kernel benchmarks, engine benchmark.
 # Usage (from the repo root, on the GPU machine): tests/device_run.sh [tests] [kernels] [profile] [engine] [engine-int4]
-#   [sim24] [engine-quick] [spec-tests] [spec-default] [spec-oracle] [spec-32k] [spec-long] [spec-bf16]
+#   [sim24] [engine-quick] [spec-tests] [spec-default] [spec-oracle] [spec-slow] [spec-32k] [spec-long] [spec-bf16]
 # Logs and JSON go to $OUT (or ./device-out). Wheels in .whl/ (fla-core) are installed first.
 set -uo pipefail
 OUT=${OUT:-device-out}; mkdir -p "$OUT"
@@ -23,7 +23,10 @@ for step in $what; do
     engine-int4) python3 -m engine.bench --weights int4 --json "$OUT/engine_int4.json" 2>&1 | tee "$OUT/engine_int4.log" | tail -40 ;;
     sim24)   python3 -m engine.bench --weights int4 --simulate-gb 24 --json "$OUT/sim24.json" 2>&1 | tee "$OUT/sim24.log" | tail -40 ;;
     spec-tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_speculation.py tests/test_gpu_capture.py \
-               tests/test_draft_policy.py 2>&1 | tee "$OUT/spec_tests.log" | tail -30 ;;
+               tests/test_draft_policy.py tests/test_host_cache.py 2>&1 | tee "$OUT/spec_tests.log" | tail -30 ;;
+    spec-slow) python3 -m engine.bench --weights int4 --draft-oracle 0.82,0 --drafts 3 --profiles C8,C4 \
+               --decode-tokens 128 --slow-stacks --json "$OUT/spec_slow.json" 2>&1 | tee "$OUT/spec_slow.log" \
+               | grep -v "^{" | tail -40 ;;
     spec-default) python3 -m engine.bench --weights int4 --no-hf --contexts 8192,32768,131072 --profiles C1,C8 \
                --decode-tokens 64 --json "$OUT/spec_default.json" 2>&1 | tee "$OUT/spec_default.log" | tail -40 ;;
     spec-oracle) python3 -m engine.bench --weights int4 --draft-oracle 0.82,0.93/0.81/0.64,0 --drafts 3 \
