@@ -126,7 +126,7 @@ def test_reserve_then_finish_keeps_the_filled_entries_within_the_budget():
 
 
 class HeldSlabs(HostCache):
-    """Slabs allocated only when the test lets them through (pinning takes the OS ~0.5-3 ms per MiB), recording the
+    """Slabs allocated only when the test lets them through (pinning takes the OS time), recording the
     threads that allocated; refuse: the slab (0-based) the OS refuses."""
     def __init__(self, *args, refuse: int | None = None, **kwargs):
         import threading

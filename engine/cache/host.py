@@ -6,8 +6,8 @@ first; making room evicts the least recently used entry that is not held (entrie
 from are held).
 
 Pinned slabs (pools on a GPU) are all allocated at load, on a thread of their own, and the engine waits for them
-before it serves (wait_allocated): pinning takes the OS ~0.5-3 ms per MiB, and while it does, CUDA calls from other
-threads wait too. Measured 2026-12-08 on an H100: slabs pinned as spills needed them stalled C8 rounds for 49-704 ms,
+before it serves (wait_allocated): pinning takes the OS time, and while it does, CUDA calls from other threads wait
+too. Measured 2026-12-08 on an H100: slabs of 128 MiB pinned as spills needed them stalled C8 rounds for 49-704 ms,
 on the loop thread and then, moved to a thread of their own, at the loop's next kernel launch. Unpinned slabs (pools
 on the CPU) cost nothing until touched and are allocated as they are needed, up to the budget.
 
