@@ -97,8 +97,8 @@ def _gemv_cases(int4_w, bf16_w):
             for i, cfg in enumerate(gemv_mma_configs(), 1):
                 variant_c = lambda x=x, w=w, cfg=cfg: int4_linear_triton(x, w, cfg, variant="C")  # noqa: E731
                 programs, per = gemv_mma_grid(N, K, cfg, sms)
-                name_c = (f"C cfg{i} NW{cfg['NW']} R{cfg['R']} U{cfg['UNROLL']} reg{cfg['MAXNREG']} "
-                          f"{programs}x{per}")
+                name_c = (f"C cfg{i} NW{cfg['NW']} R{cfg['R']} U{cfg['UNROLL']} reg{cfg['MAXNREG']}"
+                          f"{' XT' if cfg.get('XT') else ''} {programs}x{per}")
                 cases.append(Case("quant", f"{tag} [{name_c}, graph]", graph_replay(variant_c), baseline=graph_bf16,
                                   **kw))
             cases.append(Case("quant", f"{tag} [C cfg1, eager]", partial(int4_linear_triton, x, w, variant="C"),

@@ -236,6 +236,70 @@ def _block_c(f0, f1, xs, a00, a01, a02, a03, a10, a11, a12, a13, zero, one, G: t
 
 
 @triton.jit
+def _tile_block_xt(f, h: tl.constexpr, xa_e, xa_o, xb_e, xb_o, da, db, MAGIC: tl.constexpr, FP16: tl.constexpr,
+                   EMULATE: tl.constexpr):
+    """_tile_block_c for two x column tiles in each lane (xa_*, xb_*: their columns of planes 2h / 2h + 1; da, db:
+    their D quads): each A fragment is made once and used by one mma per column tile."""
+    wa, wb, s0, z0, s1, z1 = f
+    wa0, wa1, wa2, wa3 = _split_cols(wa)
+    wb0, wb1, wb2, wb3 = _split_cols(wb)
+    for p in tl.static_range(2 * h, 2 * h + 2):
+        for m in tl.static_range(2):
+            a_lo, a_hi = _pick(wa0, wa1, wa2, wa3, 2 * m), _pick(wa0, wa1, wa2, wa3, 2 * m + 1)
+            b_lo, b_hi = _pick(wb0, wb1, wb2, wb3, 2 * m), _pick(wb0, wb1, wb2, wb3, 2 * m + 1)
+            A0, A1 = _code_pair_c(a_lo, p, MAGIC, not EMULATE), _code_pair_c(b_lo, p, MAGIC, not EMULATE)
+            A2, A3 = _code_pair_c(a_hi, p, MAGIC, not EMULATE), _code_pair_c(b_hi, p, MAGIC, not EMULATE)
+            xa, xb = (xa_e, xb_e) if p == 2 * h else (xa_o, xb_o)
+            da = _mma(A0, A1, A2, A3, xa[2 * m], xa[2 * m + 1], da[0], da[1], da[2], da[3], FP16, EMULATE)
+            db = _mma(A0, A1, A2, A3, xb[2 * m], xb[2 * m + 1], db[0], db[1], db[2], db[3], FP16, EMULATE)
+    return da, db
+
+
+@triton.jit
+def _x_sums(xe, xo, e, one, FP16: tl.constexpr, EMULATE: tl.constexpr):
+    """e += the sums of x of one column tile's planes (xe, xo: their four columns), by mmas with A = 1."""
+    for m in tl.static_range(2):
+        e = _mma(one, one, one, one, xe[2 * m], xe[2 * m + 1], e[0], e[1], e[2], e[3], FP16, EMULATE)
+        e = _mma(one, one, one, one, xo[2 * m], xo[2 * m + 1], e[0], e[1], e[2], e[3], FP16, EMULATE)
+    return e
+
+
+@triton.jit
+def _group_xt(acc, d, e, f, h: tl.constexpr, BIAS: tl.constexpr, FP16: tl.constexpr):
+    return _tile_group_c(acc[0], acc[1], acc[2], acc[3], d[0], d[1], d[2], d[3], e[0], e[1], f, h, BIAS, FP16)
+
+
+@triton.jit
+def _block_xt(f0, f1, xsa, xsb, c0a, c0b, c1a, c1b, zero, one, G: tl.constexpr, FP16: tl.constexpr, R: tl.constexpr,
+              MAGIC: tl.constexpr, BIAS: tl.constexpr, EMULATE: tl.constexpr):
+    """_block_c with two x column tiles (xsa: rows 0-7 of x, xsb: rows 8-15) in each lane: the accumulator quads c0a /
+    c0b of weight tile 0 and c1a / c1b of weight tile 1 (R = 2), each quad a tuple of 1-D tensors, so that every mma
+    operand keeps the one layout of a [32 NW] tensor (one element per lane)."""
+    zq = (zero, zero, zero, zero)
+    for h in tl.static_range(2):
+        if h == 0 or G == 64:
+            d0a, d0b, d1a, d1b, ea, eb = zq, zq, zq, zq, zq, zq
+        xa_e, xa_o = _split_cols(xsa[2 * h]), _split_cols(xsa[2 * h + 1])
+        xb_e, xb_o = _split_cols(xsb[2 * h]), _split_cols(xsb[2 * h + 1])
+        ea = _x_sums(xa_e, xa_o, ea, one, FP16, EMULATE)
+        eb = _x_sums(xb_e, xb_o, eb, one, FP16, EMULATE)
+        d0a, d0b = _tile_block_xt(f0, h, xa_e, xa_o, xb_e, xb_o, d0a, d0b, MAGIC, FP16, EMULATE)
+        if R == 2:
+            d1a, d1b = _tile_block_xt(f1, h, xa_e, xa_o, xb_e, xb_o, d1a, d1b, MAGIC, FP16, EMULATE)
+        if h == 1 or G == 64:
+            c0a, c0b = _group_xt(c0a, d0a, ea, f0, h, BIAS, FP16), _group_xt(c0b, d0b, eb, f0, h, BIAS, FP16)
+            if R == 2:
+                c1a, c1b = _group_xt(c1a, d1a, ea, f1, h, BIAS, FP16), _group_xt(c1b, d1b, eb, f1, h, BIAS, FP16)
+    return c0a, c0b, c1a, c1b
+
+
+@triton.jit
+def _quad(c):
+    """An accumulator quad (rows g / g + 8 x columns 2t / 2t + 1) as [32 NW, 2 (row g / g + 8), 2]."""
+    return tl.join(tl.join(c[0], c[1]), tl.join(c[2], c[3]))
+
+
+@triton.jit
 def store_swiglu(total, rows, cols, y_ptr, M, N, stride_ym):
     """y [M, N] = silu(gate) * up from the fp32 sums [..., 2 (gate / up)], with the unfused path's roundings: both
     rounded to y's dtype as the projection's output, silu rounded before the product
@@ -252,7 +316,7 @@ def store_swiglu(total, rows, cols, y_ptr, M, N, stride_ym):
 def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_x, stride_ym, per,
                    G: tl.constexpr, FP16: tl.constexpr, NW: tl.constexpr, R: tl.constexpr, NT: tl.constexpr,
                    UNROLL: tl.constexpr, EVEN_K: tl.constexpr, X_TWICE: tl.constexpr, GLU: tl.constexpr,
-                   L1: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr):
+                   L1: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr, XT: tl.constexpr = False):
     """y = x @ W^T for this program's run of work units; each warp R 16-row tiles, one mma.sync per 16 rows x 16 k.
 
     The words serve as A fragments as they lie: lane 4g + t loads words 4t..4t+3 of rows g and g + 8 (16 bytes
@@ -274,7 +338,9 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, 
 
     Rows of x past 8 (a speculative verify: M <= 32): NT x column tiles, each its own NW warps doing exactly what the
     M <= 8 kernel does for rows 8c..8c + 7 on the same row groups and runs (so each row of y has the same bits
-    whatever M is); the program's NT copies of a weight word are read once from memory and then from L1.
+    whatever M is); the program's NT copies of a weight word are read once from memory and then from L1. XT (NT = 2,
+    9-16 rows): both column tiles in each warp instead, every A fragment made once and used by one mma per tile,
+    in the same order per row as at M <= 8 (the same bits); the tiles' x and accumulators are tuples of 1-D tensors.
 
     PDL (qwendesk_kernels/pdl.py): lets the next kernel start at once, loads its first weights, then waits for the
     kernel before it, before it reads x or writes anything. X_TWICE: x has K / 2 columns, read for each half of W."""
@@ -292,7 +358,11 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, 
         TILES: tl.constexpr = R  # type: ignore[no-redef]  # Triton: a constexpr per branch
         TILE1: tl.constexpr = 16  # type: ignore[no-redef]
     u_end = tl.minimum(u + per, tl.cdiv(N, 16 * TILES * NW) * blocks)
-    i = tl.arange(0, 32 * NW * NT)
+    if XT:
+        LANES: tl.constexpr = 32 * NW
+    else:
+        LANES: tl.constexpr = 32 * NW * NT  # type: ignore[no-redef]  # Triton: a constexpr per branch
+    i = tl.arange(0, LANES)
     lane = i % 32
     g = lane // 4
     t = lane % 4
@@ -303,10 +373,11 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, 
     s32, z32 = s_ptr.to(tl.pointer_type(tl.int32)), z_ptr.to(tl.pointer_type(tl.int32))
     # x row col0 + g is B column g; lanes past M read row M - 1 again (their columns of y are not stored)
     x_ptrs = x_ptr.to(tl.pointer_type(tl.int32)) + (tl.minimum(col0 + g, M - 1) * stride_x + 4 * t)[:, None] + j4
+    x_ptrs_b = x_ptr.to(tl.pointer_type(tl.int32)) + (tl.minimum(col0 + 8 + g, M - 1) * stride_x + 4 * t)[:, None] + j4
     MAGIC: tl.constexpr = 0x64006400 if FP16 else 0x43004300
     BIAS: tl.constexpr = 1024.0 if FP16 else 128.0
-    one = tl.full((32 * NW * NT,), 0x3C003C00 if FP16 else 0x3F803F80, tl.int32)
-    zero = tl.zeros((32 * NW * NT,), tl.float32)
+    one = tl.full((LANES,), 0x3C003C00 if FP16 else 0x3F803F80, tl.int32)
+    zero = tl.zeros((LANES,), tl.float32)
     while u < u_end:
         row_group = u // blocks
         b0 = u % blocks
@@ -325,30 +396,43 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, 
             s1, z1 = s32 + sz1, z32 + sz1
         a00, a01, a02, a03 = zero, zero, zero, zero           # tile 0's y: rows g, g + 8 x columns 2t, 2t + 1
         a10, a11, a12, a13 = zero, zero, zero, zero           # tile 1's (R = 2)
+        c0a, c0b, c1a, c1b = ((zero, zero, zero, zero),) * 4    # XT: (weight tile, x column tile)'s quads
         p0 = _load_block_c(w0, s0, z0, b0, groups, G, L1)   # one block in flight
         p1 = _load_block_c(w1, s1, z1, b0, groups, G, L1) if R == 2 else p0
         if PDL:
             tl.extra.cuda.gdc_wait()
         x0, x1, x2, x3 = _load_x_c(x_ptrs, b0, K, EVEN_K, x_blocks, X_TWICE)
+        xb = _load_x_c(x_ptrs_b, b0, K, EVEN_K, x_blocks, X_TWICE) if XT else (x0, x1, x2, x3)
         for blk in tl.range(b0, b1, loop_unroll_factor=UNROLL):
-            f0, f1, xs = p0, p1, (x0, x1, x2, x3)
+            f0, f1, xs, xsb = p0, p1, (x0, x1, x2, x3), xb
             ahead = tl.minimum(blk + 1, b1 - 1)               # the last block again at the end: no masks to zero-fill
             p0 = _load_block_c(w0, s0, z0, ahead, groups, G, L1)
             p1 = _load_block_c(w1, s1, z1, ahead, groups, G, L1) if R == 2 else p0
             x0, x1, x2, x3 = _load_x_c(x_ptrs, ahead, K, EVEN_K, x_blocks, X_TWICE)
+            if XT:
+                xb = _load_x_c(x_ptrs_b, ahead, K, EVEN_K, x_blocks, X_TWICE)
             # a barrier between the loads ahead and this block's work: else they sink down to the loop's end, and no
             # block is in flight.
             tl.debug_barrier()
-            a00, a01, a02, a03, a10, a11, a12, a13 = _block_c(
-                f0, f1, xs, a00, a01, a02, a03, a10, a11, a12, a13, zero, one, G, FP16, R, MAGIC, BIAS, EMULATE)
+            if XT:
+                c0a, c0b, c1a, c1b = _block_xt(f0, f1, xs, xsb, c0a, c0b, c1a, c1b, zero, one, G, FP16, R, MAGIC,
+                                               BIAS, EMULATE)
+            else:
+                a00, a01, a02, a03, a10, a11, a12, a13 = _block_c(
+                    f0, f1, xs, a00, a01, a02, a03, a10, a11, a12, a13, zero, one, G, FP16, R, MAGIC, BIAS, EMULATE)
         c0, c1 = col0 + 2 * t, col0 + 2 * t + 1
         cols = tl.join(tl.join(c0, c1), tl.join(c0, c1))            # [32 NW NT, 2 (row g / g + 8), 2]
         rows = tl.join(tl.join(row0, row0), tl.join(row0 + 8, row0 + 8))
-        y = tl.join(tl.join(a00, a01), tl.join(a02, a03))
+        if XT:                                              # [32 NW, 2, 2, 2 (x column tile)]
+            cols = tl.join(cols, cols + 8)
+            rows = tl.join(rows, rows)
+            y, y1 = tl.join(_quad(c0a), _quad(c0b)), tl.join(_quad(c1a), _quad(c1b))
+        else:
+            y, y1 = _quad((a00, a01, a02, a03)), _quad((a10, a11, a12, a13))
         first = row_group * blocks // per                     # the programs with blocks of this row group
         last = ((row_group + 1) * blocks - 1) // per
         if GLU:                                             # [32 NW, 2, 2, 2 (gate / up)], the partials over 2N rows
-            y = tl.join(y, tl.join(tl.join(a10, a11), tl.join(a12, a13)))
+            y = tl.join(y, y1)
             if first == last:
                 store_swiglu(y, rows, cols, y_ptr, M, N, stride_ym)
             else:
@@ -358,7 +442,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, 
                     store_swiglu(total, rows, cols, y_ptr, M, N, stride_ym)
         else:
             if R == 2:                                                   # [32 NW, 2, 2, 2 (tile)]
-                y = tl.join(y, tl.join(tl.join(a10, a11), tl.join(a12, a13)))
+                y = tl.join(y, y1)
                 rows = tl.join(rows, rows + 16)
                 cols = tl.join(cols, cols)
             store_tile(y, rows, cols, y_ptr, part_ptr, count_ptr, M, N, stride_ym, row_group, pid - first,
@@ -375,10 +459,14 @@ def gemv_mma_configs() -> list[dict]:
     PER_SM programs per SM); the launcher uses the first. On the H200 (27B shapes, 64 GEMVs in one graph, M = 1):
     the loop unrolled twice issues ~10% fewer instructions (no register copies of the block loaded ahead), capped at
     128 registers it keeps 16 warps per SM (144 uncapped: 14), and the stream-K grid of one wave: 18.7 µs per GEMV
-    against 20.6 for the split-K kernel before (docs/performance.md, fifth session); 16.8 with x loaded ahead."""
+    against 20.6 for the split-K kernel before (docs/performance.md, fifth session); 16.8 with x loaded ahead.
+    XT (9-16 rows: both x column tiles in each warp, the weights unpacked once for both) is not measured yet: compiled
+    for sm_90 / sm_86 it takes 185 / 247 registers at R = 2, 112 / 140 at R = 1, no spills (docs/performance.md,
+    2026-12-08)."""
     best = GEMV_MMA_DEFAULT
     return [best, {**best, "PER_SM": 2 * GEMV_MMA_PROGRAMS_PER_SM}, {**best, "UNROLL": 1, "MAXNREG": None},
-            dict(NW=1, R=1, UNROLL=2, MAXNREG=None, PER_SM=GEMV_MMA_PROGRAMS_PER_SM), {**best, "NW": 2, "PER_SM": 8}]
+            dict(NW=1, R=1, UNROLL=2, MAXNREG=None, PER_SM=GEMV_MMA_PROGRAMS_PER_SM), {**best, "NW": 2, "PER_SM": 8},
+            {**best, "XT": True}, dict(NW=1, R=1, UNROLL=2, MAXNREG=None, PER_SM=GEMV_MMA_PROGRAMS_PER_SM, XT=True)]
 
 
 def gemv_mma_takes(x2: torch.Tensor, w: Int4Weight) -> bool:
@@ -411,11 +499,12 @@ def gemv_mma_grid(N: int, K: int, config: dict, sms: int) -> tuple[int, int]:
 
 def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None, swiglu: bool = False):
     """y [M, N] = x2 [M, K / x_repeats] @ W^T for M <= 32 (the mma GEMV), one launch. config (gemv_mma_configs' keys,
-    PER, PDL, L1) forces one; None: GEMV_MMA_DEFAULT (the first of gemv_mma_configs). Past 8 rows each program has a
-    column tile of NW warps per 8 rows of x, on the grid of M <= 8 (L1, on by default there: the tiles share the
-    weight words through L1). PDL on (qwendesk_kernels/pdl.py) unless
-    config says PDL=False. swiglu: W is gate | up stacked by rows and y [M, N / 2] = silu(x2 @ gate^T) * (x2 @ up^T),
-    made in the epilogue (each warp's two tiles: a gate tile and the up tile N / 2 rows below; R = 2)."""
+    PER, PDL, L1, XT) forces one; None: GEMV_MMA_DEFAULT (the first of gemv_mma_configs). Past 8 rows each program
+    has a column tile of NW warps per 8 rows of x, on the grid of M <= 8 (L1, on by default there: the tiles share
+    the weight words through L1); with XT at 9-16 rows, both tiles in each of its NW warps instead. PDL on
+    (qwendesk_kernels/pdl.py) unless config says PDL=False. swiglu: W is gate | up stacked by rows and y [M, N / 2] =
+    silu(x2 @ gate^T) * (x2 @ up^T), made in the epilogue (each warp's two tiles: a gate tile and the up tile N / 2
+    rows below; R = 2)."""
     M, (N, K) = x2.shape[0], w.shape
     assert gemv_mma_takes(x2, w), "the mma GEMV: M <= 32, group 64 or 128, 16-bit x"
     assert w.x_repeats in (1, 2) and x2.shape[1] * w.x_repeats == K and (w.x_repeats == 1 or K % 256 == 0), \
@@ -425,6 +514,7 @@ def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None, 
     config = config or GEMV_MMA_DEFAULT
     nw, r, blocks = config.get("NW", 1), config.get("R", 2), triton.cdiv(K, 128)
     nt = triton.next_power_of_2(triton.cdiv(M, X_TILE))         # 1, 2 or 4 (tensors of 32 x warps, a power of 2)
+    xt = bool(config.get("XT", False)) and nt == 2              # 9-16 rows: both column tiles in each warp
     assert not swiglu or (r == 2 and N % 32 == 0), "SwiGLU: two tiles per warp, gate and up in whole tiles"
     programs, per = gemv_mma_grid(N, K, config, sm_count(x2.device) if x2.is_cuda else 132)  # (the same with swiglu)
     launch = pdl.launch_args(x2.device) if config.get("PDL", True) else {"PDL": False}
@@ -437,5 +527,5 @@ def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None, 
     _gemv_mma_kernel[(programs,)](x2, w.qweight, w.scales, w.zeros, y, part, count, M, N // 2 if swiglu else N, K,
                                 x2.stride(0) // 2, y.stride(0), per, G=w.group_size, FP16=x2.dtype == torch.float16,
                                 NW=nw, R=r, NT=nt, UNROLL=config.get("UNROLL", 1), EVEN_K=K % 128 == 0,
-                                X_TWICE=w.x_repeats == 2, GLU=swiglu, L1=config.get("L1", nt > 1), EMULATE=INTERPRET,
-                                num_warps=nw * nt, num_stages=1, **launch)
+                                X_TWICE=w.x_repeats == 2, GLU=swiglu, L1=config.get("L1", nt > 1 and not xt),
+                                EMULATE=INTERPRET, XT=xt, num_warps=nw if xt else nw * nt, num_stages=1, **launch)

@@ -14,7 +14,7 @@ import torch
 
 from qwendesk_kernels.bench_quant import HIDDEN, LM_HEAD, PROJ
 from qwendesk_kernels.activation import silu_mul, silu_mul_ref
-from qwendesk_kernels.gemv_mma import gemv, gemv_mma_configs, gemv_mma_grid
+from qwendesk_kernels.gemv_mma import GEMV_MMA_DEFAULT, gemv, gemv_mma_configs, gemv_mma_grid
 from qwendesk_kernels.quant import (int4_linear, int4_linear_triton, int4_swiglu, int8_embedding, int8_embedding_triton,
                            int8_linear, int8_linear_triton)
 from qwendesk_kernels.quant_format import (dequantize_int4_ref, dequantize_int8_ref, int4_linear_ref,
@@ -188,6 +188,8 @@ def linear_c(x, w, config=None):
     (16, 256, 64, torch.float16, dict(NW=1, R=1, UNROLL=1, PER=1)),
     (21, 320, 64, torch.bfloat16, dict(NW=2, UNROLL=2, PER=2, L1=False)),
     (32, 384, 128, torch.bfloat16, dict(NW=1, R=2, UNROLL=2, PER=2)),
+    (12, 384, 128, torch.bfloat16, dict(NW=1, R=2, UNROLL=2, PER=2, XT=True)),   # both column tiles in each warp
+    (16, 320, 64, torch.float16, dict(NW=2, R=1, UNROLL=1, PER=1, XT=True)),
 ])
 def test_int4_gemv_mma(M, K, G, dtype, config):
     """The mma GEMV (mma.sync written out for the interpreter: the same fragments), N = 40: a partial row tile."""
@@ -214,10 +216,11 @@ def test_int4_gemv_mma_swiglu(M, K, config):
     check(int4_swiglu(x, w), silu_mul_ref(int4_linear_ref(x, w)), TOL[torch.float16])    # (the CPU path)
 
 
-@pytest.mark.parametrize("config", [None, dict(NW=2, UNROLL=2, PER=1)])
+@pytest.mark.parametrize("config", [None, dict(NW=2, UNROLL=2, PER=1), dict(NW=1, R=2, UNROLL=2, PER=1, XT=True)])
 def test_int4_gemv_mma_rows_do_not_depend_on_m(config):
-    """A row of y has the same bits at every M (1 .. 32, any column tile): a speculative verify's rows are what plain
-    decoding computes for them, so greedy speculation stays exact."""
+    """A row of y has the same bits at every M (1 .. 32, any column tile; XT: its 9-16 rows against the tiles in warps
+    of their own at 32): a speculative verify's rows are what plain decoding computes for them, so greedy speculation
+    stays exact."""
     w, _ = random_int4(40, 256, 64, torch.bfloat16, seed=13)
     x = torch.randn(32, 256).to(torch.bfloat16)
     full = linear_c(x, w, config)
@@ -463,6 +466,8 @@ def test_int4_gemv_mma_rows_do_not_depend_on_m_gpu(name):
     full = linear_c(x, w)
     for M in (1, 4, 8, 9, 16, 24):
         assert torch.equal(linear_c(x[:M], w), full[:M]), M
+    for M in (9, 12, 16):                   # both column tiles in each warp: the mma's operands in the lanes it needs
+        assert torch.equal(linear_c(x[:M], w, {**GEMV_MMA_DEFAULT, "XT": True}), full[:M]), M
     if name == "mlp_gate_up":
         full = int4_swiglu(x, w)
         for M in (1, 8, 12):
