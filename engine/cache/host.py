@@ -137,10 +137,7 @@ class HostCache:
 
     def wait_allocated(self) -> None:
         """Wait for the slabs allocated at load (if any are still coming) and take them into use."""
-        self._collect(wait=True)
-
-    def _collect(self, wait: bool = False) -> None:
-        if self._allocating is None or not (wait or self._allocating.done()):
+        if self._allocating is None:
             return
         slabs, refused = self._allocating.result()
         self._allocating = None
@@ -152,8 +149,7 @@ class HostCache:
 
     def _take(self, n: int) -> list[int] | None:
         """n free blocks, growing the slabs within the budget, else evicting unheld entries (None: cannot, and then
-        nothing is evicted; or the slabs allocated at load are not there yet)."""
-        self._collect()
+        nothing is evicted; or the slabs allocated at load are not taken into use yet: wait_allocated)."""
         if self._allocating is not None:
             return None
         unused = self._unused()
