@@ -167,25 +167,28 @@ def _code_pair_c(w, p: tl.constexpr, MAGIC: tl.constexpr, USE_ASM: tl.constexpr)
 
 
 @triton.jit
+def _a_fragment(wa, wb, p: tl.constexpr, m: tl.constexpr, MAGIC: tl.constexpr, EMULATE: tl.constexpr):
+    """The A fragment of mma (p, m) of a tile's block: the codes of plane p of the lane's words 4t + 2m and
+    4t + 2m + 1 (wa, wb: the four words of rows g and g + 8, _split_cols) as 16-bit pairs (_code_pair_c)."""
+    return (_code_pair_c(wa[2 * m], p, MAGIC, not EMULATE), _code_pair_c(wb[2 * m], p, MAGIC, not EMULATE),
+            _code_pair_c(wa[2 * m + 1], p, MAGIC, not EMULATE), _code_pair_c(wb[2 * m + 1], p, MAGIC, not EMULATE))
+
+
+@triton.jit
 def _tile_block_c(f, h: tl.constexpr, xe0, xe1, xe2, xe3, xo0, xo1, xo2, xo3, d0, d1, d2, d3,
                   MAGIC: tl.constexpr, FP16: tl.constexpr, EMULATE: tl.constexpr):
     """d += the four mmas of half h of one tile's block f (_load_block_c): for plane p = 2h (x pairs xe) and 2h + 1
     (xo) and m = 0, 1, the codes of plane p of the lane's words 4t + 2m and 4t + 2m + 1 against the x pairs 2m and
     2m + 1 of the plane (adjacent in the lane's load: the B fragment as it is)."""
-    wa, wb, s0, z0, s1, z1 = f
-    wa0, wa1, wa2, wa3 = _split_cols(wa)
-    wb0, wb1, wb2, wb3 = _split_cols(wb)
+    wa, wb = _split_cols(f[0]), _split_cols(f[1])
     for p in tl.static_range(2 * h, 2 * h + 2):
         for m in tl.static_range(2):
-            a_lo, a_hi = _pick(wa0, wa1, wa2, wa3, 2 * m), _pick(wa0, wa1, wa2, wa3, 2 * m + 1)
-            b_lo, b_hi = _pick(wb0, wb1, wb2, wb3, 2 * m), _pick(wb0, wb1, wb2, wb3, 2 * m + 1)
+            A0, A1, A2, A3 = _a_fragment(wa, wb, p, m, MAGIC, EMULATE)
             if p == 2 * h:
                 x_lo, x_hi = _pick(xe0, xe1, xe2, xe3, 2 * m), _pick(xe0, xe1, xe2, xe3, 2 * m + 1)
             else:
                 x_lo, x_hi = _pick(xo0, xo1, xo2, xo3, 2 * m), _pick(xo0, xo1, xo2, xo3, 2 * m + 1)
-            d0, d1, d2, d3 = _mma(_code_pair_c(a_lo, p, MAGIC, not EMULATE), _code_pair_c(b_lo, p, MAGIC, not EMULATE),
-                                  _code_pair_c(a_hi, p, MAGIC, not EMULATE), _code_pair_c(b_hi, p, MAGIC, not EMULATE),
-                                  x_lo, x_hi, d0, d1, d2, d3, FP16, EMULATE)
+            d0, d1, d2, d3 = _mma(A0, A1, A2, A3, x_lo, x_hi, d0, d1, d2, d3, FP16, EMULATE)
     return d0, d1, d2, d3
 
 
@@ -240,15 +243,10 @@ def _tile_block_xt(f, h: tl.constexpr, xa_e, xa_o, xb_e, xb_o, da, db, MAGIC: tl
                    EMULATE: tl.constexpr):
     """_tile_block_c for two x column tiles in each lane (xa_*, xb_*: their columns of planes 2h / 2h + 1; da, db:
     their D quads): each A fragment is made once and used by one mma per column tile."""
-    wa, wb, s0, z0, s1, z1 = f
-    wa0, wa1, wa2, wa3 = _split_cols(wa)
-    wb0, wb1, wb2, wb3 = _split_cols(wb)
+    wa, wb = _split_cols(f[0]), _split_cols(f[1])
     for p in tl.static_range(2 * h, 2 * h + 2):
         for m in tl.static_range(2):
-            a_lo, a_hi = _pick(wa0, wa1, wa2, wa3, 2 * m), _pick(wa0, wa1, wa2, wa3, 2 * m + 1)
-            b_lo, b_hi = _pick(wb0, wb1, wb2, wb3, 2 * m), _pick(wb0, wb1, wb2, wb3, 2 * m + 1)
-            A0, A1 = _code_pair_c(a_lo, p, MAGIC, not EMULATE), _code_pair_c(b_lo, p, MAGIC, not EMULATE)
-            A2, A3 = _code_pair_c(a_hi, p, MAGIC, not EMULATE), _code_pair_c(b_hi, p, MAGIC, not EMULATE)
+            A0, A1, A2, A3 = _a_fragment(wa, wb, p, m, MAGIC, EMULATE)
             xa, xb = (xa_e, xb_e) if p == 2 * h else (xa_o, xb_o)
             da = _mma(A0, A1, A2, A3, xa[2 * m], xa[2 * m + 1], da[0], da[1], da[2], da[3], FP16, EMULATE)
             db = _mma(A0, A1, A2, A3, xb[2 * m], xb[2 * m + 1], db[0], db[1], db[2], db[3], FP16, EMULATE)
