@@ -150,7 +150,7 @@ def bench_speculation(model, args, drafter=None) -> dict:
         _generate(eng, prompts, 8)          # warm this batch size; the prompts in the prefix cache, as for every row
         # twice: the C8 baseline has moved 521-730 tok/s between engines while the speculative engine's own plain
         # steps held ~890; the faster run is the baseline (the ratios' conservative side), both are printed
-        (plain, first_rate, _), (again, again_rate, _) = (_generate(eng, prompts, args.decode_tokens) for _ in "12")
+        (plain, first_rate, _), (again, again_rate, _) = (_generate(eng, prompts, args.decode_tokens) for _ in range(2))
         eng.close()
         assert again == plain, "greedy plain runs of the same prompts differ"
         plain_rate = max(first_rate, again_rate)
