@@ -7,6 +7,8 @@ weight tiles per warp), above 32 rows the fused GEMM."""
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 import triton
 
@@ -27,11 +29,11 @@ def graph_us(fn) -> float:
     return 1e3 * triton.testing.do_bench(graph.replay, warmup=10, rep=50)
 
 
-def main() -> None:
+def main(rows: tuple[int, ...] = ROWS) -> None:
     for name in ("mlp_gate_up", "mlp_down", "gdn_in_qkvz"):
         N, K = PROJ[name]
         w = _int4(N, K)
-        for M in ROWS:
+        for M in rows:
             x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
             cells = []
             for variant, config in (("A", None), ("C", None), ("C-L2", {**GEMV_MMA_DEFAULT, "L1": False}),
@@ -47,6 +49,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma-separated row counts M")
+    args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("qwendesk_kernels.bench_rows: needs a CUDA GPU")
-    main()
+    main(tuple(int(m) for m in args.rows.split(",")))

@@ -468,6 +468,7 @@ def test_int4_gemv_mma_rows_do_not_depend_on_m_gpu(name):
         assert torch.equal(linear_c(x[:M], w), full[:M]), M
     for M in (9, 12, 16):                   # both column tiles in each warp: the mma's operands in the lanes it needs
         assert torch.equal(linear_c(x[:M], w, {**GEMV_MMA_DEFAULT, "XT": True}), full[:M]), M
+        assert torch.equal(linear_c(x[:M], w, {**GEMV_MMA_DEFAULT, "XT": True, "R": 1}), full[:M]), M
     if name == "mlp_gate_up":
         full = int4_swiglu(x, w)
         for M in (1, 8, 12):
