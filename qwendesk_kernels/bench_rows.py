@@ -2,7 +2,7 @@
 speculative verify of M = c x (k + 1) rows costs against a decode step's M = c. Each case is replayed from a CUDA graph
 (triton.testing.do_bench); A is the dot GEMV (with the config its autotuner picked), C the mma GEMV (M <= 32: column
 tiles of 8 rows past 8, their weight words shared through L1; "C-L2" the same with the words read around L1; "C-XT"
-and "C-XT1" at 9-16 rows: both column tiles in each warp, the weights unpacked once for both, two / one 16-row
+and "C-XT1" past 8 rows: a pair of column tiles in each warp, the weights unpacked once for both, two / one 16-row
 weight tiles per warp), above 32 rows the fused GEMM."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def main(rows: tuple[int, ...] = ROWS) -> None:
                                     ("C-XT", {**GEMV_MMA_DEFAULT, "XT": True}),
                                     ("C-XT1", {**GEMV_MMA_DEFAULT, "XT": True, "R": 1})):
                 if (variant != "A" and M > MMA_ROWS or variant == "C-L2" and M <= 8
-                        or variant.startswith("C-XT") and not 8 < M <= 16):
+                        or variant.startswith("C-XT") and M <= 8):
                     continue
                 us = graph_us(lambda v=variant[0], c=config: int4_linear_triton(x, w, c, variant=v))
                 tuned = gemv_dot.gemv_tuned.best_config.kwargs if variant == "A" and M <= 32 else ""

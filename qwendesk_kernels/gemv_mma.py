@@ -336,9 +336,10 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, 
 
     Rows of x past 8 (a speculative verify: M <= 32): NT x column tiles, each its own NW warps doing exactly what the
     M <= 8 kernel does for rows 8c..8c + 7 on the same row groups and runs (so each row of y has the same bits
-    whatever M is); the program's NT copies of a weight word are read once from memory and then from L1. XT (NT = 2,
-    9-16 rows): both column tiles in each warp instead, every A fragment made once and used by one mma per tile,
-    in the same order per row as at M <= 8 (the same bits); the tiles' x and accumulators are tuples of 1-D tensors.
+    whatever M is); the program's NT copies of a weight word are read once from memory and then from L1. XT: a pair of
+    column tiles in each warp instead (9-16 rows: one warp per NW; 17-32: two, sharing the words through L1), every A
+    fragment made once and used by one mma per tile, in the same order per row as at M <= 8 (the same bits); the
+    pair's x and accumulators are tuples of 1-D tensors.
 
     PDL (qwendesk_kernels/pdl.py): lets the next kernel start at once, loads its first weights, then waits for the
     kernel before it, before it reads x or writes anything. X_TWICE: x has K / 2 columns, read for each half of W."""
@@ -356,8 +357,8 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, 
         TILES: tl.constexpr = R  # type: ignore[no-redef]  # Triton: a constexpr per branch
         TILE1: tl.constexpr = 16  # type: ignore[no-redef]
     u_end = tl.minimum(u + per, tl.cdiv(N, 16 * TILES * NW) * blocks)
-    if XT:
-        LANES: tl.constexpr = 32 * NW
+    if XT:                          # a pair of x column tiles in each warp
+        LANES: tl.constexpr = 32 * NW * (NT // 2)
     else:
         LANES: tl.constexpr = 32 * NW * NT  # type: ignore[no-redef]  # Triton: a constexpr per branch
     i = tl.arange(0, LANES)
@@ -365,7 +366,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, 
     g = lane // 4
     t = lane % 4
     warp = (i // 32) % NW                                     # the lane's warp among its column tile's NW
-    col0 = (i // 32 // NW) * 8                                # the first row of x of its column tile
+    col0 = (i // 32 // NW) * (16 if XT else 8)                # the first row of x of its column tile (XT: pair)
     j4 = tl.arange(0, 4)[None, :]
     last_tile = (N - 1) // 16 * 16                             # a tile past N: the last one again (not stored)
     s32, z32 = s_ptr.to(tl.pointer_type(tl.int32)), z_ptr.to(tl.pointer_type(tl.int32))
@@ -421,7 +422,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, 
         c0, c1 = col0 + 2 * t, col0 + 2 * t + 1
         cols = tl.join(tl.join(c0, c1), tl.join(c0, c1))            # [32 NW NT, 2 (row g / g + 8), 2]
         rows = tl.join(tl.join(row0, row0), tl.join(row0 + 8, row0 + 8))
-        if XT:                                              # [32 NW, 2, 2, 2 (x column tile)]
+        if XT:                                              # [32 NW NT / 2, 2, 2, 2 (x column tile of the pair)]
             cols = tl.join(cols, cols + 8)
             rows = tl.join(rows, rows)
             y, y1 = tl.join(_quad(c0a), _quad(c0b)), tl.join(_quad(c1a), _quad(c1b))
@@ -499,7 +500,7 @@ def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None, 
     """y [M, N] = x2 [M, K / x_repeats] @ W^T for M <= 32 (the mma GEMV), one launch. config (gemv_mma_configs' keys,
     PER, PDL, L1, XT) forces one; None: GEMV_MMA_DEFAULT (the first of gemv_mma_configs). Past 8 rows each program
     has a column tile of NW warps per 8 rows of x, on the grid of M <= 8 (L1, on by default there: the tiles share
-    the weight words through L1); with XT at 9-16 rows, both tiles in each of its NW warps instead. PDL on
+    the weight words through L1); with XT, NW warps per pair of column tiles instead. PDL on
     (qwendesk_kernels/pdl.py) unless config says PDL=False. swiglu: W is gate | up stacked by rows and y [M, N / 2] =
     silu(x2 @ gate^T) * (x2 @ up^T), made in the epilogue (each warp's two tiles: a gate tile and the up tile N / 2
     rows below; R = 2)."""
@@ -512,7 +513,7 @@ def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None, 
     config = config or GEMV_MMA_DEFAULT
     nw, r, blocks = config.get("NW", 1), config.get("R", 2), triton.cdiv(K, 128)
     nt = triton.next_power_of_2(triton.cdiv(M, X_TILE))         # 1, 2 or 4 (tensors of 32 x warps, a power of 2)
-    xt = bool(config.get("XT", False)) and nt == 2              # 9-16 rows: both column tiles in each warp
+    xt = bool(config.get("XT", False)) and nt > 1               # past 8 rows: a pair of column tiles in each warp
     assert not swiglu or (r == 2 and N % 32 == 0), "SwiGLU: two tiles per warp, gate and up in whole tiles"
     programs, per = gemv_mma_grid(N, K, config, sm_count(x2.device) if x2.is_cuda else 132)  # (the same with swiglu)
     launch = pdl.launch_args(x2.device) if config.get("PDL", True) else {"PDL": False}
@@ -525,5 +526,6 @@ def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None, 
     _gemv_mma_kernel[(programs,)](x2, w.qweight, w.scales, w.zeros, y, part, count, M, N // 2 if swiglu else N, K,
                                 x2.stride(0) // 2, y.stride(0), per, G=w.group_size, FP16=x2.dtype == torch.float16,
                                 NW=nw, R=r, NT=nt, UNROLL=config.get("UNROLL", 1), EVEN_K=K % 128 == 0,
-                                X_TWICE=w.x_repeats == 2, GLU=swiglu, L1=config.get("L1", nt > 1 and not xt),
-                                EMULATE=INTERPRET, XT=xt, num_warps=nw if xt else nw * nt, num_stages=1, **launch)
+                                X_TWICE=w.x_repeats == 2, GLU=swiglu, L1=config.get("L1", nt > (2 if xt else 1)),
+                                EMULATE=INTERPRET, XT=xt, num_warps=nw * nt // (2 if xt else 1), num_stages=1,
+                                **launch)

@@ -190,6 +190,8 @@ def linear_c(x, w, config=None):
     (32, 384, 128, torch.bfloat16, dict(NW=1, R=2, UNROLL=2, PER=2)),
     (12, 384, 128, torch.bfloat16, dict(NW=1, R=2, UNROLL=2, PER=2, XT=True)),   # both column tiles in each warp
     (16, 320, 64, torch.float16, dict(NW=2, R=1, UNROLL=1, PER=1, XT=True)),
+    (21, 384, 128, torch.bfloat16, dict(NW=1, R=2, UNROLL=2, PER=2, XT=True)),   # two warps, a pair of tiles each
+    (32, 320, 64, torch.float16, dict(NW=2, R=1, UNROLL=1, PER=1, XT=True)),
 ])
 def test_int4_gemv_mma(M, K, G, dtype, config):
     """The mma GEMV (mma.sync written out for the interpreter: the same fragments), N = 40: a partial row tile."""
@@ -218,18 +220,18 @@ def test_int4_gemv_mma_swiglu(M, K, config):
 
 @pytest.mark.parametrize("config", [None, dict(NW=2, UNROLL=2, PER=1), dict(NW=1, R=2, UNROLL=2, PER=1, XT=True)])
 def test_int4_gemv_mma_rows_do_not_depend_on_m(config):
-    """A row of y has the same bits at every M (1 .. 32, any column tile; XT: its 9-16 rows against the tiles in warps
-    of their own at 32): a speculative verify's rows are what plain decoding computes for them, so greedy speculation
-    stays exact."""
+    """A row of y has the same bits at every M (1 .. 32, any column tile; XT: a pair of tiles in each warp, against
+    the tiles in warps of their own at 32): a speculative verify's rows are what plain decoding computes for them, so
+    greedy speculation stays exact."""
     w, _ = random_int4(40, 256, 64, torch.bfloat16, seed=13)
     x = torch.randn(32, 256).to(torch.bfloat16)
-    full = linear_c(x, w, config)
-    for M in (1, 8, 12, 31):
+    full = linear_c(x, w, config and {**config, "XT": False})
+    for M in (1, 8, 12, 17, 31, 32):
         assert torch.equal(linear_c(x[:M], w, config), full[:M]), M
     gate_up, _ = random_int4(64, 256, 64, torch.bfloat16, seed=14)
     swiglu = torch.empty(32, 32, dtype=torch.bfloat16)
-    gemv(x, gate_up, swiglu, config, swiglu=True)
-    for M in (3, 17):
+    gemv(x, gate_up, swiglu, config and {**config, "XT": False}, swiglu=True)
+    for M in (3, 17, 32):
         part = torch.empty(M, 32, dtype=torch.bfloat16)
         gemv(x[:M], gate_up, part, config, swiglu=True)
         assert torch.equal(part, swiglu[:M]), M
@@ -466,7 +468,7 @@ def test_int4_gemv_mma_rows_do_not_depend_on_m_gpu(name):
     full = linear_c(x, w)
     for M in (1, 4, 8, 9, 16, 24):
         assert torch.equal(linear_c(x[:M], w), full[:M]), M
-    for M in (9, 12, 16):                   # both column tiles in each warp: the mma's operands in the lanes it needs
+    for M in (9, 12, 16, 24, 32):           # a pair of column tiles in each warp: the mma's operands in its lanes
         assert torch.equal(linear_c(x[:M], w, {**GEMV_MMA_DEFAULT, "XT": True}), full[:M]), M
         assert torch.equal(linear_c(x[:M], w, {**GEMV_MMA_DEFAULT, "XT": True, "R": 1}), full[:M]), M
     if name == "mlp_gate_up":
