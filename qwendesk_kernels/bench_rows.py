@@ -14,7 +14,7 @@ import triton
 
 from qwendesk_kernels import gemv_dot
 from qwendesk_kernels.bench_quant import PROJ, _int4
-from qwendesk_kernels.gemv_mma import GEMV_MMA_DEFAULT, MMA_ROWS
+from qwendesk_kernels.gemv_mma import GEMV_MMA_DEFAULT, GEMV_MMA_XT, GEMV_MMA_XT1, MMA_ROWS
 from qwendesk_kernels.quant import int4_linear_triton
 
 ROWS = (1, 4, 8, 12, 16, 24, 32, 64)
@@ -37,8 +37,7 @@ def main(rows: tuple[int, ...] = ROWS) -> None:
             x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
             cells = []
             for variant, config in (("A", None), ("C", None), ("C-L2", {**GEMV_MMA_DEFAULT, "L1": False}),
-                                    ("C-XT", {**GEMV_MMA_DEFAULT, "XT": True}),
-                                    ("C-XT1", {**GEMV_MMA_DEFAULT, "XT": True, "R": 1})):
+                                    ("C-XT", GEMV_MMA_XT), ("C-XT1", GEMV_MMA_XT1)):
                 if (variant != "A" and M > MMA_ROWS or variant == "C-L2" and M <= 8
                         or variant.startswith("C-XT") and M <= 8):
                     continue

@@ -39,6 +39,9 @@ MMA_ROWS = 4 * X_TILE             # the kernel's limit: up to 4 column tiles
 # the default's limit: 2 column tiles. Measured on an H100 (docs/performance.md, 2026-12-07): at 12-16 rows the mma
 # GEMV took 0.88-1.08x the dot GEMV's time (5% less over a 27B layer's three shapes), at 24-32 rows 1.17-1.48x
 GEMV_MMA_MAX_M = 2 * X_TILE
+# the default's config past 8 rows: None, GEMV_MMA_DEFAULT (a column tile's own warps, up to GEMV_MMA_MAX_M rows); an
+# XT config takes every row up to MMA_ROWS. Set by `engine.bench --gemv-rows` to measure one against the other.
+ROWS_CONFIG: dict | None = None
 
 
 @triton.jit
@@ -451,6 +454,8 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, 
 
 GEMV_MMA_PROGRAMS_PER_SM = 16     # one-warp programs resident per SM at 128 registers: the grid is one wave of them
 GEMV_MMA_DEFAULT = dict(NW=1, R=2, UNROLL=2, MAXNREG=128, PER_SM=GEMV_MMA_PROGRAMS_PER_SM)
+GEMV_MMA_XT = {**GEMV_MMA_DEFAULT, "XT": True}                   # past 8 rows: a pair of column tiles in each warp
+GEMV_MMA_XT1 = dict(NW=1, R=1, UNROLL=2, MAXNREG=None, PER_SM=GEMV_MMA_PROGRAMS_PER_SM, XT=True)   # one weight tile
 
 
 def gemv_mma_configs() -> list[dict]:
@@ -459,13 +464,13 @@ def gemv_mma_configs() -> list[dict]:
     the loop unrolled twice issues ~10% fewer instructions (no register copies of the block loaded ahead), capped at
     128 registers it keeps 16 warps per SM (144 uncapped: 14), and the stream-K grid of one wave: 18.7 µs per GEMV
     against 20.6 for the split-K kernel before (docs/performance.md, fifth session); 16.8 with x loaded ahead.
-    XT (9-16 rows: both x column tiles in each warp, the weights unpacked once for both) is not measured yet: compiled
-    for sm_90 / sm_86 it takes 185 / 247 registers at R = 2, 112 / 140 at R = 1, no spills (docs/performance.md,
-    2026-12-08)."""
+    XT (past 8 rows: a pair of x column tiles in each warp, the weights unpacked once for both) is not measured yet:
+    compiled for sm_90 / sm_86 at 16 rows it takes 185 / 247 registers at R = 2, 112 / 140 at R = 1, at 32 rows
+    186 / 251 and 136 / 106, no spills (docs/performance.md, 2026-12-08)."""
     best = GEMV_MMA_DEFAULT
     return [best, {**best, "PER_SM": 2 * GEMV_MMA_PROGRAMS_PER_SM}, {**best, "UNROLL": 1, "MAXNREG": None},
             dict(NW=1, R=1, UNROLL=2, MAXNREG=None, PER_SM=GEMV_MMA_PROGRAMS_PER_SM), {**best, "NW": 2, "PER_SM": 8},
-            {**best, "XT": True}, dict(NW=1, R=1, UNROLL=2, MAXNREG=None, PER_SM=GEMV_MMA_PROGRAMS_PER_SM, XT=True)]
+            GEMV_MMA_XT, GEMV_MMA_XT1]
 
 
 def gemv_mma_takes(x2: torch.Tensor, w: Int4Weight) -> bool:
@@ -475,8 +480,10 @@ def gemv_mma_takes(x2: torch.Tensor, w: Int4Weight) -> bool:
 
 
 def gemv_mma_supports(x2: torch.Tensor, w: Int4Weight) -> bool:
-    """Whether the default takes the mma GEMV: it can, for at most GEMV_MMA_MAX_M rows."""
-    return x2.shape[0] <= GEMV_MMA_MAX_M and gemv_mma_takes(x2, w)
+    """Whether the default takes the mma GEMV: it can, for at most GEMV_MMA_MAX_M rows (MMA_ROWS with an XT
+    ROWS_CONFIG)."""
+    return x2.shape[0] <= (MMA_ROWS if ROWS_CONFIG and ROWS_CONFIG.get("XT") else GEMV_MMA_MAX_M) \
+        and gemv_mma_takes(x2, w)
 
 
 @functools.cache
@@ -498,7 +505,8 @@ def gemv_mma_grid(N: int, K: int, config: dict, sms: int) -> tuple[int, int]:
 
 def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None, swiglu: bool = False):
     """y [M, N] = x2 [M, K / x_repeats] @ W^T for M <= 32 (the mma GEMV), one launch. config (gemv_mma_configs' keys,
-    PER, PDL, L1, XT) forces one; None: GEMV_MMA_DEFAULT (the first of gemv_mma_configs). Past 8 rows each program
+    PER, PDL, L1, XT) forces one; None: GEMV_MMA_DEFAULT (the first of gemv_mma_configs; ROWS_CONFIG past 8 rows
+    where set). Past 8 rows each program
     has a column tile of NW warps per 8 rows of x, on the grid of M <= 8 (L1, on by default there: the tiles share
     the weight words through L1); with XT, NW warps per pair of column tiles instead. PDL on
     (qwendesk_kernels/pdl.py) unless config says PDL=False. swiglu: W is gate | up stacked by rows and y [M, N / 2] =
@@ -510,7 +518,7 @@ def gemv(x2: torch.Tensor, w: Int4Weight, y: torch.Tensor, config: dict | None, 
         "x read twice needs whole blocks in each half of W"
     if x2.stride(0) % 2 or x2.data_ptr() % 16:
         x2 = x2.contiguous()                    # x is read as int32 pairs, 4 at a time
-    config = config or GEMV_MMA_DEFAULT
+    config = config or (M > X_TILE and ROWS_CONFIG) or GEMV_MMA_DEFAULT
     nw, r, blocks = config.get("NW", 1), config.get("R", 2), triton.cdiv(K, 128)
     nt = triton.next_power_of_2(triton.cdiv(M, X_TILE))         # 1, 2 or 4 (tensors of 32 x warps, a power of 2)
     xt = bool(config.get("XT", False)) and nt > 1               # past 8 rows: a pair of column tiles in each warp

@@ -14,6 +14,7 @@ import torch
 
 from qwendesk_kernels.bench_quant import HIDDEN, LM_HEAD, PROJ
 from qwendesk_kernels.activation import silu_mul, silu_mul_ref
+from qwendesk_kernels import gemv_mma
 from qwendesk_kernels.gemv_mma import GEMV_MMA_DEFAULT, gemv, gemv_mma_configs, gemv_mma_grid
 from qwendesk_kernels.quant import (int4_linear, int4_linear_triton, int4_swiglu, int8_embedding, int8_embedding_triton,
                            int8_linear, int8_linear_triton)
@@ -256,6 +257,18 @@ def test_gemv_variant_switch():
                                  (w16_g32, 2, torch.float16, "A")):
         x = torch.randn(M, 128).to(dtype)
         assert torch.equal(int4_linear_triton(x, w), int4_linear_triton(x, w, variant=variant))
+
+
+def test_gemv_rows_config(monkeypatch):
+    """`engine.bench --gemv-rows xt`: past 8 rows the default takes the mma GEMV's XT config, up to 32 rows; at 8 rows
+    and below it keeps GEMV_MMA_DEFAULT."""
+    monkeypatch.setattr(gemv_mma, "ROWS_CONFIG", gemv_mma.GEMV_MMA_XT)
+    w, _ = random_int4(32, 128, 64, torch.float16, seed=9)
+    for M, config in ((8, gemv_mma.GEMV_MMA_DEFAULT), (12, gemv_mma.GEMV_MMA_XT), (32, gemv_mma.GEMV_MMA_XT)):
+        x = torch.randn(M, 128).half()
+        assert gemv_mma.gemv_mma_supports(x, w)
+        assert torch.equal(int4_linear_triton(x, w), linear_c(x, w, config)), M
+    assert not gemv_mma.gemv_mma_supports(torch.randn(33, 128).half(), w)
 
 
 @pytest.mark.parametrize("M,G", [(m, 64) for m in M_CPU] + [(1, 128), (33, 128)])

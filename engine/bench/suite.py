@@ -199,6 +199,10 @@ def main(argv=None) -> int:
     ap.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
                     help="programmatic dependent launch where the GPU has it (qwendesk_kernels/pdl.py); profile with "
                     "--no-pdl: with it a kernel's time includes its wait for the one before")
+    ap.add_argument("--gemv-rows", default="warps", choices=["warps", "xt", "xt1"],
+                    help="the int4 mma GEMV past 8 rows (a verify's): a column tile's own warps up to 16 rows (warps, "
+                    "the default), or a pair of column tiles in each warp up to 32 rows with two / one weight tiles "
+                    "per warp (xt / xt1; qwendesk_kernels/gemv_mma.py ROWS_CONFIG)")
     ap.add_argument("--draft-oracle", type=rates, metavar="P,...",
                     help="instead of the speed runs: speculative decoding with drafts right at these rates "
                     "(engine/bench/spec.py), per --profiles and --drafts")
@@ -244,8 +248,9 @@ def main(argv=None) -> int:
         args.hf = False
     if not torch.cuda.is_available():
         ap.exit(2, f"{ap.prog}: error: needs a CUDA GPU; none is available\n")
-    from qwendesk_kernels import pdl
+    from qwendesk_kernels import gemv_mma, pdl
     pdl.ENABLED = args.pdl
+    gemv_mma.ROWS_CONFIG = {"warps": None, "xt": gemv_mma.GEMV_MMA_XT, "xt1": gemv_mma.GEMV_MMA_XT1}[args.gemv_rows]
 
     raw = text_config(args.shape)
     if args.simulate_gb:
