@@ -116,7 +116,7 @@ def int4_linear_triton(x: torch.Tensor, w: Int4Weight, config: dict | None = Non
                        variant: str | None = None) -> torch.Tensor:
     """x [..., K / x_repeats] -> [..., N] in x's dtype: GEMV for M <= 32 rows, the fused GEMM (the dot GEMV tiled
     over M) up to FUSED_MAX_M, else dequantise + matmul. The GEMV is the mma GEMV where the default takes it
-    (gemv_mma.gemv_mma_supports: up to 16 rows), else A; variant="A" / "C" forces one (C up to 32 rows); config
+    (gemv_mma.gemv_mma_supports: up to 32 rows of 16-bit x), else A; variant="A" / "C" forces one; config
     forces one config of the variant that runs (see gemv_dot.gemv, gemv_mma.gemv). The mma GEMV reads x twice itself
     where x_repeats = 2 (an int8 weight as int4 planes); the other paths take x repeated."""
     N, K = w.shape
@@ -173,11 +173,11 @@ def int8_embedding_triton(ids: torch.Tensor, w: Int8Weight) -> torch.Tensor:
 
 def int4_swiglu(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     """silu(x @ gate^T) * (x @ up^T) for W = gate | up stacked by rows (the MLP's fused gate_up), [..., N / 2]. On
-    CUDA where the mma GEMV runs (decode and verify, M <= 16) in the GEMV's epilogue: one launch, and N / 2 outputs
+    CUDA where the mma GEMV runs (decode and verify, M <= 32) in the GEMV's epilogue: one launch, and N / 2 outputs
     written instead of N; elsewhere the linear, then silu_mul (the same roundings either way)."""
     N, K = w.shape
     x2 = _rows(x, K)
-    if x.is_cuda and x2.shape[0] > 0 and gemv_mma.gemv_mma_supports(x2, w) and N % 32 == 0:     # (supports: M <= 16)
+    if x.is_cuda and x2.shape[0] > 0 and gemv_mma.gemv_mma_supports(x2, w) and N % 32 == 0:     # (supports: M <= 32)
         y = torch.empty(x2.shape[0], N // 2, dtype=x.dtype, device=x.device)
         gemv_mma.gemv(x2, w, y, None, swiglu=True)
         return y.view(*x.shape[:-1], N // 2)

@@ -20,14 +20,19 @@ def test_phase_is_the_larger_of_read_and_math_plus_unpack():
 
 
 def test_the_unpack_follows_the_gemv_that_runs():
-    """The mma GEMV (up to 16 rows) unpacks once per column tile of up to 8 rows; the dot GEMV (17-32) per row."""
+    """The mma GEMV (the default up to 32 rows) unpacks once per column tile of up to 8 rows; the dot GEMV (past 16
+    rows in rows measured before 2026-12-08: mma_max_m=16) per row."""
     from engine.readiness.projection import gemv_kernel
     from qwendesk_kernels.gemv_mma import GEMV_MMA_MAX_M
     cal = Calibration(unpack_cycles=0.01, unpack_row_cycles=0.001, dot_row_cycles=0.004)
-    cycles = {rows: phase_time(Phase("p", int4_weights=1e9, rows=rows, kernel=gemv_kernel(rows)), CARD, cal).unpack
-              * 100 * 1e9 / 1e9 for rows in (1, 8, 9, 16, 17, 32)}
-    assert GEMV_MMA_MAX_M == 16 and [gemv_kernel(r) for r in (16, 17)] == ["mma", "dot"]
-    assert cycles == pytest.approx({1: 0.01, 8: 0.017, 9: 0.027, 16: 0.034, 17: 0.068, 32: 0.128})
+
+    def cycles(max_m):
+        return {rows: phase_time(Phase("p", int4_weights=1e9, rows=rows, kernel=gemv_kernel(rows, max_m)), CARD,
+                                 cal).unpack * 100 for rows in (1, 8, 9, 16, 17, 32)}
+    assert GEMV_MMA_MAX_M == 32 and [gemv_kernel(r) for r in (16, 32, 33)] == ["mma", "mma", "dot"]
+    assert [gemv_kernel(r, 16) for r in (16, 17)] == ["mma", "dot"]
+    assert cycles(16) == pytest.approx({1: 0.01, 8: 0.017, 9: 0.027, 16: 0.034, 17: 0.068, 32: 0.128})
+    assert cycles(None) == pytest.approx({1: 0.01, 8: 0.017, 9: 0.027, 16: 0.034, 17: 0.044, 32: 0.068})
 
 
 def test_step_adds_launch_gaps_round_and_moe_time():
@@ -66,7 +71,8 @@ def test_gemv_flops_follow_the_kernels_padding():
     from engine.readiness.model_facts import Group
     from engine.readiness.projection import gemv_flops
     int4 = Group(bytes=0.5, params=1, int4=1)
-    assert [gemv_flops(int4, m) for m in (1, 8, 9, 16, 17, 32, 48)] == [24, 24, 48, 48, 64, 64, 128]
+    assert [gemv_flops(int4, m) for m in (1, 8, 9, 16, 17, 32, 48)] == [24, 24, 48, 48, 72, 96, 128]
+    assert [gemv_flops(int4, m, mma_max_m=16) for m in (16, 17, 32)] == [48, 64, 64]
     assert gemv_flops(Group(bytes=2, params=1), 5) == 10               # a 16-bit weight: 2 per row
 
 

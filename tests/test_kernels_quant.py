@@ -247,21 +247,44 @@ def test_int4_gemv_mma_strided_x():
 
 
 def test_gemv_variant_switch():
-    """The default: the mma GEMV for 16-bit x, M <= 16 and group 64 / 128; else the dot GEMV."""
+    """The default: the mma GEMV for 16-bit x, M <= 32 and group 64 / 128; else the dot GEMV."""
     w32, _ = random_int4(32, 128, 64, torch.float32, seed=9)
     w16, _ = random_int4(32, 128, 64, torch.float16, seed=9)
     w16_g32, _ = random_int4(32, 128, 32, torch.float16, seed=9)
     for w, M, dtype, variant in ((w32, 4, torch.float32, "A"), (w16, 1, torch.float16, "C"),
                                  (w16, 8, torch.float16, "C"), (w16, 9, torch.float16, "C"),
-                                 (w16, 16, torch.float16, "C"), (w16, 17, torch.float16, "A"),
+                                 (w16, 16, torch.float16, "C"), (w16, 32, torch.float16, "C"),
+                                 (w16, 33, torch.float16, "A"),
                                  (w16_g32, 2, torch.float16, "A")):
         x = torch.randn(M, 128).to(dtype)
         assert torch.equal(int4_linear_triton(x, w), int4_linear_triton(x, w, variant=variant))
 
 
+def test_the_default_int4_gemv_rows_do_not_depend_on_m():
+    """What the engine runs (no variant, no config): a row of y has the same bits at every M up to 32, for an int4
+    weight, an int8 one held as int4 planes (the LM head) and the fused SwiGLU, so that a speculative verify's rows
+    (c x (k + 1) of them) are what a plain step of c rows computes and greedy speculation stays exact. The dot GEMV's
+    rows differ from the mma GEMV's, so the default must not switch kernels below 32 rows."""
+    w, _ = random_int4(48, 256, 64, torch.float16, seed=21)
+    w8, q = random_int8(48, 256, 64, torch.float16, seed=22)
+    planes = pack_int8_as_int4(q, w8.scales, 64)
+    x = torch.randn(32, 256).half()
+    for weight in (w, planes):
+        full = int4_linear_triton(x, weight)
+        for M in (1, 4, 8, 12, 16, 17, 24, 31):
+            assert torch.equal(int4_linear_triton(x[:M], weight), full[:M]), M
+    gate_up, _ = random_int4(64, 256, 64, torch.float16, seed=23)
+    full = torch.empty(32, 32, dtype=torch.float16)
+    gemv(x, gate_up, full, None, swiglu=True)
+    for M in (8, 24):
+        part = torch.empty(M, 32, dtype=torch.float16)
+        gemv(x[:M], gate_up, part, None, swiglu=True)
+        assert torch.equal(part, full[:M]), M
+
+
 def test_gemv_rows_config(monkeypatch):
-    """`engine.bench --gemv-rows xt`: past 8 rows the default takes the mma GEMV's XT config, up to 32 rows; at 8 rows
-    and below it keeps GEMV_MMA_DEFAULT."""
+    """`engine.bench --gemv-rows xt`: past 8 rows the default takes the mma GEMV's XT config; at 8 rows and below it
+    keeps GEMV_MMA_DEFAULT."""
     monkeypatch.setattr(gemv_mma, "ROWS_CONFIG", gemv_mma.GEMV_MMA_XT)
     w, _ = random_int4(32, 128, 64, torch.float16, seed=9)
     for M, config in ((8, gemv_mma.GEMV_MMA_DEFAULT), (12, gemv_mma.GEMV_MMA_XT), (32, gemv_mma.GEMV_MMA_XT)):

@@ -288,13 +288,14 @@ def test_graphed_rounds_on_the_gpu(checkpoint, profile, sampled):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("profile", ["C1", "C4"])
+@pytest.mark.parametrize("profile", ["C1", "C4", "C8"])
 def test_int4_rounds_leave_the_plain_states_bit_for_bit_gpu(checkpoint, profile):
     """With int4 weights (GEMV rows independent of the row count) a speculative round is exact to the bit, not just
     to the argmax: every end-of-turn snapshot (the GDN state and conv window at a page boundary, taken inside a
-    round) equals the plain engine's. Greedy output equal to plain decoding alone would miss a last-bit difference."""
+    round) equals the plain engine's. Greedy output equal to plain decoding alone would miss a last-bit difference.
+    C8's rounds verify 32 rows (the mma GEMV's 4 column tiles against a plain step's one)."""
     ckpt = str(checkpoint("calm128"))
-    prompts = [prompt(n, 90 + n) for n in (40, 9, 66, 23)][:int(profile[1:])]
+    prompts = [prompt(n, 90 + n) for n in (40, 9, 66, 23, 31, 52, 17, 70)][:int(profile[1:])]
     mk = lambda k: Engine(EngineConfig(model=ckpt, device="cuda", profile=profile, max_context=512,  # noqa: E731
                                        speculative_tokens=k, weights="int4", quant_group=64, snapshots=16))
     params = SamplingParams(max_tokens=60, **GREEDY)

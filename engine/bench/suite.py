@@ -199,10 +199,11 @@ def main(argv=None) -> int:
     ap.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
                     help="programmatic dependent launch where the GPU has it (qwendesk_kernels/pdl.py); profile with "
                     "--no-pdl: with it a kernel's time includes its wait for the one before")
-    ap.add_argument("--gemv-rows", default="warps", choices=["warps", "xt", "xt1"],
-                    help="the int4 mma GEMV past 8 rows (a verify's): a column tile's own warps up to 16 rows (warps, "
-                    "the default), or a pair of column tiles in each warp up to 32 rows with two / one weight tiles "
-                    "per warp (xt / xt1; qwendesk_kernels/gemv_mma.py ROWS_CONFIG)")
+    ap.add_argument("--gemv-rows", default="warps", choices=["warps", "xt", "xt1", "dot"],
+                    help="the int4 GEMV past 8 rows (a verify's; qwendesk_kernels/gemv_mma.py): the mma GEMV with a "
+                    "column tile's own warps (warps, the default), with a pair of column tiles in each warp and two / "
+                    "one weight tiles per warp (xt / xt1), or the dot GEMV past 16 rows (dot: not exact, a verify's "
+                    "rows then differ in bits from a plain step's)")
     ap.add_argument("--draft-oracle", type=rates, metavar="P,...",
                     help="instead of the speed runs: speculative decoding with drafts right at these rates "
                     "(engine/bench/spec.py), per --profiles and --drafts")
@@ -250,7 +251,9 @@ def main(argv=None) -> int:
         ap.exit(2, f"{ap.prog}: error: needs a CUDA GPU; none is available\n")
     from qwendesk_kernels import gemv_mma, pdl
     pdl.ENABLED = args.pdl
-    gemv_mma.ROWS_CONFIG = {"warps": None, "xt": gemv_mma.GEMV_MMA_XT, "xt1": gemv_mma.GEMV_MMA_XT1}[args.gemv_rows]
+    gemv_mma.ROWS_CONFIG = {"xt": gemv_mma.GEMV_MMA_XT, "xt1": gemv_mma.GEMV_MMA_XT1}.get(args.gemv_rows)
+    if args.gemv_rows == "dot":
+        gemv_mma.GEMV_MMA_MAX_M = 2 * gemv_mma.X_TILE
 
     raw = text_config(args.shape)
     if args.simulate_gb:

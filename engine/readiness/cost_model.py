@@ -8,9 +8,9 @@ its tensor math (FLOPs), and the int4 weights it unpacks. A card is its copy ban
 
     phase time = max(bytes / (copy bandwidth x STREAM), FLOPs / (tensor peak x MMA)) + unpack
     unpack     = int4 weights x cycles per weight / (SMs x clock x lanes/64), where a GEMV's cycles per weight
-                 follow its kernel: the mma GEMV (up to 16 rows) unpacks the weights once per column tile of up to
-                 8 rows, each tile at (cycles at one row + cycles per further row x (its rows - 1)); the dot GEMV
-                 (17-32 rows, a C8 verify) at cycles per row x rows
+                 follow its kernel: the mma GEMV (the default up to 32 rows) unpacks the weights once per column
+                 tile of up to 8 rows, each tile at (cycles at one row + cycles per further row x (its rows - 1));
+                 the dot GEMV (17-32 rows before 2026-12-08, a C8 verify) at cycles per row x rows
     step time  = sum of its phases + launches x launch gap (+ a round's own time, + per MoE layer a fixed time)
 
 The unpack term is added, not overlapped: the H100 and H200 have the same SMs and clock but 3.0 against 4.2 TB/s,
@@ -61,7 +61,7 @@ class Calibration:
     stream: float = 0.9               # fraction of copy bandwidth a streaming kernel reaches
     unpack_cycles: float = 0.0        # SM cycles per int4 weight at one row (at 64 INT32 lanes)
     unpack_row_cycles: float = 0.0    # SM cycles per int4 weight per further row (of an mma column tile)
-    dot_row_cycles: float = 0.0       # SM cycles per int4 weight per row in the dot GEMV (17-32 rows)
+    dot_row_cycles: float = 0.0       # SM cycles per int4 weight per row in the dot GEMV
     mma: float = 0.6                  # fraction of the tensor peak prefill GEMMs and attention reach
     moe_layer_seconds: float = 0.0    # per MoE layer and step, beyond its phases (its small routing kernels' latency)
     round_seconds: float = 0.0        # per speculative round, beyond its phases and launches (host work, syncs)

@@ -24,31 +24,32 @@ DECODE_CONTEXT = 576          # the bench's decode: 512-token prompts, mean cont
 BENCH_CHUNK = 8192            # the bench's --prefill-chunk (the measured TTFTs)
 
 
-def gemv_kernel(rows: int) -> Literal["mma", "dot"]:
-    """The int4 GEMV the default runs at `rows` rows (qwendesk_kernels/quant.py int4_linear)."""
+def gemv_kernel(rows: int, mma_max_m: int | None = None) -> Literal["mma", "dot"]:
+    """The int4 GEMV the default runs at `rows` rows (qwendesk_kernels/quant.py int4_linear); mma_max_m: the mma
+    GEMV's limit where a measured row ran with another than today's (GEMV_MMA_MAX_M)."""
     from qwendesk_kernels.gemv_mma import GEMV_MMA_MAX_M
-    return "mma" if rows <= GEMV_MMA_MAX_M else "dot"
+    return "mma" if rows <= (mma_max_m or GEMV_MMA_MAX_M) else "dot"
 
 
-def gemv_flops(g: Group, rows: int) -> float:
+def gemv_flops(g: Group, rows: int, mma_max_m: int | None = None) -> float:
     """Tensor FLOPs a GEMV of `rows` rows issues over `g`: an int4 weight costs 24 per column tile of 8 rows in the
-    mma GEMV (up to 16 rows: m16n8k16 with x padded to 8 columns, 16 per weight and 8 for the x sums:
-    qwendesk_kernels/gemv_mma.py), else 2 per row padded to its M bucket (the dot GEMV's tl.dot: 32, then M tiles of
-    up to 64 / 128); a 16-bit one 2 per row."""
+    mma GEMV (m16n8k16 with x padded to 8 columns, 16 per weight and 8 for the x sums: qwendesk_kernels/gemv_mma.py),
+    else 2 per row padded to its M bucket (the dot GEMV's tl.dot: 32, then M tiles of up to 64 / 128); a 16-bit one
+    2 per row."""
     from qwendesk_kernels.gemv_dot import m_bucket
     from qwendesk_kernels.gemv_mma import X_TILE
-    per_int4 = 24 * -(-rows // X_TILE) if gemv_kernel(rows) == "mma" else 2 * m_bucket(rows)
+    per_int4 = 24 * -(-rows // X_TILE) if gemv_kernel(rows, mma_max_m) == "mma" else 2 * m_bucket(rows)
     return g.int4 * per_int4 + 2 * (g.params - g.int4) * rows
 
 
-def gemv(name: str, g: Group, rows: int) -> Phase:
-    return Phase(name, g.bytes, gemv_flops(g, rows), g.int4, rows, gemv_kernel(rows))
+def gemv(name: str, g: Group, rows: int, mma_max_m: int | None = None) -> Phase:
+    return Phase(name, g.bytes, gemv_flops(g, rows, mma_max_m), g.int4, rows, gemv_kernel(rows, mma_max_m))
 
 
-def weight_phases(m: ModelFacts, seqs: int, rows: int) -> list[Phase]:
+def weight_phases(m: ModelFacts, seqs: int, rows: int, mma_max_m: int | None = None) -> list[Phase]:
     """The weights' GEMVs of seqs x rows tokens (a dense model's, an MoE's routed experts read by someone)."""
     t = seqs * rows
-    out = [gemv("weights", m.dense, t)]
+    out = [gemv("weights", m.dense, t, mma_max_m)]
     if m.cfg.num_experts:
         share = expert_share(m.cfg, t)
         per_expert = max(1, round(t * m.cfg.num_experts_per_tok / (m.cfg.num_experts * share)))  # rows of each
@@ -80,18 +81,18 @@ def decode_step(m: ModelFacts, seqs: int, context: int = DECODE_CONTEXT, kv_int8
 
 
 def spec_round(m: ModelFacts, seqs: int, drafts: int, tokens_per_round: float, context: int = DECODE_CONTEXT,
-               kv_int8: bool = False) -> Step:
+               kv_int8: bool = False, mma_max_m: int | None = None) -> Step:
     """A speculative round (engine/spec/rounds.py): k - 1 MTP draft steps of one row, the verify of k + 1 rows and
     its LM head, the GDN replay, the MTP catch-up of k + 1 rows; a draft head (EngineConfig.draft_vocab rows) after
-    each MTP step."""
+    each MTP step. mma_max_m: see gemv_kernel."""
     from engine.core.params import EngineConfig
     rows, full = drafts + 1, len(m.cfg.full_attention_layers)
     draft_head = m.head * (EngineConfig.draft_vocab / m.cfg.vocab_size)
-    phases = [*weight_phases(m, seqs, rows), gemv("LM head", m.head, seqs * rows),
+    phases = [*weight_phases(m, seqs, rows, mma_max_m), gemv("LM head", m.head, seqs * rows, mma_max_m),
               attention("attention", m, full, seqs, rows, context, kv_int8), gdn_state("GDN state", m, seqs),
               gdn_state("GDN replay", m, seqs)]
     for r in [1] * (drafts - 1) + [rows]:
-        phases += [gemv("MTP", m.mtp, seqs * r), attention("MTP attention", m, 1, seqs, r, context, kv_int8)]
+        phases += [gemv("MTP", m.mtp, seqs * r, mma_max_m), attention("MTP attention", m, 1, seqs, r, context, kv_int8)]
     phases += [gemv("draft head", draft_head, seqs)] * drafts
     return Step(tuple(phases), launches("round", m.shape, m.weights, seqs, drafts), seqs * tokens_per_round, True,
                 moe_layers(m))
@@ -245,8 +246,8 @@ def measured() -> dict[str, Measured]:
                  "2026-12-08 eighth, median round"),
         Measured("27B int4 C4 k=3 round", "h100", (spec_round(i4, 4, 3, 3.04),), 15.51e-3,
                  "2026-12-08 eighth, median round"),
-        Measured("27B int4 C8 k=3 round", "h100", (spec_round(i4, 8, 3, 3.04),), 20.51e-3,
-                 "2026-12-08 eighth, median round"),
+        Measured("27B int4 C8 k=3 round", "h100", (spec_round(i4, 8, 3, 3.04, mma_max_m=16),), 20.51e-3,
+                 "2026-12-08 eighth, median round (the dot GEMV past 16 rows then)"),
         Measured("27B int4 block drafter k=5 round", "h100", (block_round(i4, 1, 5, 4.23),), 12.14e-3,
                  "2026-12-07 second session: the fused drafter, 12.14 ms a round (a check, not fitted)"),
         Measured("9B bf16 C1 step", "h100", (decode_step(model_facts("9b", "bf16"), 1),), 1 / 163.9,
@@ -263,8 +264,9 @@ def measured() -> dict[str, Measured]:
 # from a bf16 step (no unpack), the GEMV's unpack from int4 C1 and its growth per row from C8, the tensor fraction
 # from a prefill, the round's own time from a k = 3 round of today's engine (rounds launched from the one in flight:
 # the rows measured before that carry its host work, 10-20% more), the dot GEMV's cost per row from a C8 round (its
-# 32-row verify); the MoE layers' own time from an MoE C1 row (H100). The C4 round (16 rows, the mma GEMV's two
-# column tiles) is modelled 15% fast: a tile beyond the first costs more than the model's.
+# 32-row verify, measured when the dot GEMV took 17-32 rows; today's default takes the mma GEMV there, so the C8
+# projections now follow the mma terms); the MoE layers' own time from an MoE C1 row (H100). The C4 round (16 rows,
+# the mma GEMV's two column tiles) is modelled 15% fast: a tile beyond the first costs more than the model's.
 FIT = (("stream", "h200 27B bf16 C1 step", 0.3, 1.0), ("unpack_cycles", "h200 27B int4 C1 step", 0.0, 1.0),
        ("unpack_row_cycles", "h200 27B int4 C8 step", 0.0, 1.0), ("mma", "h200 27B int4 TTFT 8K", 0.05, 1.0),
        ("round_seconds", "h100 27B int4 k=3 round, in flight", 0.0, 0.05),
