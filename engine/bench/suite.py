@@ -251,7 +251,8 @@ def main(argv=None) -> int:
         ap.exit(2, f"{ap.prog}: error: needs a CUDA GPU; none is available\n")
     from qwendesk_kernels import gemv_mma, pdl
     pdl.ENABLED = args.pdl
-    gemv_mma.ROWS_CONFIG = {"xt": gemv_mma.GEMV_MMA_XT, "xt1": gemv_mma.GEMV_MMA_XT1}.get(args.gemv_rows)
+    rows_configs: dict[str, dict] = {"xt": gemv_mma.GEMV_MMA_XT, "xt1": gemv_mma.GEMV_MMA_XT1}
+    gemv_mma.ROWS_CONFIG = rows_configs.get(args.gemv_rows)
     if args.gemv_rows == "dot":
         gemv_mma.GEMV_MMA_MAX_M = 2 * gemv_mma.X_TILE
 
