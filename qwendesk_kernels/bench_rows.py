@@ -1,7 +1,8 @@
 """int4 GEMV time by rows M at the 27B's projection shapes (`python3 -m qwendesk_kernels.bench_rows`): what a
 speculative verify of M = c x (k + 1) rows costs against a decode step's M = c. Each case is replayed from a CUDA graph
 (triton.testing.do_bench); A is the dot GEMV (with the config its autotuner picked), C the mma GEMV (M <= 32: column
-tiles of 8 rows past 8, their weight words shared through L1; "C-L2" the same with the words read around L1; "C-XT"
+tiles of 8 rows past 8, their weight words shared through L1; "C-1W" the same on a grid of one resident wave (a
+column tile's warps each: PER_SM / tiles programs per SM, where C's grid is sized for one-warp programs); "C-XT"
 and "C-XT1" past 8 rows: a pair of column tiles in each warp, the weights unpacked once for both, two / one 16-row
 weight tiles per warp), above 32 rows the fused GEMM."""
 
@@ -14,7 +15,8 @@ import triton
 
 from qwendesk_kernels import gemv_dot
 from qwendesk_kernels.bench_quant import PROJ, _int4
-from qwendesk_kernels.gemv_mma import GEMV_MMA_DEFAULT, GEMV_MMA_XT, GEMV_MMA_XT1, MMA_ROWS
+from qwendesk_kernels.gemv_mma import (GEMV_MMA_DEFAULT, GEMV_MMA_PROGRAMS_PER_SM, GEMV_MMA_XT, GEMV_MMA_XT1,
+                                       MMA_ROWS, X_TILE)
 from qwendesk_kernels.quant import int4_linear_triton
 
 ROWS = (1, 4, 8, 12, 16, 24, 32, 64)
@@ -36,10 +38,11 @@ def main(rows: tuple[int, ...] = ROWS) -> None:
         for M in rows:
             x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
             cells = []
-            for variant, config in (("A", None), ("C", None), ("C-L2", {**GEMV_MMA_DEFAULT, "L1": False}),
+            tiles = triton.next_power_of_2(triton.cdiv(M, X_TILE))
+            one_wave = {**GEMV_MMA_DEFAULT, "PER_SM": max(1, GEMV_MMA_PROGRAMS_PER_SM // tiles)}
+            for variant, config in (("A", None), ("C", None), ("C-1W", one_wave),
                                     ("C-XT", GEMV_MMA_XT), ("C-XT1", GEMV_MMA_XT1)):
-                if (variant != "A" and M > MMA_ROWS or variant == "C-L2" and M <= 8
-                        or variant.startswith("C-XT") and M <= 8):
+                if variant != "A" and M > MMA_ROWS or variant != "A" and variant != "C" and M <= 8:
                     continue
                 us = graph_us(lambda v=variant[0], c=config: int4_linear_triton(x, w, c, variant=v))
                 tuned = gemv_dot.gemv_tuned.best_config.kwargs if variant == "A" and M <= 32 else ""
