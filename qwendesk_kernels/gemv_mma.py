@@ -39,9 +39,11 @@ MMA_ROWS = 4 * X_TILE             # the kernel's limit: up to 4 column tiles
 # the default's limit: every row a speculative verify sends (up to 4 column tiles), since a verify's rows must have
 # the bits a plain step's rows have, and the dot GEMV's rows do not (another reduction order: greedy speculation would
 # not be exact). The cost, measured on an H100 (docs/performance.md, 2026-12-07): at 12-16 rows the mma GEMV took
-# 0.88-1.08x the dot GEMV's time, at 24-32 rows 1.17-1.48x. `engine.bench --gemv-rows dot` sets 16 (the dot GEMV
-# past it) to measure what exactness costs a round.
+# 0.88-1.08x the dot GEMV's time, at 24-32 rows 1.17-1.48x.
 GEMV_MMA_MAX_M = MMA_ROWS
+# `engine.bench --gemv-rows dot` sets 16: the dot GEMV past it, to measure what exactness costs a round (its rounds'
+# rows then differ from plain steps'; engine/spec/speculation.py still bounds them by GEMV_MMA_MAX_M).
+DOT_PAST: int | None = None
 # the default's config past 8 rows: None, GEMV_MMA_DEFAULT (a column tile's own warps); `engine.bench --gemv-rows xt`
 # sets an XT config to measure one against the other.
 ROWS_CONFIG: dict | None = None
@@ -483,8 +485,8 @@ def gemv_mma_takes(x2: torch.Tensor, w: Int4Weight) -> bool:
 
 
 def gemv_mma_supports(x2: torch.Tensor, w: Int4Weight) -> bool:
-    """Whether the default takes the mma GEMV: it can, for at most GEMV_MMA_MAX_M rows."""
-    return x2.shape[0] <= GEMV_MMA_MAX_M and gemv_mma_takes(x2, w)
+    """Whether the default takes the mma GEMV: it can, for at most GEMV_MMA_MAX_M rows (DOT_PAST where set)."""
+    return x2.shape[0] <= (DOT_PAST or GEMV_MMA_MAX_M) and gemv_mma_takes(x2, w)
 
 
 @functools.cache

@@ -226,6 +226,38 @@ def test_every_round_is_captured_at_load_and_none_on_a_requests_path(ckpt, monke
             False, True}
 
 
+def test_a_verify_stays_within_the_rows_that_keep_it_exact(ckpt, monkeypatch):
+    """exact_verify_rows bounds a round's verify (bucket x (k + 1) rows): rounds past it are neither captured nor run,
+    with the policy or without (here 8 rows: C4 rounds make 1 draft, C1 and C2 up to 3)."""
+    monkeypatch.setattr(engine.core.build, "graphs_on", lambda device: True)
+    monkeypatch.setattr(engine.core.build, "exact_verify_rows", lambda weights, device: 8)
+    monkeypatch.setattr(engine.core.runner, "DecodeGraphs", StubDecodeGraphs)
+    monkeypatch.setattr(engine.spec.speculation, "RoundGraphs", StubRoundGraphs)
+    StubRoundGraphs.captured, StubRoundGraphs.ran = [], []
+    with Engine(EngineConfig(model=ckpt, device="cpu", dtype="float32", profile="C4", max_context=640, page_size=16,
+                             speculative_tokens=3)) as e:
+        every = {(b, k, s) for b in (1, 2) for k in (1, 2, 3) for s in (False, True)} | {
+            (4, 1, False), (4, 1, True)}
+        assert sorted(StubRoundGraphs.captured) == sorted(every)
+        assert e._spec.most == {1: 3, 2: 3, 4: 1}
+        assert all(e._spec.policy.choose(4, 100) <= 1 for _ in range(20))
+        e._spec.adaptive = False                            # every step the most drafts its bucket may make
+        prompts = [torch.randint(0, 600, (20 + 7 * i,), generator=torch.Generator().manual_seed(i)).tolist()
+                   for i in range(4)]
+        handles = [e.submit(p, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)) for p in prompts]
+        for h in handles:
+            assert [ev for ev in h][-1].finish_reason == "length"
+        assert {(b, k) for b, k, _ in StubRoundGraphs.ran} <= {(1, 3), (2, 3), (4, 1)} and (4, 1) in {
+            (b, k) for b, k, _ in StubRoundGraphs.ran}
+
+
+def test_exact_verify_rows_is_the_int4_gemvs_on_cuda():
+    from qwendesk_kernels.gemv_mma import GEMV_MMA_MAX_M
+    rows = engine.spec.speculation.exact_verify_rows
+    assert rows("int4", torch.device("cuda")) == GEMV_MMA_MAX_M == 32
+    assert rows("bf16", torch.device("cuda")) is None and rows("int4", torch.device("cpu")) is None
+
+
 @pytest.mark.gpu
 def test_on_the_gpu_every_round_graph_exists_after_load_and_requests_capture_none(ckpt, monkeypatch):
     """The real graph layer: after load every (bucket, k, greedy / sampled) round is captured and timed; requests at

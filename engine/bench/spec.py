@@ -166,6 +166,10 @@ def bench_speculation(model, args, drafter=None) -> dict:
             out[f"load_{profile}_k{k}_s"] = load_s = time.perf_counter() - t0
             print(f"{profile} k={k}: load {load_s:.1f} s (plain {plain_load_s:.1f} s; the rounds' capture at load)",
                   flush=True)
+            most = eng.stats()["spec_drafts_most"].get(c, k)
+            if most < k:
+                print(f"{profile} k={k}: rounds make at most {most} drafts here (a verify of {c} x (k + 1) rows "
+                      f"stays within the rows whose bits equal a plain step's: engine/spec/speculation.py)", flush=True)
             if c == 1:
                 comp = components(eng, k, prompt_len, args.profile_rounds)
                 out[f"draft_{profile}_k{k}_ms"], out[f"verify_{profile}_k{k}_ms"] = comp["draft_ms"], comp["verify_ms"]

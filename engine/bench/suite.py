@@ -253,8 +253,7 @@ def main(argv=None) -> int:
     pdl.ENABLED = args.pdl
     rows_configs: dict[str, dict] = {"xt": gemv_mma.GEMV_MMA_XT, "xt1": gemv_mma.GEMV_MMA_XT1}
     gemv_mma.ROWS_CONFIG = rows_configs.get(args.gemv_rows)
-    if args.gemv_rows == "dot":
-        gemv_mma.GEMV_MMA_MAX_M = 2 * gemv_mma.X_TILE
+    gemv_mma.DOT_PAST = 2 * gemv_mma.X_TILE if args.gemv_rows == "dot" else None
 
     raw = text_config(args.shape)
     if args.simulate_gb:

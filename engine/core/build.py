@@ -28,7 +28,7 @@ from engine.model.linear import Embedding, Linear
 from engine.model.moe import SparseMoE
 from engine.spec.block_rounds import BlockRoundRunner
 from engine.spec.rounds import RoundRunner, Rounds
-from engine.spec.speculation import Speculation
+from engine.spec.speculation import Speculation, exact_verify_rows
 from engine.text.grammar import Grammars
 from engine.text.tokenizer import Tokenizer
 from engine.vision.encoder import ImageEncoder
@@ -160,7 +160,8 @@ def assemble(config: EngineConfig, loaded: Loaded, memory: MemoryPlan, device: t
             speculator = runner.speculator = RoundRunner(model, pools, drafts, config.max_running,
                                                          memory.max_context, config.draft_vocab)
         spec = Speculation(speculator, cache, batch_buckets(config.max_running), graphs=graphs,
-                           plain_times=runner.graphs.seconds if runner.graphs is not None else None)
+                           plain_times=runner.graphs.seconds if runner.graphs is not None else None,
+                           max_rows=exact_verify_rows(loaded.weights, device))
     grammars = Grammars(loaded.tokenizer, loaded.model_config.vocab_size)
     return Parts(pools, cache, disk, scheduler, runner, spec, grammars, graphs)
 

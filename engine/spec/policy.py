@@ -36,10 +36,12 @@ def context_class(tokens: int) -> int:
 
 
 class DraftPolicy:
-    def __init__(self, max_k: int, buckets: list[int], warm: dict[tuple[int, int], float] | None = None):
+    def __init__(self, max_k: int, buckets: list[int], warm: dict[tuple[int, int], float] | None = None,
+                 most: dict[int, int] | None = None):
         """max_k: the most drafts a round may make; buckets: the batch sizes rounds and steps are run (padded) at;
-        warm: {(k, bucket): seconds} of each captured graph (k = 0: the plain decode step)."""
-        self.max_k, self.buckets = max_k, buckets
+        warm: {(k, bucket): seconds} of each captured graph (k = 0: the plain decode step); most: {bucket: the most
+        drafts a round of it may make} where that is fewer than max_k (Speculation: a verify's rows bounded)."""
+        self.max_k, self.buckets, self.most = max_k, buckets, dict(most or {})
         self.warm = dict(warm or {})
         self.times: dict[tuple[int, int, int], float] = {}       # (k, b, c) -> seconds
         self.extra: dict[tuple[int, int], float] = {}            # (b, c) -> seconds the context adds to the warm time
@@ -54,9 +56,12 @@ class DraftPolicy:
     def choose(self, n: int, context: int) -> int:
         """Drafts for the next step of n sequences whose longest holds `context` tokens (0: a plain step)."""
         b, c = self.bucket(n), context_class(context)
-        est = {k: self.estimate(k, b, c) for k in range(self.max_k + 1)}
-        if est[0] is None:                       # plain steps not timed here, nothing to estimate them from
-            k = 0 if self.rounds_at.get((b, c), 0) >= PROBE_ROUNDS else self.max_k
+        top = self.most_drafts(b)
+        est = {k: self.estimate(k, b, c) for k in range(top + 1)}
+        if top == 0:
+            k = 0
+        elif est[0] is None:                     # plain steps not timed here, nothing to estimate them from
+            k = 0 if self.rounds_at.get((b, c), 0) >= PROBE_ROUNDS else top
         else:
             rates = {k: self.tokens(n, k) / t for k, t in est.items() if t is not None}
             k = max(rates, key=lambda k: rates[k])
@@ -65,11 +70,15 @@ class DraftPolicy:
                 self.plain_run += 1
                 if self.plain_run >= self.probe_every:            # look at the acceptance again
                     self.plain_run, self.probe_every = 0, min(2 * self.probe_every, PROBE_MAX)
-                    k = 1 if est[1] is not None else self.max_k
+                    k = 1 if est[1] is not None else top
             else:
                 self.plain_run, self.probe_every = 0, PROBE_MIN
         self.last = k
         return k
+
+    def most_drafts(self, b: int) -> int:
+        """The most drafts a round of batch bucket b may make."""
+        return self.most.get(b, self.max_k)
 
     def tokens(self, n: int, k: int) -> float:
         """Tokens a round of k drafts yields for n sequences, on average."""

@@ -27,6 +27,15 @@ from engine.core.params import SpeculationStats
 from engine.core.sampling import SamplingRow
 from engine.core.sequence import Sequence, submitted
 from engine.spec.rounds import RoundGraphs, RoundOutputs, RoundRequest, Rounds, page_boundary, round_inputs
+from qwendesk_kernels import gemv_mma
+
+
+def exact_verify_rows(weights: str, device: torch.device) -> int | None:
+    """The most rows a round's verify may have and still compute each row as a plain step does, so that greedy
+    speculation is exact: with int4 weights on CUDA, the mma GEMV's (its rows' bits do not depend on how many there
+    are; past it the fused GEMM's do not match them). None: no bound known (16-bit weights go through the GPU
+    library's matrix products, whose rows may differ at any count: README, issue #41; the CPU runs references)."""
+    return gemv_mma.GEMV_MMA_MAX_M if weights == "int4" and device.type == "cuda" else None
 
 
 @dataclass
@@ -56,12 +65,16 @@ class RoundInFlight:
 
 class Speculation:
     def __init__(self, speculator: Rounds, cache: CacheManager, buckets: list[int], graphs: bool,
-                 plain_times: dict[int, float] | None = None):
+                 plain_times: dict[int, float] | None = None, max_rows: int | None = None):
         """speculator: the rounds of the MTP head (RoundRunner) or of a block drafter (BlockRoundRunner); buckets: the
         batch sizes decode steps and rounds run at (padded up); graphs: rounds replay CUDA graphs
-        (captured by `capture`); plain_times: {bucket: seconds} of the plain decode graphs (the policy's start)."""
+        (captured by `capture`); plain_times: {bucket: seconds} of the plain decode graphs (the policy's start);
+        max_rows: the most rows a verify may have and stay exact (exact_verify_rows; None: no bound)."""
         self.spec, self.cache, self.max_k = speculator, cache, speculator.k
         self.buckets = buckets
+        # per bucket, the most drafts of a round whose verify (bucket x (k + 1) rows) stays within max_rows
+        self.most = {b: max([0] + [k for k in speculator.draft_counts() if max_rows is None or b * (k + 1) <= max_rows])
+                     for b in buckets}
         self.max_pages = -(-speculator.max_seq_len // cache.page_size)     # block tables cover every verify row
         self.graphs = RoundGraphs(speculator, buckets, self.max_pages, cache.scratch_slot) if graphs else None
         self.plain_times = dict(plain_times or {})
@@ -80,7 +93,7 @@ class Speculation:
         progress(done, total)."""
         if self.graphs is None:
             return
-        variants = [(b, k, sampled) for b in self.buckets for k in self.spec.draft_counts()
+        variants = [(b, k, sampled) for b in self.buckets for k in self.spec.draft_counts() if k <= self.most[b]
                     for sampled in (False, True)]
         for i, (b, k, sampled) in enumerate(variants):
             if progress is not None:
@@ -92,7 +105,7 @@ class Speculation:
         warm = {(0, b): t for b, t in self.plain_times.items()}
         if self.graphs is not None:
             warm.update({(k, b): t for (b, k, sampled), t in self.graphs.seconds.items() if not sampled})
-        return DraftPolicy(self.max_k, self.buckets, warm if self.graphs is not None else None)
+        return DraftPolicy(self.max_k, self.buckets, warm if self.graphs is not None else None, self.most)
 
     def use_oracle(self, oracle, adaptive: bool = True) -> None:
         """Drafts from a DraftOracle (engine/bench/oracle.py; None: the MTP's own); the rounds are captured again when
@@ -119,7 +132,8 @@ class Speculation:
         """Drafts each sequence makes in the next decode step: 0 for a plain step."""
         if not seqs:
             return 0
-        k = self.policy.choose(len(seqs), max(s.num_computed for s in seqs)) if self.adaptive else self.max_k
+        k = (self.policy.choose(len(seqs), max(s.num_computed for s in seqs)) if self.adaptive
+             else self.policy.most_drafts(self.policy.bucket(len(seqs))))
         k = k if k and all(self.eligible(s, k) for s in seqs) else 0
         self.steps_by_drafts[k] += 1
         return k
@@ -255,6 +269,7 @@ class Speculation:
         t = self.totals
         now = self.policy.last if self.adaptive else self.max_k
         return {"spec_method": self.spec.method, "spec_drafts": self.max_k, "spec_drafts_now": now,
+                "spec_drafts_most": dict(self.most),
                 "spec_on": bool(now), "spec_rounds": t.rounds,
                 "spec_drafted_tokens": t.drafted, "spec_accepted_tokens": t.accepted,
                 "spec_tokens_per_round": round(t.tokens_per_round, 3),
