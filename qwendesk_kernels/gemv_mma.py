@@ -229,11 +229,7 @@ def _block_c(f0, f1, xs, a00, a01, a02, a03, a10, a11, a12, a13, zero, one, G: t
         else:
             xe0, xe1, xe2, xe3 = _split_cols(x2)
             xo0, xo1, xo2, xo3 = _split_cols(x3)
-        for m in tl.static_range(2):
-            e0, e1, e2, e3 = _mma(one, one, one, one, _pick(xe0, xe1, xe2, xe3, 2 * m),
-                                  _pick(xe0, xe1, xe2, xe3, 2 * m + 1), e0, e1, e2, e3, FP16, EMULATE)
-            e0, e1, e2, e3 = _mma(one, one, one, one, _pick(xo0, xo1, xo2, xo3, 2 * m),
-                                  _pick(xo0, xo1, xo2, xo3, 2 * m + 1), e0, e1, e2, e3, FP16, EMULATE)
+        e0, e1, e2, e3 = _x_sums((xe0, xe1, xe2, xe3), (xo0, xo1, xo2, xo3), (e0, e1, e2, e3), one, FP16, EMULATE)
         d00, d01, d02, d03 = _tile_block_c(f0, h, xe0, xe1, xe2, xe3, xo0, xo1, xo2, xo3, d00, d01, d02, d03,
                                            MAGIC, FP16, EMULATE)
         if R == 2:

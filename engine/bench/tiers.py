@@ -63,7 +63,7 @@ def restore_gbps(eng, n_pages: int) -> tuple[float, float]:
     from engine.cache.pages import CacheTensors
     pools = CacheTensors.allocate(eng.model_config, n_pages, eng.config.page_size, 2, eng._dtype, eng.device,
                                   kv=eng.plan().kv_dtype)
-    host = HostCache(pools, (n_pages + 1) * pools.page_nbytes)
+    host = HostCache(pools, (n_pages + 1) * pools.page_nbytes)      # every page kept at once
     host.wait_allocated()
     keys = [i.to_bytes(16, "little") for i in range(n_pages)]
     host.put_pages(keys, list(range(n_pages)))
